@@ -1,0 +1,62 @@
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <torch/nn/module.h>
+
+#include "chiar/export.h"
+#include "chiar/flops.h"
+#include "chiar/params.h"
+
+namespace chiar {
+
+// What an operator call may assume about the sequence.
+struct OpContext {
+  bool causal = false;  // language modelling: position t may read positions <= t only
+  at::Tensor valid;     // (B, T) bool, true for real tokens; undefined = all real
+};
+
+// What an operator supports; the harness refuses variants that need more.
+struct OperatorTraits {
+  bool causal = true;        // usable for causal language modelling
+  bool padded = true;        // honours OpContext::valid (classification with padding)
+  bool mixes_tokens = true;  // output at t depends on other positions
+};
+
+// Everything a factory needs to build one operator instance.
+struct OperatorSpec {
+  int64_t d_model = 128;
+  int64_t n_heads = 4;
+  uint64_t seed = 0;  // fixes any random but non-learned state (e.g. RBF frequencies)
+  Params params;      // operator-specific options
+};
+
+// A token-mixing (or per-token) sub-layer including its residual and LayerNorm:
+// y = LN(x + f(x)). Implementations register all parameters in their constructor.
+class CHIAR_API Operator : public torch::nn::Module {
+ public:
+  ~Operator() override;
+
+  // x: (B, T, d) -> (B, T, d).
+  virtual at::Tensor forward(const at::Tensor& x, const OpContext& ctx) = 0;
+
+  // Outputs for selected token rows only. x: (B, T, d); rows: (N,) int64,
+  // strictly increasing flat indices into B*T. Returns (N, d), equal to
+  // forward(x, ctx).view({-1, d}).index_select(0, rows). Operators that mix
+  // tokens still read every position of x (keys/values), but compute outputs
+  // only for the rows.
+  virtual at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
+                                  const OpContext& ctx) = 0;
+
+  // FLOPs of one sequence of length T of which n_rows positions produce outputs,
+  // exactly as this implementation executes them (forward, and its backward).
+  // forward(x) on B sequences costs B * flops(T, T, d).
+  virtual FlopCount flops(int64_t T, int64_t n_rows, int64_t d) const = 0;
+
+  virtual OperatorTraits traits() const = 0;
+
+  // One line: name and the options in force, e.g. "attention(heads=4, rope)".
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace chiar

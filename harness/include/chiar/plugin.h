@@ -1,0 +1,77 @@
+#pragma once
+// The plugin boundary. A plugin library exports exactly one C symbol,
+// chiar_plugin_entry, returning a descriptor whose leading fields never change
+// layout: the loader reads the API version, libtorch version and kinds first,
+// refuses a mismatch, and only then calls register_all with a Registrar.
+// Write a plugin with CHIAR_PLUGIN(kinds, function) at namespace scope.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/version.h>
+
+#include "chiar/export.h"
+#include "chiar/operator.h"
+#include "chiar/router.h"
+
+// Bumped whenever a type a plugin sees (Operator, Router, Registrar, specs)
+// changes layout or meaning.
+#define CHIAR_PLUGIN_API_VERSION 1
+
+#define CHIAR_STRINGIFY_IMPL(x) #x
+#define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)
+// "major.minor" of the libtorch a translation unit is compiled against.
+#define CHIAR_TORCH_VERSION_STRING \
+  CHIAR_STRINGIFY(TORCH_VERSION_MAJOR) "." CHIAR_STRINGIFY(TORCH_VERSION_MINOR)
+
+extern "C" {
+// Layout frozen across API versions; only the loader reads it.
+struct chiar_plugin_descriptor {
+  uint32_t api_version;
+  const char* torch_version;  // "major.minor"
+  const char* kinds;          // comma-separated: "operator", "router", "task"
+  void (*register_all)(void* registrar);  // receives a chiar::Registrar*
+};
+}
+
+namespace chiar {
+
+using OperatorFactory = std::function<std::unique_ptr<Operator>(const OperatorSpec&)>;
+using RouterFactory = std::function<std::unique_ptr<Router>(const RouterSpec&)>;
+
+// Handed to a plugin's register function; the only way to register anything.
+class CHIAR_API Registrar {
+ public:
+  virtual ~Registrar();
+  // aliases: other names the same factory answers to (e.g. "attn").
+  virtual void add_operator(const std::string& name, const std::string& description,
+                            OperatorFactory factory,
+                            const std::vector<std::string>& aliases = {}) = 0;
+  virtual void add_router(const std::string& name, const std::string& description,
+                          RouterFactory factory,
+                          const std::vector<std::string>& aliases = {}) = 0;
+};
+
+}  // namespace chiar
+
+#ifndef CHIAR_PLUGIN_API_VERSION_REPORTED
+#define CHIAR_PLUGIN_API_VERSION_REPORTED CHIAR_PLUGIN_API_VERSION
+#endif
+#ifndef CHIAR_PLUGIN_TORCH_VERSION_REPORTED
+#define CHIAR_PLUGIN_TORCH_VERSION_REPORTED CHIAR_TORCH_VERSION_STRING
+#endif
+
+// KINDS: a string literal such as "operator" or "operator,router".
+// FUNCTION: void FUNCTION(chiar::Registrar&).
+#define CHIAR_PLUGIN(KINDS, FUNCTION)                                                \
+  static void chiar_plugin_register_thunk(void* registrar) {                         \
+    FUNCTION(*static_cast<::chiar::Registrar*>(registrar));                          \
+  }                                                                                  \
+  extern "C" CHIAR_API const chiar_plugin_descriptor* chiar_plugin_entry() {         \
+    static const chiar_plugin_descriptor descriptor{                                 \
+        CHIAR_PLUGIN_API_VERSION_REPORTED, CHIAR_PLUGIN_TORCH_VERSION_REPORTED, KINDS, \
+        &chiar_plugin_register_thunk};                                               \
+    return &descriptor;                                                              \
+  }

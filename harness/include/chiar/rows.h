@@ -1,0 +1,36 @@
+#pragma once
+// Helpers for Operator::forward_rows: selected rows grouped by a key (the
+// sequence they belong to, or a chunk of it) and packed into a padded
+// (groups, width, ...) block, so per-group work runs as one batched matmul.
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "chiar/export.h"
+#include "chiar/flops.h"
+
+namespace chiar {
+
+struct RowGroups {
+  at::Tensor keys;   // (G,) int64 distinct keys, ascending
+  at::Tensor group;  // (N,) int64 group index of each row
+  at::Tensor slot;   // (N,) int64 position of each row inside its group
+  int64_t count = 0; // G
+  int64_t width = 0; // largest group
+};
+
+// key: (N,) int64, non-decreasing (true for sorted rows and monotone keys).
+CHIAR_API RowGroups group_rows(const at::Tensor& key);
+
+// values (N, ...) -> (G, width, ...), zeros where a group is shorter.
+CHIAR_API at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g);
+// (G, width, ...) -> (N, ...) in the original row order.
+CHIAR_API at::Tensor unpack_rows(const at::Tensor& packed, const RowGroups& g);
+
+// FLOPs of LayerNorm over n vectors of size d, and of a residual add.
+inline FlopCount layernorm_flops(int64_t n, int64_t d) { return {8 * n * d, 16 * n * d}; }
+inline FlopCount elementwise_flops(int64_t n, int64_t d, int64_t ops = 1) {
+  return {ops * n * d, ops * n * d};
+}
+
+}  // namespace chiar

@@ -1,0 +1,43 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "chiar/export.h"
+
+namespace chiar {
+
+// How the orthonormal DCT is computed. Gemm multiplies by a cached d×d basis;
+// Fft uses Makhoul's reordering and one complex FFT of length d.
+enum class DctImpl { Auto, Gemm, Fft };
+
+CHIAR_API const char* to_string(DctImpl impl);
+CHIAR_API DctImpl dct_impl_from_string(const std::string& name);  // "auto" | "gemm" | "fft"
+// The implementation Auto resolves to for feature size d.
+CHIAR_API DctImpl resolve_dct_impl(DctImpl impl, int64_t d);
+
+// Orthonormal DCT-II basis B (d, d): B[k][n] = s_k cos(pi (2n+1) k / (2d)),
+// s_0 = sqrt(1/d), s_k = sqrt(2/d). Cached per (d, dtype, device); built in float64.
+CHIAR_API at::Tensor dct_basis(int64_t d, at::ScalarType dtype, at::Device device);
+
+// Orthonormal DCT-II along the last axis: (..., d) -> (..., d). Differentiable.
+CHIAR_API at::Tensor dct2(const at::Tensor& x, DctImpl impl = DctImpl::Auto);
+// Its inverse (orthonormal DCT-III): idct2(dct2(x)) == x.
+CHIAR_API at::Tensor idct2(const at::Tensor& c, DctImpl impl = DctImpl::Auto);
+
+// Normalised spectral entropy of each vector along the last axis:
+//   c = dct2(x), p_k = c_k^2 / sum_j c_j^2, H = -sum_k p_k log p_k / log d.
+// (..., d) -> (...), in [0, 1]; H(0) = 0 and H = 0 when d == 1. Differentiable.
+CHIAR_API at::Tensor spectral_entropy(const at::Tensor& x, DctImpl impl = DctImpl::Auto);
+// The same from DCT coefficients already computed (lets a caller reuse them).
+CHIAR_API at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c);
+
+// Thresholds that split the values of h (any shape) into shares.size() groups
+// with the given shares (summing to 1), lowest values first: returns
+// shares.size() - 1 increasing quantiles. E.g. {0.5, 0.5} -> the median.
+CHIAR_API std::vector<double> calibrate_thresholds(const at::Tensor& h,
+                                                   const std::vector<double>& shares);
+
+}  // namespace chiar

@@ -1,0 +1,1 @@
+// Anchor translation unit: the target that owns the precompiled header needs one.
