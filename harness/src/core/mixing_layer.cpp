@@ -1,0 +1,115 @@
+#include "mixing_layer.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include "chiar/error.h"
+#include "chiar/spectral.h"
+
+namespace chiar {
+
+const char* to_string(Execution e) {
+  switch (e) {
+    case Execution::Auto: return "auto";
+    case Execution::Dense: return "dense";
+    case Execution::Sparse: return "sparse";
+  }
+  return "?";
+}
+
+Execution execution_from_string(const std::string& name) {
+  if (name == "auto") return Execution::Auto;
+  if (name == "dense") return Execution::Dense;
+  if (name == "sparse") return Execution::Sparse;
+  throw UserError("unknown execution '" + name + "' (known: auto, dense, sparse)");
+}
+
+MixingLayer::MixingLayer(int64_t index, std::vector<std::string> names,
+                         std::vector<std::shared_ptr<Operator>> operators,
+                         std::shared_ptr<Router> router)
+    : index_(index), names_(std::move(names)), operators_(std::move(operators)),
+      router_(std::move(router)) {
+  for (size_t k = 0; k < operators_.size(); ++k)
+    register_module("op" + std::to_string(k) + "_" + names_[k], operators_[k]);
+  if (router_) register_module("router", router_);
+}
+
+at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, LayerRouting* routing,
+                                at::Tensor* aux_loss) {
+  if (!router_) return operators_[0]->forward(x, ctx);
+
+  const auto entropy = spectral_entropy(x);  // (B, T)
+  RouteResult r = router_->route(x, entropy);
+  bool use_sparse = false;
+  switch (execution_) {
+    case Execution::Dense: use_sparse = false; break;
+    case Execution::Sparse:
+      if (r.mode == RouteMode::Soft)
+        throw UserError("layer " + std::to_string(index_ + 1) +
+                        ": soft routing blends every operator and cannot execute sparsely");
+      use_sparse = true;
+      break;
+    case Execution::Auto:
+      use_sparse = r.mode == RouteMode::Hard ||
+                   (r.mode == RouteMode::HardSTE &&
+                    !(is_training() && torch::autograd::GradMode::is_enabled()));
+      break;
+  }
+  auto y = use_sparse ? sparse(x, ctx, r.choice) : dense(x, ctx, r);
+  if (routing) {
+    routing->layer = index_;
+    routing->choice = r.choice.detach();
+    routing->entropy = entropy.detach();
+    routing->weights = r.weights.detach();
+    routing->sparse = use_sparse;
+  }
+  if (aux_loss && r.aux_loss.defined())
+    *aux_loss = aux_loss->defined() ? *aux_loss + r.aux_loss : r.aux_loss;
+  return y;
+}
+
+at::Tensor MixingLayer::dense(const at::Tensor& x, const OpContext& ctx,
+                              const RouteResult& r) const {
+  std::vector<at::Tensor> outputs;  // K x (B, T, d)
+  for (const auto& op : operators_) outputs.push_back(op->forward(x, ctx));
+  if (r.mode == RouteMode::Soft) {
+    auto y = outputs[0] * r.weights.select(-1, 0).unsqueeze(-1);
+    for (size_t k = 1; k < outputs.size(); ++k)
+      y = y + outputs[k] * r.weights.select(-1, static_cast<int64_t>(k)).unsqueeze(-1);
+    return y;
+  }
+  // Hard decisions: the chosen output, selected exactly (no 1.0 * y rounding).
+  auto stacked = at::stack(outputs, -1);  // (B, T, d, K)
+  auto index = r.choice.unsqueeze(-1).unsqueeze(-1).expand({x.size(0), x.size(1), x.size(2), 1});
+  auto y = stacked.gather(-1, index).squeeze(-1);
+  if (r.mode == RouteMode::HardSTE && r.weights.requires_grad()) {
+    // Straight-through: (w - w.detach()) is exactly 0 forward, so the value is
+    // the chosen output; backward, the gate gets the soft blend's gradient.
+    auto delta = r.weights - r.weights.detach();  // (B, T, K)
+    y = y + (stacked * delta.unsqueeze(2)).sum(-1);
+  }
+  return y;
+}
+
+at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
+                               const at::Tensor& choice) const {
+  const int64_t d = x.size(-1);
+  auto y = at::zeros({x.size(0) * x.size(1), d}, x.options());  // (B*T, d)
+  const auto flat_choice = choice.reshape({-1});
+  for (size_t k = 0; k < operators_.size(); ++k) {
+    auto rows = (flat_choice == static_cast<int64_t>(k)).nonzero().squeeze(1);  // (N_k,)
+    if (rows.numel() == 0) continue;
+    y.index_copy_(0, rows, operators_[k]->forward_rows(x, rows, ctx));
+  }
+  return y.view_as(x);
+}
+
+std::string MixingLayer::describe() const {
+  std::string out;
+  for (size_t k = 0; k < operators_.size(); ++k)
+    out += (k ? " | " : "") + operators_[k]->describe();
+  if (router_) out += " routed by " + router_->describe();
+  return out;
+}
+
+}  // namespace chiar

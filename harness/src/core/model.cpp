@@ -1,0 +1,209 @@
+#include "model.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/utils.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "chiar/error.h"
+#include "registry.h"
+
+namespace chiar {
+
+const char* to_string(HeadKind h) {
+  return h == HeadKind::LanguageModel ? "language-model" : "classifier";
+}
+
+const char* to_string(MetaRouterKind m) {
+  switch (m) {
+    case MetaRouterKind::None: return "none";
+    case MetaRouterKind::Causal: return "causal";
+    case MetaRouterKind::BatchMean: return "batch_mean";
+  }
+  return "?";
+}
+
+MetaRouterKind meta_router_from_string(const std::string& name) {
+  if (name == "none") return MetaRouterKind::None;
+  if (name == "causal") return MetaRouterKind::Causal;
+  if (name == "batch_mean") return MetaRouterKind::BatchMean;
+  throw UserError("unknown meta_router '" + name + "' (known: none, causal, batch_mean)");
+}
+
+std::vector<std::string> split_layer_spec(const std::string& spec) {
+  std::vector<std::string> parts;
+  std::stringstream in(spec);
+  std::string part;
+  while (std::getline(in, part, '|')) {
+    const auto b = part.find_first_not_of(" \t");
+    const auto e = part.find_last_not_of(" \t");
+    if (b == std::string::npos)
+      throw UserError("layer '" + spec + "': empty operator name");
+    parts.push_back(part.substr(b, e - b + 1));
+  }
+  if (parts.empty() || spec.back() == '|') throw UserError("layer '" + spec + "': empty operator name");
+  return parts;
+}
+
+FeedForward::FeedForward(int64_t d, int64_t mult, double dropout) {
+  up_ = register_module("up", torch::nn::Linear(d, mult * d));
+  down_ = register_module("down", torch::nn::Linear(mult * d, d));
+  norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  drop_ = register_module("drop", torch::nn::Dropout(dropout));
+}
+
+at::Tensor FeedForward::forward(const at::Tensor& x) {
+  return norm_(x + drop_(down_(at::gelu(up_(x)))));
+}
+
+ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
+    : options_(std::move(options)) {
+  const auto& o = options_;
+  if (o.layers_.empty()) throw UserError("model: the layer plan is empty");
+  if (o.d_model_ < 1 || o.n_heads_ < 1 || o.d_model_ % o.n_heads_ != 0)
+    throw UserError("model: d_model (" + std::to_string(o.d_model_) +
+                    ") must be a positive multiple of n_heads (" + std::to_string(o.n_heads_) + ")");
+  if (o.vocab_size_ < 1) throw UserError("model: vocab_size must be positive");
+  if (o.head_ == HeadKind::Classifier && o.n_classes_ < 2)
+    throw UserError("model: a classifier needs n_classes >= 2");
+  torch::manual_seed(o.seed_);
+
+  const bool causal = o.head_ == HeadKind::LanguageModel;
+  embed_ = register_module("embed", torch::nn::Embedding(o.vocab_size_, o.d_model_));
+  torch::NoGradGuard no_grad;
+  embed_->weight.normal_(0.0, 0.02);
+  embed_drop_ = register_module("embed_drop", torch::nn::Dropout(o.dropout_));
+
+  for (size_t i = 0; i < o.layers_.size(); ++i) {
+    std::vector<std::string> names;
+    std::vector<std::shared_ptr<Operator>> ops;
+    for (const auto& requested : split_layer_spec(o.layers_[i])) {
+      const std::string name = registry.canonical("operator", requested);
+      OperatorSpec spec;
+      spec.d_model = o.d_model_;
+      spec.n_heads = o.n_heads_;
+      spec.seed = o.seed_ * 1000003ULL + i * 101ULL + names.size();
+      auto params = o.operator_params_.find(name);
+      if (params == o.operator_params_.end()) params = o.operator_params_.find(requested);
+      if (params != o.operator_params_.end()) spec.params = params->second;
+      auto op = registry.make_operator(name, spec);
+      const auto traits = op->traits();
+      if (causal && !traits.causal)
+        throw UserError("layer " + std::to_string(i + 1) + ": operator '" + name +
+                        "' does not support causal language modelling (it reads future tokens)");
+      if (!causal && !traits.padded)
+        throw UserError("layer " + std::to_string(i + 1) + ": operator '" + name +
+                        "' does not support padded classification inputs");
+      names.push_back(name);
+      ops.push_back(std::move(op));
+    }
+    std::shared_ptr<Router> router;
+    if (ops.size() > 1) {
+      RouterSpec spec;
+      spec.d_model = o.d_model_;
+      spec.operators = names;
+      spec.seed = o.seed_ * 1000003ULL + i * 101ULL + 77ULL;
+      spec.params = o.router_params_;
+      router = registry.make_router(o.router_, spec);
+    }
+    auto layer = std::make_shared<MixingLayer>(static_cast<int64_t>(i), names, ops, router);
+    layer->set_execution(o.execution_);
+    mixing_.push_back(register_module("mix" + std::to_string(i), layer));
+    ffn_.push_back(register_module(
+        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model_, o.ffn_mult_, o.dropout_)));
+  }
+
+  if (o.meta_router_ != MetaRouterKind::None) {
+    meta_ = register_module("meta", torch::nn::Linear(o.d_model_, 1));
+    // Start with the gate near 0.88: layer 1's mixing mostly on, as v2 intends.
+    meta_->weight.zero_();
+    meta_->bias.fill_(std::log(0.88 / 0.12));
+  }
+  if (o.head_ == HeadKind::Classifier) {
+    cls_hidden_ = register_module("cls_hidden", torch::nn::Linear(o.d_model_, o.d_model_));
+    cls_out_ = register_module("cls_out", torch::nn::Linear(o.d_model_, o.n_classes_));
+  }
+}
+
+at::Tensor ChiarModel::meta_gate(const at::Tensor& x) {
+  if (options_.meta_router_ == MetaRouterKind::BatchMean)
+    return at::sigmoid(meta_->forward(x.mean(at::IntArrayRef{0, 1}, /*keepdim=*/true)));  // (1, 1, 1)
+  // Prefix mean over positions <= t: no information from the future.
+  auto counts = at::arange(1, x.size(1) + 1, x.options()).view({1, -1, 1});
+  return at::sigmoid(meta_->forward(x.cumsum(1) / counts));  // (B, T, 1)
+}
+
+at::Tensor ChiarModel::pool(const at::Tensor& h, const at::Tensor& valid) const {
+  if (!valid.defined()) return h.mean(1);
+  auto w = valid.to(h.scalar_type()).unsqueeze(-1);  // (B, T, 1)
+  return (h * w).sum(1) / w.sum(1).clamp_min(1.0);
+}
+
+ModelOutput ChiarModel::forward(const at::Tensor& tokens, const at::Tensor& valid) {
+  TORCH_CHECK(tokens.dim() == 2, "tokens must be (B, T)");
+  ModelOutput out;
+  OpContext ctx;
+  ctx.causal = options_.head_ == HeadKind::LanguageModel;
+  ctx.valid = valid;
+  auto h = embed_drop_(embed_(tokens));  // (B, T, d)
+  for (size_t i = 0; i < mixing_.size(); ++i) {
+    LayerRouting routing;
+    auto mixed = mixing_[i]->forward(h, ctx, &routing, &out.aux_loss);
+    if (i == 0 && meta_) {
+      out.meta_gate = meta_gate(h);
+      mixed = out.meta_gate * mixed + (1.0 - out.meta_gate) * h;
+    }
+    if (mixing_[i]->routed()) out.routing.push_back(routing);
+    h = ffn_[i]->forward(mixed);
+  }
+  if (options_.head_ == HeadKind::LanguageModel) {
+    out.logits = at::linear(h, embed_->weight);  // tied head: (B, T, V)
+  } else {
+    out.logits = cls_out_->forward(at::gelu(cls_hidden_->forward(pool(h, valid))));  // (B, C)
+  }
+  return out;
+}
+
+void ChiarModel::calibrate_routers(const at::Tensor& tokens, const at::Tensor& valid) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = is_training();
+  eval();
+  size_t routed_index = 0;
+  for (const auto& layer : mixing_) {
+    if (!layer->routed()) continue;
+    auto out = forward(tokens, valid);
+    auto h = out.routing.at(routed_index).entropy;
+    if (valid.defined()) h = h.masked_select(valid);
+    layer->router()->calibrate(h);
+    ++routed_index;
+  }
+  train(was_training);
+}
+
+void ChiarModel::set_execution(Execution e) {
+  options_.execution_ = e;
+  for (auto& layer : mixing_) layer->set_execution(e);
+}
+
+int64_t ChiarModel::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+std::string ChiarModel::describe() const {
+  std::ostringstream out;
+  out << "ChiarModel(" << to_string(options_.head_) << ", vocab " << options_.vocab_size_ << ", d "
+      << options_.d_model_ << ", heads " << options_.n_heads_ << ", ffn x" << options_.ffn_mult_;
+  if (options_.head_ == HeadKind::Classifier) out << ", classes " << options_.n_classes_;
+  if (options_.meta_router_ != MetaRouterKind::None)
+    out << ", meta_router " << to_string(options_.meta_router_);
+  out << ", layers [";
+  for (size_t i = 0; i < mixing_.size(); ++i) out << (i ? "; " : "") << mixing_[i]->describe();
+  out << "], " << parameter_count() << " parameters)";
+  return out.str();
+}
+
+}  // namespace chiar

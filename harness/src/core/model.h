@@ -1,0 +1,120 @@
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "chiar/export.h"
+#include "chiar/params.h"
+#include "mixing_layer.h"
+
+namespace chiar {
+
+class PluginRegistry;
+
+enum class HeadKind { LanguageModel, Classifier };
+CHIAR_API const char* to_string(HeadKind h);
+
+// The paper's v2 task-level gate on layer 1: y = g * mix(x) + (1 - g) * x with
+// g = sigmoid(Linear(mean x)). "causal" averages positions <= t (no look-ahead);
+// "batch_mean" is the reference's form: one gate from the mean over the batch.
+enum class MetaRouterKind { None, Causal, BatchMean };
+CHIAR_API const char* to_string(MetaRouterKind m);
+CHIAR_API MetaRouterKind meta_router_from_string(const std::string& name);
+
+using OperatorParams = std::map<std::string, Params>;  // operator name -> its options
+
+#define CHIAR_OPTION(type, name)   \
+  ModelOptions& name(type value) { \
+    name##_ = std::move(value);    \
+    return *this;                  \
+  }                                \
+  type name##_
+
+// Everything that defines a model; the defaults give the paper's v1 DCT+Attn
+// model (4 layers, d 256, 4 heads). Setters chain: ModelOptions().d_model(128).
+struct CHIAR_API ModelOptions {
+  CHIAR_OPTION(int64_t, vocab_size) = 8192;
+  CHIAR_OPTION(int64_t, d_model) = 256;
+  CHIAR_OPTION(int64_t, n_heads) = 4;
+  CHIAR_OPTION(int64_t, ffn_mult) = 4;
+  CHIAR_OPTION(int64_t, n_classes) = 2;
+  CHIAR_OPTION(double, dropout) = 0.0;
+  CHIAR_OPTION(HeadKind, head) = HeadKind::LanguageModel;
+  // One entry per block: an operator name, or names joined by '|' for a routed
+  // layer, cheapest first ("dct|attn", "dct|rbf|attn").
+  CHIAR_OPTION(std::vector<std::string>, layers) = {"dct", "dct|attn", "dct|attn", "attn"};
+  CHIAR_OPTION(std::string, router) = "threshold";
+  CHIAR_OPTION(Params, router_params) = {};
+  CHIAR_OPTION(OperatorParams, operator_params) = {};  // applied to every instance
+  CHIAR_OPTION(MetaRouterKind, meta_router) = MetaRouterKind::None;
+  CHIAR_OPTION(Execution, execution) = Execution::Auto;
+  CHIAR_OPTION(uint64_t, seed) = 0;  // parameter init and fixed random state
+};
+#undef CHIAR_OPTION
+
+// The block's second half: y = LN(x + W2 GELU(W1 x)), d -> ffn_mult*d -> d.
+// Identical whichever operator a token took, so variants match in size.
+class CHIAR_API FeedForward : public torch::nn::Module {
+ public:
+  FeedForward(int64_t d, int64_t mult, double dropout);
+  at::Tensor forward(const at::Tensor& x);  // (B, T, d) -> (B, T, d)
+
+ private:
+  torch::nn::Linear up_{nullptr}, down_{nullptr};  // (d -> m d), (m d -> d)
+  torch::nn::LayerNorm norm_{nullptr};
+  torch::nn::Dropout drop_{nullptr};
+};
+
+struct ModelOutput {
+  at::Tensor logits;     // (B, T, V) language model, (B, C) classifier
+  at::Tensor aux_loss;   // () routers' regularisers, or undefined
+  at::Tensor meta_gate;  // (B, T, 1) or (1, 1, 1) MetaRouter gate, or undefined
+  std::vector<LayerRouting> routing;  // one per routed layer, in order
+};
+
+class CHIAR_API ChiarModel : public torch::nn::Module {
+ public:
+  // Builds every operator and router through the registry. Seeds libtorch's
+  // generator with options.seed first, so the same options give the same model.
+  ChiarModel(const PluginRegistry& registry, ModelOptions options);
+
+  // tokens: (B, T) int64; valid: (B, T) bool, true for real tokens (undefined =
+  // all real). Padding never enters pooling or attention.
+  ModelOutput forward(const at::Tensor& tokens, const at::Tensor& valid = {});
+
+  // Feeds a sample through the model and lets each routed layer's router set
+  // its data-derived thresholds, layer by layer (a later layer sees the input
+  // produced under the earlier layers' calibrated routing).
+  void calibrate_routers(const at::Tensor& tokens, const at::Tensor& valid = {});
+
+  void set_execution(Execution e);
+  const ModelOptions& options() const { return options_; }
+  const std::vector<std::shared_ptr<MixingLayer>>& mixing_layers() const { return mixing_; }
+  int64_t parameter_count() const;
+  std::string describe() const;  // one line
+
+ private:
+  at::Tensor pool(const at::Tensor& h, const at::Tensor& valid) const;  // (B,T,d) -> (B,d)
+  at::Tensor meta_gate(const at::Tensor& x);  // (B,T,d) -> (B,T,1) or (1,1,1)
+
+  ModelOptions options_;
+  torch::nn::Embedding embed_{nullptr};  // (V, d), tied with the LM head
+  torch::nn::Dropout embed_drop_{nullptr};
+  std::vector<std::shared_ptr<MixingLayer>> mixing_;
+  std::vector<std::shared_ptr<FeedForward>> ffn_;
+  torch::nn::Linear meta_{nullptr};  // (d -> 1) MetaRouter gate
+  torch::nn::Linear cls_hidden_{nullptr}, cls_out_{nullptr};  // (d -> d), (d -> C)
+};
+
+// "dct|attn" -> {"dct", "attn"}; whitespace trimmed; empty parts are an error.
+CHIAR_API std::vector<std::string> split_layer_spec(const std::string& spec);
+
+}  // namespace chiar

@@ -1,0 +1,251 @@
+#include "registry.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
+#include <boost/filesystem.hpp>
+
+#include "chiar/error.h"
+#include "chiar/plugin.h"
+
+namespace chiar {
+namespace fs = boost::filesystem;
+using Library = std::shared_ptr<boost::dll::shared_library>;
+
+namespace {
+
+constexpr const char* kEntryPoint = "chiar_plugin_entry";
+
+struct Factory {
+  PluginEntry entry;
+  Library library;  // keeps the code of the factory loaded
+  OperatorFactory make_operator;
+  RouterFactory make_router;
+};
+
+// Collects what one library registers; committed only if registration succeeds.
+class CollectingRegistrar final : public Registrar {
+ public:
+  CollectingRegistrar(std::string file, uint32_t api, Library lib)
+      : file_(std::move(file)), api_(api), lib_(std::move(lib)) {}
+
+  void add_operator(const std::string& name, const std::string& description,
+                    OperatorFactory factory, const std::vector<std::string>& aliases) override {
+    Factory f{{name, "operator", description, file_, api_, aliases}, lib_, std::move(factory), {}};
+    added.push_back(std::move(f));
+  }
+  void add_router(const std::string& name, const std::string& description, RouterFactory factory,
+                  const std::vector<std::string>& aliases) override {
+    Factory f{{name, "router", description, file_, api_, aliases}, lib_, {}, std::move(factory)};
+    added.push_back(std::move(f));
+  }
+
+  std::vector<Factory> added;
+
+ private:
+  std::string file_;
+  uint32_t api_;
+  Library lib_;
+};
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+}  // namespace
+
+struct PluginRegistry::Impl {
+  std::vector<Factory> factories;
+  std::vector<std::string> loaded_files;  // canonical paths, to skip repeats
+
+  const Factory* find(const std::string& kind, const std::string& name) const {
+    for (const auto& f : factories) {
+      if (f.entry.kind != kind) continue;
+      if (f.entry.name == name) return &f;
+      if (std::find(f.entry.aliases.begin(), f.entry.aliases.end(), name) != f.entry.aliases.end())
+        return &f;
+    }
+    return nullptr;
+  }
+
+  const Factory& require(const std::string& kind, const std::string& name) const {
+    if (const Factory* f = find(kind, name)) return *f;
+    std::vector<std::string> known;
+    for (const auto& f : factories) {
+      if (f.entry.kind != kind) continue;
+      std::string n = f.entry.name;
+      if (!f.entry.aliases.empty()) n += " (" + join(f.entry.aliases, ", ") + ")";
+      known.push_back(n);
+    }
+    std::sort(known.begin(), known.end());
+    throw UserError("unknown " + kind + " '" + name + "' (known: " +
+                    (known.empty() ? std::string("none; no plugins loaded") : join(known, ", ")) +
+                    ")");
+  }
+
+  template <class Object, class Spec>
+  std::shared_ptr<Object> make(const Factory& f, Spec spec) const {
+    const std::string who = f.entry.kind + " '" + f.entry.name + "' (" + f.entry.file + ")";
+    std::unique_ptr<Object> made;
+    try {
+      if constexpr (std::is_same_v<Object, Operator>)
+        made = f.make_operator(spec);
+      else
+        made = f.make_router(spec);
+    } catch (const UserError& e) {
+      throw UserError(who + ": " + e.what());
+    } catch (const std::exception& e) {
+      throw UserError(who + ": factory failed: " + e.what());
+    }
+    if (!made) throw UserError(who + ": factory returned nothing");
+    const auto unread = spec.params.unread_keys();
+    if (!unread.empty())
+      throw UserError(who + ": unknown parameter" + (unread.size() > 1 ? "s " : " ") + "'" +
+                      join(unread, "', '") + "'");
+    // The deleter holds the library: its code must outlive the object's destructor.
+    Library lib = f.library;
+    return std::shared_ptr<Object>(made.release(), [lib](Object* p) { delete p; });
+  }
+};
+
+PluginRegistry::PluginRegistry() : impl_(std::make_unique<Impl>()) {}
+PluginRegistry::~PluginRegistry() = default;
+
+void PluginRegistry::load_directory(const std::string& dir) {
+  boost::system::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw UserError("plugin folder '" + dir + "' does not exist or is not a folder");
+  std::vector<fs::path> files;
+  for (const auto& item : fs::directory_iterator(dir))
+    if (fs::is_regular_file(item.path()) && item.path().extension() == ".so")
+      files.push_back(item.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files) load_file(file.string());
+}
+
+void PluginRegistry::load_file(const std::string& path_text) {
+  boost::system::error_code ec;
+  fs::path path = fs::absolute(path_text);
+  if (!fs::is_regular_file(path, ec))
+    throw UserError("plugin file '" + path.string() + "' does not exist");
+  const std::string file = fs::canonical(path, ec).string();
+  if (std::find(impl_->loaded_files.begin(), impl_->loaded_files.end(), file) !=
+      impl_->loaded_files.end())
+    return;
+
+  Library lib;
+  try {
+    // An absolute path, so dlopen never searches the system folders instead.
+    lib = std::make_shared<boost::dll::shared_library>(
+        file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    throw UserError("plugin file '" + file + "' cannot be loaded: " + e.what());
+  }
+  if (!lib->has(kEntryPoint))
+    throw UserError("plugin file '" + file + "' has no entry point '" + kEntryPoint +
+                    "' (a chiar plugin declares one with CHIAR_PLUGIN)");
+
+  const chiar_plugin_descriptor* d = lib->get<const chiar_plugin_descriptor*()>(kEntryPoint)();
+  if (!d) throw UserError("plugin file '" + file + "': its entry point returned nothing");
+  if (d->api_version != CHIAR_PLUGIN_API_VERSION)
+    throw UserError("plugin file '" + file + "' was built for plugin API version " +
+                    std::to_string(d->api_version) + ", but this harness provides version " +
+                    std::to_string(CHIAR_PLUGIN_API_VERSION) + "; rebuild the plugin");
+  const std::string torch_version = d->torch_version ? d->torch_version : "(none)";
+  if (torch_version != CHIAR_TORCH_VERSION_STRING)
+    throw UserError("plugin file '" + file + "' was built against libtorch " + torch_version +
+                    ", but this harness uses libtorch " + CHIAR_TORCH_VERSION_STRING +
+                    "; rebuild the plugin");
+
+  CollectingRegistrar registrar(file, d->api_version, lib);
+  try {
+    d->register_all(&registrar);
+  } catch (const std::exception& e) {
+    throw UserError("plugin file '" + file + "' failed while registering: " + e.what());
+  }
+  // Reject clashes with what is loaded and within the library itself.
+  for (size_t i = 0; i < registrar.added.size(); ++i) {
+    const auto& entry = registrar.added[i].entry;
+    std::vector<std::string> names = entry.aliases;
+    names.insert(names.begin(), entry.name);
+    for (const auto& name : names) {
+      const Factory* clash = impl_->find(entry.kind, name);
+      for (size_t j = 0; j < i && !clash; ++j) {
+        const auto& earlier = registrar.added[j].entry;
+        if (earlier.kind == entry.kind &&
+            (earlier.name == name || std::count(earlier.aliases.begin(), earlier.aliases.end(), name)))
+          clash = &registrar.added[j];
+      }
+      if (clash)
+        throw UserError("plugin file '" + file + "' registers " + entry.kind + " '" + name +
+                        "', which '" + clash->entry.file + "' already registered");
+    }
+  }
+  for (auto& f : registrar.added) impl_->factories.push_back(std::move(f));
+  impl_->loaded_files.push_back(file);
+}
+
+void PluginRegistry::load_default(const std::vector<std::string>& extra_dirs) {
+  std::vector<std::string> dirs = default_plugin_dirs();
+  if (const char* env = std::getenv("CHIAR_PLUGIN_PATH")) {
+    std::stringstream parts(env);
+    std::string dir;
+    while (std::getline(parts, dir, ':'))
+      if (!dir.empty()) dirs.push_back(dir);
+  }
+  dirs.insert(dirs.end(), extra_dirs.begin(), extra_dirs.end());
+  std::vector<std::string> seen;
+  for (const auto& dir : dirs) {
+    boost::system::error_code ec;
+    const auto canonical = fs::canonical(dir, ec).string();
+    if (!ec && std::find(seen.begin(), seen.end(), canonical) != seen.end()) continue;
+    load_directory(dir);
+    seen.push_back(canonical);
+  }
+}
+
+std::shared_ptr<Operator> PluginRegistry::make_operator(const std::string& name,
+                                                        const OperatorSpec& spec) const {
+  return impl_->make<Operator>(impl_->require("operator", name), spec);
+}
+
+std::shared_ptr<Router> PluginRegistry::make_router(const std::string& name,
+                                                    const RouterSpec& spec) const {
+  return impl_->make<Router>(impl_->require("router", name), spec);
+}
+
+bool PluginRegistry::has(const std::string& kind, const std::string& name) const {
+  return impl_->find(kind, name) != nullptr;
+}
+
+std::string PluginRegistry::canonical(const std::string& kind, const std::string& name) const {
+  return impl_->require(kind, name).entry.name;
+}
+
+std::vector<PluginEntry> PluginRegistry::entries() const {
+  std::vector<PluginEntry> out;
+  for (const auto& f : impl_->factories) out.push_back(f.entry);
+  std::sort(out.begin(), out.end(), [](const PluginEntry& a, const PluginEntry& b) {
+    return std::tie(a.kind, a.name) < std::tie(b.kind, b.name);
+  });
+  return out;
+}
+
+std::vector<std::string> default_plugin_dirs() {
+  const fs::path libdir = boost::dll::this_line_location().parent_path();
+  std::vector<std::string> out;
+  for (const fs::path& candidate : {libdir / "plugins", libdir / "chiar" / "plugins"}) {
+    boost::system::error_code ec;
+    if (fs::is_directory(candidate, ec)) out.push_back(candidate.string());
+  }
+  return out;
+}
+
+}  // namespace chiar

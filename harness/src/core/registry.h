@@ -1,0 +1,57 @@
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chiar/export.h"
+#include "chiar/operator.h"
+#include "chiar/router.h"
+
+namespace chiar {
+
+// One registered factory as `chiar plugins` lists it.
+struct PluginEntry {
+  std::string name;
+  std::string kind;  // "operator" | "router"
+  std::string description;
+  std::string file;  // absolute path of the library that registered it
+  uint32_t api_version = 0;
+  std::vector<std::string> aliases;
+};
+
+// Loads plugin libraries and makes objects from their factories. Every object
+// made holds its library open, so a library stays loaded while any object from
+// it lives, even after the registry is gone. All errors are UserErrors naming
+// the file and what is wrong.
+class CHIAR_API PluginRegistry {
+ public:
+  PluginRegistry();
+  ~PluginRegistry();
+  PluginRegistry(const PluginRegistry&) = delete;
+  PluginRegistry& operator=(const PluginRegistry&) = delete;
+
+  // Every *.so in dir, in name order. A missing folder is an error.
+  void load_directory(const std::string& dir);
+  void load_file(const std::string& path);
+  // default_plugin_dirs(), then CHIAR_PLUGIN_PATH, then extra_dirs.
+  void load_default(const std::vector<std::string>& extra_dirs = {});
+
+  std::shared_ptr<Operator> make_operator(const std::string& name, const OperatorSpec& spec) const;
+  std::shared_ptr<Router> make_router(const std::string& name, const RouterSpec& spec) const;
+
+  bool has(const std::string& kind, const std::string& name) const;
+  // The registered name behind a name or alias; throws for an unknown name.
+  std::string canonical(const std::string& kind, const std::string& name) const;
+  std::vector<PluginEntry> entries() const;  // sorted by kind, then name
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The plugin folders found next to the core library: <libdir>/plugins (build
+// tree) and <libdir>/chiar/plugins (installed tree), those that exist.
+CHIAR_API std::vector<std::string> default_plugin_dirs();
+
+}  // namespace chiar

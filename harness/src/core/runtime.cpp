@@ -1,0 +1,99 @@
+#include "runtime.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "chiar/plugin.h"
+#include "chiar_build_info.h"
+
+
+namespace chiar {
+
+int configure_threads(int requested) {
+  int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
+  if (n < 1) n = 1;
+  at::set_num_threads(n);
+  return at::get_num_threads();
+}
+
+std::string detect_blas() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line, found;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string base = path.substr(path.rfind('/') + 1);
+    if (base.find("blas") == std::string::npos) continue;
+    char resolved[PATH_MAX];
+    found = realpath(path.c_str(), resolved) ? resolved : path;
+    break;
+  }
+  if (found.empty()) found = "no BLAS library mapped";
+  using ConfigFn = char* (*)();
+  if (auto config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config")))
+    found += " (" + std::string(config()) + ")";
+  return found;
+}
+
+double measure_gemm_gflops(int64_t n, int repeats) {
+  at::NoGradGuard no_grad;
+  auto a = at::randn({n, n}), b = at::randn({n, n});
+  auto c = at::empty({n, n});
+  for (int i = 0; i < 2; ++i) at::mm_out(c, a, b);
+  std::vector<double> seconds;
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    at::mm_out(c, a, b);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / median / 1e9;
+}
+
+RuntimeInfo probe_runtime(int requested_threads) {
+  RuntimeInfo info;
+  info.threads = configure_threads(requested_threads);
+  info.gemm_size = 512;
+  info.gemm_gflops = measure_gemm_gflops(info.gemm_size);
+  info.blas = detect_blas();  // after a GEMM, so a lazily loaded BLAS is mapped
+  info.torch_version = CHIAR_TORCH_VERSION_STRING;
+  info.build_type = CHIAR_BUILD_TYPE;
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) == 0) info.host = host;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      info.cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return info;
+}
+
+std::string describe(const RuntimeInfo& info) {
+  std::ostringstream out;
+  out.precision(1);
+  out << std::fixed << "libtorch " << info.torch_version << " (" << info.build_type << "), "
+      << info.threads << " threads, GEMM " << info.gemm_size << "^3 fp32 " << info.gemm_gflops
+      << " GFLOP/s, BLAS " << info.blas;
+  if (info.gemm_gflops < kSlowGemmGflops)
+    out << "\nWARNING: GEMM runs at " << info.gemm_gflops << " GFLOP/s (< " << kSlowGemmGflops
+        << "): libtorch is probably on the reference BLAS; install libopenblas0-openmp";
+  return out.str();
+}
+
+}  // namespace chiar

@@ -1,0 +1,43 @@
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "chiar/export.h"
+
+namespace chiar {
+
+// Below this a 512x512 fp32 GEMM means libtorch runs on the reference BLAS
+// (~6 GFLOP/s) rather than OpenBLAS (~90 per core).
+constexpr double kSlowGemmGflops = 20.0;
+
+// What every run records about the machine it ran on.
+struct RuntimeInfo {
+  int threads = 0;           // intra-op threads in force
+  std::string blas;          // the BLAS library libtorch's GEMM resolved to, with its config
+  double gemm_gflops = 0;    // median fp32 GEMM rate measured in this process
+  int64_t gemm_size = 0;     // n of the n x n x n GEMM measured
+  std::string torch_version; // libtorch the core was built against
+  std::string build_type;    // CMAKE_BUILD_TYPE of the core
+  std::string host;
+  std::string cpu;
+};
+
+// Sets libtorch's intra-op threads: requested > 0 as given, 0 = all cores.
+// Returns the number in force.
+CHIAR_API int configure_threads(int requested);
+
+// The BLAS shared library mapped into this process (resolved through the
+// Debian alternatives symlink), plus OpenBLAS's own configuration when present.
+CHIAR_API std::string detect_blas();
+
+// Median GFLOP/s of an n x n fp32 matrix product over `repeats` timed runs
+// after two warm-up runs.
+CHIAR_API double measure_gemm_gflops(int64_t n = 512, int repeats = 10);
+
+// Threads, BLAS, GEMM rate and machine facts in one call.
+CHIAR_API RuntimeInfo probe_runtime(int requested_threads);
+
+// One-line summary, e.g. for a log header; warns when the GEMM rate is slow.
+CHIAR_API std::string describe(const RuntimeInfo& info);
+
+}  // namespace chiar

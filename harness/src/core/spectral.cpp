@@ -1,0 +1,188 @@
+#include "chiar/spectral.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "chiar/error.h"
+
+namespace chiar {
+namespace {
+
+// Above this feature size the FFT path wins on CPU (see the dct benchmarks);
+// below it one GEMM against the cached basis is faster.
+constexpr int64_t kFftFromD = 1024;
+
+at::TensorOptions real_options(const at::Tensor& x) {
+  return at::TensorOptions().dtype(x.scalar_type()).device(x.device());
+}
+
+// Makhoul's even/odd reordering: v = [x0, x2, x4, ..., x5, x3, x1].
+at::Tensor makhoul_permutation(int64_t d, at::Device device) {
+  auto idx = at::empty({d}, at::TensorOptions().dtype(at::kLong));
+  auto* p = idx.data_ptr<int64_t>();
+  int64_t j = 0;
+  for (int64_t n = 0; n < d; n += 2) p[j++] = n;
+  for (int64_t n = (d % 2 == 0) ? d - 1 : d - 2; n >= 1; n -= 2) p[j++] = n;
+  return idx.to(device);
+}
+
+// s_k: sqrt(1/d) for k = 0, sqrt(2/d) otherwise, as a (d,) tensor.
+at::Tensor orthonormal_scale(int64_t d, const at::TensorOptions& opts) {
+  auto s = at::full({d}, std::sqrt(2.0 / static_cast<double>(d)), opts);
+  s.index_put_({0}, std::sqrt(1.0 / static_cast<double>(d)));
+  return s;
+}
+
+at::Tensor dct2_fft(const at::Tensor& x) {
+  const int64_t d = x.size(-1);
+  const auto opts = real_options(x);
+  auto v = x.index_select(-1, makhoul_permutation(d, x.device()));
+  auto V = at::fft_fft(v, c10::nullopt, -1);
+  // Re(exp(-i a_k) V_k) with a_k = pi k / (2d).
+  auto a = at::arange(d, opts) * (M_PI / (2.0 * static_cast<double>(d)));
+  auto re = at::real(V) * at::cos(a) + at::imag(V) * at::sin(a);
+  return re * orthonormal_scale(d, opts);
+}
+
+at::Tensor idct2_fft(const at::Tensor& c) {
+  const int64_t d = c.size(-1);
+  const auto opts = real_options(c);
+  auto X = c / orthonormal_scale(d, opts);  // unnormalised DCT-II coefficients
+  // Xr[k] = X[d - k] for k >= 1, Xr[0] = 0.
+  auto Xr = at::cat({at::zeros_like(X.narrow(-1, 0, 1)), X.narrow(-1, 1, d - 1).flip(-1)}, -1);
+  // V_k = exp(i a_k) (X_k - i Xr_k), the spectrum of Makhoul's reordered sequence.
+  auto a = at::arange(d, opts) * (M_PI / (2.0 * static_cast<double>(d)));
+  auto cos_a = at::cos(a), sin_a = at::sin(a);
+  auto V = at::complex(X * cos_a + Xr * sin_a, X * sin_a - Xr * cos_a);
+  auto v = at::real(at::fft_ifft(V, c10::nullopt, -1));
+  auto perm = makhoul_permutation(d, c.device());
+  auto inverse = at::empty_like(perm);
+  inverse.index_put_({perm}, at::arange(d, perm.options()));
+  return v.index_select(-1, inverse);
+}
+
+void check_input(const at::Tensor& x, const char* what) {
+  if (!x.defined() || x.dim() < 1 || x.size(-1) < 1)
+    throw UserError(std::string(what) + ": expected a tensor with a non-empty last axis");
+  if (!at::isFloatingType(x.scalar_type()))
+    throw UserError(std::string(what) + ": expected a floating-point tensor");
+}
+
+}  // namespace
+
+const char* to_string(DctImpl impl) {
+  switch (impl) {
+    case DctImpl::Auto: return "auto";
+    case DctImpl::Gemm: return "gemm";
+    case DctImpl::Fft: return "fft";
+  }
+  return "?";
+}
+
+DctImpl dct_impl_from_string(const std::string& name) {
+  if (name == "auto") return DctImpl::Auto;
+  if (name == "gemm") return DctImpl::Gemm;
+  if (name == "fft") return DctImpl::Fft;
+  throw UserError("unknown DCT implementation '" + name + "' (known: auto, gemm, fft)");
+}
+
+DctImpl resolve_dct_impl(DctImpl impl, int64_t d) {
+  if (impl != DctImpl::Auto) return impl;
+  return d >= kFftFromD ? DctImpl::Fft : DctImpl::Gemm;
+}
+
+at::Tensor dct_basis(int64_t d, at::ScalarType dtype, at::Device device) {
+  using Key = std::tuple<int64_t, int, std::string>;
+  static std::mutex mutex;
+  static std::map<Key, at::Tensor> cache;
+  const Key key{d, static_cast<int>(dtype), device.str()};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+
+  auto basis = at::empty({d, d}, at::TensorOptions().dtype(at::kDouble));
+  auto acc = basis.accessor<double, 2>();
+  const double dd = static_cast<double>(d);
+  for (int64_t k = 0; k < d; ++k) {
+    const double s = std::sqrt((k == 0 ? 1.0 : 2.0) / dd);
+    for (int64_t n = 0; n < d; ++n)
+      acc[k][n] = s * std::cos(M_PI * static_cast<double>((2 * n + 1) * k) / (2.0 * dd));
+  }
+  auto out = basis.to(device, dtype).contiguous();
+  cache.emplace(key, out);
+  return out;
+}
+
+at::Tensor dct2(const at::Tensor& x, DctImpl impl) {
+  check_input(x, "dct2");
+  const int64_t d = x.size(-1);
+  if (resolve_dct_impl(impl, d) == DctImpl::Fft) return dct2_fft(x);
+  return at::matmul(x, dct_basis(d, x.scalar_type(), x.device()).t());
+}
+
+at::Tensor idct2(const at::Tensor& c, DctImpl impl) {
+  check_input(c, "idct2");
+  const int64_t d = c.size(-1);
+  if (resolve_dct_impl(impl, d) == DctImpl::Fft) return idct2_fft(c);
+  return at::matmul(c, dct_basis(d, c.scalar_type(), c.device()));
+}
+
+at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
+  check_input(c, "spectral_entropy");
+  const int64_t d = c.size(-1);
+  if (d == 1) return at::zeros(c.sizes().slice(0, c.dim() - 1), c.options());
+  // A zero vector divides by 1 instead of 0, so p = 0 and H = 0 with finite
+  // gradients; the smallest normal number keeps 0 * log 0 at 0.
+  const double tiny = c.scalar_type() == at::kDouble
+                          ? std::numeric_limits<double>::min()
+                          : static_cast<double>(std::numeric_limits<float>::min());
+  auto energy = c.square();
+  auto total = energy.sum(-1, /*keepdim=*/true);
+  auto p = energy / at::where(total > 0, total, at::ones_like(total));
+  auto plogp = p * p.clamp_min(tiny).log();
+  return (-plogp.sum(-1) / std::log(static_cast<double>(d))).clamp(0.0, 1.0);
+}
+
+at::Tensor spectral_entropy(const at::Tensor& x, DctImpl impl) {
+  return spectral_entropy_from_coeffs(dct2(x, impl));
+}
+
+std::vector<double> calibrate_thresholds(const at::Tensor& h, const std::vector<double>& shares) {
+  if (shares.size() < 2)
+    throw UserError("threshold calibration: need at least 2 shares, found " +
+                    std::to_string(shares.size()));
+  double sum = 0;
+  for (double s : shares) {
+    if (!(s >= 0.0 && s <= 1.0))
+      throw UserError("threshold calibration: every share must lie in [0, 1], found " +
+                      std::to_string(s));
+    sum += s;
+  }
+  if (std::abs(sum - 1.0) > 1e-6)
+    throw UserError("threshold calibration: shares must sum to 1, found " + std::to_string(sum));
+  if (!h.defined() || h.numel() == 0)
+    throw UserError("threshold calibration: the entropy sample is empty");
+
+  auto sorted = std::get<0>(h.detach().to(at::kCPU, at::kDouble).reshape({-1}).sort());
+  auto values = sorted.accessor<double, 1>();
+  const int64_t n = sorted.size(0);
+  std::vector<double> out;
+  double cumulative = 0;
+  for (size_t i = 0; i + 1 < shares.size(); ++i) {
+    cumulative += shares[i];
+    // Linear interpolation between order statistics, as numpy's default quantile.
+    const double pos = std::min(1.0, cumulative) * static_cast<double>(n - 1);
+    const auto lo = static_cast<int64_t>(std::floor(pos));
+    const int64_t hi = std::min(lo + 1, n - 1);
+    const double frac = pos - static_cast<double>(lo);
+    out.push_back(values[lo] + frac * (values[hi] - values[lo]));
+  }
+  return out;
+}
+
+}  // namespace chiar
