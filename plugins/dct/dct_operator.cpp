@@ -1,0 +1,70 @@
+// DCT mixing: y = LN(x + iDCT(DCT(x) * w)), per token along the feature axis,
+// with a learnable per-frequency filter w (d,) initialised to 1. Tokens are not
+// mixed, so it is causal by construction and ignores padding.
+#include <ATen/ATen.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+
+#include "chiar/plugin.h"
+#include "chiar/rows.h"
+#include "chiar/spectral.h"
+
+namespace {
+
+using namespace chiar;
+
+class DctOperator final : public Operator {
+ public:
+  explicit DctOperator(const OperatorSpec& spec)
+      : d_(spec.d_model),
+        impl_(resolve_dct_impl(dct_impl_from_string(spec.params.get_string("dct_impl", "auto")),
+                               spec.d_model)) {
+    filter_ = register_parameter("filter", at::ones({d_}));
+    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
+  }
+
+  at::Tensor forward(const at::Tensor& x, const OpContext&) override { return mix(x); }
+
+  at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext&) override {
+    return mix(x.reshape({-1, d_}).index_select(0, rows));
+  }
+
+  FlopCount flops(int64_t, int64_t n_rows, int64_t d) const override {
+    // Two transforms, the filter, the residual and the LayerNorm, per row.
+    FlopCount transform;
+    if (impl_ == DctImpl::Gemm) {
+      transform = matmul_flops(n_rows, d, d, /*weight_grad=*/false);
+    } else {
+      const auto log2d = static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(d))));
+      const int64_t f = n_rows * (5 * d * log2d + 8 * d);  // complex FFT + twiddles
+      transform = {f, f};
+    }
+    return transform * 2 + elementwise_flops(n_rows, d, 2) + layernorm_flops(n_rows, d);
+  }
+
+  OperatorTraits traits() const override { return {true, true, false}; }
+
+  std::string describe() const override {
+    return std::string("dct(filter, ") + to_string(impl_) + ")";
+  }
+
+ private:
+  at::Tensor mix(const at::Tensor& x) {  // (..., d) -> (..., d)
+    return norm_(x + idct2(dct2(x, impl_) * filter_, impl_));
+  }
+
+  int64_t d_;
+  DctImpl impl_;
+  at::Tensor filter_;  // (d,) per-frequency gain
+  torch::nn::LayerNorm norm_{nullptr};
+};
+
+void register_plugin(Registrar& r) {
+  r.add_operator("dct", "DCT mixing: per-token learnable frequency filter, O(d^2) or O(d log d)",
+                 [](const OperatorSpec& spec) { return std::make_unique<DctOperator>(spec); });
+}
+
+}  // namespace
+
+CHIAR_PLUGIN("operator", register_plugin)

@@ -1,0 +1,177 @@
+// RBF kernel mixing with random Fourier features, in linear form.
+//
+//   phi(u) = [cos(u W), sin(u W)] / sqrt(R),  W (d, R) ~ N(0, 2 gamma), fixed per seed,
+//   so phi(q) . phi(k) estimates exp(-gamma |q - k|^2).
+//   q_t = W_q x_t, k_s = W_k x_s, v_s = W_v x_s; a_ts = phi(q_t) . phi(k_s)
+//   num_t = sum_{s in S(t)} a_ts v_s = phi(q_t)^T (sum_s phi(k_s) v_s^T)
+//   den_t = sum_{s in S(t)} a_ts     = phi(q_t) . (sum_s phi(k_s))
+//   mix_t = num_t / max(den_t, eps * max(n_t, 1)),   y = LN(x + W_o mix)
+// S(t): the real (unpadded) positions, and for causal models only s <= t;
+// n_t = |S(t)|. The random-feature estimate of a kernel sum can be near zero or
+// negative even though the kernel is positive; flooring the normaliser at eps
+// times the number of keys (the kernel mean is floored at eps) keeps the
+// division bounded. Causal sums run chunk by chunk: quadratic inside a chunk of
+// C positions, a running (F, d) state across chunks: O(T (C + d) F) overall.
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+
+#include "chiar/error.h"
+#include "chiar/plugin.h"
+#include "chiar/rows.h"
+
+namespace {
+
+using namespace chiar;
+
+class RbfOperator final : public Operator {
+ public:
+  explicit RbfOperator(const OperatorSpec& spec)
+      : d_(spec.d_model),
+        features_(spec.params.get_int("features", 64)),
+        gamma_(spec.params.get_double("gamma", 1.0 / static_cast<double>(spec.d_model))),
+        eps_(spec.params.get_double("eps", 1e-3)),
+        chunk_(spec.params.get_int("chunk", 64)) {
+    if (features_ < 1) throw UserError("rbf: features must be positive");
+    if (!(gamma_ > 0)) throw UserError("rbf: gamma must be positive");
+    if (!(eps_ > 0)) throw UserError("rbf: eps must be positive");
+    if (chunk_ < 1) throw UserError("rbf: chunk must be positive");
+    q_ = register_module("q", torch::nn::Linear(d_, d_));
+    kv_ = register_module("kv", torch::nn::Linear(d_, 2 * d_));
+    out_ = register_module("out", torch::nn::Linear(d_, d_));
+    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
+    auto gen = at::detail::createCPUGenerator(spec.seed);
+    omega_ = register_buffer(
+        "omega", at::normal(0.0, std::sqrt(2.0 * gamma_), {d_, features_}, gen));
+  }
+
+  at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
+    const int64_t B = x.size(0), T = x.size(1);
+    auto q = phi(q_(x));                  // (B, T, F)
+    auto [k, v, mask] = keys_values(x, ctx.valid);  // (B, T, F), (B, T, d), (B, T, 1)
+    at::Tensor num, den, count;
+    if (!ctx.causal) {
+      auto state = at::matmul(k.transpose(1, 2), v);          // (B, F, d)
+      num = at::matmul(q, state);                             // (B, T, d)
+      den = (q * k.sum(1, true)).sum(-1);                     // (B, T)
+      count = mask.sum(1).expand({B, T});                     // (B, T)
+    } else {
+      const int64_t C = std::min(chunk_, T), n_chunks = (T + C - 1) / C, Tp = n_chunks * C;
+      auto qc = chunks(q, Tp, C), kc = chunks(k, Tp, C), vc = chunks(v, Tp, C);  // (B, nC, C, .)
+      auto [s_prev, z_prev] = prefix_states(kc, vc);          // (B, nC, F, d), (B, nC, F)
+      auto a = at::matmul(qc, kc.transpose(-1, -2)).tril();   // (B, nC, C, C): s <= t in chunk
+      num = (at::matmul(qc, s_prev) + at::matmul(a, vc)).reshape({B, Tp, d_}).narrow(1, 0, T);
+      den = ((qc * z_prev.unsqueeze(2)).sum(-1) + a.sum(-1)).reshape({B, Tp}).narrow(1, 0, T);
+      count = mask.squeeze(-1).cumsum(1);                     // (B, T)
+    }
+    return norm_(x + out_(normalise(num, den, count)));
+  }
+
+  at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
+                          const OpContext& ctx) override {
+    const int64_t B = x.size(0), T = x.size(1);
+    auto xr = x.reshape({-1, d_}).index_select(0, rows);   // (N, d)
+    auto q = phi(q_(xr));                                   // (N, F)
+    auto [k, v, mask] = keys_values(x, ctx.valid);          // (B, T, F), (B, T, d), (B, T, 1)
+    auto b = at::div(rows, T, "floor"), t = at::remainder(rows, T);
+    at::Tensor num, den, count;
+    if (!ctx.causal) {
+      const RowGroups g = group_rows(b);
+      auto kg = k.index_select(0, g.keys), vg = v.index_select(0, g.keys);  // (G, T, .)
+      auto qp = pack_rows(q, g);                                           // (G, m, F)
+      num = unpack_rows(at::bmm(qp, at::bmm(kg.transpose(1, 2), vg)), g); // (N, d)
+      den = unpack_rows((qp * kg.sum(1, true)).sum(-1), g);                // (N,)
+      count = mask.sum(1).squeeze(-1).index_select(0, b);                  // (N,)
+    } else {
+      const int64_t C = std::min(chunk_, T), n_chunks = (T + C - 1) / C, Tp = n_chunks * C;
+      auto kc = chunks(k, Tp, C), vc = chunks(v, Tp, C);                   // (B, nC, C, .)
+      auto [s_prev, z_prev] = prefix_states(kc, vc);
+      const RowGroups g = group_rows(b * n_chunks + at::div(t, C, "floor"));  // one group per chunk
+      const int64_t F = 2 * features_;
+      auto sg = s_prev.reshape({B * n_chunks, F, d_}).index_select(0, g.keys);  // (G, F, d)
+      auto zg = z_prev.reshape({B * n_chunks, F}).index_select(0, g.keys);      // (G, F)
+      auto kg = kc.reshape({B * n_chunks, C, F}).index_select(0, g.keys);       // (G, C, F)
+      auto vg = vc.reshape({B * n_chunks, C, d_}).index_select(0, g.keys);               // (G, C, d)
+      auto qp = pack_rows(q, g);                                                         // (G, m, F)
+      auto within = pack_rows(at::remainder(t, C), g).unsqueeze(-1);                    // (G, m, 1)
+      auto a = at::bmm(qp, kg.transpose(1, 2)) *
+               (at::arange(C, within.options()).view({1, 1, C}) <= within).to(q.scalar_type());
+      num = unpack_rows(at::bmm(qp, sg) + at::bmm(a, vg), g);                      // (N, d)
+      den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);            // (N,)
+      count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, rows);      // (N,)
+    }
+    return norm_(xr + out_(normalise(num, den, count)));
+  }
+
+  FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
+    const int64_t F = 2 * features_, C = std::min(chunk_, T);
+    FlopCount f = matmul_flops(n, d, d) + matmul_flops(T, d, 2 * d) + matmul_flops(n, d, d);
+    // Feature maps of n queries and T keys: projection on W, cos, sin, scale.
+    f += matmul_flops(n + T, d, features_, /*weight_grad=*/false) + elementwise_flops(n + T, F, 2);
+    f += matmul_flops(T, F, d) + matmul_flops(n, F, d) + elementwise_flops(n, F, 2);  // state, apply
+    f += matmul_flops(n, F, C, false) + matmul_flops(n, C, d, false);  // within-chunk part (causal)
+    return f + elementwise_flops(n, d, 2) + layernorm_flops(n, d);
+  }
+
+  OperatorTraits traits() const override { return {true, true, true}; }
+
+  std::string describe() const override {
+    return "rbf(features " + std::to_string(features_) + ", gamma " + std::to_string(gamma_) +
+           ", linear)";
+  }
+
+ private:
+  at::Tensor phi(const at::Tensor& u) const {  // (..., d) -> (..., 2R)
+    auto p = at::matmul(u, omega_.to(u.scalar_type()));
+    return at::cat({at::cos(p), at::sin(p)}, -1) * (1.0 / std::sqrt(static_cast<double>(features_)));
+  }
+
+  // Keys as features and values, zeroed at padding; mask (B, T, 1) of real tokens.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> keys_values(const at::Tensor& x,
+                                                             const at::Tensor& valid) {
+    auto kv = kv_(x);  // (B, T, 2d)
+    auto mask = valid.defined() ? valid.to(x.scalar_type()).unsqueeze(-1)
+                                : at::ones({x.size(0), x.size(1), 1}, x.options());
+    return {phi(kv.narrow(-1, 0, d_)) * mask, kv.narrow(-1, d_, d_) * mask, mask};
+  }
+
+  // (B, T, c) -> (B, Tp / C, C, c), zero-padded at the end.
+  static at::Tensor chunks(const at::Tensor& u, int64_t Tp, int64_t C) {
+    const int64_t B = u.size(0), T = u.size(1), c = u.size(2);
+    auto padded = Tp == T ? u : at::cat({u, at::zeros({B, Tp - T, c}, u.options())}, 1);
+    return padded.view({B, Tp / C, C, c});
+  }
+
+  // Sums over all earlier chunks: state (B, nC, F, d) and normaliser (B, nC, F).
+  static std::pair<at::Tensor, at::Tensor> prefix_states(const at::Tensor& kc, const at::Tensor& vc) {
+    auto per_chunk = at::matmul(kc.transpose(-1, -2), vc);  // (B, nC, F, d)
+    auto z = kc.sum(2);                                     // (B, nC, F)
+    auto exclusive = [](const at::Tensor& s) {
+      return at::cat({at::zeros_like(s.narrow(1, 0, 1)), s.cumsum(1).narrow(1, 0, s.size(1) - 1)}, 1);
+    };
+    return {exclusive(per_chunk), exclusive(z)};
+  }
+
+  at::Tensor normalise(const at::Tensor& num, const at::Tensor& den, const at::Tensor& count) const {
+    auto floor = count.clamp_min(1.0) * eps_;
+    return num / at::maximum(den, floor).unsqueeze(-1);
+  }
+
+  int64_t d_, features_;
+  double gamma_, eps_;
+  int64_t chunk_;
+  torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)
+  torch::nn::LayerNorm norm_{nullptr};
+  at::Tensor omega_;  // (d, R) random frequencies, a buffer (fixed, saved with the model)
+};
+
+void register_plugin(Registrar& r) {
+  r.add_operator("rbf", "RBF kernel mixing, random Fourier features in linear form, O(T R d)",
+                 [](const OperatorSpec& spec) { return std::make_unique<RbfOperator>(spec); });
+}
+
+}  // namespace
+
+CHIAR_PLUGIN("operator", register_plugin)

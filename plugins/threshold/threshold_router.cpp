@@ -1,0 +1,93 @@
+// Threshold routing on spectral entropy, no learned parameters. With K
+// operators (cheapest first) and K-1 increasing thresholds tau, a token with
+// entropy H takes operator #{j : H > tau_j}: for two operators H > tau ->
+// the second (attention); for three, H < tau_low -> first, H > tau_high -> last.
+//
+// Options: tau = number or [tau_1, ..., tau_{K-1}] fixes the thresholds;
+// otherwise shares = [s_1, ..., s_K] (default equal) are the target operator
+// shares, reached by calibrate() from percentiles of H on a data sample. Until
+// calibrated, the thresholds are the shares' quantiles of U[0, 1].
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "chiar/error.h"
+#include "chiar/plugin.h"
+#include "chiar/spectral.h"
+
+namespace {
+
+using namespace chiar;
+
+class ThresholdRouter final : public Router {
+ public:
+  explicit ThresholdRouter(const RouterSpec& spec)
+      : k_(static_cast<int64_t>(spec.operators.size())) {
+    if (k_ < 2) throw UserError("threshold: needs at least 2 operators");
+    std::vector<double> tau;
+    if (spec.params.has("tau")) {
+      if (spec.params.has("shares"))
+        throw UserError("threshold: give either tau or shares, not both");
+      tau = spec.params.get_doubles("tau", {});
+      fixed_ = true;
+    } else {
+      shares_ = spec.params.get_doubles("shares", std::vector<double>(k_, 1.0 / k_));
+      if (static_cast<int64_t>(shares_.size()) != k_)
+        throw UserError("threshold: shares needs " + std::to_string(k_) + " values, found " +
+                        std::to_string(shares_.size()));
+      double cumulative = 0;
+      for (int64_t j = 0; j + 1 < k_; ++j) tau.push_back(cumulative += shares_[j]);
+    }
+    if (static_cast<int64_t>(tau.size()) != k_ - 1)
+      throw UserError("threshold: " + std::to_string(k_) + " operators need " +
+                      std::to_string(k_ - 1) + " thresholds, found " + std::to_string(tau.size()));
+    for (size_t j = 1; j < tau.size(); ++j)
+      if (!(tau[j] >= tau[j - 1])) throw UserError("threshold: tau must be increasing");
+    tau_ = register_buffer("tau", at::tensor(tau, at::TensorOptions().dtype(at::kDouble)));
+  }
+
+  RouteResult route(const at::Tensor& x, const at::Tensor& entropy) override {
+    RouteResult r;
+    auto h = entropy.detach().to(at::kDouble).unsqueeze(-1);          // (B, T, 1)
+    r.choice = (h > tau_.to(h.device()).view({1, 1, -1})).sum(-1);    // (B, T) int64
+    r.weights = at::one_hot(r.choice, k_).to(x.scalar_type());        // (B, T, K)
+    r.mode = RouteMode::Hard;
+    return r;
+  }
+
+  void calibrate(const at::Tensor& entropy_sample) override {
+    if (fixed_) return;
+    const auto tau = calibrate_thresholds(entropy_sample, shares_);
+    tau_.copy_(at::tensor(tau, at::TensorOptions().dtype(at::kDouble)));
+    calibrated_ = true;
+  }
+
+  std::vector<double> thresholds() const override {
+    auto t = tau_.to(at::kCPU).contiguous();
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  }
+
+  std::string describe() const override {
+    std::ostringstream out;
+    out << "threshold(tau [";
+    const auto tau = thresholds();
+    for (size_t j = 0; j < tau.size(); ++j) out << (j ? ", " : "") << tau[j];
+    out << "], " << (fixed_ ? "fixed" : calibrated_ ? "calibrated" : "uncalibrated") << ")";
+    return out.str();
+  }
+
+ private:
+  int64_t k_;
+  bool fixed_ = false, calibrated_ = false;
+  std::vector<double> shares_;
+  at::Tensor tau_;  // (K-1,) float64 thresholds, a buffer so checkpoints keep it
+};
+
+void register_plugin(Registrar& r) {
+  r.add_router("threshold", "spectral-entropy thresholds, fixed or calibrated to target shares",
+               [](const RouterSpec& spec) { return std::make_unique<ThresholdRouter>(spec); });
+}
+
+}  // namespace
+
+CHIAR_PLUGIN("router", register_plugin)
