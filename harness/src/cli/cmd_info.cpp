@@ -1,0 +1,28 @@
+#include <iostream>
+
+#include "../core/registry.h"
+#include "../core/runtime.h"
+#include "commands.h"
+
+namespace chiar::cli {
+
+int run_info(const Global& g) {
+  const RuntimeInfo info = probe_runtime(g.threads);
+  std::cout << "libtorch   " << info.torch_version << "\n"
+            << "build      " << info.build_type << "\n"
+            << "threads    " << info.threads << "\n"
+            << "BLAS       " << info.blas << "\n"
+            << "GEMM       " << info.gemm_gflops << " GFLOP/s (fp32, " << info.gemm_size << "^3, median of 10)\n"
+            << "host       " << info.host << "\n"
+            << "cpu        " << info.cpu << "\n";
+  if (info.gemm_gflops < kSlowGemmGflops)
+    std::cerr << "WARNING: GEMM below " << kSlowGemmGflops
+              << " GFLOP/s: libtorch is probably using the reference BLAS; install "
+                 "libopenblas0-openmp\n";
+  const auto dirs = default_plugin_dirs();
+  std::cout << "plugins    " << (dirs.empty() ? std::string("(no default folder found)") : dirs[0])
+            << "\n";
+  return 0;
+}
+
+}  // namespace chiar::cli
