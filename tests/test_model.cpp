@@ -1,0 +1,165 @@
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <torch/utils.h>
+
+#include "../harness/src/core/model.h"
+#include "chiar/error.h"
+#include "support/fixtures.h"
+
+using namespace chiar;
+using test::rel_error;
+
+namespace {
+
+ModelOptions small(std::vector<std::string> layers, const std::string& router = "threshold") {
+  return ModelOptions().vocab_size(50).d_model(16).n_heads(2).layers(std::move(layers)).router(router).seed(3);
+}
+
+struct Variant {
+  const char* name;
+  ModelOptions options;
+};
+
+std::vector<Variant> variants() {
+  return {
+      {"baseline", small({"attn", "attn", "attn", "attn"})},
+      {"dct_attn threshold", small({"dct", "dct|attn", "dct|attn", "attn"})},
+      {"3-op threshold", small({"dct", "dct|rbf|attn", "dct|rbf|attn", "attn"})},
+      {"3-op hard_ste", small({"dct", "dct|rbf|attn", "dct|rbf|attn", "attn"}, "hard_ste")},
+      {"3-op soft", small({"dct", "dct|rbf|attn", "dct|rbf|attn", "attn"}, "soft")},
+      {"meta causal", small({"dct", "dct|attn", "attn"}).meta_router(MetaRouterKind::Causal)},
+  };
+}
+
+at::Tensor tokens(int64_t B, int64_t T, int64_t V = 50) {
+  return at::randint(V, {B, T}, at::TensorOptions().dtype(at::kLong));
+}
+
+}  // namespace
+
+TEST_CASE("a whole language model is causal, for every variant, train and eval", "[model][causal]") {
+  at::manual_seed(31);
+  for (auto& v : variants()) {
+    ChiarModel model(test::plugins(), v.options);
+    model.to(at::kDouble);
+    for (bool training : {true, false}) {
+      INFO(v.name << ", training " << training);
+      model.train(training);
+      auto x = tokens(2, 12);
+      for (int64_t t : {0, 6, 10}) {
+        auto changed = x.clone();
+        changed.narrow(1, t + 1, 12 - t - 1).random_(50);
+        auto a = model.forward(x).logits.narrow(1, 0, t + 1);
+        auto b = model.forward(changed).logits.narrow(1, 0, t + 1);
+        CHECK(rel_error(b, a) < 1e-12);
+      }
+    }
+  }
+}
+
+TEST_CASE("the reference's batch-mean MetaRouter leaks the future; the causal one does not", "[model][meta]") {
+  at::manual_seed(32);
+  auto options = small({"dct", "dct|attn", "attn"}).meta_router(MetaRouterKind::BatchMean);
+  ChiarModel model(test::plugins(), options);
+  model.to(at::kDouble);
+  {
+    at::NoGradGuard g;
+    for (auto& p : model.named_parameters())
+      if (p.key().rfind("meta.", 0) == 0) p.value().normal_();  // a gate that reads its input
+  }
+  auto x = tokens(1, 10);
+  auto changed = x.clone();
+  changed[0][9] = (x[0][9].item<int64_t>() + 1) % 50;
+  auto out = model.forward(x);
+  CHECK(out.meta_gate.sizes() == at::IntArrayRef({1, 1, 1}));
+  CHECK(rel_error(model.forward(changed).logits.narrow(1, 0, 5), out.logits.narrow(1, 0, 5)) > 1e-9);
+  ChiarModel fresh(test::plugins(), small({"dct", "attn"}).meta_router(MetaRouterKind::Causal));
+  CHECK(fresh.forward(x).meta_gate.mean().item<double>() == Approx(0.88).epsilon(1e-6));
+}
+
+TEST_CASE("classifier: padding never reaches pooling or attention", "[model][padding]") {
+  at::manual_seed(33);
+  for (const char* router : {"threshold", "hard_ste"}) {
+    INFO(router);
+    auto options = small({"dct", "dct|rbf|attn", "attn"}, router).head(HeadKind::Classifier).n_classes(3);
+    ChiarModel model(test::plugins(), options);
+    model.to(at::kDouble);
+    model.eval();
+    at::NoGradGuard g;
+    auto a = tokens(1, 5), b = tokens(1, 9);
+    auto alone = model.forward(a).logits;
+    auto batch = at::zeros({2, 9}, at::TensorOptions().dtype(at::kLong));
+    batch[0].narrow(0, 0, 5).copy_(a[0]);
+    batch[0].narrow(0, 5, 4).random_(50);  // garbage under the padding
+    batch[1].copy_(b[0]);
+    auto valid = test::padding_mask(9, {4, 0});
+    auto padded = model.forward(batch, valid).logits;
+    CHECK(padded.sizes() == at::IntArrayRef({2, 3}));
+    CHECK(rel_error(padded[0], alone[0]) < 1e-12);
+    CHECK(rel_error(padded[1], model.forward(b).logits[0]) < 1e-12);
+  }
+}
+
+TEST_CASE("model sparse execution equals dense at evaluation", "[model][sparse]") {
+  at::manual_seed(34);
+  for (const char* router : {"threshold", "hard_ste"}) {
+    ChiarModel model(test::plugins(), small({"dct", "dct|rbf|attn", "dct|attn", "attn"}, router));
+    model.eval();
+    at::NoGradGuard g;
+    auto x = tokens(2, 16);
+    auto sparse = model.forward(x);
+    REQUIRE(sparse.routing.size() == 2);
+    CHECK(sparse.routing[0].sparse);
+    model.set_execution(Execution::Dense);
+    auto dense = model.forward(x);
+    CHECK_FALSE(dense.routing[0].sparse);
+    CHECK(rel_error(sparse.logits, dense.logits) < 1e-5);
+  }
+}
+
+TEST_CASE("calibrate_routers reaches the target shares layer by layer", "[model][threshold]") {
+  at::manual_seed(35);
+  auto options = small({"dct", "dct|attn", "dct|attn", "attn"})
+                     .router_params(Params().set("shares", std::vector<double>{0.75, 0.25}))
+                     .vocab_size(100000);  // distinct tokens: no ties in H at the quantile
+  ChiarModel model(test::plugins(), options);
+  auto sample = at::randperm(100000, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 256).view({8, 32});
+  model.calibrate_routers(sample);
+  model.eval();
+  at::NoGradGuard g;
+  auto out = model.forward(sample);
+  for (const auto& r : out.routing)
+    CHECK(r.choice.eq(1).to(at::kDouble).mean().item<double>() == Approx(0.25).margin(0.01));
+  CHECK_THAT(model.describe(), Catch::Matchers::Contains("calibrated"));
+}
+
+TEST_CASE("parameter count, description and seeding", "[model]") {
+  const int64_t V = 50, d = 16;
+  ChiarModel baseline(test::plugins(), small({"attn", "attn"}));
+  const int64_t attention = (d * d + d) + (d * 2 * d + 2 * d) + (d * d + d) + 2 * d;
+  const int64_t ffn = (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * d;
+  CHECK(baseline.parameter_count() == V * d + 2 * (attention + ffn));
+  ChiarModel routed(test::plugins(), small({"dct|attn", "dct"}));
+  const int64_t dct = d + 2 * d, gate = 0;
+  CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn));
+  CHECK(routed.describe() ==
+        "ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, layers [dct(filter, gemm) | "
+        "attention(heads 2, rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
+            std::to_string(routed.parameter_count()) + " parameters)");
+  ChiarModel again(test::plugins(), small({"dct|attn", "dct"}));
+  auto x = tokens(1, 8);
+  CHECK(at::equal(routed.forward(x).logits, again.forward(x).logits));
+}
+
+TEST_CASE("model options are checked with clear messages", "[model][errors]") {
+  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct", "conv"})),
+                    "unknown operator 'conv' (known: attention (attn), dct, rbf)");
+  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct|", "attn"})), "layer 'dct|': empty operator name");
+  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct|attn"}, "mystery")),
+                    "unknown router 'mystery' (known: hard_ste, soft, threshold)");
+  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({}).layers({})), "model: the layer plan is empty");
+  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"attn"}).n_heads(3)),
+                    "model: d_model (16) must be a positive multiple of n_heads (3)");
+  CHECK_THROWS_WITH(meta_router_from_string("global"),
+                    "unknown meta_router 'global' (known: none, causal, batch_mean)");
+}

@@ -1,0 +1,277 @@
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "chiar/error.h"
+#include "chiar/spectral.h"
+#include "support/fixtures.h"
+#include "support/reference.h"
+
+using namespace chiar;
+namespace ref = chiar::test::ref;
+using test::make_op;
+using test::named;
+using test::rel_error;
+
+namespace {
+
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+
+ref::Linear linear(const Operator& op, const std::string& name) {
+  return {named(op, name + ".weight"), named(op, name + ".bias")};
+}
+
+ref::AttentionWeights attention_weights(const Operator& op, int64_t heads) {
+  ref::AttentionWeights w;
+  w.q = linear(op, "q");
+  w.kv = linear(op, "kv");
+  w.out = linear(op, "out");
+  w.norm_weight = named(op, "norm.weight");
+  w.norm_bias = named(op, "norm.bias");
+  w.heads = heads;
+  return w;
+}
+
+ref::RbfWeights rbf_weights(const Operator& op) {
+  ref::RbfWeights w;
+  w.q = linear(op, "q");
+  w.kv = linear(op, "kv");
+  w.out = linear(op, "out");
+  w.norm_weight = named(op, "norm.weight");
+  w.norm_bias = named(op, "norm.bias");
+  w.omega = named(op, "omega");
+  return w;
+}
+
+// Compares valid rows only: outputs at padding positions are unspecified.
+double rel_error_valid(const at::Tensor& a, const at::Tensor& b, const at::Tensor& valid) {
+  if (!valid.defined()) return rel_error(a, b);
+  return rel_error(a.masked_select(valid.unsqueeze(-1)), b.masked_select(valid.unsqueeze(-1)));
+}
+
+// Every operator, with the options that exercise it.
+struct OpCase {
+  const char* name;
+  Params params;
+};
+std::vector<OpCase> op_cases() {
+  return {{"dct", Params().set("dct_impl", std::string("gemm"))},
+          {"dct", Params().set("dct_impl", std::string("fft"))},
+          {"attention", {}},
+          {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
+          {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
+}
+
+}  // namespace
+
+TEST_CASE("dct operator equals LN(x + iDCT(DCT(x) * w)) from the definition", "[operator][dct]") {
+  for (const char* impl : {"gemm", "fft"}) {
+    auto op = make_op("dct", 16, 2, Params().set("dct_impl", std::string(impl)));
+    auto x = at::randn({2, 5, 16}, kF64);
+    auto m = ref::dct_matrix(16);
+    auto filtered = at::matmul(at::matmul(x, m.t()) * named(*op, "filter"), m);
+    auto expected = ref::layer_norm((x + filtered).view({-1, 16}), named(*op, "norm.weight"),
+                                    named(*op, "norm.bias"))
+                        .view_as(x);
+    CHECK(rel_error(op->forward(x, {}), expected) < 1e-12);
+  }
+}
+
+TEST_CASE("attention equals a naive float64 implementation", "[operator][attention]") {
+  at::manual_seed(11);
+  for (bool causal : {true, false}) {
+    for (int64_t heads : {1, 2, 4}) {
+      INFO("causal " << causal << ", heads " << heads);
+      auto op = make_op("attention", 16, heads);
+      auto x = at::randn({3, 9, 16}, kF64);
+      OpContext ctx;
+      ctx.causal = causal;
+      if (!causal) ctx.valid = test::padding_mask(9, {0, 3, 8});
+      auto expected = ref::attention(x, attention_weights(*op, heads), causal, ctx.valid);
+      CHECK(rel_error_valid(op->forward(x, ctx), expected, ctx.valid) < 1e-12);
+      // Float32 against the same float64 reference.
+      auto op32 = make_op("attention", 16, heads, {}, /*float64=*/false);
+      auto expected32 = ref::attention(x, attention_weights(*op32, heads), causal, ctx.valid);
+      CHECK(rel_error_valid(op32->forward(x.to(at::kFloat), ctx), expected32, ctx.valid) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("attention without RoPE is position-free", "[operator][attention]") {
+  auto op = make_op("attention", 8, 2, Params().set("rope", false));
+  auto x = at::randn({1, 6, 8}, kF64);
+  auto w = attention_weights(*op, 2);
+  w.rope = false;
+  CHECK(rel_error(op->forward(x, {}), ref::attention(x, w, false, {})) < 1e-12);
+}
+
+TEST_CASE("rbf linear form equals the explicit quadratic form of the same kernel", "[operator][rbf]") {
+  at::manual_seed(12);
+  for (bool causal : {true, false}) {
+    for (int64_t chunk : {1, 4, 64}) {
+      INFO("causal " << causal << ", chunk " << chunk);
+      auto op = make_op("rbf", 12, 1, Params().set("features", int64_t{8}).set("chunk", chunk));
+      auto x = at::randn({3, 10, 12}, kF64);
+      OpContext ctx;
+      ctx.causal = causal;
+      ctx.valid = test::padding_mask(10, {0, 2, 9});
+      auto expected = ref::rbf_quadratic(x, rbf_weights(*op), causal, ctx.valid);
+      CHECK(rel_error_valid(op->forward(x, ctx), expected, ctx.valid) < 1e-12);
+      ctx.valid = at::Tensor();
+      CHECK(rel_error(op->forward(x, ctx), ref::rbf_quadratic(x, rbf_weights(*op), causal, {})) < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("rbf keeps the normaliser away from zero", "[operator][rbf]") {
+  // A tiny eps forces the floor to bind for some rows; outputs stay finite.
+  auto op = make_op("rbf", 8, 1, Params().set("features", int64_t{2}).set("eps", 0.5));
+  auto x = at::randn({2, 16, 8}, kF64) * 10;
+  OpContext ctx;
+  ctx.causal = true;
+  auto y = op->forward(x, ctx);
+  CHECK(y.isfinite().all().item<bool>());
+  CHECK(rel_error(y, ref::rbf_quadratic(x, [&] { auto w = rbf_weights(*op); w.eps = 0.5; return w; }(),
+                                        true, {})) < 1e-12);
+}
+
+TEST_CASE("the rbf kernel estimate approaches exp(-gamma |q-k|^2)", "[operator][rbf]") {
+  // With many features, phi(q).phi(k) converges to the RBF kernel.
+  const int64_t d = 4, R = 20000;
+  const double gamma = 0.3;
+  auto op = make_op("rbf", d, 1, Params().set("features", R).set("gamma", gamma));
+  auto omega = named(*op, "omega");
+  auto q = at::randn({d}, kF64), k = at::randn({d}, kF64);
+  auto phi = [&](const at::Tensor& u) {
+    auto p = at::matmul(u, omega);
+    return at::cat({at::cos(p), at::sin(p)}) / std::sqrt(static_cast<double>(R));
+  };
+  const double estimate = at::dot(phi(q), phi(k)).item<double>();
+  const double exact = std::exp(-gamma * (q - k).square().sum().item<double>());
+  CHECK(estimate == Approx(exact).margin(0.03));
+}
+
+TEST_CASE("every operator: forward_rows equals the selected rows of forward", "[operator][rows]") {
+  at::manual_seed(13);
+  for (const auto& c : op_cases()) {
+    for (bool causal : {true, false}) {
+      INFO(c.name << " " << c.params.describe() << ", causal " << causal);
+      auto op = make_op(c.name, 16, 2, c.params);
+      auto x = at::randn({3, 11, 16}, kF64);
+      OpContext ctx;
+      ctx.causal = causal;
+      if (!causal) ctx.valid = test::padding_mask(11, {0, 4, 1});
+      auto full = op->forward(x, ctx).view({-1, 16});
+      for (double share : {0.0, 0.2, 0.5, 1.0}) {
+        auto pick = at::rand({3, 11}, kF64) < share;
+        pick[1][10] = true;  // at least one row, at a chunk/sequence edge
+        auto rows = test::rows_where(pick);
+        CHECK(rel_error(op->forward_rows(x, rows, ctx), full.index_select(0, rows)) < 1e-12);
+      }
+    }
+  }
+}
+
+TEST_CASE("every operator is causal: later tokens never change earlier outputs", "[operator][causal]") {
+  at::manual_seed(14);
+  for (const auto& c : op_cases()) {
+    INFO(c.name << " " << c.params.describe());
+    auto op = make_op(c.name, 16, 2, c.params);
+    OpContext ctx;
+    ctx.causal = true;
+    auto x = at::randn({2, 12, 16}, kF64);
+    for (int64_t t : {0, 5, 10}) {
+      auto changed = x.clone();
+      changed.narrow(1, t + 1, 12 - t - 1).normal_();
+      auto a = op->forward(x, ctx).narrow(1, 0, t + 1);
+      auto b = op->forward(changed, ctx).narrow(1, 0, t + 1);
+      CHECK(rel_error(b, a) < 1e-13);
+      auto rows = at::arange(0, t + 1, at::TensorOptions().dtype(at::kLong));
+      CHECK(rel_error(op->forward_rows(changed, rows, ctx), a[0]) < 1e-13);
+    }
+  }
+}
+
+TEST_CASE("every operator ignores the content of padding positions", "[operator][padding]") {
+  at::manual_seed(15);
+  for (const auto& c : op_cases()) {
+    INFO(c.name << " " << c.params.describe());
+    auto op = make_op(c.name, 16, 2, c.params);
+    OpContext ctx;
+    ctx.valid = test::padding_mask(9, {0, 4});
+    auto x = at::randn({2, 9, 16}, kF64);
+    auto noisy = x.clone();
+    noisy[1].narrow(0, 5, 4).normal_().mul_(100);
+    CHECK(rel_error_valid(op->forward(noisy, ctx), op->forward(x, ctx), ctx.valid) < 1e-13);
+  }
+}
+
+TEST_CASE("every operator passes a float64 finite-difference gradient check", "[operator][grad]") {
+  at::manual_seed(16);
+  for (const auto& c : op_cases()) {
+    for (bool causal : {true, false}) {
+      INFO(c.name << " " << c.params.describe() << ", causal " << causal);
+      auto op = make_op(c.name, 8, 2, c.params);
+      auto x = at::randn({2, 5, 8}, kF64).requires_grad_(true);
+      auto probe = at::randn({2, 5, 8}, kF64);  // a random projection of the output
+      OpContext ctx;
+      ctx.causal = causal;
+      if (!causal) ctx.valid = test::padding_mask(5, {0, 2});
+      std::vector<at::Tensor> inputs{x};
+      for (auto& p : op->parameters()) inputs.push_back(p);
+      CHECK(test::gradcheck([&] { return (op->forward(x, ctx) * probe).sum(); }, inputs) < 1e-6);
+      auto rows = at::tensor(std::vector<int64_t>{1, 3, 6, 9}, at::TensorOptions().dtype(at::kLong));
+      auto probe_rows = at::randn({4, 8}, kF64);
+      CHECK(test::gradcheck([&] { return (op->forward_rows(x, rows, ctx) * probe_rows).sum(); },
+                            inputs) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "[operator][flops]") {
+  for (const auto& c : op_cases()) {
+    INFO(c.name << " " << c.params.describe());
+    auto op = make_op(c.name, 64, 4, c.params, false);
+    int64_t previous = 0;
+    for (int64_t T : {16, 32, 64, 128, 256}) {
+      const FlopCount full = op->flops(T, T, 64);
+      CHECK(full.forward > 0);
+      CHECK(full.backward > 0);
+      CHECK(full.total() > previous);
+      previous = full.total();
+      CHECK(op->flops(T, T / 2, 64).forward < full.forward);
+      CHECK(op->flops(T, 0, 64).forward >= 0);
+    }
+  }
+  // d = 64, 10 rows, GEMM path: two 64x64 transforms, filter + residual, LayerNorm.
+  auto dct = make_op("dct", 64, 4, Params().set("dct_impl", std::string("gemm")), false);
+  const int64_t n = 10, d = 64;
+  CHECK(dct->flops(100, n, d).forward == 2 * (2 * n * d * d) + 2 * n * d + 8 * n * d);
+  CHECK(dct->flops(100, n, d).backward == 2 * (2 * n * d * d) + 2 * n * d + 16 * n * d);
+  // Attention grows quadratically: doubling T (all rows) more than doubles it.
+  auto attn = make_op("attention", 64, 4, {}, false);
+  CHECK(attn->flops(512, 512, 64).forward > 3 * attn->flops(256, 256, 64).forward);
+  // The linear RBF form grows linearly in T.
+  auto rbf = make_op("rbf", 64, 4, {}, false);
+  const double ratio = static_cast<double>(rbf->flops(1024, 1024, 64).forward) /
+                       static_cast<double>(rbf->flops(512, 512, 64).forward);
+  CHECK(ratio == Approx(2.0).epsilon(0.01));
+}
+
+TEST_CASE("operators reject bad options with a clear message", "[operator][errors]") {
+  OperatorSpec spec;
+  spec.d_model = 10;
+  spec.n_heads = 3;
+  CHECK_THROWS_WITH(test::plugins().make_operator("attention", spec),
+                    Catch::Matchers::EndsWith("attention: d_model 10 is not divisible by heads 3"));
+  spec.n_heads = 2;
+  spec.params.set("dct_impl", std::string("fast"));
+  CHECK_THROWS_WITH(test::plugins().make_operator("dct", spec),
+                    Catch::Matchers::EndsWith("unknown DCT implementation 'fast' (known: auto, gemm, fft)"));
+  spec.params = Params().set("featuers", int64_t{8});
+  CHECK_THROWS_WITH(test::plugins().make_operator("rbf", spec),
+                    Catch::Matchers::EndsWith("libchiar_rbf.so): unknown parameter 'featuers'"));
+  spec.params = Params().set("features", std::string("many"));
+  CHECK_THROWS_WITH(test::plugins().make_operator("rbf", spec),
+                    Catch::Matchers::EndsWith(
+                        "parameter 'features': expected an integer, found a string (\"many\")"));
+}

@@ -1,0 +1,174 @@
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <torch/utils.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sys/wait.h>
+
+#include "../harness/src/core/registry.h"
+#include "chiar/error.h"
+#include "chiar/plugin.h"
+#include "support/fixtures.h"
+#include "support/reference.h"
+
+using namespace chiar;
+
+namespace {
+
+const std::string kBroken = CHIAR_TEST_PLUGIN_DIR;  // build/test_plugins/<case>/
+std::string broken(const std::string& name) { return kBroken + "/" + name + "/libchiar_" + name + ".so"; }
+std::string in_tree(const std::string& name) { return std::string(CHIAR_PLUGIN_DIR) + "/libchiar_" + name + ".so"; }
+
+struct Result {
+  int status;
+  std::string output;
+};
+
+// Runs the chiar CLI with arguments; captures stdout and stderr together.
+Result run_cli(const std::string& args, const std::string& input = "") {
+  std::string command = std::string(CHIAR_CLI) + " " + args + " 2>&1";
+  if (!input.empty()) command = "printf '" + input + "' | " + command;
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  std::array<char, 512> buffer{};
+  while (fgets(buffer.data(), buffer.size(), pipe)) out += buffer.data();
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace
+
+TEST_CASE("the in-tree plugins load and list every kind", "[plugins]") {
+  const auto entries = test::plugins().entries();
+  std::vector<std::string> names;
+  for (const auto& e : entries) {
+    names.push_back(e.kind + ":" + e.name);
+    CHECK(e.api_version == CHIAR_PLUGIN_API_VERSION);
+    CHECK_FALSE(e.description.empty());
+  }
+  CHECK(names == std::vector<std::string>{"operator:attention", "operator:dct", "operator:rbf",
+                                          "router:hard_ste", "router:soft", "router:threshold"});
+  CHECK(test::plugins().canonical("operator", "attn") == "attention");
+}
+
+TEST_CASE("loader errors name the file and what is wrong", "[plugins][errors]") {
+  PluginRegistry r;
+  CHECK_THROWS_WITH(r.load_directory("/nonexistent/chiar-plugins"),
+                    "plugin folder '/nonexistent/chiar-plugins' does not exist or is not a folder");
+  CHECK_THROWS_WITH(r.load_file("/nonexistent/libchiar_x.so"),
+                    "plugin file '/nonexistent/libchiar_x.so' does not exist");
+  CHECK_THROWS_WITH(r.load_file(broken("no_entry")),
+                    "plugin file '" + broken("no_entry") +
+                        "' has no entry point 'chiar_plugin_entry' (a chiar plugin declares one with CHIAR_PLUGIN)");
+  CHECK_THROWS_WITH(r.load_file(broken("bad_api")),
+                    "plugin file '" + broken("bad_api") +
+                        "' was built for plugin API version 999, but this harness provides version " +
+                        std::to_string(CHIAR_PLUGIN_API_VERSION) + "; rebuild the plugin");
+  CHECK_THROWS_WITH(r.load_file(broken("bad_torch")),
+                    "plugin file '" + broken("bad_torch") +
+                        "' was built against libtorch 0.1, but this harness uses libtorch " +
+                        CHIAR_TORCH_VERSION_STRING + "; rebuild the plugin");
+  CHECK_THROWS_WITH(r.load_file(broken("throws_registering")),
+                    "plugin file '" + broken("throws_registering") +
+                        "' failed while registering: cannot register today");
+  // Nothing from the failed libraries was registered.
+  CHECK(r.entries().empty());
+}
+
+TEST_CASE("two plugins may not register the same name", "[plugins][errors]") {
+  PluginRegistry r;
+  r.load_file(in_tree("dct"));
+  CHECK_THROWS_WITH(r.load_file(broken("duplicate_dct")),
+                    "plugin file '" + broken("duplicate_dct") + "' registers operator 'dct', which '" +
+                        in_tree("dct") + "' already registered");
+  // Loading the same file twice is not a clash.
+  r.load_file(in_tree("dct"));
+  CHECK(r.entries().size() == 1);
+}
+
+TEST_CASE("a throwing factory and unknown names give clear errors", "[plugins][errors]") {
+  PluginRegistry r;
+  r.load_file(broken("throwing"));
+  r.load_file(in_tree("dct"));
+  OperatorSpec spec;
+  CHECK_THROWS_WITH(r.make_operator("explode", spec),
+                    "operator 'explode' (" + broken("throwing") + "): factory failed: boom");
+  CHECK_THROWS_WITH(r.make_operator("attention", spec), "unknown operator 'attention' (known: dct, explode)");
+  CHECK_THROWS_WITH(r.make_router("threshold", {}), "unknown router 'threshold' (known: none; no plugins loaded)");
+  spec.params.set("colour", std::string("blue")).set("dct_impl", std::string("gemm"));
+  CHECK_THROWS_WITH(r.make_operator("dct", spec),
+                    "operator 'dct' (" + in_tree("dct") + "): unknown parameter 'colour'");
+}
+
+TEST_CASE("an object keeps its plugin library loaded after the registry is gone", "[plugins][lifetime]") {
+  std::shared_ptr<Operator> op;
+  {
+    PluginRegistry r;
+    r.load_file(in_tree("attention"));
+    OperatorSpec spec;
+    spec.d_model = 8;
+    spec.n_heads = 2;
+    op = r.make_operator("attention", spec);
+  }
+  // The registry (and its handles) are destroyed; the code must still be there.
+  auto y = op->forward(at::randn({1, 4, 8}), {});
+  CHECK(y.sizes() == at::IntArrayRef({1, 4, 8}));
+  CHECK(op->describe() == "attention(heads 2, rope)");
+  // The interface type is shared across the boundary.
+  std::shared_ptr<torch::nn::Module> as_module = op;
+  CHECK(std::dynamic_pointer_cast<Operator>(as_module) != nullptr);
+  op.reset();  // unloads the library after the destructor ran
+}
+
+TEST_CASE("plugin search path: CHIAR_PLUGIN_PATH and extra folders", "[plugins]") {
+  PluginRegistry r;
+  setenv("CHIAR_PLUGIN_PATH", (kBroken + "/throwing").c_str(), 1);
+  r.load_default();
+  unsetenv("CHIAR_PLUGIN_PATH");
+  CHECK(r.has("operator", "explode"));
+  CHECK(r.has("operator", "dct"));
+  PluginRegistry missing;
+  CHECK_THROWS_WITH(missing.load_default({"/nonexistent/extra"}),
+                    "plugin folder '/nonexistent/extra' does not exist or is not a folder");
+}
+
+TEST_CASE("CLI: exit status 2 and one clear message for bad input", "[plugins][cli]") {
+  auto bad_dir = run_cli("--plugin-dir /nonexistent/x plugins");
+  CHECK(bad_dir.status == 2);
+  CHECK(bad_dir.output == "chiar: plugin folder '/nonexistent/x' does not exist or is not a folder\n");
+  auto broken_dir = run_cli("--plugin-dir " + kBroken + "/bad_api plugins");
+  CHECK(broken_dir.status == 2);
+  CHECK_THAT(broken_dir.output, Catch::Matchers::Contains("was built for plugin API version 999"));
+  auto ragged = run_cli("entropy -", "1 2\\n3\\n");
+  CHECK(ragged.status == 2);
+  CHECK(ragged.output == "chiar: <stdin>:2: expected 2 numbers (as on line 1), found 1\n");
+  auto missing = run_cli("entropy /nonexistent/vectors.txt");
+  CHECK(missing.status == 2);
+  CHECK(missing.output == "chiar: /nonexistent/vectors.txt: cannot open the file\n");
+  auto unknown_option = run_cli("plugins --colour");
+  CHECK(unknown_option.status == 2);
+  auto unknown_router = run_cli("model --router mystery");
+  CHECK(unknown_router.status == 2);
+  CHECK(unknown_router.output == "chiar: unknown router 'mystery' (known: hard_ste, soft, threshold)\n");
+}
+
+TEST_CASE("CLI: plugins lists, entropy prints H per line", "[plugins][cli]") {
+  auto list = run_cli("plugins");
+  CHECK(list.status == 0);
+  CHECK_THAT(list.output, Catch::Matchers::Contains("attention, attn  operator"));
+  CHECK_THAT(list.output, Catch::Matchers::Contains("libchiar_threshold.so"));
+  auto h = run_cli("entropy", "5 5 5 5\\n0 0 0 0\\n1 -2 3 -4\\n");
+  CHECK(h.status == 0);
+  // Constant: all energy at DC; zero: 0 by definition; the third from the reference.
+  double a = 0, b = 0, c = 0;
+  REQUIRE(std::sscanf(h.output.c_str(), "%lf\n%lf\n%lf", &a, &b, &c) == 3);
+  CHECK(a == Approx(0).margin(1e-12));
+  CHECK(b == 0);
+  auto x = at::tensor(std::vector<double>{1, -2, 3, -4}).view({1, 4});
+  CHECK(c == Approx(test::ref::entropy(x).item<double>()).epsilon(1e-11));
+  CHECK(h.output.find("-0") == std::string::npos);
+}

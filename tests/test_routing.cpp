@@ -1,0 +1,239 @@
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <torch/autograd.h>
+
+#include "../harness/src/core/mixing_layer.h"
+#include "chiar/gate.h"
+#include "chiar/spectral.h"
+#include "support/fixtures.h"
+#include "support/reference.h"
+
+using namespace chiar;
+using test::rel_error;
+
+namespace {
+
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+
+std::shared_ptr<Router> make_router(const std::string& name, std::vector<std::string> ops,
+                                    int64_t d, const Params& params = {}, bool float64 = true) {
+  RouterSpec spec;
+  spec.d_model = d;
+  spec.operators = std::move(ops);
+  spec.params = params;
+  auto r = test::plugins().make_router(name, spec);
+  if (float64) r->to(at::kDouble);
+  return r;
+}
+
+std::shared_ptr<MixingLayer> make_layer(const std::vector<std::string>& names,
+                                        const std::string& router, const Params& router_params,
+                                        int64_t d, bool float64) {
+  std::vector<std::shared_ptr<Operator>> ops;
+  for (const auto& n : names)
+    ops.push_back(test::make_op(n, d, 2, n == "rbf" ? Params().set("features", int64_t{16}).set("chunk", int64_t{4}) : Params(), float64));
+  return std::make_shared<MixingLayer>(1, names, ops, make_router(router, names, d, router_params, float64));
+}
+
+// Thresholds that send the given shares of x's tokens to each operator.
+std::vector<double> taus_for(const at::Tensor& x, const std::vector<double>& shares) {
+  auto h = spectral_entropy(x.to(at::kDouble)).reshape({-1});
+  std::vector<double> tau;
+  double cumulative = 0;
+  for (size_t k = 0; k + 1 < shares.size(); ++k) {
+    cumulative += shares[k];
+    if (cumulative <= 0) tau.push_back(-1.0);
+    else if (cumulative >= 1) tau.push_back(2.0);
+    else tau.push_back(at::quantile(h, cumulative).item<double>());
+  }
+  return tau;
+}
+
+}  // namespace
+
+TEST_CASE("sparse routed execution equals dense at every routing share", "[routing][sparse]") {
+  at::manual_seed(21);
+  const std::vector<std::vector<double>> two = {{1, 0}, {0.75, 0.25}, {0.5, 0.5}, {0, 1}};
+  const std::vector<std::vector<double>> three = {{1, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0.5, 0.25, 0.25}, {0.2, 0.3, 0.5}};
+  for (bool float64 : {false, true}) {
+    for (bool causal : {true, false}) {
+      for (const auto& [names, share_list] :
+           std::vector<std::pair<std::vector<std::string>, std::vector<std::vector<double>>>>{
+               {{"dct", "attention"}, two}, {{"dct", "rbf", "attention"}, three}}) {
+        auto x = at::randn({3, 13, 16}, float64 ? kF64 : at::TensorOptions());
+        OpContext ctx;
+        ctx.causal = causal;
+        if (!causal) ctx.valid = test::padding_mask(13, {0, 5, 2});
+        for (const auto& shares : share_list) {
+          INFO("ops " << names.size() << ", float64 " << float64 << ", causal " << causal
+                      << ", shares[0] " << shares[0] << ", shares[last] " << shares.back());
+          auto layer = make_layer(names, "threshold", Params().set("tau", taus_for(x, shares)), 16, float64);
+          layer->set_execution(Execution::Dense);
+          LayerRouting dense_routing;
+          auto dense = layer->forward(x, ctx, &dense_routing);
+          layer->set_execution(Execution::Sparse);
+          LayerRouting sparse_routing;
+          auto sparse = layer->forward(x, ctx, &sparse_routing);
+          CHECK_FALSE(dense_routing.sparse);
+          CHECK(sparse_routing.sparse);
+          CHECK(at::equal(dense_routing.choice, sparse_routing.choice));
+          CHECK(rel_error(sparse, dense) < (float64 ? 1e-12 : 1e-5));
+          // The realised attention share matches the target.
+          const double attn_share = (sparse_routing.choice == static_cast<int64_t>(names.size() - 1))
+                                        .to(at::kDouble).mean().item<double>();
+          CHECK(attn_share == Approx(shares.back()).margin(1.0 / 39 + 1e-9));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("sparse execution trains the operators it ran (threshold routing)", "[routing][sparse][grad]") {
+  at::manual_seed(22);
+  auto x = at::randn({2, 7, 8}, kF64).requires_grad_(true);
+  auto probe = at::randn({2, 7, 8}, kF64);
+  auto layer = make_layer({"dct", "attention"}, "threshold", Params().set("tau", taus_for(x, {0.5, 0.5})), 8, true);
+  layer->train();
+  layer->set_execution(Execution::Sparse);
+  std::vector<at::Tensor> inputs{x};
+  for (auto& p : layer->parameters()) inputs.push_back(p);
+  OpContext ctx;
+  ctx.causal = true;
+  CHECK(test::gradcheck([&] { return (layer->forward(x, ctx) * probe).sum(); }, inputs) < 1e-6);
+}
+
+TEST_CASE("threshold routing: H > tau goes to attention; three operators by two taus", "[routing][threshold]") {
+  auto x = at::randn({4, 20, 16});
+  auto h = spectral_entropy(x);
+  const double tau = h.median().item<double>();
+  auto two = make_router("threshold", {"dct", "attention"}, 16, Params().set("tau", tau), false);
+  auto r = two->route(x, h);
+  CHECK(r.mode == RouteMode::Hard);
+  CHECK(at::equal(r.choice, (h.to(at::kDouble) > tau).to(at::kLong)));
+  CHECK(at::equal(r.weights, at::one_hot(r.choice, 2).to(at::kFloat)));
+
+  const std::vector<double> taus{h.quantile(0.3).item<double>(), h.quantile(0.6).item<double>()};
+  auto three = make_router("threshold", {"dct", "rbf", "attention"}, 16, Params().set("tau", taus), false);
+  auto c = three->route(x, h).choice;
+  auto hd = h.to(at::kDouble);
+  CHECK(at::equal(c.eq(0), hd <= taus[0]));
+  CHECK(at::equal(c.eq(1), (hd > taus[0]).logical_and(hd <= taus[1])));
+  CHECK(at::equal(c.eq(2), hd > taus[1]));
+}
+
+TEST_CASE("threshold calibration reaches the configured shares", "[routing][threshold]") {
+  auto x = at::randn({8, 64, 16});
+  auto h = spectral_entropy(x);
+  auto router = make_router("threshold", {"dct", "rbf", "attention"}, 16,
+                            Params().set("shares", std::vector<double>{0.5, 0.2, 0.3}), false);
+  CHECK(router->describe() == "threshold(tau [0.5, 0.7], uncalibrated)");
+  router->calibrate(h);
+  auto c = router->route(x, h).choice;
+  CHECK(c.eq(0).to(at::kDouble).mean().item<double>() == Approx(0.5).margin(0.01));
+  CHECK(c.eq(1).to(at::kDouble).mean().item<double>() == Approx(0.2).margin(0.01));
+  CHECK(c.eq(2).to(at::kDouble).mean().item<double>() == Approx(0.3).margin(0.01));
+  CHECK(router->thresholds().size() == 2);
+  // Fixed thresholds ignore calibration.
+  auto fixed = make_router("threshold", {"dct", "attention"}, 16, Params().set("tau", 0.25), false);
+  fixed->calibrate(h);
+  CHECK(fixed->thresholds() == std::vector<double>{0.25});
+}
+
+TEST_CASE("threshold router rejects inconsistent options", "[routing][threshold][errors]") {
+  CHECK_THROWS_WITH(make_router("threshold", {"dct", "rbf", "attention"}, 8, Params().set("tau", 0.5)),
+                    Catch::Matchers::EndsWith("threshold: 3 operators need 2 thresholds, found 1"));
+  CHECK_THROWS_WITH(make_router("threshold", {"dct", "attention"}, 8,
+                                Params().set("tau", 0.5).set("shares", std::vector<double>{0.5, 0.5})),
+                    Catch::Matchers::EndsWith("threshold: give either tau or shares, not both"));
+  CHECK_THROWS_WITH(make_router("threshold", {"dct", "rbf", "attention"}, 8,
+                                Params().set("tau", std::vector<double>{0.7, 0.2})),
+                    Catch::Matchers::EndsWith("threshold: tau must be increasing"));
+}
+
+TEST_CASE("STE: forward is exactly the chosen output, the gate gets the softmax gradient", "[routing][ste]") {
+  at::manual_seed(23);
+  for (const std::vector<std::string>& names :
+       {std::vector<std::string>{"dct", "attention"}, std::vector<std::string>{"dct", "rbf", "attention"}}) {
+    INFO("operators " << names.size());
+    auto layer = make_layer(names, "hard_ste", {}, 8, true);
+    // Spread the gate so every operator is chosen somewhere.
+    {
+      at::NoGradGuard g;
+      for (auto& p : layer->router()->parameters()) p.normal_().mul_(3);
+    }
+    layer->train();
+    OpContext ctx;
+    ctx.causal = true;
+    auto x = at::randn({3, 9, 8}, kF64);
+    LayerRouting routing;
+    auto y = layer->forward(x, ctx, &routing);
+    CHECK_FALSE(routing.sparse);  // the gate is training: dense
+
+    std::vector<at::Tensor> outputs;
+    for (const auto& op : layer->operators()) outputs.push_back(op->forward(x, ctx));
+    auto stacked = at::stack(outputs, -1);
+    auto chosen = stacked.gather(-1, routing.choice.unsqueeze(-1).unsqueeze(-1).expand({3, 9, 8, 1})).squeeze(-1);
+    CHECK(at::equal(y, chosen));  // bit-for-bit, not approximately
+    for (int64_t k = 0; k < static_cast<int64_t>(names.size()); ++k)
+      CHECK(routing.choice.eq(k).any().item<bool>());
+
+    auto probe = at::randn({3, 9, 8}, kF64);
+    const auto gate = layer->router()->parameters();
+    auto ste_grads = torch::autograd::grad({(y * probe).sum()}, gate);
+    auto r = layer->router()->route(x, spectral_entropy(x));
+    at::Tensor blend = at::zeros_like(x);
+    for (size_t k = 0; k < outputs.size(); ++k)
+      blend = blend + r.weights.select(-1, static_cast<int64_t>(k)).unsqueeze(-1) * outputs[k];
+    auto soft_grads = torch::autograd::grad({(blend * probe).sum()}, gate);
+    for (size_t i = 0; i < gate.size(); ++i) CHECK(rel_error(ste_grads[i], soft_grads[i]) < 1e-12);
+
+    // At evaluation (no gate gradient) the same router executes sparsely.
+    layer->eval();
+    at::NoGradGuard no_grad;
+    LayerRouting eval_routing;
+    auto y_eval = layer->forward(x, ctx, &eval_routing);
+    CHECK(eval_routing.sparse);
+    CHECK(rel_error(y_eval, chosen) < 1e-12);
+  }
+}
+
+TEST_CASE("soft routing blends every operator by softmax(Linear([x, H]))", "[routing][soft]") {
+  at::manual_seed(24);
+  auto layer = make_layer({"dct", "rbf", "attention"}, "soft", {}, 8, true);
+  OpContext ctx;
+  ctx.causal = true;
+  auto x = at::randn({2, 6, 8}, kF64);
+  LayerRouting routing;
+  auto y = layer->forward(x, ctx, &routing);
+  CHECK_FALSE(routing.sparse);
+  // By hand: H from the float64 reference, logits from the gate's weights,
+  // softmax written out, weighted sum of the three outputs.
+  auto w = test::named(*layer->router(), "gate.linear.weight");  // (3, 9)
+  auto b = test::named(*layer->router(), "gate.linear.bias");    // (3,)
+  auto h = test::ref::entropy(x.reshape({-1, 8})).view({2, 6, 1});
+  auto logits = at::matmul(at::cat({x, h}, -1), w.t()) + b;       // (2, 6, 3)
+  auto e = at::exp(logits - std::get<0>(logits.max(-1, true)));
+  auto p = e / e.sum(-1, true);
+  auto expected = at::zeros_like(x);
+  for (int64_t k = 0; k < 3; ++k)
+    expected += p.select(-1, k).unsqueeze(-1) * layer->operators()[k]->forward(x, ctx);
+  CHECK(rel_error(y, expected) < 1e-12);
+  CHECK(rel_error(routing.weights, p) < 1e-12);
+  layer->set_execution(Execution::Sparse);
+  CHECK_THROWS_WITH(layer->forward(x, ctx),
+                    "layer 2: soft routing blends every operator and cannot execute sparsely");
+}
+
+TEST_CASE("collapse regulariser is minus lambda times the entropy of mean usage", "[routing][collapse]") {
+  auto uniform = at::full({2, 5, 2}, 0.5, kF64);
+  CHECK(collapse_penalty(uniform, 0.1).item<double>() == Approx(-0.1 * std::log(2.0)));
+  auto collapsed = at::zeros({2, 5, 3}, kF64);
+  collapsed.select(-1, 2).fill_(1.0);
+  CHECK(collapse_penalty(collapsed, 0.1).item<double>() == Approx(0.0).margin(1e-9));
+  auto router = make_router("hard_ste", {"dct", "attention"}, 8, Params().set("collapse_lambda", 0.2));
+  auto x = at::randn({2, 4, 8}, kF64);
+  auto r = router->route(x, spectral_entropy(x));
+  REQUIRE(r.aux_loss.defined());
+  CHECK(r.aux_loss.item<double>() == Approx(collapse_penalty(r.weights, 0.2).item<double>()));
+  CHECK_FALSE(make_router("soft", {"dct", "attention"}, 8)->route(x, spectral_entropy(x)).aux_loss.defined());
+}

@@ -1,0 +1,127 @@
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <sstream>
+
+#include "../harness/src/core/vector_text.h"
+#include "chiar/error.h"
+#include "chiar/spectral.h"
+#include "support/fixtures.h"
+#include "support/reference.h"
+
+using namespace chiar;
+namespace ref = chiar::test::ref;
+using test::rel_error;
+
+namespace {
+const int64_t kSizes[] = {1, 2, 3, 7, 8, 16, 63, 64, 256};
+const DctImpl kImpls[] = {DctImpl::Gemm, DctImpl::Fft};
+}  // namespace
+
+TEST_CASE("dct_basis equals the definition and is orthonormal", "[spectral]") {
+  for (int64_t d : kSizes) {
+    auto b = dct_basis(d, at::kDouble, at::kCPU);
+    CHECK(rel_error(b, test::ref::dct_matrix(d)) < 1e-13);  // cos of arguments up to ~pi d
+    CHECK(rel_error(at::matmul(b, b.t()), at::eye(d, at::TensorOptions().dtype(at::kDouble))) < 1e-13);
+  }
+}
+
+TEST_CASE("dct2 matches the float64 definition", "[spectral]") {
+  at::manual_seed(1);
+  for (auto impl : kImpls)
+    for (int64_t d : kSizes) {
+      INFO("impl " << to_string(impl) << ", d " << d);
+      auto x = at::randn({5, d}, at::TensorOptions().dtype(at::kDouble));
+      auto expected = test::ref::dct(x);
+      CHECK(rel_error(dct2(x, impl), expected) < 1e-12);
+      CHECK(rel_error(dct2(x.to(at::kFloat), impl), expected) < 1e-5);
+    }
+}
+
+TEST_CASE("idct2 inverts dct2, both implementations agree", "[spectral]") {
+  at::manual_seed(2);
+  for (int64_t d : kSizes) {
+    INFO("d " << d);
+    auto x = at::randn({3, 4, d});
+    for (auto impl : kImpls) {
+      CHECK(rel_error(idct2(dct2(x, impl), impl), x) < 1e-5);
+      auto xd = x.to(at::kDouble);
+      CHECK(rel_error(idct2(dct2(xd, impl), impl), xd) < 1e-12);
+    }
+    CHECK(rel_error(dct2(x, DctImpl::Fft), dct2(x, DctImpl::Gemm)) < 1e-5);
+    CHECK(rel_error(idct2(x, DctImpl::Fft), idct2(x, DctImpl::Gemm)) < 1e-5);
+  }
+}
+
+TEST_CASE("dct2 and idct2 are differentiable in both implementations", "[spectral][grad]") {
+  at::manual_seed(3);
+  for (auto impl : kImpls) {
+    auto x = at::randn({2, 7}, at::TensorOptions().dtype(at::kDouble)).requires_grad_(true);
+    auto w = at::randn({2, 7}, at::TensorOptions().dtype(at::kDouble));
+    CHECK(test::gradcheck([&] { return (idct2(dct2(x, impl) * dct2(x, impl), impl) * w).sum(); }, {x}) < 1e-6);
+  }
+}
+
+TEST_CASE("spectral entropy: constant, flat spectrum, zero, scale, range, reference", "[spectral]") {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  for (int64_t d : {2, 8, 64, 256}) {
+    INFO("d " << d);
+    // All energy in the DC bin.
+    CHECK(spectral_entropy(at::full({1, d}, 3.0, f64)).item<double>() == Approx(0).margin(1e-9));
+    CHECK(spectral_entropy(at::full({1, d}, 3.0)).item<double>() == Approx(0).margin(1e-5));
+    // Energy spread evenly over every frequency.
+    CHECK(spectral_entropy(idct2(at::ones({1, d}, f64))).item<double>() == Approx(1).epsilon(1e-12));
+    CHECK(spectral_entropy(at::zeros({2, d})).eq(0).all().item<bool>());
+    auto x = at::randn({64, d}, f64);
+    auto h = spectral_entropy(x);
+    CHECK(h.ge(0).all().item<bool>());
+    CHECK(h.le(1).all().item<bool>());
+    CHECK(rel_error(spectral_entropy(x * 1e3), h) < 1e-12);
+    CHECK(rel_error(spectral_entropy(x * -1e-3), h) < 1e-12);
+    CHECK(rel_error(h, test::ref::entropy(x)) < 1e-12);
+    CHECK(rel_error(spectral_entropy(x.to(at::kFloat)), test::ref::entropy(x)) < 1e-5);
+  }
+  CHECK(spectral_entropy(at::randn({4, 1})).eq(0).all().item<bool>());
+}
+
+TEST_CASE("spectral entropy has finite gradients, also at a zero vector", "[spectral][grad]") {
+  auto x = at::zeros({2, 8}, at::TensorOptions().dtype(at::kDouble));
+  x[0] = at::randn({8}, at::TensorOptions().dtype(at::kDouble));
+  x.requires_grad_(true);
+  spectral_entropy(x).sum().backward();
+  CHECK(x.grad().isfinite().all().item<bool>());
+  auto y = at::randn({3, 6}, at::TensorOptions().dtype(at::kDouble)).requires_grad_(true);
+  CHECK(test::gradcheck([&] { return spectral_entropy(y).sum(); }, {y}) < 1e-6);
+}
+
+TEST_CASE("calibrate_thresholds reaches the target shares", "[spectral][router]") {
+  auto h = at::arange(0, 1001, at::TensorOptions().dtype(at::kDouble)) / 1000.0;  // 0, 0.001, ..., 1
+  auto tau = calibrate_thresholds(h, {0.33, 0.34, 0.33});
+  REQUIRE(tau.size() == 2);
+  CHECK(tau[0] == Approx(0.33));
+  CHECK(tau[1] == Approx(0.67));
+  CHECK(calibrate_thresholds(h, {0.5, 0.5})[0] == Approx(0.5));
+  CHECK(calibrate_thresholds(h, {1.0, 0.0})[0] == Approx(1.0));
+  CHECK_THROWS_WITH(calibrate_thresholds(h, {0.5, 0.6}),
+                    "threshold calibration: shares must sum to 1, found 1.100000");
+  CHECK_THROWS_WITH(calibrate_thresholds(h, {1.0}),
+                    "threshold calibration: need at least 2 shares, found 1");
+  CHECK_THROWS_WITH(calibrate_thresholds(at::empty({0}), {0.5, 0.5}),
+                    "threshold calibration: the entropy sample is empty");
+}
+
+TEST_CASE("read_vectors parses lines and names the bad line", "[spectral][cli]") {
+  std::istringstream good("1 2 3\n4 5 6\n");
+  auto v = read_vectors(good, "in");
+  CHECK(v.sizes() == at::IntArrayRef({2, 3}));
+  CHECK(v[1][2].item<double>() == 6);
+  auto fails = [](const std::string& text) {
+    std::istringstream in(text);
+    read_vectors(in, "in.txt");
+  };
+  CHECK_THROWS_WITH(fails("1 2\n3\n"), "in.txt:2: expected 2 numbers (as on line 1), found 1");
+  CHECK_THROWS_WITH(fails("1 2\n3 x\n"), "in.txt:2: 'x' is not a finite number");
+  CHECK_THROWS_WITH(fails("1 nan\n"), "in.txt:1: 'nan' is not a finite number");
+  CHECK_THROWS_WITH(fails(""), "in.txt: no vectors (empty input)");
+  CHECK_THROWS_WITH(fails("1 2\n\n3 4\n"), "in.txt:2: empty line (expected 2 numbers)");
+}
