@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include "../harness/src/core/registry.h"
+#include "../harness/src/core/runtime.h"
 #include "chiar/error.h"
 #include "chiar/plugin.h"
 #include "support/fixtures.h"
@@ -29,8 +30,8 @@ struct Result {
 };
 
 // Runs the chiar CLI with arguments; captures stdout and stderr together.
-Result run_cli(const std::string& args, const std::string& input = "") {
-  std::string command = std::string(CHIAR_CLI) + " " + args + " 2>&1";
+Result run_cli(const std::string& args, const std::string& input = "", const std::string& env = "") {
+  std::string command = env + " " + CHIAR_CLI + " " + args + " 2>&1";
   if (!input.empty()) command = "printf '" + input + "' | " + command;
   FILE* pipe = popen(command.c_str(), "r");
   std::string out;
@@ -171,4 +172,26 @@ TEST_CASE("CLI: plugins lists, entropy prints H per line", "[plugins][cli]") {
   auto x = at::tensor(std::vector<double>{1, -2, 3, -4}).view({1, 4});
   CHECK(c == Approx(test::ref::entropy(x).item<double>()).epsilon(1e-11));
   CHECK(h.output.find("-0") == std::string::npos);
+}
+
+TEST_CASE("runtime: the BLAS libtorch binds to is named, slow GEMM is flagged", "[runtime][cli]") {
+  // The set-up scripts install OpenBLAS and, beside it, the reference BLAS.
+  auto normal = run_cli("info");
+  CHECK(normal.status == 0);
+  CHECK_THAT(normal.output, Catch::Matchers::Contains("openblas"));
+  const std::string reference = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
+  REQUIRE(std::ifstream(reference).good());
+  const std::string out = run_cli("--threads 1 info", "", "LD_PRELOAD=" + reference).output;
+  CHECK_THAT(out, Catch::Matchers::Contains("BLAS       /usr/lib/x86_64-linux-gnu/blas/libblas.so.3"));
+  CHECK_THAT(out, Catch::Matchers::Contains("threads    1"));
+
+  RuntimeInfo slow;
+  slow.gemm_gflops = 7.5;
+  slow.gemm_size = 512;
+  CHECK_THAT(describe(slow), Catch::Matchers::EndsWith(
+                                 "WARNING: GEMM runs at 7.5 GFLOP/s (< 20.0): libtorch is probably on "
+                                 "the reference BLAS; install libopenblas0-openmp"));
+  RuntimeInfo fast = slow;
+  fast.gemm_gflops = 90;
+  CHECK_THAT(describe(fast), !Catch::Matchers::Contains("WARNING"));
 }

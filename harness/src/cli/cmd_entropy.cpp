@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "../core/runtime.h"
 #include "../core/vector_text.h"
 #include "chiar/error.h"
 #include "chiar/spectral.h"
@@ -11,7 +12,8 @@
 
 namespace chiar::cli {
 
-int run_entropy(const Global&, const std::string& input, const std::string& dct_impl) {
+int run_entropy(const Global& g, const std::string& input, const std::string& dct_impl) {
+  configure_threads(g.threads);
   const DctImpl impl = dct_impl_from_string(dct_impl);
   at::Tensor vectors;  // (N, d) float64
   if (input.empty() || input == "-") {

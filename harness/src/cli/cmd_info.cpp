@@ -6,6 +6,11 @@
 
 namespace chiar::cli {
 
+void start_compute(const Global& g) {
+  const RuntimeInfo info = probe_runtime(g.threads);
+  if (info.gemm_gflops < kSlowGemmGflops) std::cerr << describe(info) << "\n";
+}
+
 int run_info(const Global& g) {
   const RuntimeInfo info = probe_runtime(g.threads);
   std::cout << "libtorch   " << info.torch_version << "\n"
@@ -15,10 +20,7 @@ int run_info(const Global& g) {
             << "GEMM       " << info.gemm_gflops << " GFLOP/s (fp32, " << info.gemm_size << "^3, median of 10)\n"
             << "host       " << info.host << "\n"
             << "cpu        " << info.cpu << "\n";
-  if (info.gemm_gflops < kSlowGemmGflops)
-    std::cerr << "WARNING: GEMM below " << kSlowGemmGflops
-              << " GFLOP/s: libtorch is probably using the reference BLAS; install "
-                 "libopenblas0-openmp\n";
+  if (info.gemm_gflops < kSlowGemmGflops) std::cerr << describe(info) << "\n";
   const auto dirs = default_plugin_dirs();
   std::cout << "plugins    " << (dirs.empty() ? std::string("(no default folder found)") : dirs[0])
             << "\n";

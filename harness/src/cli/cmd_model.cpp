@@ -29,6 +29,7 @@ OperatorParams parse_operator_set(const std::vector<std::string>& assignments) {
 }  // namespace
 
 int run_model(const Global& g, const ModelArgs& a) {
+  start_compute(g);
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   if (a.head != "lm" && a.head != "classifier")

@@ -12,6 +12,10 @@ struct Global {
   std::vector<std::string> plugin_dirs;
 };
 
+// Sets the threads and checks the BLAS once (a 512^3 GEMM, ~30 ms); warns on
+// stderr when libtorch is on the reference BLAS. Commands that compute call it.
+void start_compute(const Global& g);
+
 int run_info(const Global& g);
 int run_plugins(const Global& g);
 int run_entropy(const Global& g, const std::string& input, const std::string& dct_impl);

@@ -28,22 +28,20 @@ int configure_threads(int requested) {
 }
 
 std::string detect_blas() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line, found;
-  while (std::getline(maps, line)) {
-    const auto slash = line.find('/');
-    if (slash == std::string::npos) continue;
-    const std::string path = line.substr(slash);
-    const std::string base = path.substr(path.rfind('/') + 1);
-    if (base.find("blas") == std::string::npos) continue;
-    char resolved[PATH_MAX];
-    found = realpath(path.c_str(), resolved) ? resolved : path;
-    break;
+  // The library that provides sgemm_ in the global lookup order is the one
+  // libtorch's GEMM binds to (LD_PRELOAD and the Debian alternative included).
+  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
+  Dl_info where{};
+  if (!sgemm || !dladdr(sgemm, &where) || !where.dli_fname)
+    return "no BLAS sgemm_ found (libtorch uses its own fallback GEMM)";
+  char resolved[PATH_MAX];
+  std::string found = realpath(where.dli_fname, resolved) ? resolved : where.dli_fname;
+  if (void* lib = dlopen(where.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
+    using ConfigFn = char* (*)();
+    if (auto config = reinterpret_cast<ConfigFn>(dlsym(lib, "openblas_get_config")))
+      found += " (" + std::string(config()) + ")";
+    dlclose(lib);
   }
-  if (found.empty()) found = "no BLAS library mapped";
-  using ConfigFn = char* (*)();
-  if (auto config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config")))
-    found += " (" + std::string(config()) + ")";
   return found;
 }
 

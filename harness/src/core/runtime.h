@@ -26,7 +26,7 @@ struct RuntimeInfo {
 // Returns the number in force.
 CHIAR_API int configure_threads(int requested);
 
-// The BLAS shared library mapped into this process (resolved through the
+// The BLAS library whose sgemm_ this process binds to (resolved through the
 // Debian alternatives symlink), plus OpenBLAS's own configuration when present.
 CHIAR_API std::string detect_blas();
 

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job on embedded defaults: installs what is missing, builds, and
+# shows the harness at work (runtime probe, plugins, the paper's variants).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install-deps.sh
+tools/build.sh
+./build/chiar info
+./build/chiar plugins
+for plan in "attn,attn,attn,attn" "dct,dct|attn,dct|attn,attn" "dct,dct|rbf|attn,dct|rbf|attn,attn"; do
+  ./build/chiar model --layers "$plan" --batch 4 --seq 256
+done
