@@ -15,6 +15,7 @@
 #include "chiar/export.h"
 #include "chiar/operator.h"
 #include "chiar/router.h"
+#include "chiar/task.h"
 
 // Bumped whenever a type a plugin sees (Operator, Router, Registrar, specs)
 // changes layout or meaning.
@@ -40,6 +41,7 @@ namespace chiar {
 
 using OperatorFactory = std::function<std::unique_ptr<Operator>(const OperatorSpec&)>;
 using RouterFactory = std::function<std::unique_ptr<Router>(const RouterSpec&)>;
+using TaskFactory = std::function<std::unique_ptr<Task>(const TaskSpec&)>;
 
 // Handed to a plugin's register function; the only way to register anything.
 class CHIAR_API Registrar {
@@ -52,6 +54,8 @@ class CHIAR_API Registrar {
   virtual void add_router(const std::string& name, const std::string& description,
                           RouterFactory factory,
                           const std::vector<std::string>& aliases = {}) = 0;
+  virtual void add_task(const std::string& name, const std::string& description,
+                        TaskFactory factory, const std::vector<std::string>& aliases = {}) = 0;
 };
 
 }  // namespace chiar

@@ -14,6 +14,7 @@ UserError::~UserError() = default;
 Operator::~Operator() = default;
 Router::~Router() = default;
 Registrar::~Registrar() = default;
+Task::~Task() = default;
 
 void Router::calibrate(const at::Tensor&) {}
 std::vector<double> Router::thresholds() const { return {}; }

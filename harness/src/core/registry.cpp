@@ -26,30 +26,44 @@ struct Factory {
   Library library;  // keeps the code of the factory loaded
   OperatorFactory make_operator;
   RouterFactory make_router;
+  TaskFactory make_task;
 };
 
 // Collects what one library registers; committed only if registration succeeds.
 class CollectingRegistrar final : public Registrar {
  public:
-  CollectingRegistrar(std::string file, uint32_t api, Library lib)
-      : file_(std::move(file)), api_(api), lib_(std::move(lib)) {}
+  CollectingRegistrar(std::string file, uint32_t api, std::string kinds, Library lib)
+      : file_(std::move(file)), api_(api), kinds_("," + kinds + ","), lib_(std::move(lib)) {}
 
   void add_operator(const std::string& name, const std::string& description,
                     OperatorFactory factory, const std::vector<std::string>& aliases) override {
-    Factory f{{name, "operator", description, file_, api_, aliases}, lib_, std::move(factory), {}};
-    added.push_back(std::move(f));
+    add(name, "operator", description, aliases).make_operator = std::move(factory);
   }
   void add_router(const std::string& name, const std::string& description, RouterFactory factory,
                   const std::vector<std::string>& aliases) override {
-    Factory f{{name, "router", description, file_, api_, aliases}, lib_, {}, std::move(factory)};
-    added.push_back(std::move(f));
+    add(name, "router", description, aliases).make_router = std::move(factory);
+  }
+  void add_task(const std::string& name, const std::string& description, TaskFactory factory,
+                const std::vector<std::string>& aliases) override {
+    add(name, "task", description, aliases).make_task = std::move(factory);
   }
 
   std::vector<Factory> added;
 
  private:
+  Factory& add(const std::string& name, const std::string& kind, const std::string& description,
+               const std::vector<std::string>& aliases) {
+    // A plugin registers only the kinds its descriptor declared.
+    if (kinds_.find("," + kind + ",") == std::string::npos)
+      throw UserError("it registers " + kind + " '" + name + "' but declares kinds '" +
+                      kinds_.substr(1, kinds_.size() - 2) + "'");
+    added.push_back(Factory{{name, kind, description, file_, api_, aliases}, lib_, {}, {}, {}});
+    return added.back();
+  }
+
   std::string file_;
   uint32_t api_;
+  std::string kinds_;
   Library lib_;
 };
 
@@ -97,8 +111,10 @@ struct PluginRegistry::Impl {
     try {
       if constexpr (std::is_same_v<Object, Operator>)
         made = f.make_operator(spec);
-      else
+      else if constexpr (std::is_same_v<Object, Router>)
         made = f.make_router(spec);
+      else
+        made = f.make_task(spec);
     } catch (const UserError& e) {
       throw UserError(who + ": " + e.what());
     } catch (const std::exception& e) {
@@ -164,7 +180,7 @@ void PluginRegistry::load_file(const std::string& path_text) {
                     ", but this harness uses libtorch " + CHIAR_TORCH_VERSION_STRING +
                     "; rebuild the plugin");
 
-  CollectingRegistrar registrar(file, d->api_version, lib);
+  CollectingRegistrar registrar(file, d->api_version, d->kinds ? d->kinds : "", lib);
   try {
     d->register_all(&registrar);
   } catch (const std::exception& e) {
@@ -219,6 +235,10 @@ std::shared_ptr<Operator> PluginRegistry::make_operator(const std::string& name,
 std::shared_ptr<Router> PluginRegistry::make_router(const std::string& name,
                                                     const RouterSpec& spec) const {
   return impl_->make<Router>(impl_->require("router", name), spec);
+}
+
+std::shared_ptr<Task> PluginRegistry::make_task(const std::string& name, const TaskSpec& spec) const {
+  return impl_->make<Task>(impl_->require("task", name), spec);
 }
 
 bool PluginRegistry::has(const std::string& kind, const std::string& name) const {

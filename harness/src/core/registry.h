@@ -7,13 +7,14 @@
 #include "chiar/export.h"
 #include "chiar/operator.h"
 #include "chiar/router.h"
+#include "chiar/task.h"
 
 namespace chiar {
 
 // One registered factory as `chiar plugins` lists it.
 struct PluginEntry {
   std::string name;
-  std::string kind;  // "operator" | "router"
+  std::string kind;  // "operator" | "router" | "task"
   std::string description;
   std::string file;  // absolute path of the library that registered it
   uint32_t api_version = 0;
@@ -39,6 +40,7 @@ class CHIAR_API PluginRegistry {
 
   std::shared_ptr<Operator> make_operator(const std::string& name, const OperatorSpec& spec) const;
   std::shared_ptr<Router> make_router(const std::string& name, const RouterSpec& spec) const;
+  std::shared_ptr<Task> make_task(const std::string& name, const TaskSpec& spec) const;
 
   bool has(const std::string& kind, const std::string& name) const;
   // The registered name behind a name or alias; throws for an unknown name.
