@@ -1,0 +1,169 @@
+// IMDB sentiment classification from the aclImdb folder layout
+// ({train,test}/{neg,pos}/<id>_<rating>.txt). Labels come from the folder
+// (neg 0, pos 1), "<br />" becomes a space. A validation split is carved from
+// train by split_seed; test stays test.
+//
+// Options: path (a folder holding aclImdb/, or aclImdb itself), archive (a
+// .tar.gz of that layout, extracted once into the cache folder), tokenizer
+// (bytes as in Long Range Arena's "Text" task, or word | bpe | unigram),
+// max_len (4000; 1000 is LRA's other usual setting), valid_fraction (0.1),
+// split_seed (0).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <filesystem>
+
+#include "chiar/class_data.h"
+#include "chiar/error.h"
+#include "chiar/plugin.h"
+#include "chiar/random.h"
+#include "chiar/text_io.h"
+#include "chiar/tokenizer.h"
+
+namespace {
+
+using namespace chiar;
+namespace fs = std::filesystem;
+
+struct Review {
+  std::string text;
+  int64_t label;
+};
+
+std::string clean(std::string text) {
+  for (size_t at; (at = text.find("<br />")) != std::string::npos;) text.replace(at, 6, " ");
+  return text;
+}
+
+std::vector<Review> read_reviews(const fs::path& folder) {
+  std::vector<Review> out;
+  for (const auto& [sub, label] : {std::pair<const char*, int64_t>{"neg", 0}, {"pos", 1}}) {
+    const fs::path dir = folder / sub;
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) throw UserError("imdb: missing folder '" + dir.string() + "'");
+    std::vector<fs::path> files;
+    for (const auto& f : fs::directory_iterator(dir))
+      if (f.path().extension() == ".txt") files.push_back(f.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      std::ifstream in(f.string(), std::ios::binary);
+      if (!in) throw UserError(f.string() + ": cannot open the file");
+      std::stringstream text;
+      text << in.rdbuf();
+      out.push_back({clean(text.str()), label});
+    }
+  }
+  if (out.empty()) throw UserError("imdb: '" + folder.string() + "' holds no reviews");
+  return out;
+}
+
+// The folder that holds train/ and test/.
+fs::path find_root(const TaskSpec& spec) {
+  const std::string archive = spec.params.get_string("archive", "");
+  fs::path base;
+  if (!archive.empty()) {
+    const std::string path = resolve_path(spec.data_root, archive);
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) throw UserError("imdb: archive '" + path + "' does not exist");
+    base = fs::path(spec.cache_dir) / ("imdb-" + std::to_string(fnv1a(fs::canonical(path).string())));
+    if (!fs::exists(base / ".extracted")) {
+      fs::create_directories(base);
+      const std::string command = "tar -xzf '" + path + "' -C '" + base.string() + "'";
+      if (std::system(command.c_str()) != 0) throw UserError("imdb: cannot extract '" + path + "'");
+      std::ofstream(base / ".extracted") << path << "\n";
+    }
+  } else {
+    base = resolve_path(spec.data_root, spec.params.get_string("path", "imdb"));
+  }
+  return fs::is_directory(base / "aclImdb") ? base / "aclImdb" : base;
+}
+
+class ImdbTask final : public Task {
+ public:
+  explicit ImdbTask(const TaskSpec& spec)
+      : seed_(spec.seed), max_len_(spec.params.get_int("max_len", 4000)) {
+    const double valid_fraction = spec.params.get_double("valid_fraction", 0.1);
+    const auto split_seed = static_cast<uint64_t>(spec.params.get_int("split_seed", 0));
+    if (max_len_ < 1) throw UserError("imdb: max_len must be positive");
+    if (!(valid_fraction >= 0 && valid_fraction < 1)) throw UserError("imdb: valid_fraction must lie in [0, 1)");
+    root_ = find_root(spec);
+    auto train = read_reviews(root_ / "train");
+    auto test = read_reviews(root_ / "test");
+
+    const auto order = SplitMix64(split_seed, 0x1DB).permutation(static_cast<int64_t>(train.size()));
+    const auto n_valid = static_cast<int64_t>(valid_fraction * static_cast<double>(train.size()) + 0.5);
+    std::vector<bool> is_valid(train.size(), false);
+    for (int64_t i = 0; i < n_valid; ++i) is_valid[order[i]] = true;
+
+    std::vector<std::string> train_text;
+    for (size_t i = 0; i < train.size(); ++i)
+      if (!is_valid[i]) train_text.push_back(train[i].text);
+    tokenizer_ = make_tokenizer(spec.params, train_text, spec.cache_dir, "bytes");
+    train_text.clear();
+
+    for (const char* name : {"train", "valid", "test"})
+      splits_.emplace(name, ClassSplit(name, 2, tokenizer_->pad_id(), max_len_));
+    for (size_t i = 0; i < train.size(); ++i) add(is_valid[i] ? "valid" : "train", train[i]);
+    for (const auto& r : test) add("test", r);
+  }
+
+  TaskHead head() const override { return TaskHead::Classifier; }
+  int64_t vocab_size() const override { return tokenizer_->vocab_size(); }
+  int64_t n_classes() const override { return 2; }
+  int64_t seq_len() const override { return max_len_; }
+  int64_t pad_id() const override { return tokenizer_->pad_id(); }
+  std::vector<std::string> splits() const override { return {"train", "valid", "test"}; }
+  SplitStats stats(const std::string& split) const override { return find(split).stats(); }
+  Batch train_batch(int64_t step, int64_t batch_size) const override {
+    return find("train").train_batch(seed_, step, batch_size);
+  }
+  int64_t eval_batch_count(const std::string& split, int64_t batch_size) const override {
+    return find(split).eval_batch_count(batch_size);
+  }
+  Batch eval_batch(const std::string& split, int64_t index, int64_t batch_size) const override {
+    return find(split).eval_batch(index, batch_size);
+  }
+  std::vector<int64_t> encode(const std::string& text) const override { return tokenizer_->encode(text); }
+  std::string token_text(int64_t id) const override { return tokenizer_->token_text(id); }
+  std::string describe() const override {
+    return "imdb(" + root_.string() + ", " + tokenizer_->describe() + ", max_len " + std::to_string(max_len_) + ")";
+  }
+
+ private:
+  void add(const std::string& split, const Review& r) {
+    const auto ids = tokenizer_->encode(r.text);
+    int64_t unknown = 0;
+    for (int64_t id : ids) unknown += id == tokenizer_->unk_id();
+    std::vector<int32_t> narrow(ids.begin(), ids.begin() + std::min<int64_t>(max_len_, ids.size()));
+    find(split).add(std::move(narrow), r.label, static_cast<int64_t>(ids.size()),
+                    static_cast<int64_t>(r.text.size()), unknown);
+  }
+  ClassSplit& find(const std::string& split) {
+    return const_cast<ClassSplit&>(static_cast<const ImdbTask*>(this)->find(split));
+  }
+  const ClassSplit& find(const std::string& split) const {
+    auto it = splits_.find(split);
+    if (it == splits_.end()) throw UserError("imdb: unknown split '" + split + "' (known: train, valid, test)");
+    return it->second;
+  }
+
+  uint64_t seed_;
+  int64_t max_len_;
+  fs::path root_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::map<std::string, ClassSplit> splits_;
+};
+
+void register_plugin(Registrar& r) {
+  r.add_task("imdb", "IMDB sentiment (aclImdb layout), byte-level like LRA Text or word/subword",
+             [](const TaskSpec& spec) { return std::make_unique<ImdbTask>(spec); });
+}
+
+}  // namespace
+
+CHIAR_PLUGIN("task", register_plugin)

@@ -1,0 +1,135 @@
+// ListOps classification (10 classes). "listops" is Long Range Arena's task:
+// read from LRA TSV files (train_file, valid_file, test_file) or generated
+// in-process from LRA's parameters (n_train 96000, n_valid 2000, n_test 2000,
+// max_depth 10, max_args 10, min_length 500, max_length 2000, data_seed 0).
+// "listops_flat" is the easy variant the CHIAR paper trained on: one operator
+// over 4..8 digits. Tokens as LRA: parentheses dropped, "]" closes.
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "chiar/class_data.h"
+#include "chiar/error.h"
+#include "chiar/listops.h"
+#include "chiar/plugin.h"
+#include "chiar/text_io.h"
+
+namespace {
+
+using namespace chiar;
+
+// <pad> 0, <unk> 1, digits 2..11, operators, "]".
+const std::vector<std::string> kVocab = {"<pad>", "<unk>", "0", "1", "2", "3", "4", "5", "6", "7",
+                                         "8", "9", "[MIN", "[MAX", "[MED", "[SM", "[MEAN", "]"};
+
+class ListOpsTask final : public Task {
+ public:
+  ListOpsTask(const TaskSpec& spec, bool flat) : seed_(spec.seed), flat_(flat) {
+    const auto& p = spec.params;
+    for (size_t i = 0; i < kVocab.size(); ++i) ids_[kVocab[i]] = static_cast<int64_t>(i);
+    std::map<std::string, std::vector<ListOpsExample>> data;
+    if (p.has("train_file") || p.has("valid_file") || p.has("test_file")) {
+      source_ = "tsv";
+      for (const char* split : {"train", "valid", "test"}) {
+        const std::string key = std::string(split) + "_file";
+        if (!p.has(key)) throw UserError("listops: reading files needs train_file, valid_file and test_file; " + key + " is missing");
+        data[split] = read_listops_tsv(resolve_path(spec.data_root, p.get_string(key, "")));
+        if (data[split].empty()) throw UserError("listops: " + key + " has no examples");
+      }
+    } else {
+      const int64_t n_train = p.get_int("n_train", 96000), n_valid = p.get_int("n_valid", 2000),
+                    n_test = p.get_int("n_test", 2000);
+      const auto data_seed = static_cast<uint64_t>(p.get_int("data_seed", 0));
+      std::vector<ListOpsExample> all;
+      if (flat) {
+        all = generate_listops_flat(n_train + n_valid + n_test, data_seed, p.get_int("min_args", 4),
+                                    p.get_int("max_args", 8));
+        source_ = "generated flat";
+      } else {
+        ListOpsOptions o;
+        o.max_depth = p.get_int("max_depth", o.max_depth);
+        o.max_args = p.get_int("max_args", o.max_args);
+        o.min_length = p.get_int("min_length", o.min_length);
+        o.max_length = p.get_int("max_length", o.max_length);
+        all = generate_listops(n_train + n_valid + n_test, data_seed, o);
+        source_ = "generated";
+      }
+      data["train"].assign(all.begin(), all.begin() + n_train);
+      data["valid"].assign(all.begin() + n_train, all.begin() + n_train + n_valid);
+      data["test"].assign(all.begin() + n_train + n_valid, all.end());
+    }
+    seq_len_ = p.get_int("seq_len", flat ? 32 : 2000);
+    for (const char* split : {"train", "valid", "test"}) {
+      ClassSplit s(split, 10, 0, seq_len_);
+      for (const auto& e : data[split]) {
+        std::vector<int32_t> ids;
+        int64_t unknown = 0;
+        for (const auto& t : listops_tokens(e.source)) {
+          auto it = ids_.find(t);
+          unknown += it == ids_.end();
+          ids.push_back(static_cast<int32_t>(it == ids_.end() ? 1 : it->second));
+        }
+        const auto n = static_cast<int64_t>(ids.size());
+        s.add(std::move(ids), e.target, n, static_cast<int64_t>(e.source.size()) + 1, unknown);
+      }
+      splits_.emplace(split, std::move(s));
+    }
+  }
+
+  TaskHead head() const override { return TaskHead::Classifier; }
+  int64_t vocab_size() const override { return static_cast<int64_t>(kVocab.size()); }
+  int64_t n_classes() const override { return 10; }
+  int64_t seq_len() const override { return seq_len_; }
+  int64_t pad_id() const override { return 0; }
+  std::vector<std::string> splits() const override { return {"train", "valid", "test"}; }
+  SplitStats stats(const std::string& split) const override { return find(split).stats(); }
+  Batch train_batch(int64_t step, int64_t batch_size) const override {
+    return find("train").train_batch(seed_, step, batch_size);
+  }
+  int64_t eval_batch_count(const std::string& split, int64_t batch_size) const override {
+    return find(split).eval_batch_count(batch_size);
+  }
+  Batch eval_batch(const std::string& split, int64_t index, int64_t batch_size) const override {
+    return find(split).eval_batch(index, batch_size);
+  }
+  std::vector<int64_t> encode(const std::string& text) const override {
+    std::vector<int64_t> out;
+    for (const auto& t : listops_tokens(text)) {
+      auto it = ids_.find(t);
+      out.push_back(it == ids_.end() ? 1 : it->second);
+    }
+    return out;
+  }
+  std::string token_text(int64_t id) const override {
+    return id >= 0 && id < vocab_size() ? kVocab[id] : "<unk>";
+  }
+  std::string describe() const override {
+    return std::string(flat_ ? "listops_flat(" : "listops(") + source_ + ", seq_len " +
+           std::to_string(seq_len_) + ")";
+  }
+
+ private:
+  const ClassSplit& find(const std::string& split) const {
+    auto it = splits_.find(split);
+    if (it == splits_.end()) throw UserError("listops: unknown split '" + split + "' (known: train, valid, test)");
+    return it->second;
+  }
+
+  uint64_t seed_;
+  bool flat_;
+  std::string source_;
+  int64_t seq_len_ = 0;
+  std::map<std::string, int64_t> ids_;
+  std::map<std::string, ClassSplit> splits_;
+};
+
+void register_plugin(Registrar& r) {
+  r.add_task("listops", "Long Range Arena ListOps: LRA TSV files or the LRA generator, 10 classes",
+             [](const TaskSpec& spec) { return std::make_unique<ListOpsTask>(spec, false); });
+  r.add_task("listops_flat", "the CHIAR paper's flat ListOps: one operator over 4-8 digits",
+             [](const TaskSpec& spec) { return std::make_unique<ListOpsTask>(spec, true); });
+}
+
+}  // namespace
+
+CHIAR_PLUGIN("task", register_plugin)
