@@ -2,6 +2,7 @@
 // The bodies of the chiar subcommands. main.cpp owns argument parsing; each
 // function gets plain values and returns the process exit status. Errors are
 // thrown as chiar::UserError and reported by main (exit status 2).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,28 @@ struct ModelArgs {
   uint64_t seed = 0;
 };
 int run_model(const Global& g, const ModelArgs& a);
+
+struct DataArgs {
+  std::string config_file, table, task;
+  std::vector<std::string> set;  // key=value
+  std::string data_root, cache_dir;
+  uint64_t seed = 0;
+};
+int run_data_stats(const Global& g, const DataArgs& a);
+
+struct ListOpsArgs {
+  int64_t n = 0;
+  uint64_t seed = 0;
+  int64_t min_len = 500, max_len = 2000, max_depth = 10, max_args = 10, min_args = 4;
+  bool flat = false;
+  std::string out;
+};
+int run_data_listops(const Global& g, const ListOpsArgs& a);
+
+struct SotuArgs {
+  std::string from, out;
+  int valid_from = 1981, test_from = 2001;
+};
+int run_data_sotu(const Global& g, const SotuArgs& a);
 
 }  // namespace chiar::cli

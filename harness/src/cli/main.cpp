@@ -1,6 +1,7 @@
 // chiar: the harness command line. Parsing lives here; commands.h has the bodies.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "chiar/error.h"
@@ -40,6 +41,38 @@ int main(int argc, char** argv) {
   model->add_option("--batch", m.batch, "with --seq: run one forward pass and print routing shares");
   model->add_option("--seq", m.seq, "sequence length of that forward pass");
 
+  auto* data = app.add_subcommand("data", "inspect and prepare task data")->require_subcommand(1);
+  DataArgs d;
+  d.data_root = std::getenv("CHIAR_DATA_ROOT") ? std::getenv("CHIAR_DATA_ROOT") : "../shared/data";
+  d.cache_dir = ".cache";
+  auto* stats = data->add_subcommand("stats", "per split: examples, tokens, vocabulary, <unk> rate, labels, lengths");
+  stats->add_option("file", d.config_file, "TOML file holding the task table");
+  stats->add_option("--table", d.table, "the task's table in that file, e.g. tasks.wikitext2");
+  stats->add_option("--task", d.task, "a task plugin, instead of a TOML table");
+  stats->add_option("--set", d.set, "task option key=value (repeatable)");
+  stats->add_option("--data-root", d.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
+  stats->add_option("--cache-dir", d.cache_dir, "folder for trained tokenisers and extracted archives");
+  stats->add_option("--seed", d.seed, "seed");
+
+  ListOpsArgs l;
+  auto* listops = data->add_subcommand("listops", "generate ListOps (LRA's generator) as LRA TSV");
+  listops->add_option("--n", l.n, "examples")->required();
+  listops->add_option("--seed", l.seed, "seed (same seed, same bytes)");
+  listops->add_option("--min-len", l.min_len, "keep length > this (default 500)");
+  listops->add_option("--max-len", l.max_len, "keep length < this (default 2000)");
+  listops->add_option("--max-depth", l.max_depth, "maximum depth (default 10)");
+  listops->add_option("--max-args", l.max_args, "maximum arguments per operator (default 10; flat: 8)");
+  listops->add_option("--min-args", l.min_args, "flat only: minimum arguments (default 4)");
+  listops->add_flag("--flat", l.flat, "the paper's flat variant: one operator over digits");
+  listops->add_option("--out", l.out, "output TSV")->required();
+
+  SotuArgs so;
+  auto* sotu = data->add_subcommand("sotu", "State of the Union speeches -> WikiText layout, split by year");
+  sotu->add_option("--from", so.from, "folder of <year>_<name>_<party>.txt files")->required();
+  sotu->add_option("--out", so.out, "output folder")->required();
+  sotu->add_option("--valid-from", so.valid_from, "first validation year (default 1981)");
+  sotu->add_option("--test-from", so.test_from, "first test year (default 2001)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -56,6 +89,12 @@ int main(int argc, char** argv) {
     if (*plugins) return run_plugins(g);
     if (*entropy) return run_entropy(g, input, dct_impl);
     if (*model) return run_model(g, m);
+    if (*stats) return run_data_stats(g, d);
+    if (*listops) {
+      if (l.flat && !listops->count("--max-args")) l.max_args = 8;
+      return run_data_listops(g, l);
+    }
+    if (*sotu) return run_data_sotu(g, so);
   } catch (const chiar::UserError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 2;
