@@ -15,14 +15,19 @@
 #include "chiar/plugin.h"
 #include "support/fixtures.h"
 #include "support/reference.h"
+#include "support/temp_dir.h"
+#include "chiar/listops.h"
+#include <sstream>
 
 using namespace chiar;
+using test::TempDir;
 
 namespace {
 
 const std::string kBroken = CHIAR_TEST_PLUGIN_DIR;  // build/test_plugins/<case>/
 std::string broken(const std::string& name) { return kBroken + "/" + name + "/libchiar_" + name + ".so"; }
 std::string in_tree(const std::string& name) { return std::string(CHIAR_PLUGIN_DIR) + "/libchiar_" + name + ".so"; }
+std::string in_tree_task(const std::string& name) { return in_tree(name); }
 
 struct Result {
   int status;
@@ -52,7 +57,8 @@ TEST_CASE("the in-tree plugins load and list every kind", "[plugins]") {
     CHECK_FALSE(e.description.empty());
   }
   CHECK(names == std::vector<std::string>{"operator:attention", "operator:dct", "operator:rbf",
-                                          "router:hard_ste", "router:soft", "router:threshold"});
+                                          "router:hard_ste", "router:soft", "router:threshold",
+                                          "task:imdb", "task:listops", "task:listops_flat", "task:wikitext"});
   CHECK(test::plugins().canonical("operator", "attn") == "attention");
 }
 
@@ -89,6 +95,13 @@ TEST_CASE("two plugins may not register the same name", "[plugins][errors]") {
   // Loading the same file twice is not a clash.
   r.load_file(in_tree("dct"));
   CHECK(r.entries().size() == 1);
+}
+
+TEST_CASE("a plugin may register only the kinds it declares", "[plugins][errors]") {
+  PluginRegistry r;
+  CHECK_THROWS_WITH(r.load_file(broken("undeclared_kind")),
+                    "plugin file '" + broken("undeclared_kind") +
+                        "' failed while registering: it registers router 'sneaky' but declares kinds 'operator'");
 }
 
 TEST_CASE("a throwing factory and unknown names give clear errors", "[plugins][errors]") {
@@ -194,4 +207,46 @@ TEST_CASE("runtime: the BLAS libtorch binds to is named, slow GEMM is flagged", 
   RuntimeInfo fast = slow;
   fast.gemm_gflops = 90;
   CHECK_THAT(describe(fast), !Catch::Matchers::Contains("WARNING"));
+}
+
+TEST_CASE("CLI: data commands", "[cli][data]") {
+  TempDir d("cli-data");
+  auto missing = run_cli("data stats --task wikitext --set path=" + d.path() + "/none");
+  CHECK(missing.status == 2);
+  CHECK(missing.output == "chiar: task 'wikitext' (" + in_tree_task("wikitext") + "): " + d.path() +
+                              "/none/wiki.train.tokens: cannot open the file\n");
+  auto no_task = run_cli("data stats");
+  CHECK(no_task.status == 2);
+  CHECK(no_task.output == "chiar: data stats: give a TOML file with --table, or --task NAME\n");
+  auto unknown = run_cli("data stats --task mnist");
+  CHECK(unknown.status == 2);
+  CHECK(unknown.output == "chiar: unknown task 'mnist' (known: imdb, listops, listops_flat, wikitext)\n");
+
+  const std::string a = d.path() + "/a.tsv", b = d.path() + "/b.tsv";
+  CHECK(run_cli("data listops --n 20 --seed 3 --min-len 20 --max-len 200 --out " + a).status == 0);
+  CHECK(run_cli("--threads 1 data listops --n 20 --seed 3 --min-len 20 --max-len 200 --out " + b).status == 0);
+  std::ifstream fa(a), fb(b);
+  std::stringstream sa, sb;
+  sa << fa.rdbuf();
+  sb << fb.rdbuf();
+  CHECK(sa.str() == sb.str());
+  CHECK(read_listops_tsv(a).size() == 20);
+
+  d.write("c/wiki.train.tokens", "a b\nc\n");
+  d.write("c/wiki.valid.tokens", "a\n");
+  d.write("c/wiki.test.tokens", "a b c d\n");
+  auto stats = run_cli("data stats --task wikitext --set path=" + d.path() + "/c --set seq_len=4");
+  CHECK(stats.status == 0);
+  // The test row: examples, tokens (4 words + <eos>), words, bytes, "d" unknown.
+  std::istringstream lines(stats.output);
+  std::string line;
+  std::vector<std::string> row;
+  while (std::getline(lines, line))
+    if (line.rfind("test ", 0) == 0) {
+      std::istringstream fields(line);
+      for (std::string f; fields >> f;) row.push_back(f);
+    }
+  REQUIRE(row.size() >= 6);
+  CHECK(std::vector<std::string>(row.begin(), row.begin() + 6) ==
+        std::vector<std::string>{"test", "1", "5", "5", "8", "20.00"});
 }

@@ -1,0 +1,36 @@
+#include "temp_dir.h"
+
+#include <unistd.h>
+
+#include <random>
+
+namespace chiar::test {
+namespace fs = std::filesystem;
+
+TempDir::TempDir(const std::string& tag) {
+  std::random_device rd;
+  path_ = (fs::temp_directory_path() / ("chiar-test-" + tag + "-" + std::to_string(getpid()) + "-" +
+                                        std::to_string(rd())))
+              .string();
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+std::string TempDir::write(const std::string& relative, const std::string& text) const {
+  const fs::path p = fs::path(path_) / relative;
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+  return p.string();
+}
+
+std::string shared_data() {
+  const fs::path p = fs::path(CHIAR_SOURCE_DIR) / ".." / "shared" / "data";
+  std::error_code ec;
+  return fs::is_directory(p, ec) ? fs::canonical(p).string() : std::string();
+}
+
+}  // namespace chiar::test
