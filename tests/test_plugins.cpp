@@ -246,7 +246,7 @@ TEST_CASE("CLI: data commands", "[cli][data]") {
       std::istringstream fields(line);
       for (std::string f; fields >> f;) row.push_back(f);
     }
-  REQUIRE(row.size() >= 6);
-  CHECK(std::vector<std::string>(row.begin(), row.begin() + 6) ==
-        std::vector<std::string>{"test", "1", "5", "5", "8", "20.00"});
+  REQUIRE(row.size() >= 7);  // ... vocabulary {a, b, c, <unk>, <eos>}
+  CHECK(std::vector<std::string>(row.begin(), row.begin() + 7) ==
+        std::vector<std::string>{"test", "1", "5", "5", "8", "5", "20.00"});
 }

@@ -59,6 +59,7 @@ TEST_CASE("wikitext: counts and batches on a hand-checkable corpus", "[task][wik
   CHECK(s.words == 9);
   CHECK(s.bytes == 12);
   CHECK(s.unknown == 0);
+  CHECK(s.types == 7);  // a b c d e f <eos>
   // 9 targets in windows of 4: 3 windows, the last one with a single target.
   CHECK(task->eval_batch_count("test", 2) == 2);
   auto last = task->eval_batch("test", 1, 2);
@@ -82,6 +83,11 @@ TEST_CASE("wikitext: errors name the folder or file", "[task][wikitext][errors]"
   // A split can be mapped to another file.
   auto mapped = make_task("wikitext", Params().set("path", std::string("corpus")).set("valid_file", std::string("wiki.test.tokens")), d.path());
   CHECK(mapped->stats("valid").tokens == 9);
+  // Or carved from the end of the training file: "a b" / "c" | "d e f".
+  auto carved = make_task("wikitext", Params().set("path", std::string("corpus")).set("valid_fraction", 0.34), d.path());
+  CHECK(carved->stats("train").tokens == 5);
+  CHECK(carved->stats("valid").tokens == 4);
+  CHECK_THAT(carved->describe(), Catch::Matchers::Contains("(last 1 lines)"));
 }
 
 TEST_CASE("wikitext with a subword tokenizer counts words and bytes from the text", "[task][wikitext][spm]") {
@@ -119,6 +125,11 @@ TEST_CASE("imdb: labels from folders, <br /> removed, a seeded validation split,
     for (int64_t id : ids) text += task->token_text(id);
     CHECK(text.find("<br") == std::string::npos);
   }
+  CHECK(task->stats("test").types > 10);
+  d.write("imdb/aclImdb/test/pos/999_3.txt", "a three-star review filed as positive");
+  CHECK_THROWS_WITH(make_task("imdb", Params().set("path", std::string("imdb")), d.path()),
+                    Catch::Matchers::EndsWith("imdb: '" + d.path() +
+                                              "/imdb/aclImdb/test/pos/999_3.txt': expected <id>_<rating>.txt with a rating of 7-10"));
   CHECK_THROWS_WITH(make_task("imdb", Params().set("path", std::string("nowhere")), d.path()),
                     Catch::Matchers::EndsWith("imdb: missing folder '" + d.path() + "/nowhere/train/neg'"));
 }

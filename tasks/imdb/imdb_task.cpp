@@ -1,6 +1,6 @@
 // IMDB sentiment classification from the aclImdb folder layout
 // ({train,test}/{neg,pos}/<id>_<rating>.txt). Labels come from the folder
-// (neg 0, pos 1), "<br />" becomes a space. A validation split is carved from
+// (neg 0, pos 1) and must agree with the rating in the file name, "<br />" becomes a space. A validation split is carved from
 // train by split_seed; test stays test.
 //
 // Options: path (a folder holding aclImdb/, or aclImdb itself), archive (a
@@ -51,6 +51,13 @@ std::vector<Review> read_reviews(const fs::path& folder) {
       if (f.path().extension() == ".txt") files.push_back(f.path());
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
+      // <id>_<rating>.txt; the rating must agree with the folder (neg <= 4, pos >= 7).
+      const std::string stem = f.stem().string();
+      const auto bar = stem.find('_');
+      const int rating = bar == std::string::npos ? -1 : std::atoi(stem.c_str() + bar + 1);
+      if (rating < 1 || rating > 10 || (label == 0 && rating > 4) || (label == 1 && rating < 7))
+        throw UserError("imdb: '" + f.string() + "': expected <id>_<rating>.txt with a rating of " +
+                        (label == 0 ? "1-4" : "7-10"));
       std::ifstream in(f.string(), std::ios::binary);
       if (!in) throw UserError(f.string() + ": cannot open the file");
       std::stringstream text;

@@ -8,11 +8,14 @@
 // train_file = "wiki.valid.tokens" where no training split exists),
 // tokenizer (word | bytes | bpe | unigram) with min_count, max_vocab or
 // vocab_size, seq_len (256), batching (blocks | streams), eval_stride (0 =
-// non-overlapping windows).
+// non-overlapping windows), valid_fraction (0: when > 0 the last fraction of
+// the training file's lines is the validation split instead of valid_file —
+// for corpora whose training split is not available).
 #include <ATen/ATen.h>
 
 #include <map>
 #include <memory>
+#include <set>
 
 #include "chiar/error.h"
 #include "chiar/lm_data.h"
@@ -46,14 +49,27 @@ class WikiTextTask final : public Task {
       throw UserError("wikitext: unknown batching '" + batching_ + "' (known: blocks, streams)");
     root_ = resolve_path(spec.data_root, spec.params.get_string("path", "wikitext-2"));
     const std::string pattern = spec.params.get_string("files", "wiki.{split}.tokens");
+    const double valid_fraction = spec.params.get_double("valid_fraction", 0.0);
+    if (!(valid_fraction >= 0 && valid_fraction < 1)) throw UserError("wikitext: valid_fraction must lie in [0, 1)");
     std::map<std::string, std::vector<std::string>> lines;
     for (const char* split : kSplits) {
+      if (valid_fraction > 0 && std::string(split) == "valid") continue;
       std::string file = pattern;
       const auto at = file.find("{split}");
       if (at != std::string::npos) file.replace(at, 7, split);
       file = spec.params.get_string(std::string(split) + "_file", file);
       files_[split] = root_ + "/" + file;
       lines[split] = read_lines(files_[split]);
+    }
+    if (valid_fraction > 0) {
+      auto& train = lines["train"];
+      const auto n_valid = static_cast<size_t>(valid_fraction * static_cast<double>(train.size()) + 0.5);
+      lines["valid"].assign(train.end() - static_cast<std::ptrdiff_t>(n_valid), train.end());
+      train.resize(train.size() - n_valid);
+      files_["valid"] = files_["train"] + " (last " + std::to_string(n_valid) + " lines)";
+      files_["train"] += " (first " + std::to_string(train.size()) + " lines)";
+    }
+    for (const char* split : kSplits) {
       int64_t words = 0;
       for (const auto& l : lines[split]) words += count_words(l);
       if (words == 0) throw UserError(files_[split] + ": empty split (no words)");
@@ -73,6 +89,7 @@ class WikiTextTask final : public Task {
         s.bytes += static_cast<int64_t>(line.size()) + 1;
       }
       s.examples = static_cast<int64_t>(lines[split].size());
+      s.types = static_cast<int64_t>(std::set<int64_t>(ids.begin(), ids.end()).size());
       s.tokens = static_cast<int64_t>(ids.size());
       s.lengths = length_percentiles(per_line);
       splits_[split] = {std::make_unique<LmStream>(ids, tokenizer_->eos_id(), tokenizer_->pad_id()), s};
@@ -101,7 +118,8 @@ class WikiTextTask final : public Task {
   std::string token_text(int64_t id) const override { return tokenizer_->token_text(id); }
 
   std::string describe() const override {
-    return "wikitext(" + root_ + ", " + tokenizer_->describe() + ", seq_len " +
+    return "wikitext(train " + files_.at("train") + ", valid " + files_.at("valid") + ", test " +
+           files_.at("test") + ", " + tokenizer_->describe() + ", seq_len " +
            std::to_string(seq_len_) + ", train " + batching_ + ", eval " +
            (eval_stride_ > 0 ? "sliding stride " + std::to_string(eval_stride_) : std::string("blocks")) + ")";
   }

@@ -56,7 +56,7 @@ int run_data_stats(const Global& g, const DataArgs& a) {
             << "\n\n";
   std::cout << std::left << std::setw(7) << "split" << std::right << std::setw(10) << "examples"
             << std::setw(12) << "tokens" << std::setw(12) << "words" << std::setw(12) << "bytes"
-            << std::setw(8) << "unk %" << "  length p0/p50/p90/p99/max      labels\n";
+            << std::setw(8) << "vocab" << std::setw(8) << "unk %" << "  length p0/p50/p90/p99/max      labels\n";
   for (const auto& split : task->splits()) {
     const SplitStats s = task->stats(split);
     std::ostringstream lengths;
@@ -65,7 +65,7 @@ int run_data_stats(const Global& g, const DataArgs& a) {
     std::snprintf(unk, sizeof unk, "%.2f", s.tokens ? 100.0 * static_cast<double>(s.unknown) / static_cast<double>(s.tokens) : 0.0);
     std::cout << std::left << std::setw(7) << split << std::right << std::setw(10) << s.examples
               << std::setw(12) << s.tokens << std::setw(12) << (s.words ? std::to_string(s.words) : "-")
-              << std::setw(12) << s.bytes << std::setw(8) << unk << "  " << std::left << std::setw(30)
+              << std::setw(12) << s.bytes << std::setw(8) << s.types << std::setw(8) << unk << "  " << std::left << std::setw(30)
               << lengths.str() << label_distribution(s.label_counts) << "\n";
   }
   return 0;

@@ -97,6 +97,13 @@ SplitStats ClassSplit::stats() const {
   s.label_counts.assign(static_cast<size_t>(n_classes_), 0);
   for (int64_t l : labels_) ++s.label_counts[l];
   for (int64_t n : full_lengths_) s.tokens += n;
+  std::vector<bool> seen;
+  for (const auto& ids : ids_)
+    for (int32_t id : ids) {
+      if (static_cast<size_t>(id) >= seen.size()) seen.resize(static_cast<size_t>(id) + 1, false);
+      s.types += !seen[id];
+      seen[id] = true;
+    }
   s.lengths = length_percentiles(full_lengths_);
   return s;
 }
