@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <sstream>
 
 #include <filesystem>
@@ -90,10 +89,10 @@ fs::path find_root(const TaskSpec& spec) {
   return fs::is_directory(base / "aclImdb") ? base / "aclImdb" : base;
 }
 
-class ImdbTask final : public Task {
+class ImdbTask final : public ClassificationTask {
  public:
   explicit ImdbTask(const TaskSpec& spec)
-      : seed_(spec.seed), max_len_(spec.params.get_int("max_len", 4000)) {
+      : ClassificationTask("imdb", spec.seed), max_len_(spec.params.get_int("max_len", 4000)) {
     const double valid_fraction = spec.params.get_double("valid_fraction", 0.1);
     const auto split_seed = static_cast<uint64_t>(spec.params.get_int("split_seed", 0));
     if (max_len_ < 1) throw UserError("imdb: max_len must be positive");
@@ -114,27 +113,15 @@ class ImdbTask final : public Task {
     train_text.clear();
 
     for (const char* name : {"train", "valid", "test"})
-      splits_.emplace(name, ClassSplit(name, 2, tokenizer_->pad_id(), max_len_));
+      add_split(ClassSplit(name, 2, tokenizer_->pad_id(), max_len_));
     for (size_t i = 0; i < train.size(); ++i) add(is_valid[i] ? "valid" : "train", train[i]);
     for (const auto& r : test) add("test", r);
   }
 
-  TaskHead head() const override { return TaskHead::Classifier; }
   int64_t vocab_size() const override { return tokenizer_->vocab_size(); }
   int64_t n_classes() const override { return 2; }
   int64_t seq_len() const override { return max_len_; }
   int64_t pad_id() const override { return tokenizer_->pad_id(); }
-  std::vector<std::string> splits() const override { return {"train", "valid", "test"}; }
-  SplitStats stats(const std::string& split) const override { return find(split).stats(); }
-  Batch train_batch(int64_t step, int64_t batch_size) const override {
-    return find("train").train_batch(seed_, step, batch_size);
-  }
-  int64_t eval_batch_count(const std::string& split, int64_t batch_size) const override {
-    return find(split).eval_batch_count(batch_size);
-  }
-  Batch eval_batch(const std::string& split, int64_t index, int64_t batch_size) const override {
-    return find(split).eval_batch(index, batch_size);
-  }
   std::vector<int64_t> encode(const std::string& text) const override { return tokenizer_->encode(text); }
   std::string token_text(int64_t id) const override { return tokenizer_->token_text(id); }
   std::string describe() const override {
@@ -147,23 +134,13 @@ class ImdbTask final : public Task {
     int64_t unknown = 0;
     for (int64_t id : ids) unknown += id == tokenizer_->unk_id();
     std::vector<int32_t> narrow(ids.begin(), ids.begin() + std::min<int64_t>(max_len_, ids.size()));
-    find(split).add(std::move(narrow), r.label, static_cast<int64_t>(ids.size()),
-                    static_cast<int64_t>(r.text.size()), unknown);
-  }
-  ClassSplit& find(const std::string& split) {
-    return const_cast<ClassSplit&>(static_cast<const ImdbTask*>(this)->find(split));
-  }
-  const ClassSplit& find(const std::string& split) const {
-    auto it = splits_.find(split);
-    if (it == splits_.end()) throw UserError("imdb: unknown split '" + split + "' (known: train, valid, test)");
-    return it->second;
+    split_of(split).add(std::move(narrow), r.label, static_cast<int64_t>(ids.size()),
+                        static_cast<int64_t>(r.text.size()), unknown);
   }
 
-  uint64_t seed_;
   int64_t max_len_;
   fs::path root_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::map<std::string, ClassSplit> splits_;
 };
 
 void register_plugin(Registrar& r) {

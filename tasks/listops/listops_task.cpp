@@ -22,9 +22,10 @@ using namespace chiar;
 const std::vector<std::string> kVocab = {"<pad>", "<unk>", "0", "1", "2", "3", "4", "5", "6", "7",
                                          "8", "9", "[MIN", "[MAX", "[MED", "[SM", "[MEAN", "]"};
 
-class ListOpsTask final : public Task {
+class ListOpsTask final : public ClassificationTask {
  public:
-  ListOpsTask(const TaskSpec& spec, bool flat) : seed_(spec.seed), flat_(flat) {
+  ListOpsTask(const TaskSpec& spec, bool flat)
+      : ClassificationTask(flat ? "listops_flat" : "listops", spec.seed), flat_(flat) {
     const auto& p = spec.params;
     for (size_t i = 0; i < kVocab.size(); ++i) ids_[kVocab[i]] = static_cast<int64_t>(i);
     std::map<std::string, std::vector<ListOpsExample>> data;
@@ -72,26 +73,14 @@ class ListOpsTask final : public Task {
         const auto n = static_cast<int64_t>(ids.size());
         s.add(std::move(ids), e.target, n, static_cast<int64_t>(e.source.size()) + 1, unknown);
       }
-      splits_.emplace(split, std::move(s));
+      add_split(std::move(s));
     }
   }
 
-  TaskHead head() const override { return TaskHead::Classifier; }
   int64_t vocab_size() const override { return static_cast<int64_t>(kVocab.size()); }
   int64_t n_classes() const override { return 10; }
   int64_t seq_len() const override { return seq_len_; }
   int64_t pad_id() const override { return 0; }
-  std::vector<std::string> splits() const override { return {"train", "valid", "test"}; }
-  SplitStats stats(const std::string& split) const override { return find(split).stats(); }
-  Batch train_batch(int64_t step, int64_t batch_size) const override {
-    return find("train").train_batch(seed_, step, batch_size);
-  }
-  int64_t eval_batch_count(const std::string& split, int64_t batch_size) const override {
-    return find(split).eval_batch_count(batch_size);
-  }
-  Batch eval_batch(const std::string& split, int64_t index, int64_t batch_size) const override {
-    return find(split).eval_batch(index, batch_size);
-  }
   std::vector<int64_t> encode(const std::string& text) const override {
     std::vector<int64_t> out;
     for (const auto& t : listops_tokens(text)) {
@@ -109,18 +98,10 @@ class ListOpsTask final : public Task {
   }
 
  private:
-  const ClassSplit& find(const std::string& split) const {
-    auto it = splits_.find(split);
-    if (it == splits_.end()) throw UserError("listops: unknown split '" + split + "' (known: train, valid, test)");
-    return it->second;
-  }
-
-  uint64_t seed_;
   bool flat_;
   std::string source_;
   int64_t seq_len_ = 0;
   std::map<std::string, int64_t> ids_;
-  std::map<std::string, ClassSplit> splits_;
 };
 
 void register_plugin(Registrar& r) {

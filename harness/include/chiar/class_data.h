@@ -18,6 +18,7 @@ class CHIAR_API ClassSplit {
   void add(std::vector<int32_t> ids, int64_t label, int64_t full_length, int64_t bytes = 0,
            int64_t unknown = 0);
 
+  const std::string& name() const { return name_; }
   int64_t size() const { return static_cast<int64_t>(labels_.size()); }
   int64_t longest() const;
 
@@ -35,6 +36,30 @@ class CHIAR_API ClassSplit {
   std::vector<std::vector<int32_t>> ids_;
   std::vector<int64_t> labels_, full_lengths_;
   int64_t bytes_ = 0, unknown_ = 0;
+};
+
+// A classification task over train/valid/test ClassSplits: everything but
+// loading, tokens and description. Subclasses add their splits in their
+// constructor.
+class CHIAR_API ClassificationTask : public Task {
+ public:
+  TaskHead head() const override { return TaskHead::Classifier; }
+  std::vector<std::string> splits() const override { return {"train", "valid", "test"}; }
+  SplitStats stats(const std::string& split) const override { return split_of(split).stats(); }
+  Batch train_batch(int64_t step, int64_t batch_size) const override;
+  int64_t eval_batch_count(const std::string& split, int64_t batch_size) const override;
+  Batch eval_batch(const std::string& split, int64_t index, int64_t batch_size) const override;
+
+ protected:
+  ClassificationTask(std::string name, uint64_t seed) : name_(std::move(name)), seed_(seed) {}
+  void add_split(ClassSplit split);
+  ClassSplit& split_of(const std::string& split);
+  const ClassSplit& split_of(const std::string& split) const;
+
+ private:
+  std::string name_;
+  uint64_t seed_;
+  std::vector<ClassSplit> splits_;
 };
 
 // Values of `values` at percentiles 0, 50, 90, 99, 100 (nearest rank).

@@ -7,6 +7,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "chiar/export.h"
+#include "chiar/router.h"
 
 namespace chiar {
 
@@ -24,5 +25,21 @@ class CHIAR_API EntropyGate : public torch::nn::Module {
 // minus lambda times the entropy of mean operator usage, so minimising it
 // spreads tokens over operators. Returns a () tensor.
 CHIAR_API at::Tensor collapse_penalty(const at::Tensor& weights, double lambda);
+
+// A learned router: weights = softmax(EntropyGate(x, H)), choice = argmax.
+// mode Soft blends every operator; HardSTE takes the argmax forward with the
+// softmax gradient backward. Option collapse_lambda adds collapse_penalty.
+class CHIAR_API GatedRouter : public Router {
+ public:
+  GatedRouter(const RouterSpec& spec, RouteMode mode, std::string name);
+  RouteResult route(const at::Tensor& x, const at::Tensor& entropy) override;
+  std::string describe() const override;
+
+ private:
+  RouteMode mode_;
+  std::string name_;
+  double lambda_;
+  std::shared_ptr<EntropyGate> gate_;
+};
 
 }  // namespace chiar

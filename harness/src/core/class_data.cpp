@@ -108,4 +108,28 @@ SplitStats ClassSplit::stats() const {
   return s;
 }
 
+Batch ClassificationTask::train_batch(int64_t step, int64_t batch_size) const {
+  return split_of("train").train_batch(seed_, step, batch_size);
+}
+
+int64_t ClassificationTask::eval_batch_count(const std::string& split, int64_t batch_size) const {
+  return split_of(split).eval_batch_count(batch_size);
+}
+
+Batch ClassificationTask::eval_batch(const std::string& split, int64_t index, int64_t batch_size) const {
+  return split_of(split).eval_batch(index, batch_size);
+}
+
+void ClassificationTask::add_split(ClassSplit split) { splits_.push_back(std::move(split)); }
+
+ClassSplit& ClassificationTask::split_of(const std::string& split) {
+  return const_cast<ClassSplit&>(static_cast<const ClassificationTask*>(this)->split_of(split));
+}
+
+const ClassSplit& ClassificationTask::split_of(const std::string& split) const {
+  for (const auto& s : splits_)
+    if (s.name() == split) return s;
+  throw UserError(name_ + ": unknown split '" + split + "' (known: train, valid, test)");
+}
+
 }  // namespace chiar
