@@ -4,7 +4,7 @@
 // the second (attention); for three, H < tau_low -> first, H > tau_high -> last.
 //
 // Options: tau = number or [tau_1, ..., tau_{K-1}] fixes the thresholds;
-// otherwise shares = [s_1, ..., s_K] (default equal) are the target operator
+// tau = "auto" or no tau: shares = [s_1, ..., s_K] (default equal) are the target operator
 // shares, reached by calibrate() from percentiles of H on a data sample. Until
 // calibrated, the thresholds are the shares' quantiles of U[0, 1].
 #include <ATen/ATen.h>
@@ -25,7 +25,11 @@ class ThresholdRouter final : public Router {
       : k_(static_cast<int64_t>(spec.operators.size())) {
     if (k_ < 2) throw UserError("threshold: needs at least 2 operators");
     std::vector<double> tau;
-    if (spec.params.has("tau")) {
+    // tau = "auto" names calibration explicitly; it is the same as leaving tau out.
+    const auto& values = spec.params.values();
+    const bool tau_auto = values.count("tau") && std::holds_alternative<std::string>(values.at("tau")) &&
+                          spec.params.get_string("tau", "") == "auto";
+    if (spec.params.has("tau") && !tau_auto) {
       if (spec.params.has("shares"))
         throw UserError("threshold: give either tau or shares, not both");
       tau = spec.params.get_doubles("tau", {});

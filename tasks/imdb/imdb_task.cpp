@@ -92,7 +92,7 @@ fs::path find_root(const TaskSpec& spec) {
 class ImdbTask final : public ClassificationTask {
  public:
   explicit ImdbTask(const TaskSpec& spec)
-      : ClassificationTask("imdb", spec.seed), max_len_(spec.params.get_int("max_len", 4000)) {
+      : ClassificationTask("imdb"), max_len_(spec.params.get_int("max_len", 4000)) {
     const double valid_fraction = spec.params.get_double("valid_fraction", 0.1);
     const auto split_seed = static_cast<uint64_t>(spec.params.get_int("split_seed", 0));
     if (max_len_ < 1) throw UserError("imdb: max_len must be positive");

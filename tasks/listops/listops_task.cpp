@@ -25,7 +25,7 @@ const std::vector<std::string> kVocab = {"<pad>", "<unk>", "0", "1", "2", "3", "
 class ListOpsTask final : public ClassificationTask {
  public:
   ListOpsTask(const TaskSpec& spec, bool flat)
-      : ClassificationTask(flat ? "listops_flat" : "listops", spec.seed), flat_(flat) {
+      : ClassificationTask(flat ? "listops_flat" : "listops"), flat_(flat) {
     const auto& p = spec.params;
     for (size_t i = 0; i < kVocab.size(); ++i) ids_[kVocab[i]] = static_cast<int64_t>(i);
     std::map<std::string, std::vector<ListOpsExample>> data;

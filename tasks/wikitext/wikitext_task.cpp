@@ -38,8 +38,7 @@ struct Split {
 class WikiTextTask final : public Task {
  public:
   explicit WikiTextTask(const TaskSpec& spec)
-      : seed_(spec.seed),
-        seq_len_(spec.params.get_int("seq_len", 256)),
+      : seq_len_(spec.params.get_int("seq_len", 256)),
         batching_(spec.params.get_string("batching", "blocks")),
         eval_stride_(spec.params.get_int("eval_stride", 0)) {
     if (seq_len_ < 1) throw UserError("wikitext: seq_len must be positive");
@@ -104,8 +103,8 @@ class WikiTextTask final : public Task {
   std::vector<std::string> splits() const override { return {"train", "valid", "test"}; }
   SplitStats stats(const std::string& split) const override { return find(split).stats; }
 
-  Batch train_batch(int64_t step, int64_t batch_size) const override {
-    return find("train").stream->train_batch(seed_, step, batch_size, seq_len_, batching_);
+  Batch train_batch(uint64_t seed, int64_t step, int64_t batch_size) const override {
+    return find("train").stream->train_batch(seed, step, batch_size, seq_len_, batching_);
   }
   int64_t eval_batch_count(const std::string& split, int64_t batch_size) const override {
     return find(split).stream->eval_batch_count(batch_size, seq_len_, eval_stride_);
@@ -131,7 +130,6 @@ class WikiTextTask final : public Task {
     return it->second;
   }
 
-  uint64_t seed_;
   int64_t seq_len_;
   std::string batching_;
   int64_t eval_stride_;

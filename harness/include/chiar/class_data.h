@@ -46,19 +46,18 @@ class CHIAR_API ClassificationTask : public Task {
   TaskHead head() const override { return TaskHead::Classifier; }
   std::vector<std::string> splits() const override { return {"train", "valid", "test"}; }
   SplitStats stats(const std::string& split) const override { return split_of(split).stats(); }
-  Batch train_batch(int64_t step, int64_t batch_size) const override;
+  Batch train_batch(uint64_t seed, int64_t step, int64_t batch_size) const override;
   int64_t eval_batch_count(const std::string& split, int64_t batch_size) const override;
   Batch eval_batch(const std::string& split, int64_t index, int64_t batch_size) const override;
 
  protected:
-  ClassificationTask(std::string name, uint64_t seed) : name_(std::move(name)), seed_(seed) {}
+  explicit ClassificationTask(std::string name) : name_(std::move(name)) {}
   void add_split(ClassSplit split);
   ClassSplit& split_of(const std::string& split);
   const ClassSplit& split_of(const std::string& split) const;
 
  private:
   std::string name_;
-  uint64_t seed_;
   std::vector<ClassSplit> splits_;
 };
 

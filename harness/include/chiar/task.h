@@ -35,11 +35,10 @@ struct SplitStats {
   std::vector<int64_t> lengths;       // tokens per example at percentiles 0, 50, 90, 99, 100
 };
 
-// What a factory gets: the task's options, the run seed, and the folders that
-// relative data paths and caches resolve against.
+// What a factory gets: the task's options and the folders that relative data
+// paths and caches resolve against. (Run seeds reach train_batch instead.)
 struct TaskSpec {
   Params params;
-  uint64_t seed = 0;
   std::string data_root;  // relative "path" options resolve against it
   std::string cache_dir;  // trained tokenisers, extracted archives
 };
@@ -56,9 +55,10 @@ class CHIAR_API Task {
   virtual std::vector<std::string> splits() const = 0;  // e.g. {"train", "valid", "test"}
   virtual SplitStats stats(const std::string& split) const = 0;
 
-  // Training batch number `step`: a pure function of (seed, step, batch_size),
-  // so a resumed run sees exactly the batches an uninterrupted one would.
-  virtual Batch train_batch(int64_t step, int64_t batch_size) const = 0;
+  // Training batch number `step` of a run with this seed: a pure function of
+  // (seed, step, batch_size), so a resumed run sees exactly the batches an
+  // uninterrupted one would, and one task object serves every run.
+  virtual Batch train_batch(uint64_t seed, int64_t step, int64_t batch_size) const = 0;
 
   // A split cut into evaluation batches that together score every position
   // (language model) or example (classifier) exactly once.

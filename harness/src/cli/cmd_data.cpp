@@ -45,7 +45,6 @@ int run_data_stats(const Global& g, const DataArgs& a) {
   registry.load_default(g.plugin_dirs);
   TaskSpec spec;
   spec.params = config.params;
-  spec.seed = a.seed;
   spec.data_root = a.data_root;
   spec.cache_dir = a.cache_dir;
   auto task = registry.make_task(config.plugin, spec);

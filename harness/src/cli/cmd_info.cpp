@@ -19,7 +19,8 @@ int run_info(const Global& g) {
             << "BLAS       " << info.blas << "\n"
             << "GEMM       " << info.gemm_gflops << " GFLOP/s (fp32, " << info.gemm_size << "^3, median of 10)\n"
             << "host       " << info.host << "\n"
-            << "cpu        " << info.cpu << "\n";
+            << "cpu        " << info.cpu << "\n"
+            << "allocator  " << info.allocator << "\n";
   if (info.gemm_gflops < kSlowGemmGflops) std::cerr << describe(info) << "\n";
   const auto dirs = default_plugin_dirs();
   std::cout << "plugins    " << (dirs.empty() ? std::string("(no default folder found)") : dirs[0])

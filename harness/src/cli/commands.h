@@ -38,7 +38,6 @@ struct DataArgs {
   std::string config_file, table, task;
   std::vector<std::string> set;  // key=value
   std::string data_root, cache_dir;
-  uint64_t seed = 0;
 };
 int run_data_stats(const Global& g, const DataArgs& a);
 
@@ -56,5 +55,19 @@ struct SotuArgs {
   int valid_from = 1981, test_from = 2001;
 };
 int run_data_sotu(const Global& g, const SotuArgs& a);
+
+struct RunArgs {
+  std::string config, db, only, shard, data_root, cache_dir;
+  std::vector<std::string> set;
+  bool dry_run = false;
+};
+int run_run(const Global& g, const RunArgs& a);
+
+struct ShowArgs {
+  std::string db, out;
+  bool csv = false, json = false;
+};
+int run_show(const Global& g, const ShowArgs& a);
+int run_export(const Global& g, const ShowArgs& a);
 
 }  // namespace chiar::cli

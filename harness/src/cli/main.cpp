@@ -4,11 +4,13 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "../core/runtime.h"
 #include "chiar/error.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
   using namespace chiar::cli;
+  chiar::configure_allocator();
   CLI::App app{"chiar: benchmark and ablation harness for spectral-entropy routed transformers"};
   app.require_subcommand(1);
   Global g;
@@ -52,7 +54,6 @@ int main(int argc, char** argv) {
   stats->add_option("--set", d.set, "task option key=value (repeatable)");
   stats->add_option("--data-root", d.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
   stats->add_option("--cache-dir", d.cache_dir, "folder for trained tokenisers and extracted archives");
-  stats->add_option("--seed", d.seed, "seed");
 
   ListOpsArgs l;
   auto* listops = data->add_subcommand("listops", "generate ListOps (LRA's generator) as LRA TSV");
@@ -72,6 +73,29 @@ int main(int argc, char** argv) {
   sotu->add_option("--out", so.out, "output folder")->required();
   sotu->add_option("--valid-from", so.valid_from, "first validation year (default 1981)");
   sotu->add_option("--test-from", so.test_from, "first test year (default 2001)");
+
+  RunArgs r;
+  r.data_root = d.data_root;
+  r.cache_dir = d.cache_dir;
+  auto* run = app.add_subcommand("run", "run an ablation matrix: every unfinished run, recorded in SQLite");
+  run->add_option("config", r.config, "matrix TOML file")->required();
+  run->add_option("--db", r.db, "results database (default results/<matrix>.db)");
+  run->add_option("--set", r.set, "override model.KEY, train.KEY, task.KEY or router.KEY (repeatable)");
+  run->add_option("--only", r.only, "only runs whose name matches this glob (variant/task/seed=S)");
+  run->add_option("--shard", r.shard, "K/N: run a deterministic 1/N of the matrix");
+  run->add_flag("--dry-run", r.dry_run, "print the runs, their hashes and what would be skipped");
+  run->add_option("--data-root", r.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
+  run->add_option("--cache-dir", r.cache_dir, "folder for trained tokenisers and extracted archives");
+
+  ShowArgs sh;
+  auto* show = app.add_subcommand("show", "print the results table of a database");
+  show->add_option("db", sh.db, "results database")->required();
+  ShowArgs ex;
+  auto* exp = app.add_subcommand("export", "write the results as CSV or JSON");
+  exp->add_option("db", ex.db, "results database")->required();
+  exp->add_flag("--csv", ex.csv, "CSV");
+  exp->add_flag("--json", ex.json, "JSON");
+  exp->add_option("--out", ex.out, "output file (default: standard output)");
 
   try {
     app.parse(argc, argv);
@@ -95,6 +119,9 @@ int main(int argc, char** argv) {
       return run_data_listops(g, l);
     }
     if (*sotu) return run_data_sotu(g, so);
+    if (*run) return run_run(g, r);
+    if (*show) return run_show(g, sh);
+    if (*exp) return run_export(g, ex);
   } catch (const chiar::UserError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 2;

@@ -108,8 +108,8 @@ SplitStats ClassSplit::stats() const {
   return s;
 }
 
-Batch ClassificationTask::train_batch(int64_t step, int64_t batch_size) const {
-  return split_of("train").train_batch(seed_, step, batch_size);
+Batch ClassificationTask::train_batch(uint64_t seed, int64_t step, int64_t batch_size) const {
+  return split_of("train").train_batch(seed, step, batch_size);
 }
 
 int64_t ClassificationTask::eval_batch_count(const std::string& split, int64_t batch_size) const {

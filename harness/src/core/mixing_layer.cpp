@@ -62,6 +62,7 @@ at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, Layer
     routing->entropy = entropy.detach();
     routing->weights = r.weights.detach();
     routing->sparse = use_sparse;
+    routing->mode = r.mode;
   }
   if (aux_loss && r.aux_loss.defined())
     *aux_loss = aux_loss->defined() ? *aux_loss + r.aux_loss : r.aux_loss;

@@ -27,6 +27,7 @@ struct LayerRouting {
   at::Tensor entropy;  // (B, T) spectral entropy of the layer input
   at::Tensor weights;  // (B, T, K) blend weights
   bool sparse = false;  // executed sparsely
+  RouteMode mode = RouteMode::Hard;
 };
 
 // The operator sub-layer of one block: a single operator, or K operators with a

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,20 @@
 
 
 namespace chiar {
+
+namespace {
+std::string g_allocator = "glibc default";
+}
+
+std::string configure_allocator() {
+  const char* choice = std::getenv("CHIAR_MALLOC");
+  if (choice && std::string(choice) == "default") {
+    g_allocator = "glibc default (CHIAR_MALLOC=default)";
+  } else if (mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1) {
+    g_allocator = "glibc, mmap off, trim threshold 1 GiB";
+  }
+  return g_allocator;
+}
 
 int configure_threads(int requested) {
   int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
@@ -69,6 +84,7 @@ RuntimeInfo probe_runtime(int requested_threads) {
   info.blas = detect_blas();  // after a GEMM, so a lazily loaded BLAS is mapped
   info.torch_version = CHIAR_TORCH_VERSION_STRING;
   info.build_type = CHIAR_BUILD_TYPE;
+  info.allocator = g_allocator;
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) == 0) info.host = host;
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -87,7 +103,7 @@ std::string describe(const RuntimeInfo& info) {
   out.precision(1);
   out << std::fixed << "libtorch " << info.torch_version << " (" << info.build_type << "), "
       << info.threads << " threads, GEMM " << info.gemm_size << "^3 fp32 " << info.gemm_gflops
-      << " GFLOP/s, BLAS " << info.blas;
+      << " GFLOP/s, BLAS " << info.blas << ", allocator: " << info.allocator;
   if (info.gemm_gflops < kSlowGemmGflops)
     out << "\nWARNING: GEMM runs at " << info.gemm_gflops << " GFLOP/s (< " << kSlowGemmGflops
         << "): libtorch is probably on the reference BLAS; install libopenblas0-openmp";

@@ -20,7 +20,16 @@ struct RuntimeInfo {
   std::string build_type;    // CMAKE_BUILD_TYPE of the core
   std::string host;
   std::string cpu;
+  std::string allocator;     // what configure_allocator() set
 };
+
+// Keeps freed memory in the process: glibc otherwise serves every block above
+// 32 MiB (logits, attention scores) with mmap and returns it on free, so each
+// training step page-faults its large tensors afresh. Measured on a small
+// language model here: 1.8x training and 2.2x evaluation throughput, system
+// time from 26 s to 0.7 s. CHIAR_MALLOC=default leaves glibc as it is.
+// Returns a description for the records.
+CHIAR_API std::string configure_allocator();
 
 // Sets libtorch's intra-op threads: requested > 0 as given, 0 = all cores.
 // Returns the number in force.

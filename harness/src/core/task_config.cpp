@@ -1,19 +1,17 @@
 #include "task_config.h"
 
-#include <toml++/toml.h>
-
-#include <sstream>
-
 #include "chiar/error.h"
+#include "toml_values.h"
 
 namespace chiar {
-namespace {
 
-std::string where(const std::string& file, const toml::source_region& r) {
-  return file + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
+std::string toml_where(const toml::node& node) {
+  const auto& r = node.source();
+  return (r.path ? *r.path : std::string("<toml>")) + ":" + std::to_string(r.begin.line) + ":" +
+         std::to_string(r.begin.column);
 }
 
-Params::Value to_value(const toml::node& node, const std::string& file, const std::string& key) {
+Params::Value toml_to_value(const toml::node& node, const std::string& key) {
   if (auto b = node.as_boolean()) return b->get();
   if (auto i = node.as_integer()) return i->get();
   if (auto f = node.as_floating_point()) return f->get();
@@ -23,26 +21,25 @@ Params::Value to_value(const toml::node& node, const std::string& file, const st
     for (const auto& item : *a) {
       if (auto i = item.as_integer()) list.push_back(static_cast<double>(i->get()));
       else if (auto f = item.as_floating_point()) list.push_back(f->get());
-      else throw UserError(where(file, item.source()) + ": key '" + key + "': expected a list of numbers");
+      else throw UserError(toml_where(item) + ": key '" + key + "': expected a list of numbers");
     }
     return list;
   }
-  throw UserError(where(file, node.source()) + ": key '" + key +
+  throw UserError(toml_where(node) + ": key '" + key +
                   "': expected a boolean, number, string or list of numbers");
 }
 
-}  // namespace
+toml::table toml_parse_file(const std::string& file) {
+  try {
+    return toml::parse_file(file);
+  } catch (const toml::parse_error& e) {
+    throw UserError(file + ":" + std::to_string(e.source().begin.line) + ":" +
+                    std::to_string(e.source().begin.column) + ": " + std::string(e.description()));
+  }
+}
 
 TaskConfig load_task_config(const std::string& file, const std::string& table) {
-  toml::table root;
-  try {
-    root = toml::parse_file(file);
-  } catch (const toml::parse_error& e) {
-    std::ostringstream msg;
-    msg << file << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
-        << e.description();
-    throw UserError(msg.str());
-  }
+  const toml::table root = toml_parse_file(file);
   const toml::node* node = root.at_path(table).node();
   if (!node || !node->is_table()) throw UserError(file + ": no table [" + table + "]");
   TaskConfig config;
@@ -50,13 +47,13 @@ TaskConfig load_task_config(const std::string& file, const std::string& table) {
   config.plugin = config.name;
   for (const auto& [key, value] : *node->as_table()) {
     const std::string k(key.str());
+    if (k == "model" || k == "train") continue;  // a matrix's per-task overrides
     if (k == "plugin") {
-      if (!value.is_string())
-        throw UserError(where(file, value.source()) + ": key 'plugin': expected a string");
+      if (!value.is_string()) throw UserError(toml_where(value) + ": key 'plugin': expected a string");
       config.plugin = value.as_string()->get();
       continue;
     }
-    config.params.set(k, to_value(value, file, table + "." + k));
+    config.params.set(k, toml_to_value(value, table + "." + k));
   }
   return config;
 }

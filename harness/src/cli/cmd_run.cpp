@@ -1,0 +1,111 @@
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+
+#include "../core/registry.h"
+#include "../engine/runner.h"
+#include "chiar/error.h"
+#include "commands.h"
+
+namespace chiar::cli {
+namespace {
+
+std::string csv_cell(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+int run_run(const Global& g, const RunArgs& a) {
+  engine::MatrixOptions m;
+  m.set = a.set;
+  m.only = a.only;
+  if (!a.shard.empty()) {
+    const auto slash = a.shard.find('/');
+    try {
+      m.shard_index = std::stoi(a.shard.substr(0, slash));
+      m.shard_count = std::stoi(a.shard.substr(slash + 1));
+    } catch (const std::exception&) {
+      throw UserError("--shard: expected K/N, found '" + a.shard + "'");
+    }
+    if (slash == std::string::npos || m.shard_count < 1 || m.shard_index < 1 || m.shard_index > m.shard_count)
+      throw UserError("--shard: expected K/N with 1 <= K <= N, found '" + a.shard + "'");
+  }
+  const engine::Matrix matrix = engine::load_matrix(a.config, m);
+  PluginRegistry registry;
+  registry.load_default(g.plugin_dirs);
+  engine::RunnerOptions o;
+  o.db = a.db;
+  o.data_root = a.data_root;
+  o.cache_dir = a.cache_dir;
+  o.dry_run = a.dry_run;
+  o.threads = g.threads;
+  return engine::run_matrix(matrix, registry, o);
+}
+
+int run_show(const Global&, const ShowArgs& a) {
+  const auto columns = engine::result_columns();
+  const auto rows = engine::read_results(a.db);
+  std::vector<size_t> width(columns.size());
+  for (size_t c = 0; c < columns.size(); ++c) {
+    width[c] = columns[c].size();
+    for (const auto& r : rows) width[c] = std::max(width[c], r.cells[c].size());
+  }
+  for (size_t c = 0; c < columns.size(); ++c)
+    std::cout << std::left << std::setw(static_cast<int>(width[c]) + 2) << columns[c];
+  std::cout << "\n";
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < columns.size(); ++c)
+      std::cout << std::left << std::setw(static_cast<int>(width[c]) + 2) << r.cells[c];
+    std::cout << "\n";
+  }
+  if (rows.empty()) std::cout << "(no finished runs)\n";
+  return 0;
+}
+
+int run_export(const Global&, const ShowArgs& a) {
+  if (a.csv == a.json) throw UserError("export: give exactly one of --csv and --json");
+  const auto columns = engine::result_columns();
+  const auto rows = engine::read_results(a.db);
+  std::ofstream file;
+  if (!a.out.empty()) {
+    file.open(a.out);
+    if (!file) throw UserError(a.out + ": cannot write the file");
+  }
+  std::ostream& out = a.out.empty() ? std::cout : file;
+  if (a.csv) {
+    for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c];
+    out << "\n";
+    for (const auto& r : rows) {
+      for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << csv_cell(r.cells[c]);
+      out << "\n";
+    }
+  } else {
+    out << "[";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      out << (i ? ",\n " : "\n ") << "{";
+      for (size_t c = 0; c < columns.size(); ++c) {
+        const std::string& v = rows[i].cells[c];
+        const bool numeric = c >= 3 && !v.empty();
+        out << (c ? ", " : "") << json_string(columns[c]) << ": " << (v.empty() ? "null" : numeric ? v : json_string(v));
+      }
+      out << "}";
+    }
+    out << "\n]\n";
+  }
+  return 0;
+}
+
+}  // namespace chiar::cli

@@ -1,0 +1,27 @@
+#pragma once
+#include <string>
+#include <vector>
+
+#include "chiar/export.h"
+#include "run_spec.h"
+
+namespace chiar::engine {
+
+struct MatrixOptions {
+  std::vector<std::string> set;  // --set key=value: model.X, train.X, task.X, router.X
+  std::string only;              // glob on run names; empty = all
+  int shard_index = 1, shard_count = 1;  // --shard K/N
+};
+
+struct Matrix {
+  std::string name;
+  std::string file;
+  std::vector<RunSpec> runs;  // expansion order: variant, task, sweep point, seed
+};
+
+// Reads a matrix file (and its includes), expands and resolves every run.
+// Every error is a UserError at file:line:column naming the key path, with a
+// suggestion for a misspelt key.
+CHIAR_API Matrix load_matrix(const std::string& file, const MatrixOptions& options = {});
+
+}  // namespace chiar::engine

@@ -1,0 +1,270 @@
+#include "store.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+#include "chiar/error.h"
+
+namespace chiar::engine {
+namespace {
+
+const char* const kSchemaV1 = R"SQL(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs(
+  id INTEGER PRIMARY KEY,
+  hash TEXT NOT NULL UNIQUE,
+  name TEXT NOT NULL, matrix TEXT NOT NULL, variant TEXT NOT NULL, task TEXT NOT NULL,
+  seed INTEGER NOT NULL, spec TEXT NOT NULL,
+  status TEXT NOT NULL DEFAULT 'pending'
+    CHECK(status IN ('pending','running','done','failed','diverged','interrupted')),
+  error TEXT, diverged_step INTEGER, step INTEGER NOT NULL DEFAULT 0,
+  created_at TEXT NOT NULL, started_at TEXT, finished_at TEXT, heartbeat REAL,
+  host TEXT, pid INTEGER, git_commit TEXT, git_dirty INTEGER, torch_version TEXT, blas TEXT,
+  gemm_gflops REAL, threads INTEGER, device TEXT, cpu TEXT, build_type TEXT, allocator TEXT,
+  params INTEGER, train_seconds REAL, train_tokens_per_s REAL, eval_tokens_per_s REAL,
+  step_ms REAL, peak_rss_mb REAL, tau TEXT, calibration TEXT);
+CREATE TABLE IF NOT EXISTS metrics(
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, split TEXT NOT NULL,
+  checkpoint TEXT NOT NULL, name TEXT NOT NULL, value REAL,
+  PRIMARY KEY(run_id, step, split, checkpoint, name));
+CREATE TABLE IF NOT EXISTS train_log(
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, loss REAL, lr REAL,
+  tokens_per_s REAL, PRIMARY KEY(run_id, step));
+CREATE TABLE IF NOT EXISTS flops(
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, layer INTEGER NOT NULL,
+  operator TEXT NOT NULL, tokens REAL, fwd_executed REAL, fwd_sparse REAL,
+  train_executed REAL, train_sparse REAL, PRIMARY KEY(run_id, step, layer, operator));
+CREATE TABLE IF NOT EXISTS flops_reference(
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, attention_fwd REAL,
+  PRIMARY KEY(run_id, step));
+CREATE TABLE IF NOT EXISTS routing(
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, layer INTEGER NOT NULL,
+  operator TEXT NOT NULL, share REAL, PRIMARY KEY(run_id, step, layer, operator));
+CREATE TABLE IF NOT EXISTS histograms(
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, layer INTEGER NOT NULL,
+  bin INTEGER NOT NULL, lo REAL, hi REAL, count INTEGER,
+  PRIMARY KEY(run_id, step, layer, bin));
+-- The main metric of each finished run: test split, best-validation checkpoint.
+CREATE VIEW IF NOT EXISTS results AS
+SELECT r.id, r.name, r.variant, r.task, r.seed, r.status,
+  (SELECT value FROM metrics m WHERE m.run_id = r.id AND m.split = 'test' AND m.checkpoint = 'best'
+     AND m.name IN ('accuracy', 'token_ppl') ORDER BY m.step DESC LIMIT 1) AS main_metric,
+  (SELECT name FROM metrics m WHERE m.run_id = r.id AND m.split = 'test' AND m.checkpoint = 'best'
+     AND m.name IN ('accuracy', 'token_ppl') ORDER BY m.step DESC LIMIT 1) AS metric_name,
+  (SELECT SUM(fwd_executed) / 1e9 FROM flops f WHERE f.run_id = r.id AND f.operator = 'attention'
+     AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = r.id)) AS attention_gflops,
+  (SELECT SUM(fwd_executed) / 1e9 FROM flops f WHERE f.run_id = r.id
+     AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = r.id)) AS total_gflops,
+  r.train_tokens_per_s, r.eval_tokens_per_s, r.params
+FROM runs r WHERE r.status IN ('done', 'diverged', 'failed');
+)SQL";
+
+std::string now_iso() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string hostname() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// A "running" run whose process is gone: same host and the pid is dead, or
+// another host that has not sent a heartbeat for 10 minutes.
+bool is_dead(const std::string& host, int64_t pid, double heartbeat) {
+  if (host == hostname()) return pid <= 0 || (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+  return now_seconds() - heartbeat > 600;
+}
+
+}  // namespace
+
+Store::Store(const std::string& file) : db_(file) { migrate(); }
+
+void Store::migrate() {
+  db_.transaction([&] {
+    db_.exec("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)");
+    auto q = db_.prepare("SELECT value FROM meta WHERE key = 'schema_version'");
+    const int version = q.step() ? std::stoi(q.text(0)) : 0;
+    if (version > kSchemaVersion)
+      throw UserError(db_.file() + ": schema version " + std::to_string(version) +
+                      " is newer than this harness's " + std::to_string(kSchemaVersion));
+    if (version < 1) db_.exec(kSchemaV1);
+    // Later versions: if (version < 2) { ALTER TABLE ... }
+    db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
+        .bind(1, std::to_string(kSchemaVersion))
+        .run();
+  });
+}
+
+void Store::register_runs(const std::vector<RunSpec>& runs) {
+  db_.transaction([&] {
+    auto insert = db_.prepare(
+        "INSERT OR IGNORE INTO runs(hash, name, matrix, variant, task, seed, spec, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+    const std::string now = now_iso();
+    for (const auto& r : runs) {
+      insert.bind(1, r.hash).bind(2, r.name()).bind(3, r.matrix).bind(4, r.variant).bind(5, r.task)
+          .bind(6, r.seed).bind(7, r.canonical).bind(8, now);
+      insert.run();
+      insert.reset();
+    }
+  });
+}
+
+Claim Store::claim(const RunSpec& run, const Provenance& p, bool* resumed) {
+  Claim result = Claim::Busy;
+  db_.transaction([&] {
+    auto q = db_.prepare("SELECT status, host, pid, heartbeat, started_at FROM runs WHERE hash = ?");
+    q.bind(1, run.hash);
+    if (!q.step()) throw UserError(db_.file() + ": run " + run.hash + " is not registered");
+    const std::string status = q.text(0);
+    if (status == "done" || status == "failed" || status == "diverged") {
+      result = Claim::Done;
+      return;
+    }
+    if (status == "running" && !is_dead(q.text(1), q.integer(2), q.real(3))) {
+      result = Claim::Busy;
+      return;
+    }
+    if (resumed) *resumed = !q.is_null(4);
+    db_.prepare(
+           "UPDATE runs SET status = 'running', error = NULL, host = ?, pid = ?, heartbeat = ?, "
+           "started_at = COALESCE(started_at, ?), git_commit = ?, git_dirty = ?, torch_version = ?, "
+           "blas = ?, gemm_gflops = ?, threads = ?, device = ?, cpu = ?, build_type = ?, allocator = ? "
+           "WHERE hash = ?")
+        .bind(1, p.host).bind(2, p.pid).bind(3, now_seconds()).bind(4, now_iso()).bind(5, p.git_commit)
+        .bind(6, int64_t{p.git_dirty}).bind(7, p.torch_version).bind(8, p.blas).bind(9, p.gemm_gflops)
+        .bind(10, int64_t{p.threads}).bind(11, p.device).bind(12, p.cpu).bind(13, p.build_type)
+        .bind(14, p.allocator).bind(15, run.hash)
+        .run();
+    result = Claim::Claimed;
+  });
+  return result;
+}
+
+void Store::heartbeat(const std::string& hash, int64_t step) {
+  db_.transaction([&] {
+    db_.prepare("UPDATE runs SET heartbeat = ?, step = ? WHERE hash = ?")
+        .bind(1, now_seconds()).bind(2, step).bind(3, hash).run();
+  });
+}
+
+void Store::finish(const std::string& hash, const std::string& status, const std::string& error,
+                   int64_t diverged_step, const RunSummary& s) {
+  db_.transaction([&] {
+    auto u = db_.prepare(
+        "UPDATE runs SET status = ?, error = ?, diverged_step = ?, finished_at = ?, params = ?, "
+        "train_seconds = ?, train_tokens_per_s = ?, eval_tokens_per_s = ?, step_ms = ?, "
+        "peak_rss_mb = ?, tau = ?, calibration = COALESCE(NULLIF(?, ''), calibration) WHERE hash = ?");
+    u.bind(1, status);
+    if (error.empty()) u.bind_null(2); else u.bind(2, error);
+    if (diverged_step < 0) u.bind_null(3); else u.bind(3, diverged_step);
+    u.bind(4, now_iso()).bind(5, s.params).bind(6, s.train_seconds).bind(7, s.train_tokens_per_s)
+        .bind(8, s.eval_tokens_per_s).bind(9, s.step_ms).bind(10, s.peak_rss_mb).bind(11, s.tau)
+        .bind(12, s.calibration).bind(13, hash);
+    u.run();
+  });
+}
+
+std::string Store::status(const std::string& hash) {
+  auto q = db_.prepare("SELECT status FROM runs WHERE hash = ?");
+  q.bind(1, hash);
+  return q.step() ? q.text(0) : "";
+}
+
+int64_t Store::run_id(const std::string& hash) {
+  auto q = db_.prepare("SELECT id FROM runs WHERE hash = ?");
+  q.bind(1, hash);
+  if (!q.step()) throw UserError(db_.file() + ": no run " + hash);
+  return q.integer(0);
+}
+
+void Store::add_metrics(const std::string& hash, int64_t step, const std::string& split,
+                        const std::string& checkpoint, const std::map<std::string, double>& values) {
+  const int64_t id = run_id(hash);
+  db_.transaction([&] {
+    auto ins = db_.prepare("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?, ?, ?)");
+    for (const auto& [name, value] : values) {
+      ins.bind(1, id).bind(2, step).bind(3, split).bind(4, checkpoint).bind(5, name).bind(6, value);
+      ins.run();
+      ins.reset();
+    }
+  });
+}
+
+void Store::add_train_log(const std::string& hash, int64_t step, double loss, double lr, double tps) {
+  const int64_t id = run_id(hash);
+  db_.transaction([&] {
+    db_.prepare("INSERT OR REPLACE INTO train_log VALUES (?, ?, ?, ?, ?)")
+        .bind(1, id).bind(2, step).bind(3, loss).bind(4, lr).bind(5, tps).run();
+  });
+}
+
+void Store::add_flops(const std::string& hash, int64_t step, const std::vector<FlopRow>& rows,
+                      double reference_attention_fwd) {
+  const int64_t id = run_id(hash);
+  db_.transaction([&] {
+    auto ins = db_.prepare("INSERT OR REPLACE INTO flops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    for (const auto& r : rows) {
+      ins.bind(1, id).bind(2, step).bind(3, r.layer).bind(4, r.op).bind(5, r.tokens).bind(6, r.fwd_executed)
+          .bind(7, r.fwd_sparse).bind(8, r.train_executed).bind(9, r.train_sparse);
+      ins.run();
+      ins.reset();
+    }
+    db_.prepare("INSERT OR REPLACE INTO flops_reference VALUES (?, ?, ?)")
+        .bind(1, id).bind(2, step).bind(3, reference_attention_fwd).run();
+  });
+}
+
+void Store::add_routing(const std::string& hash, int64_t step, int64_t layer,
+                        const std::vector<std::pair<std::string, double>>& shares,
+                        const std::vector<int64_t>& histogram) {
+  const int64_t id = run_id(hash);
+  db_.transaction([&] {
+    auto ins = db_.prepare("INSERT OR REPLACE INTO routing VALUES (?, ?, ?, ?, ?)");
+    for (const auto& [op, share] : shares) {
+      ins.bind(1, id).bind(2, step).bind(3, layer).bind(4, op).bind(5, share);
+      ins.run();
+      ins.reset();
+    }
+    auto hist = db_.prepare("INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?, ?, ?)");
+    const double width = 1.0 / static_cast<double>(histogram.size());
+    for (size_t b = 0; b < histogram.size(); ++b) {
+      hist.bind(1, id).bind(2, step).bind(3, layer).bind(4, static_cast<int64_t>(b))
+          .bind(5, width * static_cast<double>(b)).bind(6, width * static_cast<double>(b + 1)).bind(7, histogram[b]);
+      hist.run();
+      hist.reset();
+    }
+  });
+}
+
+std::pair<std::string, bool> git_state(const std::string& dir) {
+  auto read = [&](const std::string& cmd) {
+    std::string out;
+    if (FILE* p = popen(("git -C '" + dir + "' " + cmd + " 2>/dev/null").c_str(), "r")) {
+      std::array<char, 256> buf{};
+      while (fgets(buf.data(), buf.size(), p)) out += buf.data();
+      pclose(p);
+    }
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    return out;
+  };
+  const std::string commit = read("rev-parse HEAD");
+  if (commit.empty()) return {"", false};
+  return {commit, !read("status --porcelain --untracked-files=no").empty()};
+}
+
+}  // namespace chiar::engine

@@ -1,0 +1,88 @@
+#pragma once
+// The results database of one matrix (SQLite, WAL, busy timeout, schema
+// version with migrations). Every write is one transaction. Runs are keyed by
+// the hash of their resolved spec: a finished run is never run again, and a
+// run is claimed atomically so two processes never run the same one.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chiar/export.h"
+#include "run_spec.h"
+#include "sqlite.h"
+
+namespace chiar::engine {
+
+constexpr int kSchemaVersion = 1;
+
+struct Provenance {
+  std::string git_commit;
+  bool git_dirty = false;
+  std::string torch_version, blas, device, host, cpu, build_type, allocator;
+  double gemm_gflops = 0;
+  int threads = 0;
+  int64_t pid = 0;
+};
+
+enum class Claim {
+  Claimed,  // this process runs it now (fresh, or resuming a dead or interrupted run)
+  Done,     // finished before (done, failed or diverged): skip
+  Busy,     // a live process is running it: skip
+};
+
+struct RunSummary {
+  int64_t params = 0;
+  double train_seconds = 0, train_tokens_per_s = 0, eval_tokens_per_s = 0, step_ms = 0, peak_rss_mb = 0;
+  std::string tau;          // thresholds in force, JSON
+  std::string calibration;  // what calibrated them, JSON
+};
+
+// One row of a per-layer, per-operator FLOP record (FLOPs per sequence).
+struct FlopRow {
+  int64_t layer = 0;
+  std::string op;
+  double tokens = 0;        // tokens routed to op per sequence
+  double fwd_executed = 0;  // forward FLOPs as executed (dense or sparse)
+  double fwd_sparse = 0;    // forward FLOPs a sparse execution needs
+  double train_executed = 0;  // forward + backward of a training step, as executed
+  double train_sparse = 0;
+};
+
+class CHIAR_API Store {
+ public:
+  explicit Store(const std::string& file);
+
+  // Adds a pending row for every spec not yet in the database.
+  void register_runs(const std::vector<RunSpec>& runs);
+  // Claims a run; `resumed` tells whether it had started before.
+  Claim claim(const RunSpec& run, const Provenance& p, bool* resumed = nullptr);
+  void heartbeat(const std::string& hash, int64_t step);
+  // status: done | failed | diverged | interrupted.
+  void finish(const std::string& hash, const std::string& status, const std::string& error,
+              int64_t diverged_step, const RunSummary& summary);
+  std::string status(const std::string& hash);
+
+  void add_metrics(const std::string& hash, int64_t step, const std::string& split,
+                   const std::string& checkpoint, const std::map<std::string, double>& values);
+  void add_train_log(const std::string& hash, int64_t step, double loss, double lr, double tokens_per_s);
+  void add_flops(const std::string& hash, int64_t step, const std::vector<FlopRow>& rows,
+                 double reference_attention_fwd);
+  void add_routing(const std::string& hash, int64_t step, int64_t layer,
+                   const std::vector<std::pair<std::string, double>>& shares,
+                   const std::vector<int64_t>& histogram);
+
+  Database& db() { return db_; }
+
+ private:
+  int64_t run_id(const std::string& hash);
+  void migrate();
+  Database db_;
+};
+
+// The project's commit and whether the tree differs from it ("" when not a
+// git checkout).
+CHIAR_API std::pair<std::string, bool> git_state(const std::string& dir);
+
+}  // namespace chiar::engine

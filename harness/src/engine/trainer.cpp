@@ -1,0 +1,378 @@
+#include "trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <sys/resource.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include <boost/filesystem.hpp>
+
+#include "../core/model.h"
+#include "accounting.h"
+#include "chiar/error.h"
+#include "chiar/metrics.h"
+
+namespace chiar::engine {
+namespace {
+
+namespace fs = boost::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// bf16 autocast on CPU for the forward pass; master weights and the optimizer stay fp32.
+struct Autocast {
+  explicit Autocast(bool on) : on_(on) {
+    if (!on_) return;
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~Autocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(false);
+  }
+  bool on_;
+};
+
+// Per-token negative log-likelihood (B, T) from logits (B, T, V), by the fused
+// fp32 cross-entropy: no (B, T, V) log-probability tensor is kept.
+at::Tensor token_nll(const at::Tensor& logits, const at::Tensor& targets) {
+  const int64_t V = logits.size(-1);
+  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, V}), targets.reshape({-1}), {},
+                                at::Reduction::None)
+      .view_as(targets);
+}
+
+// Loss of a batch: mean token cross-entropy (language model) or example
+// cross-entropy (classifier), plus the routers' regularisers.
+at::Tensor loss_of(const ModelOutput& out, const Batch& b, TaskHead head) {
+  at::Tensor loss;
+  if (head == TaskHead::LanguageModel) {
+    auto nll = token_nll(out.logits, b.targets);  // (B, T)
+    if (b.valid.defined()) {
+      auto w = b.valid.to(nll.scalar_type());
+      loss = (nll * w).sum() / w.sum().clamp_min(1.0);
+    } else {
+      loss = nll.mean();
+    }
+  } else {
+    loss = at::cross_entropy_loss(out.logits.to(at::kFloat), b.targets);
+  }
+  return out.aux_loss.defined() ? loss + out.aux_loss : loss;
+}
+
+struct EvalResult {
+  std::map<std::string, double> metrics;
+  double tokens_per_s = 0;
+  Accounting accounting;  // from the first batch
+};
+
+EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
+                    int64_t batch_size, bool bf16) {
+  at::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  EvalResult r;
+  const int64_t total = task.eval_batch_count(split, batch_size);
+  const int64_t n = max_batches > 0 ? std::min(max_batches, total) : total;
+  double nll = 0, loss_sum = 0;
+  int64_t scored = 0, real_tokens = 0;
+  std::vector<int64_t> correct(static_cast<size_t>(std::max<int64_t>(task.n_classes(), 1)), 0),
+      count(correct.size(), 0);
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    const Batch b = task.eval_batch(split, i, batch_size);
+    ModelOutput out;
+    {
+      Autocast cast(bf16);
+      out = model.forward(b.tokens, b.valid);
+    }
+    real_tokens += b.valid.defined() ? b.valid.sum().item<int64_t>() : b.tokens.numel();
+    if (i == 0) r.accounting = account(model, out, b.valid, b.tokens.size(1));
+    if (task.head() == TaskHead::LanguageModel) {
+      auto mask = b.scored.defined() ? b.scored : b.valid;
+      nll += token_nll(out.logits, b.targets).masked_select(mask).to(at::kDouble).sum().item<double>();
+      scored += mask.sum().item<int64_t>();
+    } else {
+      auto logits = out.logits.to(at::kDouble);
+      loss_sum += at::cross_entropy_loss(logits, b.targets, {}, at::Reduction::Sum).item<double>();
+      auto pred = logits.argmax(-1);
+      for (int64_t j = 0; j < b.targets.size(0); ++j) {
+        const int64_t y = b.targets[j].item<int64_t>();
+        ++count[y];
+        correct[y] += pred[j].item<int64_t>() == y;
+      }
+    }
+  }
+  r.tokens_per_s = static_cast<double>(real_tokens) / std::max(seconds_since(t0), 1e-9);
+  if (task.head() == TaskHead::LanguageModel) {
+    r.metrics["nll"] = nll;
+    r.metrics["tokens"] = static_cast<double>(scored);
+    r.metrics["token_ppl"] = std::exp(nll / std::max<int64_t>(scored, 1));
+    if (n == total) {  // words and bytes describe the whole split only
+      const SplitStats s = task.stats(split);
+      const LmMetrics m = lm_metrics(nll, scored, s.words, s.bytes);
+      r.metrics["word_ppl"] = m.word_ppl;
+      r.metrics["bits_per_byte"] = m.bits_per_byte;
+    }
+  } else {
+    const ClassMetrics m = class_metrics(loss_sum, correct, count);
+    r.metrics["accuracy"] = m.accuracy;
+    r.metrics["loss"] = m.mean_loss;
+    r.metrics["examples"] = 0;
+    for (size_t c = 0; c < count.size(); ++c) {
+      r.metrics["examples"] += static_cast<double>(count[c]);
+      if (count[c]) r.metrics["accuracy_class_" + std::to_string(c)] = static_cast<double>(correct[c]) / static_cast<double>(count[c]);
+    }
+  }
+  r.metrics["full_split"] = n == total ? 1.0 : 0.0;
+  model.train(was_training);
+  return r;
+}
+
+// Higher is better for accuracy, lower for perplexity.
+double score(const std::map<std::string, double>& m) {
+  auto acc = m.find("accuracy");
+  return acc != m.end() ? acc->second : -m.at("nll") / std::max(1.0, m.at("tokens"));
+}
+
+void record_accounting(Store& store, const std::string& hash, int64_t step, const Accounting& a) {
+  store.add_flops(hash, step, a.flops, a.reference_attention_fwd);
+  for (const auto& l : a.routing) store.add_routing(hash, step, l.layer, l.shares, l.histogram);
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::ostringstream s;
+  s.precision(10);
+  s << '[';
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
+  s << ']';
+  return s.str();
+}
+
+std::string thresholds_json(const ChiarModel& model) {
+  std::string out = "{";
+  for (const auto& layer : model.mixing_layers())
+    if (layer->routed()) {
+      const int64_t li = static_cast<int64_t>(&layer - &model.mixing_layers()[0]);
+      out += std::string(out.size() > 1 ? ", " : "") + "\"layer" + std::to_string(li + 1) + "\": " +
+             json_list(layer->router()->thresholds());
+    }
+  return out + "}";
+}
+
+void save_state(const std::string& path, ChiarModel& model, torch::optim::AdamW& opt, int64_t step,
+                double best, bool has_best, double train_seconds) {
+  torch::serialize::OutputArchive archive;
+  model.save(archive);
+  torch::serialize::OutputArchive optimizer;
+  opt.save(optimizer);
+  archive.write("optimizer", optimizer);
+  archive.write("step", at::tensor(step));
+  archive.write("best", at::tensor(best, at::TensorOptions().dtype(at::kDouble)));
+  archive.write("has_best", at::tensor(static_cast<int64_t>(has_best)));
+  archive.write("train_seconds", at::tensor(train_seconds, at::TensorOptions().dtype(at::kDouble)));
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    archive.write("rng", gen.get_state());
+  }
+  const std::string tmp = path + ".tmp";
+  archive.save_to(tmp);
+  fs::rename(tmp, path);  // a crash mid-write never leaves a torn checkpoint
+}
+
+}  // namespace
+
+ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
+  ModelOptions o = spec.model;
+  o.vocab_size(task.vocab_size());
+  if (task.head() == TaskHead::LanguageModel) {
+    o.head(HeadKind::LanguageModel);
+  } else {
+    o.head(HeadKind::Classifier).n_classes(task.n_classes());
+  }
+  return o;
+}
+
+TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
+  const TrainOptions& t = spec.train;
+  const Task& task = ctx.task;
+  const bool bf16 = t.precision == "bf16";
+  TrainResult result;
+  at::set_num_threads(t.threads > 0 ? static_cast<int>(t.threads)
+                                    : static_cast<int>(std::thread::hardware_concurrency()));
+
+  ChiarModel model(ctx.registry, model_options_for(spec, task));
+  result.summary.params = model.parameter_count();
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(t.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(0.0)));
+  torch::optim::AdamW optimizer(groups);
+
+  fs::create_directories(ctx.checkpoint_dir);
+  const std::string state_path = ctx.checkpoint_dir + "/state.pt";
+  const std::string best_path = ctx.checkpoint_dir + "/best.pt";
+  int64_t start = 0;
+  double best = -INFINITY, prior_seconds = 0;
+  bool has_best = false;
+  if (fs::exists(state_path)) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(state_path);
+    model.load(archive);
+    torch::serialize::InputArchive opt_archive;
+    archive.read("optimizer", opt_archive);
+    optimizer.load(opt_archive);
+    auto read = [&](const char* key) {
+      at::Tensor v;  // a fresh tensor per read: read() swaps in the stored storage
+      archive.read(key, v);
+      return v;
+    };
+    start = read("step").item<int64_t>();
+    best = read("best").item<double>();
+    has_best = read("has_best").item<int64_t>() != 0;
+    prior_seconds = read("train_seconds").item<double>();
+    const at::Tensor rng = read("rng");
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+  } else {
+    // Calibrate data-derived router settings on the first training batches.
+    std::vector<at::Tensor> tokens, valid;
+    int64_t longest = 0;
+    std::vector<Batch> sample;
+    for (int64_t i = 0; i < t.calibration_batches; ++i) {
+      sample.push_back(task.train_batch(static_cast<uint64_t>(spec.seed), i, t.batch_size));
+      longest = std::max(longest, sample.back().tokens.size(1));
+    }
+    for (auto& b : sample) {
+      const int64_t pad = longest - b.tokens.size(1);
+      auto v = b.valid.defined() ? b.valid : at::ones_like(b.tokens, at::kBool);
+      tokens.push_back(at::constant_pad_nd(b.tokens, {0, pad}, task.pad_id()));
+      valid.push_back(at::constant_pad_nd(v, {0, pad}, 0));
+    }
+    if (!sample.empty()) {
+      auto all_valid = at::cat(valid);
+      model.calibrate_routers(at::cat(tokens), all_valid);
+      result.summary.calibration = "{\"batches\": " + std::to_string(t.calibration_batches) +
+                                   ", \"tokens\": " + std::to_string(all_valid.sum().item<int64_t>()) + "}";
+    }
+  }
+  model.train();
+
+  const auto run_start = Clock::now();
+  std::vector<double> step_ms, step_tps;
+  double last_loss = NAN;
+  for (int64_t step = start; step < t.steps; ++step) {
+    const auto t0 = Clock::now();
+    // Warm-up, then cosine decay to lr * min_lr_ratio.
+    const double progress = t.steps > t.warmup ? static_cast<double>(step - t.warmup) / static_cast<double>(t.steps - t.warmup) : 1.0;
+    const double lr = step < t.warmup ? t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup)
+                                      : t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
+    for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+    optimizer.zero_grad();
+    double loss_value = 0;
+    int64_t tokens = 0;
+    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
+      const Batch b = task.train_batch(static_cast<uint64_t>(spec.seed), step * t.grad_accum + micro, t.batch_size);
+      at::Tensor loss;
+      {
+        Autocast cast(bf16);
+        loss = loss_of(model.forward(b.tokens, b.valid), b, task.head());
+      }
+      (loss / static_cast<double>(t.grad_accum)).backward();
+      loss_value += loss.item<double>() / static_cast<double>(t.grad_accum);
+      tokens += b.valid.defined() ? b.valid.sum().item<int64_t>() : b.tokens.numel();
+    }
+    if (!std::isfinite(loss_value) || (t.fail_loss_above > 0 && loss_value > t.fail_loss_above)) {
+      result.outcome = Outcome::Diverged;
+      result.diverged_step = step + 1;
+      result.error = "loss " + std::to_string(loss_value) + " at step " + std::to_string(step + 1);
+      break;
+    }
+    if (t.clip > 0) torch::nn::utils::clip_grad_norm_(model.parameters(), t.clip);
+    optimizer.step();
+    const double seconds = seconds_since(t0);
+    step_ms.push_back(seconds * 1e3);
+    step_tps.push_back(static_cast<double>(tokens) / seconds);
+    last_loss = loss_value;
+    const int64_t done = step + 1;
+    if (done % t.log_every == 0 || done == t.steps) {
+      ctx.store.add_train_log(spec.hash, done, loss_value, lr, step_tps.back());
+      ctx.store.heartbeat(spec.hash, done);
+    }
+    if (ctx.progress) ctx.progress(done, loss_value, step_tps.back());
+    if (done % t.eval_every == 0 || done == t.steps) {
+      const bool final_eval = done == t.steps;
+      EvalResult e = evaluate(model, task, "valid", final_eval ? 0 : t.eval_batches, t.eval_batch_size, bf16);
+      ctx.store.add_metrics(spec.hash, done, "valid", "current", e.metrics);
+      record_accounting(ctx.store, spec.hash, done, e.accounting);
+      if (score(e.metrics) > best) {
+        best = score(e.metrics);
+        has_best = true;
+        torch::serialize::OutputArchive archive;
+        model.save(archive);
+        archive.save_to(best_path + ".tmp");
+        fs::rename(best_path + ".tmp", best_path);
+      }
+    }
+    const bool stopping = ctx.stop && ctx.stop->load();
+    if (done % t.checkpoint_every == 0 || done == t.steps || stopping)
+      save_state(state_path, model, optimizer, done, best, has_best, prior_seconds + seconds_since(run_start));
+    if (stopping && done < t.steps) {
+      result.outcome = Outcome::Interrupted;
+      break;
+    }
+  }
+  result.summary.train_seconds = prior_seconds + seconds_since(run_start);
+  result.summary.step_ms = median(step_ms);
+  result.summary.train_tokens_per_s = median(step_tps);
+  result.summary.tau = thresholds_json(model);
+  (void)last_loss;
+  if (result.outcome == Outcome::Done) {
+    // The test split, scored by the last and by the best-validation model.
+    EvalResult last = evaluate(model, task, "test", 0, t.eval_batch_size, bf16);
+    ctx.store.add_metrics(spec.hash, t.steps, "test", "last", last.metrics);
+    result.summary.eval_tokens_per_s = last.tokens_per_s;
+    if (has_best) {
+      torch::serialize::InputArchive archive;
+      archive.load_from(best_path);
+      model.load(archive);
+    }
+    EvalResult best_eval = evaluate(model, task, "test", 0, t.eval_batch_size, bf16);
+    ctx.store.add_metrics(spec.hash, t.steps, "test", "best", best_eval.metrics);
+  }
+  result.summary.peak_rss_mb = peak_rss_mb();
+  return result;
+}
+
+}  // namespace chiar::engine

@@ -1,0 +1,40 @@
+#pragma once
+// Trains and evaluates one run: AdamW with warm-up and cosine decay, gradient
+// clipping and accumulation, router calibration, periodic evaluation with the
+// best-validation model kept, checkpoints that a later process resumes from
+// exactly, and the FLOP / routing records.
+#include <atomic>
+#include <functional>
+#include <string>
+
+#include "../core/registry.h"
+#include "chiar/task.h"
+#include "run_spec.h"
+#include "store.h"
+
+namespace chiar::engine {
+
+enum class Outcome { Done, Diverged, Interrupted };
+
+struct TrainResult {
+  Outcome outcome = Outcome::Done;
+  int64_t diverged_step = -1;
+  std::string error;
+  RunSummary summary;
+};
+
+struct TrainContext {
+  const PluginRegistry& registry;
+  const Task& task;
+  Store& store;
+  std::string checkpoint_dir;       // this run's folder of state.pt / best.pt
+  const std::atomic<bool>* stop;    // set by SIGINT/SIGTERM: checkpoint and return
+  std::function<void(int64_t step, double loss, double tokens_per_s)> progress;
+};
+
+TrainResult train_run(const RunSpec& spec, const TrainContext& ctx);
+
+// The model a run trains, built from its spec and its task.
+ModelOptions model_options_for(const RunSpec& spec, const Task& task);
+
+}  // namespace chiar::engine

@@ -1,0 +1,50 @@
+#include "process.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace chiar::test {
+
+pid_t spawn_chiar(const std::vector<std::string>& args, const std::string& log_file) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    std::vector<char*> argv;
+    std::string cli = CHIAR_CLI;
+    argv.push_back(cli.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(cli.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int wait_chiar(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Finished run_chiar(const std::vector<std::string>& args) {
+  char name[] = "/tmp/chiar-test-log-XXXXXX";
+  const int fd = mkstemp(name);
+  close(fd);
+  Finished f;
+  f.status = wait_chiar(spawn_chiar(args, name));
+  std::ifstream in(name);
+  std::stringstream s;
+  s << in.rdbuf();
+  f.output = s.str();
+  unlink(name);
+  return f;
+}
+
+}  // namespace chiar::test

@@ -1,0 +1,286 @@
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "../harness/src/engine/matrix.h"
+#include "../harness/src/engine/sqlite.h"
+#include "chiar/error.h"
+#include "chiar/random.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+using namespace chiar;
+using test::TempDir;
+
+namespace {
+
+// A word-level corpus and a matrix of 2 variants x 2 tasks x 2 seeds of tiny runs.
+void write_fixture(const TempDir& d, const std::string& train_extra = "") {
+  SplitMix64 rng(9);
+  const char* words[] = {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"};
+  for (const char* split : {"train", "valid", "test"}) {
+    std::string text;
+    for (int line = 0; line < (std::string(split) == "train" ? 300 : 60); ++line) {
+      for (int w = 0; w < 8; ++w) text += std::string(w ? " " : "") + words[rng.below(12)];
+      text += "\n";
+    }
+    d.write(std::string("corpus/wiki.") + split + ".tokens", text);
+  }
+  d.write("m.toml", R"(
+[matrix]
+name = "e2e"
+variants = ["base", "routed"]
+tasks = ["lm", "flat"]
+seeds = [0, 1]
+
+[model]
+d_model = 16
+n_heads = 2
+
+[train]
+steps = 6
+batch_size = 4
+warmup = 2
+eval_every = 3
+checkpoint_every = 3
+eval_batch_size = 8
+calibration_batches = 1
+threads = 1
+)" + train_extra + R"(
+
+[variants.base]
+layers = ["attn", "attn"]
+
+[variants.routed]
+layers = ["dct", "dct|attn"]
+router = "threshold"
+router_params = { shares = [0.5, 0.5] }
+
+[tasks.lm]
+plugin = "wikitext"
+path = "corpus"
+seq_len = 8
+
+[tasks.flat]
+plugin = "listops_flat"
+n_train = 64
+n_valid = 16
+n_test = 16
+)");
+}
+
+std::vector<std::string> run_args(const TempDir& d, const std::string& db, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"run", d.path() + "/m.toml", "--db", d.path() + "/" + db, "--data-root",
+                                   d.path(), "--cache-dir", d.path() + "/cache"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+int64_t count(const std::string& db, const std::string& sql) {
+  engine::Database con(db);
+  auto q = con.prepare(sql);
+  return q.step() ? q.integer(0) : -1;
+}
+
+std::vector<double> final_metrics(const std::string& db, const std::string& name_glob) {
+  engine::Database con(db);
+  auto q = con.prepare(
+      "SELECT m.value FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.name GLOB ? AND m.split = 'test' "
+      "ORDER BY m.checkpoint, m.name");
+  q.bind(1, name_glob);
+  std::vector<double> out;
+  while (q.step()) out.push_back(q.real(0));
+  return out;
+}
+
+// Polls the store until a run has recorded `step` (heartbeat) or times out.
+bool wait_for_step(const std::string& db, int64_t step) {
+  for (int i = 0; i < 600; ++i) {
+    if (std::filesystem::exists(db)) {
+      try {
+        if (count(db, "SELECT MAX(step) FROM runs") >= step) return true;
+      } catch (const UserError&) {
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[engine][matrix]") {
+  TempDir d("matrix");
+  write_fixture(d);
+  const auto m = engine::load_matrix(d.path() + "/m.toml");
+  REQUIRE(m.runs.size() == 8);
+  CHECK(m.runs[0].name() == "base/lm/seed=0");
+  CHECK(m.runs[7].name() == "routed/flat/seed=1");
+  CHECK(m.runs[0].train.steps == 6);
+  CHECK(m.runs[0].train.lr == Approx(1e-3));  // a built-in default, resolved into the spec
+  CHECK(m.runs[4].model.layers_ == std::vector<std::string>{"dct", "dct|attn"});
+  CHECK(m.runs[0].canonical.find("\"weight_decay\"") != std::string::npos);
+  CHECK(engine::load_matrix(d.path() + "/m.toml").runs[3].hash == m.runs[3].hash);
+  std::set<std::string> hashes;
+  for (const auto& r : m.runs) hashes.insert(r.hash);
+  CHECK(hashes.size() == 8);
+
+  engine::MatrixOptions o;
+  o.set = {"train.steps=9", "model.d_model=32"};
+  const auto set = engine::load_matrix(d.path() + "/m.toml", o);
+  CHECK(set.runs[0].train.steps == 9);
+  CHECK(set.runs[0].model.d_model_ == 32);
+  CHECK(set.runs[0].hash != m.runs[0].hash);
+  o = {};
+  o.only = "routed/*";
+  CHECK(engine::load_matrix(d.path() + "/m.toml", o).runs.size() == 4);
+  std::set<std::string> union_of_shards;
+  for (int k = 1; k <= 3; ++k) {
+    o = {};
+    o.shard_index = k;
+    o.shard_count = 3;
+    for (const auto& r : engine::load_matrix(d.path() + "/m.toml", o).runs) CHECK(union_of_shards.insert(r.hash).second);
+  }
+  CHECK(union_of_shards == hashes);
+
+  std::ofstream(d.path() + "/m.toml", std::ios::app) << "\n[sweep]\nmodel.d_model = [16, 32]\ntrain.lr = [0.001, 0.01, 0.1]\n";
+  const auto swept = engine::load_matrix(d.path() + "/m.toml");
+  CHECK(swept.runs.size() == 8 * 6);
+  CHECK(swept.runs[0].name() == "base/lm/seed=0,d_model=16,lr=0.001");
+}
+
+TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][matrix][errors]") {
+  TempDir d("matrix-bad");
+  write_fixture(d);
+  const std::string m = d.path() + "/m.toml";
+  auto with = [&](const std::string& extra) {
+    d.write("bad.toml", "include = [\"m.toml\"]\n" + extra);
+    return d.path() + "/bad.toml";
+  };
+  CHECK_THROWS_WITH(engine::load_matrix(with("[train]\nstpes = 3\n")),
+                    d.path() + "/bad.toml:3:9: key 'train.stpes': unknown key (did you mean 'steps'?)");
+  CHECK_THROWS_WITH(engine::load_matrix(with("[train]\nlr = \"fast\"\n")),
+                    d.path() + "/bad.toml:3:6: key 'train.lr': expected a number");
+  CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\nvariants = [\"based\"]\n")),
+                    Catch::Matchers::EndsWith("key 'matrix.variants': no variant 'based' is defined (did you mean 'base'?)"));
+  CHECK_THROWS_WITH(engine::load_matrix(with("[variants.routed]\nlayrs = [\"dct\"]\n")),
+                    d.path() + "/bad.toml:3:9: key 'variants.routed.layrs': unknown key (did you mean 'layers'?)");
+  CHECK_THROWS_WITH(engine::load_matrix(with("[train]\nprecision = \"fp8\"\n")),
+                    Catch::Matchers::EndsWith("train.precision must be \"fp32\" or \"bf16\""));
+  engine::MatrixOptions o;
+  o.set = {"train.stepz=4"};
+  CHECK_THROWS_WITH(engine::load_matrix(m, o), "--set train.stepz: 'train.stepz': unknown key (did you mean 'steps'?)");
+  CHECK_THROWS_WITH(engine::load_matrix(d.path() + "/none.toml"), d.path() + "/none.toml: cannot open the file");
+}
+
+TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]") {
+  TempDir d("e2e");
+  write_fixture(d);
+  const std::string db = d.path() + "/r.db";
+  const auto first = test::run_chiar(run_args(d, "r.db"));
+  INFO(first.output);
+  REQUIRE(first.status == 0);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 8);
+  CHECK(count(db, "SELECT COUNT(*) FROM results WHERE main_metric IS NOT NULL") == 8);
+  CHECK(count(db, "SELECT COUNT(DISTINCT checkpoint) FROM metrics WHERE split = 'test'") == 2);
+  CHECK(count(db, "SELECT COUNT(*) FROM routing WHERE operator = 'attention'") == 4 * 2);  // 4 routed runs x 2 evals
+  CHECK(count(db, "SELECT COUNT(*) FROM histograms WHERE bin = 19") == 4 * 2);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE blas LIKE '%blas%' AND gemm_gflops > 0 AND threads = 1") == 8);
+  const auto finished = count(db, "SELECT SUM(LENGTH(finished_at)) FROM runs");
+  const auto again = test::run_chiar(run_args(d, "r.db"));
+  CHECK(again.status == 0);
+  CHECK_THAT(again.output, Catch::Matchers::Contains("0 run, 8 skipped"));
+  CHECK(count(db, "SELECT SUM(LENGTH(finished_at)) FROM runs") == finished);
+  const auto show = test::run_chiar({"show", db});
+  CHECK(show.status == 0);
+  CHECK_THAT(show.output, Catch::Matchers::Contains("routed/flat/seed=1"));
+  const auto csv = test::run_chiar({"export", db, "--csv"});
+  CHECK(std::count(csv.output.begin(), csv.output.end(), '\n') == 9);
+  const auto json = test::run_chiar({"export", db, "--json"});
+  CHECK_THAT(json.output, Catch::Matchers::Contains("\"metric\": \"accuracy\""));
+}
+
+TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][errors]") {
+  TempDir d("e2e-bad");
+  write_fixture(d);
+  d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nrouter = \"mystery\"\n");
+  const auto bad_router = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
+  CHECK(bad_router.status == 2);
+  CHECK_THAT(bad_router.output, Catch::Matchers::Contains(
+                                    "variant 'routed' on task 'lm': unknown router 'mystery' (known: hard_ste, soft, threshold)"));
+  d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.lm]\npath = \"missing\"\n");
+  const auto bad_data = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
+  CHECK(bad_data.status == 2);
+  CHECK_THAT(bad_data.output, Catch::Matchers::Contains("task 'lm': task 'wikitext'"));
+  CHECK_THAT(bad_data.output, Catch::Matchers::Contains("missing/wiki.train.tokens: cannot open the file"));
+  const auto bad_shard = test::run_chiar(run_args(d, "x.db", {"--shard", "4/3"}));
+  CHECK(bad_shard.status == 2);
+  CHECK(!std::filesystem::exists(d.path() + "/x.db"));
+}
+
+TEST_CASE("run: a forced divergence is recorded and the matrix goes on", "[engine][diverge]") {
+  TempDir d("e2e-nan");
+  write_fixture(d, "lr = 1e12\nclip = 0.0\n");
+  const auto r = test::run_chiar(run_args(d, "n.db", {"--only", "*/lm/seed=0"}));
+  CHECK(r.status == 0);
+  const std::string db = d.path() + "/n.db";
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'diverged' AND diverged_step > 0 AND error LIKE 'loss %'") == 2);
+}
+
+TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an uninterrupted run", "[engine][resume]") {
+  TempDir d("e2e-resume");
+  write_fixture(d, "log_every = 1\n");
+  const std::vector<std::string> one = {"--only", "routed/lm/seed=1", "--set", "train.steps=120", "--set",
+                                        "train.checkpoint_every=7", "--set", "train.eval_every=40"};
+  REQUIRE(test::run_chiar(run_args(d, "ref.db", one)).status == 0);
+  const auto reference = final_metrics(d.path() + "/ref.db", "routed/lm/seed=1");
+  REQUIRE(reference.size() > 4);
+
+  for (int sig : {SIGINT, SIGKILL}) {
+    INFO("signal " << sig);
+    const std::string name = sig == SIGINT ? "int.db" : "kill.db";
+    const std::string db = d.path() + "/" + name;
+    const pid_t pid = test::spawn_chiar(run_args(d, name, one), d.path() + "/log.txt");
+    REQUIRE(wait_for_step(db, 30));
+    kill(pid, sig);
+    const int status = test::wait_chiar(pid);
+    if (sig == SIGINT) {
+      CHECK(status == 130);
+      CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'interrupted'") == 1);
+    } else {
+      CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'running'") == 1);  // its process is dead
+    }
+    CHECK(count(db, "SELECT MAX(step) FROM runs") < 120);
+    const auto resumed = test::run_chiar(run_args(d, name, one));
+    INFO(resumed.output);
+    CHECK(resumed.status == 0);
+    CHECK_THAT(resumed.output, Catch::Matchers::Contains("resuming"));
+    CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 1);
+    CHECK(final_metrics(db, "routed/lm/seed=1") == reference);
+  }
+}
+
+TEST_CASE("run: two processes on one database run every run exactly once", "[engine][concurrency]") {
+  TempDir d("e2e-two");
+  write_fixture(d);
+  const pid_t a = test::spawn_chiar(run_args(d, "c.db"), d.path() + "/a.txt");
+  const pid_t b = test::spawn_chiar(run_args(d, "c.db"), d.path() + "/b.txt");
+  CHECK(test::wait_chiar(a) == 0);
+  CHECK(test::wait_chiar(b) == 0);
+  std::string logs;
+  for (const char* f : {"/a.txt", "/b.txt"}) {
+    std::ifstream in(d.path() + f);
+    logs += std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  INFO(logs);
+  size_t starts = 0;
+  for (size_t at = logs.find(": starting"); at != std::string::npos; at = logs.find(": starting", at + 1)) ++starts;
+  CHECK(starts == 8);
+  CHECK(logs.find("database is locked") == std::string::npos);
+  CHECK(count(d.path() + "/c.db", "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 8);
+}
