@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -194,7 +195,7 @@ TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]"
   const auto finished = count(db, "SELECT SUM(LENGTH(finished_at)) FROM runs");
   const auto again = test::run_chiar(run_args(d, "r.db"));
   CHECK(again.status == 0);
-  CHECK_THAT(again.output, Catch::Matchers::Contains("0 run, 8 skipped"));
+  CHECK_THAT(again.output, Catch::Matchers::Contains("all 8 runs finished before"));
   CHECK(count(db, "SELECT SUM(LENGTH(finished_at)) FROM runs") == finished);
   const auto show = test::run_chiar({"show", db});
   CHECK(show.status == 0);
@@ -283,4 +284,21 @@ TEST_CASE("run: two processes on one database run every run exactly once", "[eng
   CHECK(starts == 8);
   CHECK(logs.find("database is locked") == std::string::npos);
   CHECK(count(d.path() + "/c.db", "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 8);
+}
+
+TEST_CASE("run: bf16 autocast trains to finite metrics close to fp32", "[engine][bf16]") {
+  TempDir d("e2e-bf16");
+  write_fixture(d);
+  const std::vector<std::string> only = {"--only", "routed/lm/seed=0"};
+  auto bf = only;
+  bf.insert(bf.end(), {"--set", "train.precision=bf16"});
+  REQUIRE(test::run_chiar(run_args(d, "bf.db", bf)).status == 0);
+  REQUIRE(test::run_chiar(run_args(d, "fp.db", only)).status == 0);
+  const auto q = "SELECT main_metric FROM results";
+  engine::Database bf_db(d.path() + "/bf.db"), fp_db(d.path() + "/fp.db");
+  auto a = bf_db.prepare(q), b = fp_db.prepare(q);
+  REQUIRE(a.step());
+  REQUIRE(b.step());
+  CHECK(std::isfinite(a.real(0)));
+  CHECK(a.real(0) == Approx(b.real(0)).epsilon(0.05));
 }

@@ -106,7 +106,11 @@ class AttentionOperator final : public Operator {
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& qpos, const at::Tensor& valid, bool causal) const {
     const int64_t T = k.size(2);
-    auto scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh_)));
+    // Scores, mask and softmax in fp32 whatever the autocast dtype: the lowest
+    // float below does not fit bf16 or fp16, and the normalisation wants fp32.
+    const auto wide = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    auto scores = at::matmul(q, k.transpose(-2, -1)).to(wide) *
+                  (1.0 / std::sqrt(static_cast<double>(dh_)));
     at::Tensor masked;  // true where a key must not be read
     if (causal) masked = at::arange(T, qpos.options()).view({1, 1, 1, T}) > qpos;
     if (valid.defined()) {
@@ -117,7 +121,7 @@ class AttentionOperator final : public Operator {
     // (a padding query) gets uniform weights instead of NaN.
     if (masked.defined())
       scores = scores.masked_fill(masked, std::numeric_limits<float>::lowest());
-    return at::matmul(at::softmax(scores, -1), v);
+    return at::matmul(at::softmax(scores, -1).to(v.scalar_type()), v);
   }
 
   int64_t d_, heads_, dh_ = 0;

@@ -71,6 +71,20 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
     return 0;
   }
 
+  // A matrix whose every run is finished has nothing to do: no data is loaded.
+  if (boost::filesystem::exists(db)) {
+    Store store(db);
+    size_t finished = 0;
+    for (const auto& r : matrix.runs) {
+      const std::string s = store.status(r.hash);
+      finished += s == "done" || s == "failed" || s == "diverged";
+    }
+    if (finished == matrix.runs.size()) {
+      std::cout << "matrix '" << matrix.name << "': all " << finished << " runs finished before; results in " << db << "\n";
+      return 0;
+    }
+  }
+
   // Validate everything before anything runs: each task once, each model once.
   std::map<std::string, std::shared_ptr<Task>> tasks;
   for (const auto& r : matrix.runs) {
