@@ -15,6 +15,8 @@ packages=(
   libbenchmark-dev      # operator benchmarks
   libsentencepiece-dev  # subword tokeniser
   libcli11-dev          # command line
+  gnuplot-nox           # report charts
+  chromium              # the report test renders the HTML headless
 )
 
 missing=()

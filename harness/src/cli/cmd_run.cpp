@@ -3,7 +3,10 @@
 #include <iostream>
 
 #include "../core/registry.h"
+#include <filesystem>
+
 #include "../engine/runner.h"
+#include "../report/report.h"
 #include "chiar/error.h"
 #include "commands.h"
 
@@ -53,6 +56,14 @@ int run_run(const Global& g, const RunArgs& a) {
   o.dry_run = a.dry_run;
   o.threads = g.threads;
   return engine::run_matrix(matrix, registry, o);
+}
+
+int run_report(const Global&, const ReportArgs& a) {
+  std::string out = a.out;
+  if (out.empty()) out = "reports/" + std::filesystem::path(a.db).stem().string();
+  const auto files = report::write_report(a.db, out, a.baseline);
+  std::cout << "wrote " << files.markdown << ", " << files.html << " and " << files.images.size() << " charts\n";
+  return 0;
 }
 
 int run_show(const Global&, const ShowArgs& a) {

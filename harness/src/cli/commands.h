@@ -70,4 +70,9 @@ struct ShowArgs {
 int run_show(const Global& g, const ShowArgs& a);
 int run_export(const Global& g, const ShowArgs& a);
 
+struct ReportArgs {
+  std::string db, out, baseline = "baseline";
+};
+int run_report(const Global& g, const ReportArgs& a);
+
 }  // namespace chiar::cli

@@ -97,6 +97,12 @@ int main(int argc, char** argv) {
   exp->add_flag("--json", ex.json, "JSON");
   exp->add_option("--out", ex.out, "output file (default: standard output)");
 
+  ReportArgs rep;
+  auto* report = app.add_subcommand("report", "write a Markdown and a self-contained HTML report with charts");
+  report->add_option("db", rep.db, "results database")->required();
+  report->add_option("--out", rep.out, "output path without extension (default reports/<db name>)");
+  report->add_option("--baseline", rep.baseline, "the variant reductions and speed-ups compare with");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -122,6 +128,7 @@ int main(int argc, char** argv) {
     if (*run) return run_run(g, r);
     if (*show) return run_show(g, sh);
     if (*exp) return run_export(g, ex);
+    if (*report) return run_report(g, rep);
   } catch (const chiar::UserError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 2;

@@ -1,0 +1,253 @@
+#include "report.h"
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include <boost/filesystem.hpp>
+
+#include "chiar/error.h"
+#include "charts.h"
+#include "claims.h"
+
+namespace chiar::report {
+namespace {
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// "583.12 ± 3.40 (95% CI ± 8.45)"; the CI only from 3 seeds on.
+std::string with_spread(const Stat& s, double scale, int digits) {
+  std::string out = fixed(s.mean * scale, digits);
+  if (s.n >= 2) out += " ± " + fixed(s.std * scale, digits);
+  if (s.n >= 3) out += " (95% CI ± " + fixed(s.ci95 * scale, digits) + ")";
+  return out;
+}
+
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
+std::string md_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+std::string today() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const std::string& baseline) {
+  std::vector<std::pair<std::string, Table>> out;
+  for (const auto& t : s.tasks) {
+    Table table;
+    const VariantSummary* base = nullptr;
+    for (const auto& v : t.variants)
+      if (v.variant == baseline) base = &v;
+    // (column, metric key, scale, digits, lower is better); key "" = not a metric.
+    struct Col {
+      std::string name, key;
+      double scale;
+      int digits;
+    };
+    std::vector<Col> metric_cols;
+    if (t.language_model)
+      metric_cols = {{"token PPL", "token_ppl", 1, 2}, {"word PPL", "word_ppl", 1, 2}, {"bits/byte", "bits_per_byte", 1, 4}};
+    else
+      metric_cols = {{"accuracy %", "accuracy", 100, 2}};
+    table.header = {"variant", "seeds"};
+    for (const auto& c : metric_cols) table.header.push_back(c.name);
+    for (const char* h : {"attn GFLOPs", "attn vs base", "total GFLOPs exec / sparse", "train tok/s", "speed-up",
+                          "eval tok/s", "params", "scored"})
+      table.header.push_back(h);
+    // Per column: the values to rank (NaN = not ranked) and whether lower wins.
+    std::vector<std::vector<double>> rank(table.header.size());
+    std::vector<bool> lower(table.header.size(), false);
+    for (const auto& v : t.variants) {
+      std::vector<std::string> row = {v.variant, std::to_string(v.runs.size())};
+      std::vector<double> values = {NAN, NAN};
+      for (const auto& c : metric_cols) {
+        auto it = v.metric.find(c.key);
+        row.push_back(it == v.metric.end() ? "" : with_spread(it->second, c.scale, c.digits));
+        values.push_back(it == v.metric.end() ? NAN : it->second.mean);
+        lower[row.size() - 1] = lower_is_better(c.key);
+      }
+      row.push_back(fixed(v.attn_gflops.mean, 5));
+      values.push_back(v.attn_gflops.mean);
+      lower[row.size() - 1] = true;
+      const bool has_base = base && base->attn_gflops.mean > 0;
+      row.push_back(has_base && &v != base ? fixed(100.0 * (v.attn_gflops.mean / base->attn_gflops.mean - 1.0), 1) + "%" : "");
+      values.push_back(NAN);
+      row.push_back(fixed(v.total_gflops.mean, 5) + " / " + fixed(v.total_sparse_gflops.mean, 5));
+      values.push_back(v.total_gflops.mean);
+      lower[row.size() - 1] = true;
+      row.push_back(fixed(v.train_tps.mean, 0));
+      values.push_back(v.train_tps.mean);
+      row.push_back(base && &v != base && base->train_tps.mean > 0 ? fixed(v.train_tps.mean / base->train_tps.mean, 2) + "×" : "");
+      values.push_back(NAN);
+      row.push_back(fixed(v.eval_tps.mean, 0));
+      values.push_back(v.eval_tps.mean);
+      row.push_back(std::to_string(v.params));
+      values.push_back(NAN);
+      row.push_back("best valid");
+      values.push_back(NAN);
+      for (size_t c = 0; c < values.size(); ++c) rank[c].push_back(values[c]);
+      table.rows.push_back(row);
+    }
+    table.best.assign(table.rows.size(), std::vector<bool>(table.header.size(), false));
+    for (size_t c = 0; c < table.header.size(); ++c) {
+      int best = -1;
+      for (size_t r = 0; r < rank[c].size(); ++r) {
+        if (std::isnan(rank[c][r])) continue;
+        if (best < 0 || (lower[c] ? rank[c][r] < rank[c][best] : rank[c][r] > rank[c][best])) best = static_cast<int>(r);
+      }
+      if (best >= 0 && table.rows.size() > 1) table.best[best][c] = true;
+    }
+    out.emplace_back(t.task, std::move(table));
+  }
+  return out;
+}
+
+ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline) {
+  const Summary s = summarize(db);
+  const boost::filesystem::path base(out);
+  const std::string dir = base.parent_path().empty() ? "." : base.parent_path().string();
+  const std::string prefix = base.filename().string();
+  boost::filesystem::create_directories(dir);
+  const auto charts = draw_charts(s, dir, prefix, baseline);
+  const auto tables = task_tables(s, baseline);
+  const auto claims = evaluate_claims(s, baseline);
+
+  std::ostringstream md, html;
+  const std::string title = "Results: " + s.provenance.matrices;
+  md << "# " << title << "\n\nGenerated " << today() << " from `" << db << "` by `chiar report`. "
+     << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation "
+        "over seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence: as "
+        "executed, and as a sparse execution needs them. Best value per column in **bold**; reductions and "
+        "speed-ups are against `" << baseline << "`.\n\n";
+  html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << html_escape(title)
+       << "</title>\n<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+          "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:4px 8px;"
+          "text-align:right}th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}"
+          ".holds{color:#007a3d}.fails{color:#b00020}.unknown{color:#777}figure{margin:1.5em 0}"
+          "figcaption{color:#555;font-size:0.9em}.swatch{display:inline-block;width:0.8em;height:0.8em;margin-right:4px}"
+          "footer{margin-top:3em;font-size:0.85em;color:#555}</style></head><body>\n<h1>" << html_escape(title)
+       << "</h1>\n<p>Generated " << today() << " from <code>" << html_escape(db) << "</code> by <code>chiar report</code>. "
+       << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation over "
+          "seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence, as executed "
+          "and as a sparse execution needs them. Best value per column in bold; reductions and speed-ups are against <code>"
+       << html_escape(baseline) << "</code>.</p>\n";
+
+  for (const auto& [task, table] : tables) {
+    md << "## " << task << "\n\n|";
+    html << "<h2>" << html_escape(task) << "</h2>\n<table class=\"results\"><tr>";
+    for (const auto& h : table.header) {
+      md << " " << h << " |";
+      html << "<th>" << html_escape(h) << "</th>";
+    }
+    md << "\n|";
+    for (size_t c = 0; c < table.header.size(); ++c) md << (c == 0 ? "---|" : "---:|");
+    md << "\n";
+    html << "</tr>\n";
+    for (size_t r = 0; r < table.rows.size(); ++r) {
+      md << "|";
+      html << "<tr>";
+      for (size_t c = 0; c < table.rows[r].size(); ++c) {
+        const std::string& cell = table.rows[r][c];
+        const bool best = table.best[r][c];
+        md << " " << (best ? "**" + md_escape(cell) + "**" : md_escape(cell)) << " |";
+        html << "<td>";
+        if (c == 0)
+          html << "<span class=\"swatch\" style=\"background:" << variant_colour(s, cell) << "\"></span>";
+        html << (best ? "<strong>" + html_escape(cell) + "</strong>" : html_escape(cell)) << "</td>";
+      }
+      md << "\n";
+      html << "</tr>\n";
+    }
+    html << "</table>\n";
+    md << "\n";
+    for (const auto& c : charts) {
+      if (c.title.rfind(task + ":", 0) != 0) continue;
+      md << "![" << c.title << "](" << c.file << ")\n\n*" << c.caption << "*\n\n";
+      std::ifstream svg(dir + "/" + c.file);
+      std::string content((std::istreambuf_iterator<char>(svg)), {});
+      const auto start = content.find("<svg");
+      html << "<figure class=\"chart\">" << (start == std::string::npos ? "" : content.substr(start))
+           << "<figcaption>" << html_escape(c.caption) << "</figcaption></figure>\n";
+    }
+  }
+  for (const auto& c : charts) {
+    bool per_task = false;
+    for (const auto& [task, table] : tables) per_task |= c.title.rfind(task + ":", 0) == 0;
+    if (per_task) continue;
+    md << "## " << c.title << "\n\n![" << c.title << "](" << c.file << ")\n\n*" << c.caption << "*\n\n";
+    std::ifstream svg(dir + "/" + c.file);
+    std::string content((std::istreambuf_iterator<char>(svg)), {});
+    const auto start = content.find("<svg");
+    html << "<h2>" << html_escape(c.title) << "</h2>\n<figure class=\"chart\">"
+         << (start == std::string::npos ? "" : content.substr(start)) << "<figcaption>" << html_escape(c.caption)
+         << "</figcaption></figure>\n";
+  }
+
+  md << "## The paper's claims against this database\n\n| claim | measured | verdict |\n|---|---|---|\n";
+  html << "<h2>The paper's claims against this database</h2>\n<table class=\"claims\"><tr><th>claim</th><th>measured</th><th>verdict</th></tr>\n";
+  for (const auto& c : claims) {
+    md << "| " << md_escape(c.claim) << " | " << md_escape(c.measured) << " | " << c.verdict << " |\n";
+    const char* cls = c.verdict == "holds" ? "holds" : c.verdict == "does not hold" ? "fails" : "unknown";
+    html << "<tr><td style=\"text-align:left\">" << html_escape(c.claim) << "</td><td style=\"text-align:left\">"
+         << html_escape(c.measured) << "</td><td class=\"" << cls << "\">" << c.verdict << "</td></tr>\n";
+  }
+  html << "</table>\n";
+
+  md << "\n## Runs that did not finish\n\n";
+  html << "<h2>Runs that did not finish</h2>\n";
+  if (s.problems.empty()) {
+    md << "None: every run finished.\n";
+    html << "<p>None: every run finished.</p>\n";
+  } else {
+    md << "| run | status | detail |\n|---|---|---|\n";
+    html << "<table class=\"problems\"><tr><th>run</th><th>status</th><th>detail</th></tr>\n";
+    for (const RunRow* r : s.problems) {
+      std::string detail = r->error;
+      if (r->diverged_step >= 0) detail = "diverged at step " + std::to_string(r->diverged_step) + ": " + detail;
+      md << "| " << r->name << " | " << r->status << " | " << md_escape(detail) << " |\n";
+      html << "<tr><td>" << html_escape(r->name) << "</td><td>" << r->status << "</td><td style=\"text-align:left\">"
+           << html_escape(detail) << "</td></tr>\n";
+    }
+    html << "</table>\n";
+  }
+
+  const auto& p = s.provenance;
+  const std::string footer = "harness commit " + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; threads " +
+                             p.threads + "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus +
+                             "); runs from " + p.first + " to " + p.last + "; matrix " + p.matrices + ".";
+  md << "\n---\n\nProvenance: " << footer << "\n";
+  html << "<footer>Provenance: " << html_escape(footer) << "</footer>\n</body></html>\n";
+
+  ReportFiles files{out + ".md", out + ".html", {}};
+  std::ofstream(files.markdown) << md.str();
+  std::ofstream(files.html) << html.str();
+  for (const auto& c : charts) files.images.push_back(dir + "/" + c.file);
+  return files;
+}
+
+}  // namespace chiar::report

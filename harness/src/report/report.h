@@ -1,0 +1,29 @@
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chiar/export.h"
+#include "summary.h"
+
+namespace chiar::report {
+
+struct Table {
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::vector<bool>> best;  // per cell: the best value of its column
+};
+
+// One table per task, in the paper's shape (rows = variants).
+CHIAR_API std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const std::string& baseline);
+
+struct ReportFiles {
+  std::string markdown, html;
+  std::vector<std::string> images;
+};
+
+// Writes <out>.md (images beside it) and <out>.html (self-contained: the
+// charts inlined, no network fetches) from the store alone.
+CHIAR_API ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline);
+
+}  // namespace chiar::report

@@ -1,0 +1,156 @@
+#include "summary.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include <boost/filesystem.hpp>
+
+#include "../engine/sqlite.h"
+#include "chiar/error.h"
+
+namespace chiar::report {
+
+Stat stat_of(const std::vector<double>& v) {
+  Stat s;
+  s.n = static_cast<int>(v.size());
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= s.n;
+  if (s.n < 2) return s;
+  double ss = 0;
+  for (double x : v) ss += (x - s.mean) * (x - s.mean);
+  s.std = std::sqrt(ss / (s.n - 1));
+  if (s.n >= 3) {
+    // Two-sided 95% quantiles of Student's t for 2..30 degrees of freedom.
+    static const double t[] = {0, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                               2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+                               2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+    const int df = s.n - 1;
+    s.ci95 = (df <= 30 ? t[df] : 1.960) * s.std / std::sqrt(static_cast<double>(s.n));
+  }
+  return s;
+}
+
+bool lower_is_better(const std::string& c) {
+  return c == "token_ppl" || c == "word_ppl" || c == "bits_per_byte" || c == "loss" ||
+         c.find("gflops") != std::string::npos;
+}
+
+namespace {
+
+std::string joined(engine::Database& db, const std::string& column) {
+  auto q = db.prepare("SELECT DISTINCT " + column + " FROM runs WHERE " + column + " IS NOT NULL ORDER BY 1");
+  std::string out;
+  while (q.step()) out += (out.empty() ? "" : "; ") + q.text(0);
+  return out;
+}
+
+}  // namespace
+
+Summary summarize(const std::string& file) {
+  if (!boost::filesystem::exists(file)) throw UserError(file + ": no such database");
+  engine::Database db(file);
+  Summary s;
+  s.db = file;
+  {
+    auto q = db.prepare(
+        "SELECT id, name, variant, task, seed, status, COALESCE(error, ''), COALESCE(diverged_step, -1), "
+        "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, '') "
+        "FROM runs ORDER BY id");
+    while (q.step()) {
+      RunRow r;
+      r.id = q.integer(0);
+      r.name = q.text(1);
+      r.variant = q.text(2);
+      r.task = q.text(3);
+      r.seed = q.integer(4);
+      r.status = q.text(5);
+      r.error = q.text(6);
+      r.diverged_step = q.integer(7);
+      r.params = q.integer(8);
+      r.train_tps = q.real(9);
+      r.eval_tps = q.real(10);
+      r.tau = q.text(11);
+      s.runs.push_back(r);
+    }
+  }
+  for (auto& r : s.runs) {
+    auto m = db.prepare("SELECT checkpoint, name, value FROM metrics WHERE run_id = ? AND split = 'test'");
+    m.bind(1, r.id);
+    while (m.step()) (m.text(0) == "best" ? r.test_best : r.test_last)[m.text(1)] = m.real(2);
+    auto f = db.prepare(
+        "SELECT operator, SUM(fwd_executed), SUM(fwd_sparse), SUM(train_executed) FROM flops WHERE run_id = ? AND "
+        "step = (SELECT MAX(step) FROM flops WHERE run_id = ?) GROUP BY operator");
+    f.bind(1, r.id).bind(2, r.id);
+    while (f.step()) {
+      if (f.text(0) == "attention") r.attn_fwd = f.real(1), r.attn_fwd_sparse = f.real(2);
+      r.total_fwd += f.real(1);
+      r.total_fwd_sparse += f.real(2);
+      r.total_train += f.real(3);
+    }
+    auto ref = db.prepare("SELECT attention_fwd FROM flops_reference WHERE run_id = ? ORDER BY step DESC LIMIT 1");
+    ref.bind(1, r.id);
+    if (ref.step()) r.reference_attn_fwd = ref.real(0);
+    auto share = db.prepare(
+        "SELECT operator, AVG(share) FROM routing WHERE run_id = ? AND "
+        "step = (SELECT MAX(step) FROM routing WHERE run_id = ?) GROUP BY operator");
+    share.bind(1, r.id).bind(2, r.id);
+    while (share.step()) r.final_share[share.text(0)] = share.real(1);
+  }
+  for (const auto& r : s.runs) {
+    if (std::find(s.variant_order.begin(), s.variant_order.end(), r.variant) == s.variant_order.end())
+      s.variant_order.push_back(r.variant);
+    if (r.status != "done") s.problems.push_back(&r);
+  }
+  std::vector<std::string> tasks;
+  for (const auto& r : s.runs)
+    if (std::find(tasks.begin(), tasks.end(), r.task) == tasks.end()) tasks.push_back(r.task);
+  for (const auto& task : tasks) {
+    TaskSummary t;
+    t.task = task;
+    for (const auto& variant : s.variant_order) {
+      VariantSummary v;
+      v.variant = variant;
+      for (const auto& r : s.runs)
+        if (r.task == task && r.variant == variant && r.status == "done") v.runs.push_back(&r);
+      if (v.runs.empty()) continue;
+      std::map<std::string, std::vector<double>> metrics;
+      std::vector<double> attn, attn_sp, total, total_sp, ttps, etps;
+      for (const RunRow* r : v.runs) {
+        for (const auto& [k, val] : r->test_best) metrics[k].push_back(val);
+        attn.push_back(r->attn_fwd / 1e9);
+        attn_sp.push_back(r->attn_fwd_sparse / 1e9);
+        total.push_back(r->total_fwd / 1e9);
+        total_sp.push_back(r->total_fwd_sparse / 1e9);
+        ttps.push_back(r->train_tps);
+        etps.push_back(r->eval_tps);
+        v.params = r->params;
+        if (r->test_best.count("token_ppl")) t.language_model = true;
+      }
+      for (const auto& [k, vals] : metrics) v.metric[k] = stat_of(vals);
+      v.attn_gflops = stat_of(attn);
+      v.attn_sparse_gflops = stat_of(attn_sp);
+      v.total_gflops = stat_of(total);
+      v.total_sparse_gflops = stat_of(total_sp);
+      v.train_tps = stat_of(ttps);
+      v.eval_tps = stat_of(etps);
+      t.variants.push_back(std::move(v));
+    }
+    s.tasks.push_back(std::move(t));
+  }
+  auto& p = s.provenance;
+  p.commits = joined(db, "git_commit || CASE WHEN git_dirty THEN ' (dirty)' ELSE '' END");
+  p.torch = joined(db, "torch_version");
+  p.blas = joined(db, "blas");
+  p.threads = joined(db, "threads");
+  p.hosts = joined(db, "host");
+  p.cpus = joined(db, "cpu");
+  p.allocators = joined(db, "allocator");
+  p.matrices = joined(db, "matrix");
+  auto dates = db.prepare("SELECT MIN(started_at), MAX(finished_at) FROM runs");
+  if (dates.step()) p.first = dates.text(0), p.last = dates.text(1);
+  return s;
+}
+
+}  // namespace chiar::report

@@ -1,0 +1,65 @@
+#pragma once
+// What a report shows, read from a results store only.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "chiar/export.h"
+
+namespace chiar::report {
+
+// Mean, sample standard deviation and the half-width of a 95% confidence
+// interval (Student's t; only for n >= 3, else 0).
+struct Stat {
+  int n = 0;
+  double mean = 0, std = 0, ci95 = 0;
+};
+CHIAR_API Stat stat_of(const std::vector<double>& values);
+
+struct RunRow {
+  int64_t id = 0;
+  std::string name, variant, task, status, error;
+  int64_t seed = 0, diverged_step = -1, params = 0;
+  double train_tps = 0, eval_tps = 0;
+  std::map<std::string, double> test_best, test_last;  // metric -> value
+  double attn_fwd = 0, attn_fwd_sparse = 0, total_fwd = 0, total_fwd_sparse = 0;  // per sequence
+  double reference_attn_fwd = 0;
+  double total_train = 0;  // forward + backward FLOPs of a training step, per sequence, executed
+  std::map<std::string, double> final_share;  // operator -> mean share over routed layers
+  std::string tau;  // JSON
+};
+
+struct VariantSummary {
+  std::string variant;
+  std::vector<const RunRow*> runs;  // finished ("done") runs
+  std::map<std::string, Stat> metric;  // test, best checkpoint
+  Stat attn_gflops, attn_sparse_gflops, total_gflops, total_sparse_gflops, train_tps, eval_tps;
+  int64_t params = 0;
+};
+
+struct TaskSummary {
+  std::string task;
+  bool language_model = false;
+  std::vector<VariantSummary> variants;  // in the order variants first appear
+};
+
+struct Provenance {
+  std::string commits, torch, blas, threads, hosts, cpus, allocators, first, last, matrices;
+};
+
+struct Summary {
+  std::string db;
+  std::vector<RunRow> runs;
+  std::vector<TaskSummary> tasks;
+  std::vector<const RunRow*> problems;  // failed, diverged, interrupted, never finished
+  Provenance provenance;
+  std::vector<std::string> variant_order;  // fixes colours across charts
+};
+
+CHIAR_API Summary summarize(const std::string& db);
+
+// Lower is better for perplexities, bits per byte and FLOPs; higher for accuracy and speed.
+CHIAR_API bool lower_is_better(const std::string& column);
+
+}  // namespace chiar::report
