@@ -8,10 +8,18 @@
 #include <fstream>
 #include <thread>
 
+#include <ATen/ATen.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
+
+#include <sstream>
+
+#include "../harness/src/core/model.h"
 #include "../harness/src/engine/matrix.h"
 #include "../harness/src/engine/sqlite.h"
 #include "chiar/error.h"
 #include "chiar/random.h"
+#include "support/fixtures.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -301,4 +309,68 @@ TEST_CASE("run: bf16 autocast trains to finite metrics close to fp32", "[engine]
   REQUIRE(b.step());
   CHECK(std::isfinite(a.real(0)));
   CHECK(a.real(0) == Approx(b.real(0)).epsilon(0.05));
+}
+
+TEST_CASE("inspect: the routes printed are the model's own routing decisions", "[engine][inspect]") {
+  TempDir d("inspect");
+  write_fixture(d);
+  REQUIRE(test::run_chiar(run_args(d, "i.db", {"--only", "routed/lm/seed=0"})).status == 0);
+  const std::string db = d.path() + "/i.db";
+  const std::string text = "the route of a token is cheap or not the entropy";
+  const auto out = test::run_chiar({"inspect", db, "--run", "routed/lm/seed=0", "--text", text, "--tsv",
+                                    "--data-root", d.path(), "--cache-dir", d.path() + "/cache", "--html",
+                                    d.path() + "/routes.html"});
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+
+  // The same model, rebuilt here from the stored spec and the best checkpoint.
+  engine::Database con(db);
+  auto q = con.prepare("SELECT spec_toml, hash FROM runs WHERE name = 'routed/lm/seed=0'");
+  REQUIRE(q.step());
+  const auto spec = engine::run_spec_from_toml(q.text(0));
+  TaskSpec ts;
+  ts.params = spec.task_config.params;
+  ts.data_root = d.path();
+  ts.cache_dir = d.path() + "/cache";
+  auto task = test::plugins().make_task(spec.task_config.plugin, ts);
+  ModelOptions mo = spec.model;
+  mo.vocab_size(task->vocab_size()).head(HeadKind::LanguageModel);
+  ChiarModel model(test::plugins(), mo);
+  torch::serialize::InputArchive archive;
+  archive.load_from(db + ".checkpoints/" + q.text(1) + "/best.pt");
+  model.load(archive);
+  model.eval();
+  at::NoGradGuard no_grad;
+  const auto ids = task->encode(text);
+  const auto routing = model.forward(at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({1, -1})).routing;
+  REQUIRE(routing.size() == 1);
+
+  std::istringstream lines(out.output);
+  std::string line;
+  std::getline(lines, line);
+  CHECK(line == "token\tid\tL2_H\tL2_route");
+  int64_t i = 0, attention = 0;
+  while (std::getline(lines, line) && line.find('\t') != std::string::npos) {
+    std::istringstream fields(line);
+    std::string token, id, h, route;
+    std::getline(fields, token, '\t');
+    std::getline(fields, id, '\t');
+    std::getline(fields, h, '\t');
+    std::getline(fields, route, '\t');
+    REQUIRE(i < static_cast<int64_t>(ids.size()));
+    CHECK(std::stoll(id) == ids[i]);
+    CHECK(std::stod(h) == Approx(routing[0].entropy[0][i].item<double>()).margin(1e-6));
+    const std::string expected = routing[0].choice[0][i].item<int64_t>() == 1 ? "attention" : "dct";
+    CHECK(route == expected);
+    attention += route == "attention";
+    ++i;
+  }
+  CHECK(i == static_cast<int64_t>(ids.size()));
+  std::ifstream html(d.path() + "/routes.html");
+  const std::string page((std::istreambuf_iterator<char>(html)), {});
+  size_t spans = 0;
+  for (size_t at = page.find("class=\"t\""); at != std::string::npos; at = page.find("class=\"t\"", at + 1)) ++spans;
+  CHECK(spans == ids.size());
+  CHECK(test::run_chiar({"inspect", db, "--run", "nope", "--text", "x"}).output ==
+        "chiar: " + db + ": no run 'nope' (give its id, name or hash; `chiar show` lists them)\n");
 }

@@ -75,4 +75,11 @@ struct ReportArgs {
 };
 int run_report(const Global& g, const ReportArgs& a);
 
+struct InspectArgs {
+  std::string db, run, checkpoint = "best", text, file, html, corpus, color = "auto", data_root, cache_dir;
+  bool tsv = false;
+  int64_t top = 15, min_count = 5, max_tokens = 20000;
+};
+int run_inspect(const Global& g, const InspectArgs& a);
+
 }  // namespace chiar::cli

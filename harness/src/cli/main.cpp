@@ -103,6 +103,25 @@ int main(int argc, char** argv) {
   report->add_option("--out", rep.out, "output path without extension (default reports/<db name>)");
   report->add_option("--baseline", rep.baseline, "the variant reductions and speed-ups compare with");
 
+  InspectArgs ins;
+  ins.data_root = d.data_root;
+  ins.cache_dir = d.cache_dir;
+  auto* inspect = app.add_subcommand("inspect", "per-token spectral entropy and route of a finished run");
+  inspect->add_option("db", ins.db, "results database")->required();
+  inspect->add_option("--run", ins.run, "run id, name or hash (see chiar show)")->required();
+  inspect->add_option("--checkpoint", ins.checkpoint, "best (default) or last");
+  inspect->add_option("--text", ins.text, "text to inspect");
+  inspect->add_option("--file", ins.file, "file to inspect (- for stdin, the default without --text)");
+  inspect->add_flag("--tsv", ins.tsv, "tab-separated output: token, id, H and route per routed layer");
+  inspect->add_option("--html", ins.html, "write a heatmap page (tokens coloured by route, H on hover)");
+  inspect->add_option("--corpus", ins.corpus, "summarise routes over this text file: tokens most/least sent to attention");
+  inspect->add_option("--top", ins.top, "tokens listed by --corpus (15)");
+  inspect->add_option("--min-count", ins.min_count, "occurrences a token needs to be listed (5)");
+  inspect->add_option("--max-tokens", ins.max_tokens, "words of --corpus read (20000)");
+  inspect->add_option("--color", ins.color, "auto, always or never");
+  inspect->add_option("--data-root", ins.data_root, "folder relative data paths start from");
+  inspect->add_option("--cache-dir", ins.cache_dir, "folder for trained tokenisers and extracted archives");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -129,6 +148,7 @@ int main(int argc, char** argv) {
     if (*show) return run_show(g, sh);
     if (*exp) return run_export(g, ex);
     if (*report) return run_report(g, rep);
+    if (*inspect) return run_inspect(g, ins);
   } catch (const chiar::UserError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 2;

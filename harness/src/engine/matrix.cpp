@@ -322,6 +322,29 @@ toml::table node_from_assignment(const std::string& text) {
 
 }  // namespace
 
+RunSpec run_spec_from_toml(const std::string& text) {
+  toml::table run;
+  try {
+    run = toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    throw UserError(std::string("stored run spec: ") + std::string(e.description()));
+  }
+  RunSpec spec;
+  spec.matrix = string(run, "matrix");
+  spec.variant = string(run, "variant");
+  spec.seed = integer(run, "seed");
+  const toml::table& task = *run.get("task")->as_table();
+  spec.task = string(task, "name");
+  spec.task_config.name = spec.task;
+  spec.task_config.plugin = string(task, "plugin");
+  spec.task_config.params = params_of(*task.get("params")->as_table(), "task");
+  spec.model = model_options(*run.get("model")->as_table(), "stored run spec");
+  spec.model.seed(static_cast<uint64_t>(spec.seed));
+  spec.train = train_options(*run.get("train")->as_table());
+  spec.resolved_toml = text;
+  return spec;
+}
+
 std::string RunSpec::name() const {
   std::string n = variant + "/" + task + "/seed=" + std::to_string(seed);
   for (const auto& [axis, value] : sweep) n += "," + axis + "=" + value;
@@ -463,9 +486,11 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
           spec.task_config.name = task;
           spec.task_config.plugin = plugin;
           spec.task_config.params = params_of(*run.get("task")->as_table()->get("params")->as_table(), "tasks." + task);
-          std::ostringstream json;
+          std::ostringstream json, text;
           json << toml::json_formatter{run};
+          text << toml::toml_formatter{run};
           spec.canonical = json.str();
+          spec.resolved_toml = text.str();
           char hex[17];
           std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(spec.canonical)));
           spec.hash = hex;

@@ -24,4 +24,8 @@ struct Matrix {
 // suggestion for a misspelt key.
 CHIAR_API Matrix load_matrix(const std::string& file, const MatrixOptions& options = {});
 
+// A run back from its resolved TOML (as the store keeps it), e.g. to rebuild
+// its model for inspection.
+CHIAR_API RunSpec run_spec_from_toml(const std::string& text);
+
 }  // namespace chiar::engine

@@ -41,6 +41,7 @@ struct CHIAR_API RunSpec {
   TaskConfig task_config;
   TrainOptions train;
   std::string canonical;  // the resolved spec as JSON, keys sorted
+  std::string resolved_toml;  // the same spec as TOML, readable back by run_spec_from_toml
   std::string hash;       // 16 hex digits of FNV-1a over canonical
 
   // "variant/task/seed=S" plus ",axis=value" per sweep axis.

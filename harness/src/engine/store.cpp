@@ -102,7 +102,8 @@ void Store::migrate() {
       throw UserError(db_.file() + ": schema version " + std::to_string(version) +
                       " is newer than this harness's " + std::to_string(kSchemaVersion));
     if (version < 1) db_.exec(kSchemaV1);
-    // Later versions: if (version < 2) { ALTER TABLE ... }
+    // 2: the resolved spec as TOML, so a run's model can be rebuilt (chiar inspect).
+    if (version < 2) db_.exec("ALTER TABLE runs ADD COLUMN spec_toml TEXT");
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
         .run();
@@ -112,12 +113,12 @@ void Store::migrate() {
 void Store::register_runs(const std::vector<RunSpec>& runs) {
   db_.transaction([&] {
     auto insert = db_.prepare(
-        "INSERT OR IGNORE INTO runs(hash, name, matrix, variant, task, seed, spec, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+        "INSERT OR IGNORE INTO runs(hash, name, matrix, variant, task, seed, spec, spec_toml, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
     const std::string now = now_iso();
     for (const auto& r : runs) {
       insert.bind(1, r.hash).bind(2, r.name()).bind(3, r.matrix).bind(4, r.variant).bind(5, r.task)
-          .bind(6, r.seed).bind(7, r.canonical).bind(8, now);
+          .bind(6, r.seed).bind(7, r.canonical).bind(8, r.resolved_toml).bind(9, now);
       insert.run();
       insert.reset();
     }

@@ -15,7 +15,7 @@
 
 namespace chiar::engine {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 
 struct Provenance {
   std::string git_commit;

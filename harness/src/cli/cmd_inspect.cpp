@@ -1,0 +1,149 @@
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "../core/registry.h"
+#include "../report/inspect.h"
+#include "chiar/error.h"
+#include "chiar/text_io.h"
+#include "commands.h"
+
+namespace chiar::cli {
+namespace {
+
+const char* ansi(const std::string& op) {
+  if (op == "dct") return "\033[34m";
+  if (op == "rbf") return "\033[32m";
+  if (op == "attention") return "\033[31m";
+  return "\033[35m";
+}
+
+const char* css(const std::string& op) {
+  if (op == "dct") return "#cfe3f7";
+  if (op == "rbf") return "#cdeccf";
+  if (op == "attention") return "#f7c9c0";
+  return "#e7d3ee";
+}
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace
+
+int run_inspect(const Global& g, const InspectArgs& a) {
+  PluginRegistry registry;
+  registry.load_default(g.plugin_dirs);
+  report::InspectOptions o;
+  o.db = a.db;
+  o.run = a.run;
+  o.checkpoint = a.checkpoint;
+  o.data_root = a.data_root;
+  o.cache_dir = a.cache_dir;
+  report::Inspector inspector(registry, o);
+
+  std::string text = a.text;
+  if (text.empty() && a.corpus.empty()) {
+    std::vector<std::string> lines = a.file.empty() || a.file == "-" ? std::vector<std::string>() : read_lines(a.file);
+    if (a.file.empty() || a.file == "-") {
+      std::string line;
+      while (std::getline(std::cin, line)) lines.push_back(line);
+    }
+    for (const auto& l : lines) text += (text.empty() ? "" : "\n") + l;
+  }
+  const bool color = a.color == "always" || (a.color == "auto" && isatty(STDOUT_FILENO));
+  if (!text.empty()) {
+    const auto ins = inspector.inspect(text);
+    if (a.tsv) {
+      std::cout << "token\tid";
+      for (int64_t l : ins.layers) std::cout << "\tL" << l + 1 << "_H\tL" << l + 1 << "_route";
+      std::cout << "\n";
+      for (const auto& t : ins.tokens) {
+        std::cout << t.text << "\t" << t.id;
+        for (size_t l = 0; l < ins.layers.size(); ++l)
+          std::cout << "\t" << fixed(t.entropy[l], 6) << "\t" << ins.operators[l][t.route[l]];
+        std::cout << "\n";
+      }
+    } else {
+      std::cout << inspector.spec().name() << " (" << inspector.checkpoint_file() << ")\n\n" << std::left
+                << std::setw(18) << "token";
+      for (int64_t l : ins.layers) std::cout << std::setw(22) << ("layer " + std::to_string(l + 1) + ": H route");
+      std::cout << "\n";
+      for (const auto& t : ins.tokens) {
+        std::cout << std::setw(18) << t.text.substr(0, 17);
+        for (size_t l = 0; l < ins.layers.size(); ++l) {
+          const std::string& op = ins.operators[l][t.route[l]];
+          std::cout << fixed(t.entropy[l], 4) << "  " << (color ? ansi(op) : "") << std::setw(14) << op
+                    << (color ? "\033[0m" : "");
+        }
+        std::cout << "\n";
+      }
+      std::cout << "\nshare of tokens per operator:\n";
+      for (size_t l = 0; l < ins.layers.size(); ++l) {
+        std::map<std::string, int64_t> n;
+        for (const auto& t : ins.tokens) ++n[ins.operators[l][t.route[l]]];
+        std::cout << "  layer " << ins.layers[l] + 1 << ":";
+        for (const auto& op : ins.operators[l])
+          std::cout << "  " << op << " " << fixed(100.0 * static_cast<double>(n[op]) / std::max<size_t>(1, ins.tokens.size()), 1) << "%";
+        std::cout << "\n";
+      }
+    }
+    if (!a.html.empty()) {
+      std::ofstream html(a.html);
+      if (!html) throw UserError(a.html + ": cannot write the file");
+      html << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Routes: " << escape(inspector.spec().name())
+           << "</title><style>body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em auto;line-height:2}"
+              "span.t{padding:2px 3px;margin:1px;border-radius:3px}.legend span{padding:2px 8px;margin-right:8px}</style></head><body>\n<h1>Routes of "
+           << escape(inspector.spec().name()) << "</h1>\n<p class=\"legend\">";
+      for (const char* op : {"dct", "rbf", "attention"})
+        html << "<span style=\"background:" << css(op) << "\">" << op << "</span>";
+      html << " Hover a token for its spectral entropy H and route in every routed layer.</p>\n";
+      for (size_t l = 0; l < ins.layers.size(); ++l) {
+        html << "<h2>Layer " << ins.layers[l] + 1 << "</h2>\n<p>";
+        for (const auto& t : ins.tokens) {
+          std::string tip;
+          for (size_t k = 0; k < ins.layers.size(); ++k)
+            tip += "layer " + std::to_string(ins.layers[k] + 1) + ": H " + fixed(t.entropy[k], 4) + " " + ins.operators[k][t.route[k]] + "\n";
+          html << "<span class=\"t\" style=\"background:" << css(ins.operators[l][t.route[l]]) << "\" title=\"" << escape(tip)
+               << "\">" << escape(t.text) << "</span> ";
+        }
+        html << "</p>\n";
+      }
+      html << "</body></html>\n";
+      std::cerr << "wrote " << a.html << "\n";
+    }
+  }
+  if (!a.corpus.empty()) {
+    const auto [most, least] = inspector.corpus(read_lines(a.corpus), a.max_tokens, a.top, a.min_count);
+    auto print = [&](const char* title, const std::vector<report::TokenRate>& rows) {
+      std::cout << "\n" << title << " (tokens seen at least " << a.min_count << " times)\n";
+      for (const auto& r : rows)
+        std::cout << "  " << std::left << std::setw(18) << r.text.substr(0, 17) << std::right << std::setw(7)
+                  << fixed(100 * r.attention, 1) << "%  of " << r.count << "\n";
+    };
+    print("most often sent to attention", most);
+    print("least often sent to attention", least);
+  }
+  return 0;
+}
+
+}  // namespace chiar::cli

@@ -1,0 +1,113 @@
+#include "inspect.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <map>
+
+#include <boost/filesystem.hpp>
+
+#include "../engine/matrix.h"
+#include "../engine/sqlite.h"
+#include "../engine/trainer.h"
+#include "chiar/error.h"
+
+namespace chiar::report {
+
+Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
+  if (!boost::filesystem::exists(o.db)) throw UserError(o.db + ": no such database");
+  engine::Database db(o.db);
+  auto q = db.prepare(
+      "SELECT hash, status, COALESCE(spec_toml, '') FROM runs WHERE CAST(id AS TEXT) = ?1 OR name = ?1 OR hash = ?1");
+  q.bind(1, o.run);
+  if (!q.step()) throw UserError(o.db + ": no run '" + o.run + "' (give its id, name or hash; `chiar show` lists them)");
+  const std::string hash = q.text(0), status = q.text(1), toml = q.text(2);
+  if (toml.empty()) throw UserError(o.db + ": run '" + o.run + "' has no stored spec");
+  spec_ = engine::run_spec_from_toml(toml);
+  if (o.checkpoint != "best" && o.checkpoint != "last")
+    throw UserError("--checkpoint: expected best or last, found '" + o.checkpoint + "'");
+  const std::string dir = boost::filesystem::absolute(o.db).string() + ".checkpoints/" + hash;
+  checkpoint_ = dir + (o.checkpoint == "best" ? "/best.pt" : "/state.pt");
+  if (!boost::filesystem::exists(checkpoint_))
+    throw UserError("run '" + o.run + "' (" + status + ") has no checkpoint " + checkpoint_);
+  TaskSpec ts;
+  ts.params = spec_.task_config.params;
+  ts.data_root = o.data_root;
+  ts.cache_dir = o.cache_dir;
+  task_ = registry.make_task(spec_.task_config.plugin, ts);
+  model_ = std::make_shared<ChiarModel>(registry, engine::model_options_for(spec_, *task_));
+  torch::serialize::InputArchive archive;
+  archive.load_from(checkpoint_);
+  model_->load(archive);
+  model_->eval();
+}
+
+Inspector::~Inspector() = default;
+
+Inspection Inspector::inspect(const std::string& text) {
+  at::NoGradGuard no_grad;
+  Inspection out;
+  for (const auto& layer : model_->mixing_layers())
+    if (layer->routed()) {
+      out.layers.push_back(static_cast<int64_t>(&layer - &model_->mixing_layers()[0]));
+      out.operators.push_back(layer->operator_names());
+    }
+  const auto ids = task_->encode(text);
+  const auto T = static_cast<size_t>(task_->seq_len());
+  for (size_t start = 0; start < ids.size(); start += T) {
+    const size_t n = std::min(T, ids.size() - start);
+    auto tokens = at::tensor(std::vector<int64_t>(ids.begin() + start, ids.begin() + start + n),
+                             at::TensorOptions().dtype(at::kLong)).view({1, -1});
+    const auto result = model_->forward(tokens);
+    for (size_t i = 0; i < n; ++i) {
+      TokenRoute t;
+      t.id = ids[start + i];
+      t.text = task_->token_text(t.id);
+      for (const auto& r : result.routing) {
+        t.entropy.push_back(r.entropy[0][static_cast<int64_t>(i)].item<double>());
+        t.route.push_back(r.choice[0][static_cast<int64_t>(i)].item<int64_t>());
+      }
+      out.tokens.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+std::pair<std::vector<TokenRate>, std::vector<TokenRate>> Inspector::corpus(const std::vector<std::string>& lines,
+                                                                            int64_t max_tokens, int64_t top,
+                                                                            int64_t min_count) {
+  std::string text;
+  int64_t words = 0;
+  for (const auto& line : lines) {
+    text += line + "\n";
+    words += static_cast<int64_t>(std::count(line.begin(), line.end(), ' ')) + 1;
+    if (words >= max_tokens) break;
+  }
+  const Inspection all = inspect(text);
+  std::map<int64_t, TokenRate> rates;
+  for (const auto& t : all.tokens) {
+    auto& r = rates[t.id];
+    r.text = t.text;
+    ++r.count;
+    double to_attention = 0;
+    for (size_t l = 0; l < t.route.size(); ++l)
+      to_attention += all.operators[l][t.route[l]] == "attention";
+    r.attention += t.route.empty() ? 0 : to_attention / static_cast<double>(t.route.size());
+  }
+  std::vector<TokenRate> frequent;
+  for (auto& [id, r] : rates)
+    if (r.count >= min_count) {
+      r.attention /= static_cast<double>(r.count);
+      frequent.push_back(r);
+    }
+  std::sort(frequent.begin(), frequent.end(), [](const TokenRate& a, const TokenRate& b) {
+    return a.attention != b.attention ? a.attention > b.attention : a.count > b.count;
+  });
+  const auto k = static_cast<size_t>(std::min<int64_t>(top, static_cast<int64_t>(frequent.size())));
+  std::vector<TokenRate> most(frequent.begin(), frequent.begin() + k);
+  std::vector<TokenRate> least(frequent.rbegin(), frequent.rbegin() + k);
+  return {most, least};
+}
+
+}  // namespace chiar::report
