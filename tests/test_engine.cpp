@@ -374,3 +374,29 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
   CHECK(test::run_chiar({"inspect", db, "--run", "nope", "--text", "x"}).output ==
         "chiar: " + db + ": no run 'nope' (give its id, name or hash; `chiar show` lists them)\n");
 }
+
+TEST_CASE("bench-train: every variant measured, every JSON field written", "[engine][bench]") {
+  TempDir d("bench");
+  const std::string json = d.path() + "/b.json";
+  const auto out = test::run_chiar({"bench-train", "--variants-file", std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
+                                    "--variants", "baseline,chiar_dct_attn,chiar_soft", "--batch", "2", "--seq", "16",
+                                    "--d-model", "16", "--heads", "2", "--vocab", "50", "--steps", "2", "--warmup", "1",
+                                    "--json", json});
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  for (const char* v : {"\"baseline\"", "\"chiar_dct_attn\"", "\"chiar_soft\""}) CHECK(text.find(v) != std::string::npos);
+  for (const char* k : {"train_tokens_per_s", "infer_tokens_per_s", "step_flops", "achieved_gflops", "gemm_gflops", "peak_rss_mb"}) {
+    size_t n = 0;
+    for (size_t at = text.find(k); at != std::string::npos; at = text.find(k, at + 1)) ++n;
+    CHECK(n == 3);
+  }
+  // A dense soft model executes more FLOPs per step than the sparse DCT+Attn model.
+  const auto flops_of = [&](const std::string& v) {
+    const auto at = text.find("\"step_flops\": ", text.find("\"" + v + "\""));
+    return std::stod(text.substr(at + 14));
+  };
+  CHECK(flops_of("chiar_soft") > flops_of("chiar_dct_attn"));
+  CHECK(test::run_chiar({"bench-train", "--variants", "nope", "--variants-file", std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml"}).status == 2);
+}

@@ -82,4 +82,11 @@ struct InspectArgs {
 };
 int run_inspect(const Global& g, const InspectArgs& a);
 
+struct BenchTrainArgs {
+  std::vector<std::string> variants;
+  std::string variants_file = "configs/variants.toml", json;
+  int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4, steps = 10, warmup = 3;
+};
+int run_bench_train(const Global& g, const BenchTrainArgs& a);
+
 }  // namespace chiar::cli

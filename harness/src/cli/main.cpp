@@ -122,6 +122,20 @@ int main(int argc, char** argv) {
   inspect->add_option("--data-root", ins.data_root, "folder relative data paths start from");
   inspect->add_option("--cache-dir", ins.cache_dir, "folder for trained tokenisers and extracted archives");
 
+  BenchTrainArgs bt;
+  auto* bench = app.add_subcommand("bench-train", "training and inference tokens/s per variant, against the GEMM rate");
+  bench->add_option("--variants", bt.variants, "variants (default baseline,chiar_dct_attn)")->delimiter(',');
+  bench->add_option("--variants-file", bt.variants_file, "where the variants are defined");
+  bench->add_option("--vocab", bt.vocab, "vocabulary (8192)");
+  bench->add_option("--batch", bt.batch, "batch (8)");
+  bench->add_option("--seq", bt.seq, "sequence length (256)");
+  bench->add_option("--d-model", bt.d_model, "width (256)");
+  bench->add_option("--layers", bt.layers, "layers (4)");
+  bench->add_option("--heads", bt.heads, "heads (4)");
+  bench->add_option("--steps", bt.steps, "timed steps (10)");
+  bench->add_option("--warmup", bt.warmup, "warm-up steps (3)");
+  bench->add_option("--json", bt.json, "also write the results as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -149,6 +163,7 @@ int main(int argc, char** argv) {
     if (*exp) return run_export(g, ex);
     if (*report) return run_report(g, rep);
     if (*inspect) return run_inspect(g, ins);
+    if (*bench) return run_bench_train(g, bt);
   } catch (const chiar::UserError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 2;

@@ -154,8 +154,10 @@ toml::table load_with_includes(const std::string& file, std::vector<std::string>
   if (const toml::node* inc = root.get("include")) {
     if (!has_kind(*inc, Kind::Strings)) fail_at(*inc, "include", "expected a list of file names");
     const auto dir = boost::filesystem::path(file).parent_path();
-    for (const auto& item : *inc->as_array())
-      merge_into(merged, load_with_includes((dir / item.as_string()->get()).string(), chain, sources));
+    for (const auto& item : *inc->as_array()) {
+      const boost::filesystem::path name = item.as_string()->get();  // absolute, or relative to this file
+      merge_into(merged, load_with_includes((name.is_absolute() ? name : dir / name).string(), chain, sources));
+    }
     root.erase("include");
   }
   merge_into(merged, root);

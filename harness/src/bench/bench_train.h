@@ -1,0 +1,34 @@
+#pragma once
+// End-to-end throughput of variants on synthetic tokens: training steps
+// (forward, loss, backward, AdamW) and inference, timed as medians after
+// warm-up, next to the GEMM rate measured in the same process.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../core/registry.h"
+#include "chiar/export.h"
+
+namespace chiar::bench {
+
+struct TrainBenchOptions {
+  std::string variants_file = "configs/variants.toml";
+  std::vector<std::string> variants = {"baseline", "chiar_dct_attn"};
+  int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4;
+  int64_t steps = 10, warmup = 3;
+  int threads = 0;
+};
+
+struct TrainBenchResult {
+  std::string variant;
+  double train_tokens_per_s = 0, infer_tokens_per_s = 0;
+  double step_flops = 0;       // executed FLOPs of one training step (forward + backward)
+  double achieved_gflops = 0;  // step_flops / median step time
+  double gemm_gflops = 0;      // 2048^3 fp32, measured in this process
+  double peak_rss_mb = 0;      // high-water mark while this variant ran
+  double train_ms = 0, infer_ms = 0;  // medians
+};
+
+CHIAR_API std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o);
+
+}  // namespace chiar::bench

@@ -1,0 +1,189 @@
+// chiar_bench: operator-level benchmarks (Google Benchmark). Every case checks
+// its result against the dense/full path before it is timed; a case whose
+// check fails is reported as an error, not a time. Run it on a Release build:
+//   build/chiar_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//     --benchmark_out=bench.json --benchmark_out_format=json (one command line)
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <torch/utils.h>
+
+#include <cstring>
+#include <iostream>
+#include <memory>
+
+#include "../core/mixing_layer.h"
+#include "../core/registry.h"
+#include "../core/runtime.h"
+#include "chiar/spectral.h"
+#include "chiar_build_info.h"
+
+namespace {
+
+using namespace chiar;
+
+PluginRegistry& registry() {
+  static PluginRegistry* r = [] {
+    auto* p = new PluginRegistry();
+    p->load_default();
+    return p;
+  }();
+  return *r;
+}
+
+double rel_error(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-30);
+}
+
+std::shared_ptr<Operator> make(const std::string& name, int64_t d) {
+  OperatorSpec spec;
+  spec.d_model = d;
+  spec.n_heads = 4;
+  spec.seed = 1;
+  return registry().make_operator(name, spec);
+}
+
+constexpr int64_t kBatch = 4;
+
+// Operator forward (and forward + backward) on (4, T, d), causal.
+void BM_operator(benchmark::State& state, const std::string& name, bool backward) {
+  const int64_t T = state.range(0), d = state.range(1);
+  at::manual_seed(0);
+  auto op = make(name, d);
+  auto x = at::randn({kBatch, T, d});
+  OpContext ctx;
+  ctx.causal = true;
+  {
+    at::NoGradGuard g;
+    auto rows = at::arange(kBatch * T, at::TensorOptions().dtype(at::kLong));
+    const double err = rel_error(op->forward_rows(x, rows, ctx), op->forward(x, ctx).view({-1, d}));
+    if (err > 1e-4) {
+      state.SkipWithError(("forward_rows disagrees with forward: " + std::to_string(err)).c_str());
+      return;
+    }
+  }
+  if (backward) x.requires_grad_(true);
+  for (auto _ : state) {
+    if (backward) {
+      auto y = op->forward(x, ctx);
+      y.sum().backward();
+      benchmark::DoNotOptimize(x.grad().data_ptr());
+      x.mutable_grad() = at::Tensor();
+    } else {
+      at::NoGradGuard g;
+      auto y = op->forward(x, ctx);
+      benchmark::DoNotOptimize(y.data_ptr());
+    }
+  }
+  const FlopCount f = op->flops(T, T, d) * kBatch;
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(backward ? f.total() : f.forward) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Orthonormal DCT-II of 4096 vectors of size d, by GEMM or by FFT.
+void BM_dct(benchmark::State& state, DctImpl impl) {
+  const int64_t d = state.range(0);
+  auto x = at::randn({4096, d});
+  at::NoGradGuard g;
+  const double err = rel_error(dct2(x, impl), dct2(x.to(at::kDouble), DctImpl::Gemm).to(at::kFloat));
+  if (err > 1e-5) {
+    state.SkipWithError("DCT disagrees with the float64 GEMM path");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(dct2(x, impl).data_ptr());
+}
+
+// Spectral entropy of the router input (its overhead per routed layer).
+void BM_router_entropy(benchmark::State& state) {
+  const int64_t T = state.range(0), d = state.range(1);
+  auto x = at::randn({kBatch, T, d});
+  at::NoGradGuard g;
+  for (auto _ : state) benchmark::DoNotOptimize(spectral_entropy(x).data_ptr());
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// A dct|attn layer under threshold routing with a given attention share,
+// executed densely or sparsely (inference). Checks sparse == dense first.
+void BM_routed(benchmark::State& state, bool sparse) {
+  const int64_t T = state.range(0), d = state.range(1);
+  const double share = static_cast<double>(state.range(2)) / 100.0;
+  at::manual_seed(0);
+  auto x = at::randn({kBatch, T, d});
+  auto h = spectral_entropy(x).reshape({-1});
+  const double tau = share <= 0 ? 2.0 : share >= 1 ? -1.0 : at::quantile(h, 1.0 - share).item<double>();
+  RouterSpec rs;
+  rs.d_model = d;
+  rs.operators = {"dct", "attention"};
+  rs.params.set("tau", tau);
+  auto layer = std::make_shared<MixingLayer>(1, rs.operators,
+                                             std::vector<std::shared_ptr<Operator>>{make("dct", d), make("attention", d)},
+                                             registry().make_router("threshold", rs));
+  layer->eval();
+  OpContext ctx;
+  ctx.causal = true;
+  at::NoGradGuard g;
+  layer->set_execution(Execution::Dense);
+  const auto dense = layer->forward(x, ctx);
+  layer->set_execution(Execution::Sparse);
+  const double err = rel_error(layer->forward(x, ctx), dense);
+  if (err > 1e-5) {
+    state.SkipWithError(("sparse disagrees with dense: " + std::to_string(err)).c_str());
+    return;
+  }
+  layer->set_execution(sparse ? Execution::Sparse : Execution::Dense);
+  for (auto _ : state) benchmark::DoNotOptimize(layer->forward(x, ctx).data_ptr());
+  state.counters["attention_share"] = share;
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_all() {
+  for (const char* op : {"dct", "attention", "rbf"})
+    for (bool backward : {false, true}) {
+      auto* b = benchmark::RegisterBenchmark((std::string(op) + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
+                                            [op, backward](benchmark::State& s) { BM_operator(s, op, backward); });
+      for (int64_t d : {256, 512})
+        for (int64_t T : {128, 256, 512, 1024, 2048}) b->Args({T, d});
+      b->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
+  for (auto impl : {DctImpl::Gemm, DctImpl::Fft}) {
+    auto* b = benchmark::RegisterBenchmark((std::string("dct2/") + to_string(impl)).c_str(),
+                                          [impl](benchmark::State& s) { BM_dct(s, impl); });
+    for (int64_t d : {64, 256, 512, 1024, 2048, 4096}) b->Arg(d);
+    b->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  auto* e = benchmark::RegisterBenchmark("router/entropy", BM_router_entropy);
+  for (int64_t T : {256, 1024}) e->Args({T, 256});
+  e->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (bool sparse : {false, true}) {
+    auto* b = benchmark::RegisterBenchmark(sparse ? "routed_dct_attn/sparse" : "routed_dct_attn/dense",
+                                          [sparse](benchmark::State& s) { BM_routed(s, sparse); });
+    for (int64_t T : {128, 512, 2048})
+      for (int64_t share : {0, 25, 50, 100}) b->Args({T, 256, share});
+    b->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool allow_debug = false;
+  for (int i = 1; i < argc; ++i) allow_debug |= std::strcmp(argv[i], "--allow-debug") == 0;
+  if (std::string(CHIAR_BUILD_TYPE) != "Release" && !allow_debug) {
+    std::cerr << "chiar_bench: this is a " << CHIAR_BUILD_TYPE
+              << " build; timings of non-Release builds mislead (pass --allow-debug to run anyway)\n";
+    return 1;
+  }
+  chiar::configure_allocator();
+  const auto info = chiar::probe_runtime(0);
+  benchmark::AddCustomContext("chiar_build_type", CHIAR_BUILD_TYPE);
+  benchmark::AddCustomContext("libtorch", info.torch_version);
+  benchmark::AddCustomContext("threads", std::to_string(info.threads));
+  benchmark::AddCustomContext("blas", info.blas);
+  benchmark::AddCustomContext("gemm_512_gflops", std::to_string(info.gemm_gflops));
+  benchmark::AddCustomContext("allocator", info.allocator);
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

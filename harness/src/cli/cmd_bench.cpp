@@ -1,0 +1,64 @@
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+
+#include "../bench/bench_train.h"
+#include "../core/registry.h"
+#include "../core/runtime.h"
+#include "chiar/error.h"
+#include "commands.h"
+
+namespace chiar::cli {
+
+int run_bench_train(const Global& g, const BenchTrainArgs& a) {
+  PluginRegistry registry;
+  registry.load_default(g.plugin_dirs);
+  bench::TrainBenchOptions o;
+  if (!a.variants.empty()) o.variants = a.variants;
+  o.variants_file = a.variants_file;
+  o.vocab = a.vocab;
+  o.batch = a.batch;
+  o.seq = a.seq;
+  o.d_model = a.d_model;
+  o.layers = a.layers;
+  o.heads = a.heads;
+  o.steps = a.steps;
+  o.warmup = a.warmup;
+  o.threads = g.threads;
+  const auto results = bench::bench_train(registry, o);
+  const RuntimeInfo info = probe_runtime(g.threads);
+  std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers
+            << " layers, " << o.heads << " heads, vocab " << o.vocab << "; medians of " << o.steps << " steps after "
+            << o.warmup << " warm-up\n" << describe(info) << "\n\n";
+  std::cout << std::left << std::setw(22) << "variant" << std::right << std::setw(12) << "train tok/s" << std::setw(12)
+            << "infer tok/s" << std::setw(11) << "step ms" << std::setw(14) << "step GFLOP" << std::setw(12) << "GFLOP/s"
+            << std::setw(12) << "of GEMM" << std::setw(11) << "peak MB" << std::setw(10) << "train x" << std::setw(10) << "infer x" << "\n";
+  for (const auto& r : results) {
+    const auto& base = results.front();
+    std::cout << std::left << std::setw(22) << r.variant << std::right << std::fixed << std::setprecision(0)
+              << std::setw(12) << r.train_tokens_per_s << std::setw(12) << r.infer_tokens_per_s << std::setprecision(1)
+              << std::setw(11) << r.train_ms << std::setw(14) << r.step_flops / 1e9 << std::setw(12) << r.achieved_gflops
+              << std::setw(11) << 100 * r.achieved_gflops / r.gemm_gflops << "%" << std::setw(11) << r.peak_rss_mb
+              << std::setprecision(2) << std::setw(10) << r.train_tokens_per_s / base.train_tokens_per_s
+              << std::setw(10) << r.infer_tokens_per_s / base.infer_tokens_per_s << "\n";
+  }
+  std::cout << "GEMM 2048^3 fp32 in this process: " << std::setprecision(1) << results.front().gemm_gflops
+            << " GFLOP/s; ratios are against " << results.front().variant << "\n";
+  if (!a.json.empty()) {
+    std::ofstream json(a.json);
+    if (!json) throw UserError(a.json + ": cannot write the file");
+    json << "{\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      json << "  \"" << r.variant << "\": {\"train_tokens_per_s\": " << r.train_tokens_per_s
+           << ", \"infer_tokens_per_s\": " << r.infer_tokens_per_s << ", \"step_flops\": " << r.step_flops
+           << ", \"achieved_gflops\": " << r.achieved_gflops << ", \"gemm_gflops\": " << r.gemm_gflops
+           << ", \"peak_rss_mb\": " << r.peak_rss_mb << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+    }
+    json << "}\n";
+  }
+  return 0;
+}
+
+}  // namespace chiar::cli
