@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../core/registry.h"
+#include "../report/html.h"
 #include "../report/inspect.h"
 #include "chiar/error.h"
 #include "chiar/text_io.h"
@@ -28,24 +29,6 @@ const char* css(const std::string& op) {
   if (op == "rbf") return "#cdeccf";
   if (op == "attention") return "#f7c9c0";
   return "#e7d3ee";
-}
-
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
-  }
-  return out;
-}
-
-std::string fixed(double v, int digits) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
 }
 
 }  // namespace
@@ -80,7 +63,7 @@ int run_inspect(const Global& g, const InspectArgs& a) {
       for (const auto& t : ins.tokens) {
         std::cout << t.text << "\t" << t.id;
         for (size_t l = 0; l < ins.layers.size(); ++l)
-          std::cout << "\t" << fixed(t.entropy[l], 6) << "\t" << ins.operators[l][t.route[l]];
+          std::cout << "\t" << report::fixed(t.entropy[l], 6) << "\t" << ins.operators[l][t.route[l]];
         std::cout << "\n";
       }
     } else {
@@ -92,7 +75,7 @@ int run_inspect(const Global& g, const InspectArgs& a) {
         std::cout << std::setw(18) << t.text.substr(0, 17);
         for (size_t l = 0; l < ins.layers.size(); ++l) {
           const std::string& op = ins.operators[l][t.route[l]];
-          std::cout << fixed(t.entropy[l], 4) << "  " << (color ? ansi(op) : "") << std::setw(14) << op
+          std::cout << report::fixed(t.entropy[l], 4) << "  " << (color ? ansi(op) : "") << std::setw(14) << op
                     << (color ? "\033[0m" : "");
         }
         std::cout << "\n";
@@ -103,17 +86,17 @@ int run_inspect(const Global& g, const InspectArgs& a) {
         for (const auto& t : ins.tokens) ++n[ins.operators[l][t.route[l]]];
         std::cout << "  layer " << ins.layers[l] + 1 << ":";
         for (const auto& op : ins.operators[l])
-          std::cout << "  " << op << " " << fixed(100.0 * static_cast<double>(n[op]) / std::max<size_t>(1, ins.tokens.size()), 1) << "%";
+          std::cout << "  " << op << " " << report::fixed(100.0 * static_cast<double>(n[op]) / std::max<size_t>(1, ins.tokens.size()), 1) << "%";
         std::cout << "\n";
       }
     }
     if (!a.html.empty()) {
       std::ofstream html(a.html);
       if (!html) throw UserError(a.html + ": cannot write the file");
-      html << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Routes: " << escape(inspector.spec().name())
+      html << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Routes: " << report::html_escape(inspector.spec().name())
            << "</title><style>body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em auto;line-height:2}"
               "span.t{padding:2px 3px;margin:1px;border-radius:3px}.legend span{padding:2px 8px;margin-right:8px}</style></head><body>\n<h1>Routes of "
-           << escape(inspector.spec().name()) << "</h1>\n<p class=\"legend\">";
+           << report::html_escape(inspector.spec().name()) << "</h1>\n<p class=\"legend\">";
       for (const char* op : {"dct", "rbf", "attention"})
         html << "<span style=\"background:" << css(op) << "\">" << op << "</span>";
       html << " Hover a token for its spectral entropy H and route in every routed layer.</p>\n";
@@ -122,9 +105,9 @@ int run_inspect(const Global& g, const InspectArgs& a) {
         for (const auto& t : ins.tokens) {
           std::string tip;
           for (size_t k = 0; k < ins.layers.size(); ++k)
-            tip += "layer " + std::to_string(ins.layers[k] + 1) + ": H " + fixed(t.entropy[k], 4) + " " + ins.operators[k][t.route[k]] + "\n";
-          html << "<span class=\"t\" style=\"background:" << css(ins.operators[l][t.route[l]]) << "\" title=\"" << escape(tip)
-               << "\">" << escape(t.text) << "</span> ";
+            tip += "layer " + std::to_string(ins.layers[k] + 1) + ": H " + report::fixed(t.entropy[k], 4) + " " + ins.operators[k][t.route[k]] + "\n";
+          html << "<span class=\"t\" style=\"background:" << css(ins.operators[l][t.route[l]]) << "\" title=\"" << report::html_escape(tip)
+               << "\">" << report::html_escape(t.text) << "</span> ";
         }
         html << "</p>\n";
       }
@@ -138,7 +121,7 @@ int run_inspect(const Global& g, const InspectArgs& a) {
       std::cout << "\n" << title << " (tokens seen at least " << a.min_count << " times)\n";
       for (const auto& r : rows)
         std::cout << "  " << std::left << std::setw(18) << r.text.substr(0, 17) << std::right << std::setw(7)
-                  << fixed(100 * r.attention, 1) << "%  of " << r.count << "\n";
+                  << report::fixed(100 * r.attention, 1) << "%  of " << r.count << "\n";
     };
     print("most often sent to attention", most);
     print("least often sent to attention", least);

@@ -10,34 +10,17 @@
 
 #include "chiar/error.h"
 #include "charts.h"
+#include "html.h"
 #include "claims.h"
 
 namespace chiar::report {
 namespace {
-
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
 
 // "583.12 ± 3.40 (95% CI ± 8.45)"; the CI only from 3 seeds on.
 std::string with_spread(const Stat& s, double scale, int digits) {
   std::string out = fixed(s.mean * scale, digits);
   if (s.n >= 2) out += " ± " + fixed(s.std * scale, digits);
   if (s.n >= 3) out += " (95% CI ± " + fixed(s.ci95 * scale, digits) + ")";
-  return out;
-}
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
-  }
   return out;
 }
 
