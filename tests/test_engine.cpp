@@ -221,7 +221,7 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   const auto bad_router = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_router.status == 2);
   CHECK_THAT(bad_router.output, Catch::Matchers::Contains(
-                                    "variant 'routed' on task 'lm': unknown router 'mystery' (known: hard_ste, soft, threshold)"));
+                                    "variant 'routed' on task 'lm': unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)"));
   d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.lm]\npath = \"missing\"\n");
   const auto bad_data = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_data.status == 2);
@@ -399,4 +399,22 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   };
   CHECK(flops_of("chiar_soft") > flops_of("chiar_dct_attn"));
   CHECK(test::run_chiar({"bench-train", "--variants", "nope", "--variants-file", std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml"}).status == 2);
+}
+
+TEST_CASE("run: the fnet and chiar_topk variants run in a matrix; fnet is refused for LM", "[engine][plugins7]") {
+  TempDir d("e2e-new");
+  write_fixture(d);
+  const std::string variants = std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml";
+  d.write("new.toml", "include = [\"" + variants + "\", \"m.toml\"]\n[matrix]\nvariants = [\"chiar_topk\", \"fnet\"]\ntasks = [\"flat\"]\nseeds = [0]\n");
+  const auto ok = test::run_chiar({"run", d.path() + "/new.toml", "--db", d.path() + "/n.db", "--data-root", d.path(),
+                                   "--cache-dir", d.path() + "/cache"});
+  INFO(ok.output);
+  CHECK(ok.status == 0);
+  CHECK(count(d.path() + "/n.db", "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 2);
+  d.write("lm.toml", "include = [\"" + variants + "\", \"m.toml\"]\n[matrix]\nvariants = [\"fnet\"]\ntasks = [\"lm\"]\nseeds = [0]\n");
+  const auto refused = test::run_chiar({"run", d.path() + "/lm.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
+  CHECK(refused.status == 2);
+  CHECK_THAT(refused.output, Catch::Matchers::Contains(
+                                 "variant 'fnet' on task 'lm': layer 1: operator 'fourier' does not support causal language modelling"));
+  CHECK(!std::filesystem::exists(d.path() + "/x.db"));
 }

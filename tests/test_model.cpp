@@ -153,10 +153,10 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
 
 TEST_CASE("model options are checked with clear messages", "[model][errors]") {
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct", "conv"})),
-                    "unknown operator 'conv' (known: attention (attn), dct, rbf)");
+                    "unknown operator 'conv' (known: attention (attn), dct, fourier, rbf)");
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct|", "attn"})), "layer 'dct|': empty operator name");
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct|attn"}, "mystery")),
-                    "unknown router 'mystery' (known: hard_ste, soft, threshold)");
+                    "unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)");
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({}).layers({})), "model: the layer plan is empty");
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"attn"}).n_heads(3)),
                     "model: d_model (16) must be a positive multiple of n_heads (3)");

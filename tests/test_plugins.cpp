@@ -56,8 +56,8 @@ TEST_CASE("the in-tree plugins load and list every kind", "[plugins]") {
     CHECK(e.api_version == CHIAR_PLUGIN_API_VERSION);
     CHECK_FALSE(e.description.empty());
   }
-  CHECK(names == std::vector<std::string>{"operator:attention", "operator:dct", "operator:rbf",
-                                          "router:hard_ste", "router:soft", "router:threshold",
+  CHECK(names == std::vector<std::string>{"operator:attention", "operator:dct", "operator:fourier", "operator:rbf",
+                                          "router:hard_ste", "router:soft", "router:threshold", "router:topk_entropy",
                                           "task:imdb", "task:listops", "task:listops_flat", "task:wikitext"});
   CHECK(test::plugins().canonical("operator", "attn") == "attention");
 }
@@ -167,7 +167,7 @@ TEST_CASE("CLI: exit status 2 and one clear message for bad input", "[plugins][c
   CHECK(unknown_option.status == 2);
   auto unknown_router = run_cli("model --router mystery");
   CHECK(unknown_router.status == 2);
-  CHECK(unknown_router.output == "chiar: unknown router 'mystery' (known: hard_ste, soft, threshold)\n");
+  CHECK(unknown_router.output == "chiar: unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)\n");
 }
 
 TEST_CASE("CLI: plugins lists, entropy prints H per line", "[plugins][cli]") {

@@ -107,14 +107,14 @@ TEST_CASE("threshold routing: H > tau goes to attention; three operators by two 
   auto h = spectral_entropy(x);
   const double tau = h.median().item<double>();
   auto two = make_router("threshold", {"dct", "attention"}, 16, Params().set("tau", tau), false);
-  auto r = two->route(x, h);
+  auto r = two->route(x, h, {});
   CHECK(r.mode == RouteMode::Hard);
   CHECK(at::equal(r.choice, (h.to(at::kDouble) > tau).to(at::kLong)));
   CHECK(at::equal(r.weights, at::one_hot(r.choice, 2).to(at::kFloat)));
 
   const std::vector<double> taus{h.quantile(0.3).item<double>(), h.quantile(0.6).item<double>()};
   auto three = make_router("threshold", {"dct", "rbf", "attention"}, 16, Params().set("tau", taus), false);
-  auto c = three->route(x, h).choice;
+  auto c = three->route(x, h, {}).choice;
   auto hd = h.to(at::kDouble);
   CHECK(at::equal(c.eq(0), hd <= taus[0]));
   CHECK(at::equal(c.eq(1), (hd > taus[0]).logical_and(hd <= taus[1])));
@@ -128,7 +128,7 @@ TEST_CASE("threshold calibration reaches the configured shares", "[routing][thre
                             Params().set("shares", std::vector<double>{0.5, 0.2, 0.3}), false);
   CHECK(router->describe() == "threshold(tau [0.5, 0.7], uncalibrated)");
   router->calibrate(h);
-  auto c = router->route(x, h).choice;
+  auto c = router->route(x, h, {}).choice;
   CHECK(c.eq(0).to(at::kDouble).mean().item<double>() == Approx(0.5).margin(0.01));
   CHECK(c.eq(1).to(at::kDouble).mean().item<double>() == Approx(0.2).margin(0.01));
   CHECK(c.eq(2).to(at::kDouble).mean().item<double>() == Approx(0.3).margin(0.01));
@@ -180,7 +180,7 @@ TEST_CASE("STE: forward is exactly the chosen output, the gate gets the softmax 
     auto probe = at::randn({3, 9, 8}, kF64);
     const auto gate = layer->router()->parameters();
     auto ste_grads = torch::autograd::grad({(y * probe).sum()}, gate);
-    auto r = layer->router()->route(x, spectral_entropy(x));
+    auto r = layer->router()->route(x, spectral_entropy(x), ctx);
     at::Tensor blend = at::zeros_like(x);
     for (size_t k = 0; k < outputs.size(); ++k)
       blend = blend + r.weights.select(-1, static_cast<int64_t>(k)).unsqueeze(-1) * outputs[k];
@@ -232,8 +232,8 @@ TEST_CASE("collapse regulariser is minus lambda times the entropy of mean usage"
   CHECK(collapse_penalty(collapsed, 0.1).item<double>() == Approx(0.0).margin(1e-9));
   auto router = make_router("hard_ste", {"dct", "attention"}, 8, Params().set("collapse_lambda", 0.2));
   auto x = at::randn({2, 4, 8}, kF64);
-  auto r = router->route(x, spectral_entropy(x));
+  auto r = router->route(x, spectral_entropy(x), {});
   REQUIRE(r.aux_loss.defined());
   CHECK(r.aux_loss.item<double>() == Approx(collapse_penalty(r.weights, 0.2).item<double>()));
-  CHECK_FALSE(make_router("soft", {"dct", "attention"}, 8)->route(x, spectral_entropy(x)).aux_loss.defined());
+  CHECK_FALSE(make_router("soft", {"dct", "attention"}, 8)->route(x, spectral_entropy(x), {}).aux_loss.defined());
 }

@@ -50,7 +50,7 @@ class ThresholdRouter final : public Router {
     tau_ = register_buffer("tau", at::tensor(tau, at::TensorOptions().dtype(at::kDouble)));
   }
 
-  RouteResult route(const at::Tensor& x, const at::Tensor& entropy) override {
+  RouteResult route(const at::Tensor& x, const at::Tensor& entropy, const OpContext&) override {
     RouteResult r;
     auto h = entropy.detach().to(at::kDouble).unsqueeze(-1);          // (B, T, 1)
     r.choice = (h > tau_.to(h.device()).view({1, 1, -1})).sum(-1);    // (B, T) int64

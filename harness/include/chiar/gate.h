@@ -32,7 +32,7 @@ CHIAR_API at::Tensor collapse_penalty(const at::Tensor& weights, double lambda);
 class CHIAR_API GatedRouter : public Router {
  public:
   GatedRouter(const RouterSpec& spec, RouteMode mode, std::string name);
-  RouteResult route(const at::Tensor& x, const at::Tensor& entropy) override;
+  RouteResult route(const at::Tensor& x, const at::Tensor& entropy, const OpContext& ctx) override;
   std::string describe() const override;
 
  private:

@@ -19,7 +19,7 @@
 
 // Bumped whenever a type a plugin sees (Operator, Router, Registrar, specs)
 // changes layout or meaning.
-#define CHIAR_PLUGIN_API_VERSION 1
+#define CHIAR_PLUGIN_API_VERSION 2  // 2: Router::route takes the OpContext
 
 #define CHIAR_STRINGIFY_IMPL(x) #x
 #define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)

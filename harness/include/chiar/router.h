@@ -6,6 +6,7 @@
 #include <torch/nn/module.h>
 
 #include "chiar/export.h"
+#include "chiar/operator.h"
 #include "chiar/params.h"
 
 namespace chiar {
@@ -41,8 +42,9 @@ class CHIAR_API Router : public torch::nn::Module {
   ~Router() override;
 
   // x: (B, T, d) the layer input; entropy: (B, T) its spectral entropy, computed
-  // once by the layer. Returns the decision for every token.
-  virtual RouteResult route(const at::Tensor& x, const at::Tensor& entropy) = 0;
+  // once by the layer; ctx: causality and padding (a causal decision at t may
+  // depend on positions <= t only). Returns the decision for every token.
+  virtual RouteResult route(const at::Tensor& x, const at::Tensor& entropy, const OpContext& ctx) = 0;
 
   // Called before training with a sample of spectral entropies (any shape) from
   // this layer's input. Routers with data-derived settings (thresholds from

@@ -23,7 +23,7 @@ GatedRouter::GatedRouter(const RouterSpec& spec, RouteMode mode, std::string nam
       "gate", std::make_shared<EntropyGate>(spec.d_model, static_cast<int64_t>(spec.operators.size())));
 }
 
-RouteResult GatedRouter::route(const at::Tensor& x, const at::Tensor& entropy) {
+RouteResult GatedRouter::route(const at::Tensor& x, const at::Tensor& entropy, const OpContext&) {
   RouteResult r;
   r.weights = at::softmax(gate_->forward(x, entropy), -1);  // (B, T, K)
   r.choice = r.weights.argmax(-1);                          // (B, T)

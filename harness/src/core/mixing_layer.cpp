@@ -39,7 +39,7 @@ at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, Layer
   if (!router_) return operators_[0]->forward(x, ctx);
 
   const auto entropy = spectral_entropy(x);  // (B, T)
-  RouteResult r = router_->route(x, entropy);
+  RouteResult r = router_->route(x, entropy, ctx);
   bool use_sparse = false;
   switch (execution_) {
     case Execution::Dense: use_sparse = false; break;
