@@ -9,15 +9,28 @@ function(chiar_add_plugin name)
     message(FATAL_ERROR "chiar_add_plugin(${name}): SOURCES is required")
   endif()
   if(NOT ARG_OUTPUT_DIR)
-    set(ARG_OUTPUT_DIR ${CHIAR_PLUGIN_OUTPUT_DIR})
+    if(CHIAR_PLUGIN_OUTPUT_DIR)
+      set(ARG_OUTPUT_DIR ${CHIAR_PLUGIN_OUTPUT_DIR})
+    else()
+      set(ARG_OUTPUT_DIR ${CMAKE_BINARY_DIR}/plugins)
+    endif()
   endif()
   set(target chiar_plugin_${name})
   add_library(${target} MODULE ${ARG_SOURCES})
   target_link_libraries(${target} PRIVATE chiar::core)
+  # The harness's own settings, also for plugins built out of tree: C++17,
+  # hidden visibility (only the entry point is exported), position independent.
   set_target_properties(${target} PROPERTIES
     OUTPUT_NAME chiar_${name}
     PREFIX "lib"
-    LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR})
+    LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR}
+    CXX_STANDARD 17
+    CXX_STANDARD_REQUIRED ON
+    CXX_EXTENSIONS OFF
+    CXX_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(${target} PRIVATE -Wall -Wextra)
   chiar_share_pch(${target})
 endfunction()
 

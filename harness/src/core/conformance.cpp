@@ -1,0 +1,178 @@
+#include "chiar/conformance.h"
+
+#include <ATen/ATen.h>
+#include <torch/utils.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "chiar/error.h"
+
+namespace chiar {
+namespace {
+
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+
+double rel(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-30);
+}
+
+std::string num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// Largest relative error of autograd against central differences on x.
+double gradient_error(Operator& op, const at::Tensor& x0, const OpContext& ctx) {
+  auto x = x0.clone().requires_grad_(true);
+  auto probe = at::randn(x0.sizes(), kF64);
+  (op.forward(x, ctx) * probe).sum().backward();
+  auto grad = x.grad().reshape({-1});
+  auto flat = x.detach().view({-1});
+  double worst = 0;
+  at::NoGradGuard no_grad;
+  for (int64_t i = 0; i < flat.numel(); i += std::max<int64_t>(1, flat.numel() / 24)) {
+    const double orig = flat[i].item<double>(), h = 1e-6;
+    flat[i] = orig + h;
+    const double up = (op.forward(x, ctx) * probe).sum().item<double>();
+    flat[i] = orig - h;
+    const double down = (op.forward(x, ctx) * probe).sum().item<double>();
+    flat[i] = orig;
+    const double numeric = (up - down) / (2 * h);
+    worst = std::max(worst, std::abs(grad[i].item<double>() - numeric) / std::max(1.0, std::abs(numeric)));
+  }
+  return worst;
+}
+
+}  // namespace
+
+std::vector<std::string> check_operator(
+    const std::function<std::shared_ptr<Operator>(int64_t, int64_t)>& make) {
+  std::vector<std::string> fail;
+  at::manual_seed(0);
+  const int64_t B = 2, T = 9, d = 8;
+  std::shared_ptr<Operator> op;
+  try {
+    op = make(d, 2);
+  } catch (const std::exception& e) {
+    return {std::string("cannot build the operator: ") + e.what()};
+  }
+  op->to(at::kDouble);
+  op->eval();
+  const OperatorTraits traits = op->traits();
+  OpContext ctx;
+  ctx.causal = traits.causal;
+  auto x = at::randn({B, T, d}, kF64);
+  at::Tensor y;
+  {
+    at::NoGradGuard no_grad;
+    y = op->forward(x, ctx);
+    if (y.sizes() != x.sizes()) fail.push_back("forward: output shape differs from the input's");
+    if (y.scalar_type() != x.scalar_type()) fail.push_back("forward: output dtype differs from the input's");
+    if (!y.isfinite().all().item<bool>()) fail.push_back("forward: non-finite outputs");
+    if (traits.causal) {
+      auto later = x.clone();
+      later.narrow(1, 5, T - 5).normal_();
+      const double e = rel(op->forward(later, ctx).narrow(1, 0, 5), y.narrow(1, 0, 5));
+      if (e > 1e-10) fail.push_back("causality: outputs at t <= 4 change when tokens after 4 change (relative " + num(e) + ")");
+    }
+    OpContext padded;
+    padded.valid = at::ones({B, T}, at::TensorOptions().dtype(at::kBool));
+    padded.valid[1].narrow(0, 6, 3).fill_(false);
+    if (traits.padded) {
+      auto noisy = x.clone();
+      noisy[1].narrow(0, 6, 3).normal_().mul_(50);
+      auto mask = padded.valid.unsqueeze(-1);
+      const double e = rel(op->forward(noisy, padded).masked_select(mask), op->forward(x, padded).masked_select(mask));
+      if (e > 1e-10) fail.push_back("padding: real outputs change with the content of padding (relative " + num(e) + ")");
+    }
+    const OpContext& rows_ctx = traits.causal ? ctx : padded;
+    auto full = op->forward(x, rows_ctx).reshape({-1, d});
+    auto rows = at::tensor(std::vector<int64_t>{0, 3, 4, 10, 17}, at::TensorOptions().dtype(at::kLong));
+    const double e = rel(op->forward_rows(x, rows, rows_ctx), full.index_select(0, rows));
+    if (e > 1e-10) fail.push_back("forward_rows disagrees with the rows of forward (relative " + num(e) + ")");
+  }
+  int64_t previous = -1;
+  for (int64_t t : {16, 32, 64}) {
+    const FlopCount f = op->flops(t, t, d);
+    if (f.forward < 0 || f.backward < 0) fail.push_back("flops: negative count at T " + std::to_string(t));
+    if (f.total() <= previous) fail.push_back("flops: not increasing in T at T " + std::to_string(t));
+    previous = f.total();
+  }
+  op->train();
+  const double g = gradient_error(*op, at::randn({1, 5, d}, kF64), ctx);
+  if (!(g < 1e-5)) fail.push_back("gradient: autograd and finite differences differ by " + num(g));
+  return fail;
+}
+
+std::vector<std::string> check_router(
+    const std::function<std::shared_ptr<Router>(const std::vector<std::string>&)>& make) {
+  std::vector<std::string> fail;
+  int tried = 0;
+  for (const auto& ops : {std::vector<std::string>{"dct", "attention"}, std::vector<std::string>{"dct", "rbf", "attention"}}) {
+    std::shared_ptr<Router> router;
+    try {
+      router = make(ops);
+    } catch (const UserError&) {
+      continue;  // this router does not take that many operators
+    }
+    ++tried;
+    const std::string k = std::to_string(ops.size()) + " operators: ";
+    at::manual_seed(1);
+    const int64_t B = 2, T = 12, d = 16;
+    auto x = at::randn({B, T, d});
+    auto h = at::rand({B, T});
+    router->calibrate(h);
+    for (bool causal : {false, true}) {
+      OpContext ctx;
+      ctx.causal = causal;
+      at::NoGradGuard no_grad;
+      const RouteResult r = router->route(x, h, ctx);
+      if (r.weights.sizes() != at::IntArrayRef({B, T, static_cast<int64_t>(ops.size())})) {
+        fail.push_back(k + "weights are not (B, T, K)");
+        continue;
+      }
+      if ((r.weights.sum(-1) - 1).abs().max().item<double>() > 1e-5) fail.push_back(k + "weights do not sum to 1");
+      if (r.weights.min().item<double>() < 0) fail.push_back(k + "negative weights");
+      if (!at::equal(r.choice, r.weights.argmax(-1))) fail.push_back(k + "choice is not the argmax of the weights");
+      if (r.mode == RouteMode::Hard && !at::equal(r.weights, at::one_hot(r.choice, static_cast<int64_t>(ops.size())).to(r.weights.scalar_type())))
+        fail.push_back(k + "a hard router's weights are not one-hot");
+      if (causal) {
+        auto x2 = x.clone();
+        auto h2 = h.clone();
+        x2.narrow(1, 6, T - 6).normal_();
+        h2.narrow(1, 6, T - 6).uniform_();
+        if (!at::equal(router->route(x2, h2, ctx).choice.narrow(1, 0, 6), r.choice.narrow(1, 0, 6)))
+          fail.push_back(k + "causal decisions at t <= 5 change when later tokens change");
+      }
+    }
+  }
+  if (tried == 0) fail.push_back("the router accepts neither 2 nor 3 operators");
+  return fail;
+}
+
+std::vector<std::string> check_task(const Task& task) {
+  std::vector<std::string> fail;
+  for (const auto& split : task.splits()) {
+    const SplitStats s = task.stats(split);
+    if (s.examples <= 0 || s.tokens <= 0) fail.push_back("split " + split + " is empty");
+    if (task.eval_batch_count(split, 4) <= 0) {
+      fail.push_back("split " + split + " has no evaluation batches");
+      continue;
+    }
+    const Batch b = task.eval_batch(split, 0, 4);
+    if (b.valid.defined() && b.valid.sizes() != b.tokens.sizes()) fail.push_back("split " + split + ": valid mask shape differs from tokens");
+  }
+  const Batch a = task.train_batch(3, 5, 4), again = task.train_batch(3, 5, 4);
+  if (!at::equal(a.tokens, again.tokens) || !at::equal(a.targets, again.targets))
+    fail.push_back("training batches are not a pure function of (seed, step)");
+  if (a.tokens.min().item<int64_t>() < 0 || a.tokens.max().item<int64_t>() >= task.vocab_size())
+    fail.push_back("tokens outside the vocabulary");
+  const int64_t top = task.head() == TaskHead::Classifier ? task.n_classes() : task.vocab_size();
+  if (a.targets.min().item<int64_t>() < 0 || a.targets.max().item<int64_t>() >= top)
+    fail.push_back(task.head() == TaskHead::Classifier ? "labels outside 0..n_classes-1" : "targets outside the vocabulary");
+  return fail;
+}
+
+}  // namespace chiar
