@@ -89,4 +89,9 @@ struct BenchTrainArgs {
 };
 int run_bench_train(const Global& g, const BenchTrainArgs& a);
 
+struct NewPluginArgs {
+  std::string kind, name, dir = ".";
+};
+int run_new_plugin(const Global& g, const NewPluginArgs& a);
+
 }  // namespace chiar::cli

@@ -136,6 +136,12 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", bt.warmup, "warm-up steps (3)");
   bench->add_option("--json", bt.json, "also write the results as JSON");
 
+  NewPluginArgs np;
+  auto* newp = app.add_subcommand("new-plugin", "write a ready-to-build plugin folder (operator, router or task)");
+  newp->add_option("kind", np.kind, "operator, router or task")->required();
+  newp->add_option("name", np.name, "plugin name (lower case, digits, _)")->required();
+  newp->add_option("--dir", np.dir, "parent folder (default .)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -164,6 +170,7 @@ int main(int argc, char** argv) {
     if (*report) return run_report(g, rep);
     if (*inspect) return run_inspect(g, ins);
     if (*bench) return run_bench_train(g, bt);
+    if (*newp) return run_new_plugin(g, np);
   } catch (const chiar::UserError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 2;
