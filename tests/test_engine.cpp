@@ -220,6 +220,7 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nrouter = \"mystery\"\n");
   const auto bad_router = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_router.status == 2);
+  CHECK_THAT(bad_router.output, Catch::Matchers::StartsWith("chiar: " + d.path() + "/bad.toml:2:1: variant 'routed'"));
   CHECK_THAT(bad_router.output, Catch::Matchers::Contains(
                                     "variant 'routed' on task 'lm': unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)"));
   d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.lm]\npath = \"missing\"\n");
@@ -371,6 +372,13 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
   size_t spans = 0;
   for (size_t at = page.find("class=\"t\""); at != std::string::npos; at = page.find("class=\"t\"", at + 1)) ++spans;
   CHECK(spans == ids.size());
+  // The checkpoint folder alone (it holds spec.toml) gives the same routes.
+  const auto from_checkpoint = test::run_chiar({"inspect", db + ".checkpoints/" + q.text(1), "--text", text, "--tsv",
+                                                "--data-root", d.path(), "--cache-dir", d.path() + "/cache"});
+  CHECK(from_checkpoint.status == 0);
+  CHECK(from_checkpoint.output == out.output.substr(0, out.output.find("wrote ")));
+  CHECK(test::run_chiar({"inspect", db, "--text", "x"}).output ==
+        "chiar: " + db + ": a database needs --run (id, name or hash; `chiar show` lists them)\n");
   CHECK(test::run_chiar({"inspect", db, "--run", "nope", "--text", "x"}).output ==
         "chiar: " + db + ": no run 'nope' (give its id, name or hash; `chiar show` lists them)\n");
 }

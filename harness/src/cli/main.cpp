@@ -107,8 +107,8 @@ int main(int argc, char** argv) {
   ins.data_root = d.data_root;
   ins.cache_dir = d.cache_dir;
   auto* inspect = app.add_subcommand("inspect", "per-token spectral entropy and route of a finished run");
-  inspect->add_option("db", ins.db, "results database")->required();
-  inspect->add_option("--run", ins.run, "run id, name or hash (see chiar show)")->required();
+  inspect->add_option("source", ins.db, "results database, or a run's checkpoint folder or .pt file")->required();
+  inspect->add_option("--run", ins.run, "with a database: run id, name or hash (see chiar show)");
   inspect->add_option("--checkpoint", ins.checkpoint, "best (default) or last");
   inspect->add_option("--text", ins.text, "text to inspect");
   inspect->add_option("--file", ins.file, "file to inspect (- for stdin, the default without --text)");

@@ -425,6 +425,7 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
       fail_at(vnode, "matrix.variants", "no variant '" + variant + "' is defined" + suggestion(variant, known));
     }
     const toml::table& vt = *vdef->as_table();
+    out.where["variants." + variant] = where(vt, "variants." + variant);
 
     for (const auto& tnode : *mt.get("tasks")->as_array()) {
       const std::string task = tnode.as_string()->get();
@@ -435,6 +436,7 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
         fail_at(tnode, "matrix.tasks", "no task '" + task + "' is defined" + suggestion(task, known));
       }
       const toml::table& tt = *tdef->as_table();
+      out.where["tasks." + task] = where(tt, "tasks." + task);
 
       // Resolve: defaults <- [model]/[train] <- variant <- task overrides.
       toml::table model = model_defaults(), train = train_defaults();

@@ -1,4 +1,5 @@
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ struct Matrix {
   std::string name;
   std::string file;
   std::vector<RunSpec> runs;  // expansion order: variant, task, sweep point, seed
+  std::map<std::string, std::string> where;  // "variants.X" / "tasks.X" -> "file:line:column"
 };
 
 // Reads a matrix file (and its includes), expands and resolves every run.

@@ -97,13 +97,14 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
       try {
         tasks[key] = registry.make_task(r.task_config.plugin, spec);
       } catch (const UserError& e) {
-        throw UserError(matrix.file + ": task '" + r.task + "': " + e.what());
+        throw UserError(matrix.where.at("tasks." + r.task) + ": task '" + r.task + "': " + e.what());
       }
     }
     try {
       ChiarModel probe(registry, model_options_for(r, *tasks[key]));
     } catch (const UserError& e) {
-      throw UserError(matrix.file + ": variant '" + r.variant + "' on task '" + r.task + "': " + e.what());
+      throw UserError(matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "' on task '" + r.task +
+                      "': " + e.what());
     }
   }
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include <boost/filesystem.hpp>
@@ -240,6 +241,9 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   torch::optim::AdamW optimizer(groups);
 
   fs::create_directories(ctx.checkpoint_dir);
+  // The resolved spec beside the checkpoints: a checkpoint folder alone
+  // suffices to rebuild the model (chiar inspect).
+  if (!spec.resolved_toml.empty()) std::ofstream(ctx.checkpoint_dir + "/spec.toml") << spec.resolved_toml;
   const std::string state_path = ctx.checkpoint_dir + "/state.pt";
   const std::string best_path = ctx.checkpoint_dir + "/best.pt";
   int64_t start = 0;

@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 
 #include <boost/filesystem.hpp>
@@ -16,7 +17,33 @@
 namespace chiar::report {
 
 Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
-  if (!boost::filesystem::exists(o.db)) throw UserError(o.db + ": no such database");
+  if (!boost::filesystem::exists(o.db)) throw UserError(o.db + ": no such database or checkpoint");
+  // A checkpoint: its folder (or a .pt file in it) holds spec.toml.
+  const boost::filesystem::path given(o.db);
+  const boost::filesystem::path folder = boost::filesystem::is_directory(given) ? given : given.parent_path();
+  if (boost::filesystem::exists(folder / "spec.toml") && given.extension() != ".db") {
+    std::ifstream in((folder / "spec.toml").string());
+    spec_ = engine::run_spec_from_toml(std::string((std::istreambuf_iterator<char>(in)), {}));
+    checkpoint_ = boost::filesystem::is_directory(given) ? (folder / (o.checkpoint == "last" ? "state.pt" : "best.pt")).string()
+                                                        : given.string();
+  } else {
+    load_from_store(o);
+  }
+  if (!boost::filesystem::exists(checkpoint_)) throw UserError("no checkpoint " + checkpoint_);
+  TaskSpec ts;
+  ts.params = spec_.task_config.params;
+  ts.data_root = o.data_root;
+  ts.cache_dir = o.cache_dir;
+  task_ = registry.make_task(spec_.task_config.plugin, ts);
+  model_ = std::make_shared<ChiarModel>(registry, engine::model_options_for(spec_, *task_));
+  torch::serialize::InputArchive archive;
+  archive.load_from(checkpoint_);
+  model_->load(archive);
+  model_->eval();
+}
+
+void Inspector::load_from_store(const InspectOptions& o) {
+  if (o.run.empty()) throw UserError(o.db + ": a database needs --run (id, name or hash; `chiar show` lists them)");
   engine::Database db(o.db);
   auto q = db.prepare(
       "SELECT hash, status, COALESCE(spec_toml, '') FROM runs WHERE CAST(id AS TEXT) = ?1 OR name = ?1 OR hash = ?1");
@@ -31,16 +58,6 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
   checkpoint_ = dir + (o.checkpoint == "best" ? "/best.pt" : "/state.pt");
   if (!boost::filesystem::exists(checkpoint_))
     throw UserError("run '" + o.run + "' (" + status + ") has no checkpoint " + checkpoint_);
-  TaskSpec ts;
-  ts.params = spec_.task_config.params;
-  ts.data_root = o.data_root;
-  ts.cache_dir = o.cache_dir;
-  task_ = registry.make_task(spec_.task_config.plugin, ts);
-  model_ = std::make_shared<ChiarModel>(registry, engine::model_options_for(spec_, *task_));
-  torch::serialize::InputArchive archive;
-  archive.load_from(checkpoint_);
-  model_->load(archive);
-  model_->eval();
 }
 
 Inspector::~Inspector() = default;

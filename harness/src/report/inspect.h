@@ -15,8 +15,8 @@
 namespace chiar::report {
 
 struct InspectOptions {
-  std::string db;
-  std::string run;                 // run id, name or hash
+  std::string db;                  // a results database, or a run's checkpoint folder or .pt file
+  std::string run;                 // with a database: run id, name or hash
   std::string checkpoint = "best"; // "best" (best validation) or "last"
   std::string data_root, cache_dir;
 };
@@ -55,6 +55,8 @@ class CHIAR_API Inspector {
   const std::string& checkpoint_file() const { return checkpoint_; }
 
  private:
+  void load_from_store(const InspectOptions& o);  // spec and checkpoint of a run in a database
+
   engine::RunSpec spec_;
   std::shared_ptr<Task> task_;
   std::shared_ptr<ChiarModel> model_;
