@@ -247,6 +247,8 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
   const int64_t n = 10, d = 64;
   CHECK(dct->flops(100, n, d).forward == 2 * (2 * n * d * d) + 2 * n * d + 8 * n * d);
   CHECK(dct->flops(100, n, d).backward == 2 * (2 * n * d * d) + 2 * n * d + 16 * n * d);
+  // A sequence with no rows costs nothing (its keys and values are not computed).
+  CHECK(make_op("attention", 64, 4, {}, false)->flops(256, 0, 64) == FlopCount{});
   // Attention grows quadratically: doubling T (all rows) more than doubles it.
   auto attn = make_op("attention", 64, 4, {}, false);
   CHECK(attn->flops(512, 512, 64).forward > 3 * attn->flops(256, 256, 64).forward);

@@ -64,6 +64,9 @@ class AttentionOperator final : public Operator {
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
+    // forward_rows works per sequence that has rows: a sequence without any
+    // computes nothing, not even its keys and values.
+    if (n == 0) return {};
     const int64_t h = heads_;
     FlopCount f = matmul_flops(n, d, d) + matmul_flops(T, d, 2 * d) + matmul_flops(n, d, d);
     if (rope_) f += elementwise_flops(n + T, d, 3);

@@ -131,7 +131,21 @@ void BM_routed(benchmark::State& state, bool sparse) {
     return;
   }
   layer->set_execution(sparse ? Execution::Sparse : Execution::Dense);
+  // Executed forward FLOPs relative to a full-attention layer on the same
+  // input: each operator on its rows per sequence (sparse) or on all (dense),
+  // plus the router's entropy transform.
+  LayerRouting routing;
+  layer->forward(x, ctx, &routing);
+  const auto& ops = layer->operators();
+  double executed = static_cast<double>(kBatch * 2 * T * d * d);  // entropy: one d x d transform per token
+  for (int64_t b = 0; b < kBatch; ++b)
+    for (int64_t k = 0; k < 2; ++k) {
+      const int64_t n = sparse ? routing.choice[b].eq(k).sum().item<int64_t>() : T;
+      executed += static_cast<double>(ops[k]->flops(T, n, d).forward);
+    }
+  const double full = static_cast<double>(kBatch * ops[1]->flops(T, T, d).forward);
   for (auto _ : state) benchmark::DoNotOptimize(layer->forward(x, ctx).data_ptr());
+  state.counters["flop_ratio"] = executed / full;
   state.counters["attention_share"] = share;
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -154,6 +168,18 @@ void register_all() {
   auto* e = benchmark::RegisterBenchmark("router/entropy", BM_router_entropy);
   for (int64_t T : {256, 1024}) e->Args({T, 256});
   e->Unit(benchmark::kMillisecond)->UseRealTime();
+  // The denominator of the routed cases: a full-attention layer, same shapes.
+  auto* full = benchmark::RegisterBenchmark("routed_baseline/attention", [](benchmark::State& s) {
+    at::manual_seed(0);
+    auto op = make("attention", s.range(1));
+    auto x = at::randn({kBatch, s.range(0), s.range(1)});
+    OpContext ctx;
+    ctx.causal = true;
+    at::NoGradGuard g;
+    for (auto _ : s) benchmark::DoNotOptimize(op->forward(x, ctx).data_ptr());
+  });
+  for (int64_t T : {128, 512, 2048}) full->Args({T, 256});
+  full->Unit(benchmark::kMillisecond)->UseRealTime();
   for (bool sparse : {false, true}) {
     auto* b = benchmark::RegisterBenchmark(sparse ? "routed_dct_attn/sparse" : "routed_dct_attn/dense",
                                           [sparse](benchmark::State& s) { BM_routed(s, sparse); });
