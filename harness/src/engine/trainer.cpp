@@ -295,7 +295,6 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
 
   const auto run_start = Clock::now();
   std::vector<double> step_ms, step_tps;
-  double last_loss = NAN;
   for (int64_t step = start; step < t.steps; ++step) {
     const auto t0 = Clock::now();
     // Warm-up, then cosine decay to lr * min_lr_ratio.
@@ -328,7 +327,6 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
     const double seconds = seconds_since(t0);
     step_ms.push_back(seconds * 1e3);
     step_tps.push_back(static_cast<double>(tokens) / seconds);
-    last_loss = loss_value;
     const int64_t done = step + 1;
     if (done % t.log_every == 0 || done == t.steps) {
       ctx.store.add_train_log(spec.hash, done, loss_value, lr, step_tps.back());
@@ -361,7 +359,6 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   result.summary.step_ms = median(step_ms);
   result.summary.train_tokens_per_s = median(step_tps);
   result.summary.tau = thresholds_json(model);
-  (void)last_loss;
   if (result.outcome == Outcome::Done) {
     // The test split, scored by the last and by the best-validation model.
     EvalResult last = evaluate(model, task, "test", 0, t.eval_batch_size, bf16);
