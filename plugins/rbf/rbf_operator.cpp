@@ -71,11 +71,15 @@ class RbfOperator final : public Operator {
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
                           const OpContext& ctx) override {
-    const int64_t B = x.size(0), T = x.size(1);
+    const int64_t T = x.size(1);
     auto xr = x.reshape({-1, d_}).index_select(0, rows);   // (N, d)
     auto q = phi(q_(xr));                                   // (N, F)
-    auto [k, v, mask] = keys_values(x, ctx.valid);          // (B, T, F), (B, T, d), (B, T, 1)
-    auto b = at::div(rows, T, "floor"), t = at::remainder(rows, T);
+    // Keys and values only for the sequences that have rows; b indexes them.
+    const RowGroups seqs = group_rows(at::div(rows, T, "floor"));
+    const int64_t B = seqs.count;
+    auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, seqs.keys) : at::Tensor();
+    auto [k, v, mask] = keys_values(x.index_select(0, seqs.keys), valid);  // (B, T, F), (B, T, d), (B, T, 1)
+    auto b = seqs.group, t = at::remainder(rows, T);
     at::Tensor num, den, count;
     if (!ctx.causal) {
       const RowGroups g = group_rows(b);
@@ -100,12 +104,13 @@ class RbfOperator final : public Operator {
                (at::arange(C, within.options()).view({1, 1, C}) <= within).to(q.scalar_type());
       num = unpack_rows(at::bmm(qp, sg) + at::bmm(a, vg), g);                      // (N, d)
       den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);            // (N,)
-      count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, rows);      // (N,)
+      count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, b * T + t);  // (N,)
     }
     return norm_(xr + out_(normalise(num, den, count)));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
+    if (n == 0) return {};  // forward_rows computes nothing for a sequence without rows
     const int64_t F = 2 * features_, C = std::min(chunk_, T);
     FlopCount f = matmul_flops(n, d, d) + matmul_flops(T, d, 2 * d) + matmul_flops(n, d, d);
     // Feature maps of n queries and T keys: projection on W, cos, sin, scale.
