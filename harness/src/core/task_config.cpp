@@ -38,23 +38,38 @@ toml::table toml_parse_file(const std::string& file) {
   }
 }
 
+Params toml_params(const toml::table& t, const std::string& path) {
+  Params p;
+  for (const auto& [k, v] : t) p.set(std::string(k.str()), toml_to_value(v, path + "." + std::string(k.str())));
+  return p;
+}
+
+TaskTable read_task_table(const toml::table& t, const std::string& name, const std::string& path,
+                          const std::function<std::string(const toml::node&)>& where) {
+  TaskTable out{name, {}};
+  for (const auto& [key, value] : t) {
+    const std::string k(key.str());
+    if (k == "model" || k == "train") continue;  // a matrix's per-task overrides
+    if (k == "plugin") {
+      if (!value.is_string()) throw UserError(where(value) + ": key '" + path + ".plugin': expected a string");
+      out.plugin = value.as_string()->get();
+      continue;
+    }
+    toml_to_value(value, path + "." + k);  // type check
+    out.options.insert_or_assign(key, value);
+  }
+  return out;
+}
+
 TaskConfig load_task_config(const std::string& file, const std::string& table) {
   const toml::table root = toml_parse_file(file);
   const toml::node* node = root.at_path(table).node();
   if (!node || !node->is_table()) throw UserError(file + ": no table [" + table + "]");
   TaskConfig config;
   config.name = table.substr(table.rfind('.') + 1);
-  config.plugin = config.name;
-  for (const auto& [key, value] : *node->as_table()) {
-    const std::string k(key.str());
-    if (k == "model" || k == "train") continue;  // a matrix's per-task overrides
-    if (k == "plugin") {
-      if (!value.is_string()) throw UserError(toml_where(value) + ": key 'plugin': expected a string");
-      config.plugin = value.as_string()->get();
-      continue;
-    }
-    config.params.set(k, toml_to_value(value, table + "." + k));
-  }
+  const TaskTable t = read_task_table(*node->as_table(), config.name, table);
+  config.plugin = t.plugin;
+  config.params = toml_params(t.options, table);
   return config;
 }
 

@@ -3,6 +3,7 @@
 // source position. Include only from .cpp files: toml++ is heavy.
 #include <toml++/toml.h>
 
+#include <functional>
 #include <string>
 
 #include "chiar/params.h"
@@ -17,5 +18,18 @@ Params::Value toml_to_value(const toml::node& node, const std::string& key);
 
 // Parses a file; a syntax error becomes a UserError at file:line:column.
 toml::table toml_parse_file(const std::string& file);
+
+// Every value of a table as plugin options (key path prefix for errors).
+Params toml_params(const toml::table& t, const std::string& path);
+
+// A task table as configs write it: key "plugin" (default: the table's name)
+// and the plugin's options, type-checked; the "model" and "train" override
+// tables are not options. `where` locates a node for errors.
+struct TaskTable {
+  std::string plugin;
+  toml::table options;
+};
+TaskTable read_task_table(const toml::table& t, const std::string& name, const std::string& path,
+                          const std::function<std::string(const toml::node&)>& where = toml_where);
 
 }  // namespace chiar

@@ -211,12 +211,6 @@ void put_value(toml::table& t, const std::string& key, const Params::Value& v) {
   }
 }
 
-Params params_of(const toml::table& t, const std::string& path) {
-  Params p;
-  for (const auto& [k, v] : t) p.set(std::string(k.str()), toml_to_value(v, path + "." + std::string(k.str())));
-  return p;
-}
-
 double number(const toml::table& t, const char* key) {
   const toml::node& n = *t.get(key);
   return n.is_integer() ? static_cast<double>(n.as_integer()->get()) : n.as_floating_point()->get();
@@ -228,14 +222,14 @@ ModelOptions model_options(const toml::table& m, const std::string& where) {
   ModelOptions o;
   o.d_model(integer(m, "d_model")).n_heads(integer(m, "n_heads")).ffn_mult(integer(m, "ffn_mult"))
       .dropout(number(m, "dropout")).router(string(m, "router"))
-      .router_params(params_of(*m.get("router_params")->as_table(), "router_params"));
+      .router_params(toml_params(*m.get("router_params")->as_table(), "router_params"));
   std::vector<std::string> layers;
   for (const auto& l : *m.get("layers")->as_array()) layers.push_back(l.as_string()->get());
   o.layers(layers);
   OperatorParams ops;
   for (const auto& [name, table] : *m.get("operators")->as_table()) {
     if (!table.is_table()) fail_at(table, "operators." + std::string(name.str()), "expected a table of options");
-    ops[std::string(name.str())] = params_of(*table.as_table(), "operators." + std::string(name.str()));
+    ops[std::string(name.str())] = toml_params(*table.as_table(), "operators." + std::string(name.str()));
   }
   o.operator_params(ops);
   try {
@@ -339,7 +333,7 @@ RunSpec run_spec_from_toml(const std::string& text) {
   spec.task = string(task, "name");
   spec.task_config.name = spec.task;
   spec.task_config.plugin = string(task, "plugin");
-  spec.task_config.params = params_of(*task.get("params")->as_table(), "task");
+  spec.task_config.params = toml_params(*task.get("params")->as_table(), "task");
   spec.model = model_options(*run.get("model")->as_table(), "stored run spec");
   spec.model.seed(static_cast<uint64_t>(spec.seed));
   spec.train = train_options(*run.get("train")->as_table());
@@ -451,18 +445,10 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
       merge_into(train, table_at(vt, "train"));
       merge_into(model, table_at(tt, "model"));
       merge_into(train, table_at(tt, "train"));
-      toml::table task_params;
-      std::string plugin = task;
-      for (const auto& [k, v] : tt) {
-        if (k.str() == "model" || k.str() == "train") continue;
-        if (k.str() == "plugin") {
-          if (!v.is_string()) fail_at(v, "tasks." + task + ".plugin", "expected a string");
-          plugin = v.as_string()->get();
-          continue;
-        }
-        toml_to_value(v, "tasks." + task + "." + std::string(k.str()));  // type check
-        task_params.insert_or_assign(k, v);
-      }
+      const TaskTable task_table = read_task_table(
+          tt, task, "tasks." + task, [&](const toml::node& n) { return where(n, "tasks." + task + ".plugin"); });
+      const std::string& plugin = task_table.plugin;
+      const toml::table& task_params = task_table.options;
 
       // Every point of the sweep grid.
       std::vector<size_t> pick(axes.size(), 0);
@@ -489,7 +475,7 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
           check_train_values(spec.train, vwhere + ": variant '" + variant + "' on task '" + task + "'");
           spec.task_config.name = task;
           spec.task_config.plugin = plugin;
-          spec.task_config.params = params_of(*run.get("task")->as_table()->get("params")->as_table(), "tasks." + task);
+          spec.task_config.params = toml_params(*run.get("task")->as_table()->get("params")->as_table(), "tasks." + task);
           std::ostringstream json, text;
           json << toml::json_formatter{run};
           text << toml::toml_formatter{run};
