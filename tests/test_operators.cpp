@@ -57,6 +57,7 @@ std::vector<OpCase> op_cases() {
   return {{"dct", Params().set("dct_impl", std::string("gemm"))},
           {"dct", Params().set("dct_impl", std::string("fft"))},
           {"attention", {}},
+          {"attention", Params().set("block", int64_t{3})},  // several causal query blocks
           {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
           {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
 }
@@ -78,22 +79,24 @@ TEST_CASE("dct operator equals LN(x + iDCT(DCT(x) * w)) from the definition", "[
 
 TEST_CASE("attention equals a naive float64 implementation", "[operator][attention]") {
   at::manual_seed(11);
-  for (bool causal : {true, false}) {
-    for (int64_t heads : {1, 2, 4}) {
-      INFO("causal " << causal << ", heads " << heads);
-      auto op = make_op("attention", 16, heads);
-      auto x = at::randn({3, 9, 16}, kF64);
-      OpContext ctx;
-      ctx.causal = causal;
-      if (!causal) ctx.valid = test::padding_mask(9, {0, 3, 8});
-      auto expected = ref::attention(x, attention_weights(*op, heads), causal, ctx.valid);
-      CHECK(rel_error_valid(op->forward(x, ctx), expected, ctx.valid) < 1e-12);
-      // Float32 against the same float64 reference.
-      auto op32 = make_op("attention", 16, heads, {}, /*float64=*/false);
-      auto expected32 = ref::attention(x, attention_weights(*op32, heads), causal, ctx.valid);
-      CHECK(rel_error_valid(op32->forward(x.to(at::kFloat), ctx), expected32, ctx.valid) < 1e-5);
-    }
-  }
+  // block 256 is one query block at T 9; blocks 1 and 4 split the causal half.
+  for (bool causal : {true, false})
+    for (int64_t heads : {1, 2, 4})
+      for (int64_t block : {256, 1, 4}) {
+        INFO("causal " << causal << ", heads " << heads << ", block " << block);
+        const auto params = Params().set("block", block);
+        auto op = make_op("attention", 16, heads, params);
+        auto x = at::randn({3, 9, 16}, kF64);
+        OpContext ctx;
+        ctx.causal = causal;
+        if (!causal) ctx.valid = test::padding_mask(9, {0, 3, 8});
+        auto expected = ref::attention(x, attention_weights(*op, heads), causal, ctx.valid);
+        CHECK(rel_error_valid(op->forward(x, ctx), expected, ctx.valid) < 1e-12);
+        // Float32 against the same float64 reference.
+        auto op32 = make_op("attention", 16, heads, params, /*float64=*/false);
+        auto expected32 = ref::attention(x, attention_weights(*op32, heads), causal, ctx.valid);
+        CHECK(rel_error_valid(op32->forward(x.to(at::kFloat), ctx), expected32, ctx.valid) < 1e-5);
+      }
 }
 
 TEST_CASE("attention without RoPE is position-free", "[operator][attention]") {
@@ -252,6 +255,26 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
   // Attention grows quadratically: doubling T (all rows) more than doubles it.
   auto attn = make_op("attention", 64, 4, {}, false);
   CHECK(attn->flops(512, 512, 64).forward > 3 * attn->flops(256, 256, 64).forward);
+  // Causal attention in query blocks: a row in block [s, s + b) reads
+  // min(T, s + b) keys. T 10, block 4: rows 0-3 read 4 keys, 4-7 read 8, 8-9 read 10.
+  {
+    const int64_t T = 10, d = 64, h = 4;
+    auto blocked = make_op("attention", d, h, Params().set("block", int64_t{4}), false);
+    std::vector<int64_t> all(T);
+    for (int64_t t = 0; t < T; ++t) all[t] = t;
+    const int64_t keys = 4 * 4 + 4 * 8 + 2 * 10;
+    const FlopCount fixed = blocked->flops(T, T, d) - FlopCount{2 * T * T * d, 4 * T * T * d} * 2 -
+                            FlopCount{5 * T * T * h, 3 * T * T * h};
+    CHECK(blocked->flops_at(T, all, d, true) ==
+          fixed + FlopCount{2 * keys * d, 4 * keys * d} * 2 + FlopCount{5 * keys * h, 3 * keys * h});
+    CHECK(blocked->flops_at(T, all, d, false) == blocked->flops(T, T, d));
+    // Two rows at positions 1 and 9 read 4 and 10 keys.
+    const FlopCount two = blocked->flops_at(T, {1, 9}, d, true);
+    CHECK(two.forward < blocked->flops(T, 2, d).forward);
+    CHECK(blocked->flops_at(T, {}, d, true) == FlopCount{});
+    // Operators whose cost does not depend on positions: flops_at == flops.
+    CHECK(dct->flops_at(T, {1, 9}, d, true) == dct->flops(T, 2, d));
+  }
   // The linear RBF form grows linearly in T.
   auto rbf = make_op("rbf", 64, 4, {}, false);
   const double ratio = static_cast<double>(rbf->flops(1024, 1024, 64).forward) /

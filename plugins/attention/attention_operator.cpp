@@ -1,12 +1,20 @@
 // Multi-head self-attention with rotary positions (RoPE, half-split pairs:
 // feature i rotates with feature i + dh/2 at frequency base^(-2i/dh)),
 // causal for language modelling, key-padding-masked for classification;
-// y = LN(x + W_o Attn(x)). forward_rows computes queries only for the selected
-// rows, keys and values for every position of the sequences they belong to.
+// y = LN(x + W_o Attn(x)).
+//
+// Causal attention runs in query blocks of `block` positions: the queries of
+// block [s, s + block) score keys [0, s + block) only, so about half of the
+// T x T scores are never computed, each block's scores stay small enough to
+// be cache-friendly, and only the diagonal tile is masked. forward_rows groups
+// its rows by the same position blocks, so a row costs what it costs in
+// forward (flops_at() counts exactly that). Without causality (classification)
+// every query reads every key in one block, with the padding mask.
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -23,11 +31,13 @@ class AttentionOperator final : public Operator {
   explicit AttentionOperator(const OperatorSpec& spec)
       : d_(spec.d_model),
         heads_(spec.params.get_int("heads", spec.n_heads)),
+        block_(spec.params.get_int("block", 128)),
         rope_(spec.params.get_bool("rope", true)),
         rope_base_(spec.params.get_double("rope_base", 10000.0)) {
     if (heads_ < 1 || d_ % heads_ != 0)
       throw UserError("attention: d_model " + std::to_string(d_) + " is not divisible by heads " +
                       std::to_string(heads_));
+    if (block_ < 1) throw UserError("attention: block must be at least 1, found " + std::to_string(block_));
     dh_ = d_ / heads_;
     if (rope_ && dh_ % 2 != 0)
       throw UserError("attention: RoPE needs an even head size, found " + std::to_string(dh_));
@@ -40,56 +50,109 @@ class AttentionOperator final : public Operator {
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
     auto pos = at::arange(T, x.options().dtype(at::kLong)).view({1, 1, T});  // (1, 1, T)
-    auto q = rotate(q_(x).view({B, T, heads_, dh_}).transpose(1, 2), pos);  // (B, h, T, dh)
-    auto [k, v] = keys_values(x);                                           // (B, h, T, dh)
-    auto o = attend(q, k, v, pos.view({1, 1, T, 1}), ctx.valid, ctx.causal);  // (B, h, T, dh)
+    auto q = queries(q_(x).view({B, T, heads_, dh_}).transpose(1, 2), pos);  // (B, h, T, dh)
+    auto [k, v] = keys_values(x);                                            // (B, h, T, dh)
+    at::Tensor o;                                                            // (B, h, T, dh)
+    if (!ctx.causal) {
+      o = attend(q, k, v, at::Tensor(), T, ctx.valid);
+    } else {
+      std::vector<at::Tensor> blocks;
+      for (int64_t s = 0; s < T; s += block_) {
+        const int64_t n = std::min(block_, T - s), e = s + n;
+        auto qpos = at::arange(s, e, pos.options()).view({1, 1, n, 1});
+        auto valid = ctx.valid.defined() ? ctx.valid.narrow(1, 0, e) : at::Tensor();
+        blocks.push_back(attend(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1, valid));
+      }
+      o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
+    }
     return norm_(x + out_(o.transpose(1, 2).reshape({B, T, d_})));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
                           const OpContext& ctx) override {
-    const int64_t T = x.size(1);
-    auto xr = x.reshape({-1, d_}).index_select(0, rows);                // (N, d)
-    const RowGroups g = group_rows(at::div(rows, T, "floor"));          // one group per sequence
-    auto [k, v] = keys_values(x.index_select(0, g.keys));               // (G, h, T, dh)
-    auto t = pack_rows(at::remainder(rows, T), g);                      // (G, m) query positions
-    auto q = pack_rows(q_(xr), g)                                       // (G, m, d)
-                 .view({g.count, g.width, heads_, dh_})
-                 .transpose(1, 2);                                      // (G, h, m, dh)
-    q = rotate(q, t.unsqueeze(1));
+    const int64_t T = x.size(1), N = rows.size(0);
+    // Every row selected (rows are strictly increasing): the blocked forward
+    // is the same computation without the gathers.
+    if (N == x.size(0) * T) return forward(x, ctx).view({N, d_});
+    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
+    auto t = at::remainder(rows, T);                      // (N,) query positions
+    const RowGroups g = group_rows(at::div(rows, T, "floor"));  // one group per sequence
+    auto [k, v] = keys_values(x.index_select(0, g.keys));       // (G, h, T, dh)
+    // Rotated, scaled queries of every row: (N, h, dh).
+    auto q = queries(q_(xr).view({1, N, heads_, dh_}).transpose(1, 2), t.view({1, 1, N}))
+                 .squeeze(0)
+                 .transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
-    auto o = attend(q, k, v, t.view({g.count, 1, g.width, 1}), valid, ctx.causal);  // (G,h,m,dh)
-    o = unpack_rows(o.transpose(1, 2).reshape({g.count, g.width, d_}), g);          // (N, d)
+    if (!ctx.causal) return norm_(xr + out_(attend_rows(q, k, v, t, g, T, T, valid)));
+
+    auto o = at::zeros({N, d_}, xr.options());  // (N, d)
+    for (int64_t s = 0; s < T; s += block_) {
+      const int64_t e = std::min(T, s + block_);
+      auto in_block = t.ge(s).logical_and(t.lt(e)).nonzero().squeeze(1);  // (n,) indices into rows
+      if (in_block.numel() == 0) continue;
+      const RowGroups gb = group_rows(g.group.index_select(0, in_block));  // keys: indices into G
+      // Keys [0, e) of the sequences with rows in this block; no copy when all have some.
+      const auto pick = [&](const at::Tensor& a, int64_t dim) {
+        auto head = a.narrow(dim, 0, e);
+        return gb.count == g.count ? head : head.index_select(0, gb.keys);
+      };
+      auto kb = pick(k, 2), vb = pick(v, 2);
+      auto vab = valid.defined() ? pick(valid, 1) : at::Tensor();
+      o.index_copy_(0, in_block, attend_rows(q.index_select(0, in_block), kb, vb,
+                                             t.index_select(0, in_block), gb, e, s + 1, vab));
+    }
     return norm_(xr + out_(o));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
-    // forward_rows works per sequence that has rows: a sequence without any
-    // computes nothing, not even its keys and values.
-    if (n == 0) return {};
-    const int64_t h = heads_;
-    FlopCount f = matmul_flops(n, d, d) + matmul_flops(T, d, 2 * d) + matmul_flops(n, d, d);
-    if (rope_) f += elementwise_flops(n + T, d, 3);
-    // Scores and weighted values over all T keys (masked entries are computed
-    // too), the 1/sqrt(dh) scale and the softmax.
-    f += FlopCount{2 * n * T * d, 4 * n * T * d} * 2;
-    f += FlopCount{6 * n * T * h, 3 * n * T * h};
-    return f + elementwise_flops(n, d) + layernorm_flops(n, d);
+    // Every query reads all T keys: the non-causal cost.
+    return cost(T, n, n * T, d);
+  }
+
+  FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
+                     bool causal) const override {
+    const auto n = static_cast<int64_t>(positions.size());
+    if (!causal) return cost(T, n, n * T, d);
+    int64_t keys = 0;  // a row in block [s, s + block) reads keys [0, min(T, s + block))
+    for (const int64_t t : positions) keys += std::min(T, (t / block_ + 1) * block_);
+    return cost(T, n, keys, d);
   }
 
   OperatorTraits traits() const override { return {true, true, true}; }
 
   std::string describe() const override {
-    std::string s = "attention(heads " + std::to_string(heads_);
+    std::string s = "attention(heads " + std::to_string(heads_) + ", causal block " + std::to_string(block_);
     return s + (rope_ ? ", rope)" : ")");
   }
 
  private:
+  // n output rows of a sequence of length T reading `keys` (query, key) pairs
+  // in total. forward_rows works per sequence that has rows: a sequence
+  // without any computes nothing, not even its keys and values.
+  FlopCount cost(int64_t T, int64_t n, int64_t keys, int64_t d) const {
+    if (n == 0) return {};
+    const int64_t h = heads_;
+    FlopCount f = matmul_flops(n, d, d) + matmul_flops(T, d, 2 * d) + matmul_flops(n, d, d);
+    if (rope_) f += elementwise_flops(n + T, d, 3);
+    f += elementwise_flops(n, d);  // the 1/sqrt(dh) scale, applied to the queries
+    // Scores and weighted values over the keys read, then the softmax.
+    f += FlopCount{2 * keys * d, 4 * keys * d} * 2;
+    f += FlopCount{5 * keys * h, 3 * keys * h};
+    return f + elementwise_flops(n, d) + layernorm_flops(n, d);
+  }
+
+  // Rotated queries scaled by 1/sqrt(dh) (once per query, not per score).
+  at::Tensor queries(const at::Tensor& q, const at::Tensor& pos) const {
+    return rotate(q, pos) * (1.0 / std::sqrt(static_cast<double>(dh_)));
+  }
+
   std::pair<at::Tensor, at::Tensor> keys_values(const at::Tensor& x) {  // x: (G, T, d)
     const int64_t G = x.size(0), T = x.size(1);
     auto kv = kv_(x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4});  // (2, G, h, T, dh)
     auto pos = at::arange(T, x.options().dtype(at::kLong)).view({1, 1, T});
-    return {rotate(kv[0], pos), kv[1]};
+    // Contiguous once, so that every query block's keys [0, e) are a view the
+    // batched matmul reads in place.
+    return {rotate(kv[0], pos).contiguous(), kv[1].contiguous()};
   }
 
   // x: (G, h, L, dh); pos: (G or 1, 1, L) int64 positions of the L vectors.
@@ -104,30 +167,41 @@ class AttentionOperator final : public Operator {
     return at::cat({x1 * c - x2 * s, x1 * s + x2 * c}, -1);
   }
 
-  // q: (G, h, m, dh) at positions qpos (G|1, 1, m, 1); k, v: (G, h, T, dh);
-  // valid: (G, T) bool or undefined. Returns (G, h, m, dh).
+  // Rows packed per sequence: q (n, h, dh) at positions t (n,), grouped by g
+  // into sequences whose keys and values are k, v (G, h, >= e, dh); keys from
+  // mask_from on are masked beyond each query's position. Returns (n, d).
+  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& t, const RowGroups& g, int64_t e, int64_t mask_from,
+                         const at::Tensor& valid) const {
+    auto qp = pack_rows(q, g).transpose(1, 2);  // (G, h, m, dh)
+    auto qpos = pack_rows(t, g).view({g.count, 1, g.width, 1});
+    auto o = attend(qp, k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, mask_from, valid);  // (G,h,m,dh)
+    return unpack_rows(o.transpose(1, 2), g).reshape({-1, d_});
+  }
+
+  // q: (G, h, m, dh), already scaled; k, v: (G, h, e, dh); qpos: (G|1, 1, m, 1)
+  // query positions. Keys from mask_from on (no query precedes mask_from - 1)
+  // are masked beyond each query's position; mask_from >= e: nothing is.
+  // valid: (G, e) bool or undefined. Returns (G, h, m, dh).
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& qpos, const at::Tensor& valid, bool causal) const {
-    const int64_t T = k.size(2);
+                    const at::Tensor& qpos, int64_t mask_from, const at::Tensor& valid) const {
+    const int64_t e = k.size(2);
     // Scores, mask and softmax in fp32 whatever the autocast dtype: the lowest
     // float below does not fit bf16 or fp16, and the normalisation wants fp32.
     const auto wide = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    auto scores = at::matmul(q, k.transpose(-2, -1)).to(wide) *
-                  (1.0 / std::sqrt(static_cast<double>(dh_)));
-    at::Tensor masked;  // true where a key must not be read
-    if (causal) masked = at::arange(T, qpos.options()).view({1, 1, 1, T}) > qpos;
-    if (valid.defined()) {
-      auto pad = valid.logical_not().view({valid.size(0), 1, 1, T});
-      masked = masked.defined() ? masked.logical_or(pad) : pad;
-    }
+    auto scores = at::matmul(q, k.transpose(-2, -1)).to(wide);  // (G, h, m, e)
     // The lowest finite value rather than -inf: a row with every key masked
     // (a padding query) gets uniform weights instead of NaN.
-    if (masked.defined())
-      scores = scores.masked_fill(masked, std::numeric_limits<float>::lowest());
+    constexpr float kMasked = std::numeric_limits<float>::lowest();
+    if (mask_from < e) {  // only this tile can hold keys after a query
+      auto ahead = at::arange(mask_from, e, qpos.options()).view({1, 1, 1, e - mask_from}) > qpos;
+      scores.narrow(-1, mask_from, e - mask_from).masked_fill_(ahead, kMasked);
+    }
+    if (valid.defined()) scores.masked_fill_(valid.logical_not().view({valid.size(0), 1, 1, e}), kMasked);
     return at::matmul(at::softmax(scores, -1).to(v.scalar_type()), v);
   }
 
-  int64_t d_, heads_, dh_ = 0;
+  int64_t d_, heads_, block_, dh_ = 0;
   bool rope_;
   double rope_base_;
   torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)

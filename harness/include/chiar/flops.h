@@ -15,7 +15,13 @@ struct FlopCount {
     backward += o.backward;
     return *this;
   }
+  FlopCount& operator-=(const FlopCount& o) {
+    forward -= o.forward;
+    backward -= o.backward;
+    return *this;
+  }
   friend FlopCount operator+(FlopCount a, const FlopCount& b) { return a += b; }
+  friend FlopCount operator-(FlopCount a, const FlopCount& b) { return a -= b; }
   friend FlopCount operator*(FlopCount a, int64_t k) {
     a.forward *= k;
     a.backward *= k;

@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 
@@ -52,6 +53,14 @@ class CHIAR_API Operator : public torch::nn::Module {
   // exactly as this implementation executes them (forward, and its backward).
   // forward(x) on B sequences costs B * flops(T, T, d).
   virtual FlopCount flops(int64_t T, int64_t n_rows, int64_t d) const = 0;
+
+  // FLOPs of one sequence of length T whose output rows sit at `positions`
+  // (ascending, in [0, T)), called with OpContext::causal == causal. For
+  // operators whose cost depends on where a row is (causal attention reads
+  // fewer keys early on). The default, flops(T, positions.size(), d), is right
+  // for every operator whose cost per row does not.
+  virtual FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
+                             bool causal) const;
 
   virtual OperatorTraits traits() const = 0;
 

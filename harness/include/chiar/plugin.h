@@ -19,7 +19,8 @@
 
 // Bumped whenever a type a plugin sees (Operator, Router, Registrar, specs)
 // changes layout or meaning.
-#define CHIAR_PLUGIN_API_VERSION 2  // 2: Router::route takes the OpContext
+// 2: Router::route takes the OpContext. 3: Operator::flops_at (position-aware FLOPs).
+#define CHIAR_PLUGIN_API_VERSION 3
 
 #define CHIAR_STRINGIFY_IMPL(x) #x
 #define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)

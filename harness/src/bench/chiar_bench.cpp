@@ -44,6 +44,12 @@ std::shared_ptr<Operator> make(const std::string& name, int64_t d) {
 
 constexpr int64_t kBatch = 4;
 
+std::vector<int64_t> positions(int64_t T) {
+  std::vector<int64_t> p(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) p[t] = t;
+  return p;
+}
+
 // Operator forward (and forward + backward) on (4, T, d), causal.
 void BM_operator(benchmark::State& state, const std::string& name, bool backward) {
   const int64_t T = state.range(0), d = state.range(1);
@@ -74,7 +80,7 @@ void BM_operator(benchmark::State& state, const std::string& name, bool backward
       benchmark::DoNotOptimize(y.data_ptr());
     }
   }
-  const FlopCount f = op->flops(T, T, d) * kBatch;
+  const FlopCount f = op->flops_at(T, positions(T), d, /*causal=*/true) * kBatch;
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(backward ? f.total() : f.forward) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
@@ -140,10 +146,12 @@ void BM_routed(benchmark::State& state, bool sparse) {
   double executed = static_cast<double>(kBatch * 2 * T * d * d);  // entropy: one d x d transform per token
   for (int64_t b = 0; b < kBatch; ++b)
     for (int64_t k = 0; k < 2; ++k) {
-      const int64_t n = sparse ? routing.choice[b].eq(k).sum().item<int64_t>() : T;
-      executed += static_cast<double>(ops[k]->flops(T, n, d).forward);
+      std::vector<int64_t> at_k;
+      auto where = routing.choice[b].eq(k).nonzero().squeeze(1).contiguous();
+      if (sparse) at_k.assign(where.data_ptr<int64_t>(), where.data_ptr<int64_t>() + where.numel());
+      executed += static_cast<double>(ops[k]->flops_at(T, sparse ? at_k : positions(T), d, true).forward);
     }
-  const double full = static_cast<double>(kBatch * ops[1]->flops(T, T, d).forward);
+  const double full = static_cast<double>(kBatch * ops[1]->flops_at(T, positions(T), d, true).forward);
   for (auto _ : state) benchmark::DoNotOptimize(layer->forward(x, ctx).data_ptr());
   state.counters["flop_ratio"] = executed / full;
   state.counters["attention_share"] = share;

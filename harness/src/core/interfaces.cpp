@@ -12,6 +12,10 @@ UserError::UserError(const std::string& message) : std::runtime_error(message) {
 UserError::~UserError() = default;
 
 Operator::~Operator() = default;
+
+FlopCount Operator::flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d, bool) const {
+  return flops(T, static_cast<int64_t>(positions.size()), d);
+}
 Router::~Router() = default;
 Registrar::~Registrar() = default;
 Task::~Task() = default;

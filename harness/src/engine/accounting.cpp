@@ -6,27 +6,50 @@
 
 namespace chiar::engine {
 
+namespace {
+
+// Row positions per sequence and operator: positions[b][k] ascending.
+std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::Tensor& choice, int64_t K) {
+  auto c = choice.to(at::kLong).contiguous();  // (B, T)
+  const int64_t B = c.size(0), T = c.size(1);
+  const int64_t* p = c.data_ptr<int64_t>();
+  std::vector<std::vector<std::vector<int64_t>>> out(static_cast<size_t>(B),
+                                                      std::vector<std::vector<int64_t>>(static_cast<size_t>(K)));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) out[b][p[b * T + t]].push_back(t);
+  return out;
+}
+
+std::vector<int64_t> all_positions(int64_t T) {
+  std::vector<int64_t> p(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) p[t] = t;
+  return p;
+}
+
+}  // namespace
+
 Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Tensor& valid, int64_t T) {
   Accounting a;
   const auto& o = model.options();
   const int64_t d = o.d_model_;
+  const bool causal = o.head_ == HeadKind::LanguageModel;
+  const auto every = all_positions(T);
   size_t routed = 0;
   for (const auto& layer : model.mixing_layers()) {
     const int64_t li = static_cast<int64_t>(&layer - &model.mixing_layers()[0]);
     const auto& ops = layer->operators();
     const auto& names = layer->operator_names();
     if (!layer->routed()) {
-      const FlopCount f = ops[0]->flops(T, T, d);
+      const FlopCount f = ops[0]->flops_at(T, every, d, causal);
       a.flops.push_back({li, names[0], static_cast<double>(T), static_cast<double>(f.forward),
                          static_cast<double>(f.forward), static_cast<double>(f.total()),
                          static_cast<double>(f.total())});
-      if (names[0] == "attention") a.reference_attention_fwd += static_cast<double>(f.forward);
+      // The reference counts full T x T attention whatever the mask.
+      if (names[0] == "attention") a.reference_attention_fwd += static_cast<double>(ops[0]->flops(T, T, d).forward);
     } else {
       const LayerRouting& r = out.routing.at(routed++);
       const int64_t B = r.choice.size(0), K = static_cast<int64_t>(ops.size());
-      // Tokens per sequence and operator.
-      auto counts = at::one_hot(r.choice, K).sum(1).to(at::kLong).contiguous();  // (B, K)
-      auto acc = counts.accessor<int64_t, 2>();
+      const auto positions = positions_by_operator(r.choice, K);
       LayerRoutingStats stats;
       stats.layer = li;
       auto mask = valid.defined() ? valid : at::ones_like(r.choice, at::kBool);
@@ -34,17 +57,19 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
       for (int64_t k = 0; k < K; ++k) {
         double tokens = 0, fwd_sparse = 0, train_sparse = 0;
         for (int64_t b = 0; b < B; ++b) {
-          const FlopCount f = ops[k]->flops(T, acc[b][k], d);
-          tokens += static_cast<double>(acc[b][k]);
+          const auto& at_k = positions[b][k];
+          const FlopCount f = ops[k]->flops_at(T, at_k, d, causal);
+          tokens += static_cast<double>(at_k.size());
           fwd_sparse += static_cast<double>(f.forward);
           train_sparse += static_cast<double>(f.total());
         }
-        const FlopCount dense = ops[k]->flops(T, T, d);
+        const FlopCount dense = ops[k]->flops_at(T, every, d, causal);
         FlopRow row{li, names[k], tokens / B, fwd_sparse / B, fwd_sparse / B, train_sparse / B, train_sparse / B};
         if (!r.sparse) row.fwd_executed = static_cast<double>(dense.forward);
         if (r.mode != RouteMode::Hard) row.train_executed = static_cast<double>(dense.total());
         a.flops.push_back(row);
-        if (names[k] == "attention") a.reference_attention_fwd += 0.5 * static_cast<double>(dense.forward);
+        if (names[k] == "attention")
+          a.reference_attention_fwd += 0.5 * static_cast<double>(ops[k]->flops(T, T, d).forward);
         const double share = (r.choice.eq(k).logical_and(mask)).sum().item<double>() / std::max(real, 1.0);
         stats.shares.emplace_back(names[k], share);
       }
