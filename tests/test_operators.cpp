@@ -77,6 +77,28 @@ TEST_CASE("dct operator equals LN(x + iDCT(DCT(x) * w)) from the definition", "[
   }
 }
 
+TEST_CASE("dct operator reads the spectrum a routed layer supplies instead of transforming x", "[operator][dct]") {
+  at::manual_seed(12);
+  auto op = make_op("dct", 16, 2, Params().set("dct_impl", std::string("gemm")));
+  auto x = at::randn({2, 5, 16}, kF64);
+  auto m = ref::dct_matrix(16);
+  const auto expected_from = [&](const at::Tensor& c) {
+    return ref::layer_norm((x + at::matmul(c * named(*op, "filter"), m)).view({-1, 16}),
+                           named(*op, "norm.weight"), named(*op, "norm.bias"))
+        .view_as(x);
+  };
+  OpContext ctx;
+  ctx.spectrum = at::matmul(x, m.t());  // the true spectrum: same result as without
+  CHECK(rel_error(op->forward(x, ctx), op->forward(x, {})) < 1e-13);
+  // A different spectrum changes the output exactly as the definition says,
+  // so the operator used it rather than its own transform.
+  ctx.spectrum = at::matmul(x, m.t()) * 2 + 1;
+  CHECK(rel_error(op->forward(x, ctx), expected_from(ctx.spectrum)) < 1e-12);
+  auto rows = at::tensor(std::vector<int64_t>{0, 3, 4, 9}, at::TensorOptions().dtype(at::kLong));
+  CHECK(rel_error(op->forward_rows(x, rows, ctx), expected_from(ctx.spectrum).view({-1, 16}).index_select(0, rows)) <
+        1e-12);
+}
+
 TEST_CASE("attention equals a naive float64 implementation", "[operator][attention]") {
   at::manual_seed(11);
   // block 256 is one query block at T 9; blocks 1 and 4 split the causal half.
@@ -265,15 +287,17 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
     const int64_t keys = 4 * 4 + 4 * 8 + 2 * 10;
     const FlopCount fixed = blocked->flops(T, T, d) - FlopCount{2 * T * T * d, 4 * T * T * d} * 2 -
                             FlopCount{5 * T * T * h, 3 * T * T * h};
-    CHECK(blocked->flops_at(T, all, d, true) ==
+    CHECK(blocked->flops_at(T, all, d, {true, false}) ==
           fixed + FlopCount{2 * keys * d, 4 * keys * d} * 2 + FlopCount{5 * keys * h, 3 * keys * h});
-    CHECK(blocked->flops_at(T, all, d, false) == blocked->flops(T, T, d));
+    CHECK(blocked->flops_at(T, all, d, {false, false}) == blocked->flops(T, T, d));
     // Two rows at positions 1 and 9 read 4 and 10 keys.
-    const FlopCount two = blocked->flops_at(T, {1, 9}, d, true);
+    const FlopCount two = blocked->flops_at(T, {1, 9}, d, {true, false});
     CHECK(two.forward < blocked->flops(T, 2, d).forward);
-    CHECK(blocked->flops_at(T, {}, d, true) == FlopCount{});
+    CHECK(blocked->flops_at(T, {}, d, {true, false}) == FlopCount{});
     // Operators whose cost does not depend on positions: flops_at == flops.
-    CHECK(dct->flops_at(T, {1, 9}, d, true) == dct->flops(T, 2, d));
+    CHECK(dct->flops_at(T, {1, 9}, d, {true, false}) == dct->flops(T, 2, d));
+    // A supplied spectrum saves the DCT operator its forward transform.
+    CHECK(dct->flops_at(T, {1, 9}, d, {true, true}) == dct->flops(T, 2, d) - matmul_flops(2, d, d, false));
   }
   // The linear RBF form grows linearly in T.
   auto rbf = make_op("rbf", 64, 4, {}, false);

@@ -110,9 +110,9 @@ class AttentionOperator final : public Operator {
   }
 
   FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
-                     bool causal) const override {
+                     const FlopContext& ctx) const override {
     const auto n = static_cast<int64_t>(positions.size());
-    if (!causal) return cost(T, n, n * T, d);
+    if (!ctx.causal) return cost(T, n, n * T, d);
     int64_t keys = 0;  // a row in block [s, s + block) reads keys [0, min(T, s + block))
     for (const int64_t t : positions) keys += std::min(T, (t / block_ + 1) * block_);
     return cost(T, n, keys, d);

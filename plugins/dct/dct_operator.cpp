@@ -24,23 +24,25 @@ class DctOperator final : public Operator {
     norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
   }
 
-  at::Tensor forward(const at::Tensor& x, const OpContext&) override { return mix(x); }
+  at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
+    return mix(x, ctx.spectrum.defined() ? ctx.spectrum : dct2(x, impl_));
+  }
 
-  at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext&) override {
-    return mix(x.reshape({-1, d_}).index_select(0, rows));
+  at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {
+    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
+    auto cr = ctx.spectrum.defined() ? ctx.spectrum.reshape({-1, d_}).index_select(0, rows) : dct2(xr, impl_);
+    return mix(xr, cr);
   }
 
   FlopCount flops(int64_t, int64_t n_rows, int64_t d) const override {
     // Two transforms, the filter, the residual and the LayerNorm, per row.
-    FlopCount transform;
-    if (impl_ == DctImpl::Gemm) {
-      transform = matmul_flops(n_rows, d, d, /*weight_grad=*/false);
-    } else {
-      const auto log2d = static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(d))));
-      const int64_t f = n_rows * (5 * d * log2d + 8 * d);  // complex FFT + twiddles
-      transform = {f, f};
-    }
-    return transform * 2 + elementwise_flops(n_rows, d, 2) + layernorm_flops(n_rows, d);
+    return transform_flops(n_rows, d) * 2 + elementwise_flops(n_rows, d, 2) + layernorm_flops(n_rows, d);
+  }
+
+  FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
+                     const FlopContext& ctx) const override {
+    const auto n = static_cast<int64_t>(positions.size());
+    return flops(T, n, d) - (ctx.spectrum ? transform_flops(n, d) : FlopCount{});
   }
 
   OperatorTraits traits() const override { return {true, true, false}; }
@@ -50,8 +52,21 @@ class DctOperator final : public Operator {
   }
 
  private:
-  at::Tensor mix(const at::Tensor& x) {  // (..., d) -> (..., d)
-    return norm_(x + idct2(dct2(x, impl_) * filter_, impl_));
+  FlopCount transform_flops(int64_t n_rows, int64_t d) const {
+    FlopCount transform;
+    if (impl_ == DctImpl::Gemm) {
+      transform = matmul_flops(n_rows, d, d, /*weight_grad=*/false);
+    } else {
+      const auto log2d = static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(d))));
+      const int64_t f = n_rows * (5 * d * log2d + 8 * d);  // complex FFT + twiddles
+      transform = {f, f};
+    }
+    return transform;
+  }
+
+  // x: (..., d) and its spectrum c = dct2(x): (..., d) -> (..., d).
+  at::Tensor mix(const at::Tensor& x, const at::Tensor& c) {
+    return norm_(x + idct2(c * filter_, impl_));
   }
 
   int64_t d_;

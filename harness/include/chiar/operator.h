@@ -15,6 +15,17 @@ namespace chiar {
 struct OpContext {
   bool causal = false;  // language modelling: position t may read positions <= t only
   at::Tensor valid;     // (B, T) bool, true for real tokens; undefined = all real
+  // (B, T, d) orthonormal DCT-II of x along the features, when the layer has
+  // already computed it (a routed layer does, for the router's entropy);
+  // undefined otherwise. Operators that transform x the same way may read it
+  // instead of transforming again.
+  at::Tensor spectrum;
+};
+
+// What a FLOP count may assume: the OpContext of the call, as flags.
+struct FlopContext {
+  bool causal = false;    // OpContext::causal
+  bool spectrum = false;  // OpContext::spectrum is supplied
 };
 
 // What an operator supports; the harness refuses variants that need more.
@@ -55,12 +66,13 @@ class CHIAR_API Operator : public torch::nn::Module {
   virtual FlopCount flops(int64_t T, int64_t n_rows, int64_t d) const = 0;
 
   // FLOPs of one sequence of length T whose output rows sit at `positions`
-  // (ascending, in [0, T)), called with OpContext::causal == causal. For
-  // operators whose cost depends on where a row is (causal attention reads
-  // fewer keys early on). The default, flops(T, positions.size(), d), is right
-  // for every operator whose cost per row does not.
+  // (ascending, in [0, T)), in a call described by ctx: what the harness
+  // accounts. For operators whose cost depends on where a row is (causal
+  // attention reads fewer keys early on) or on the context (a supplied
+  // spectrum). The default, flops(T, positions.size(), d), is right for every
+  // operator whose cost per row depends on neither.
   virtual FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
-                             bool causal) const;
+                             const FlopContext& ctx) const;
 
   virtual OperatorTraits traits() const = 0;
 

@@ -19,7 +19,7 @@
 
 // Bumped whenever a type a plugin sees (Operator, Router, Registrar, specs)
 // changes layout or meaning.
-// 2: Router::route takes the OpContext. 3: Operator::flops_at (position-aware FLOPs).
+// 2: Router::route takes the OpContext. 3: Operator::flops_at (FLOPs by row position and context), OpContext::spectrum.
 #define CHIAR_PLUGIN_API_VERSION 3
 
 #define CHIAR_STRINGIFY_IMPL(x) #x

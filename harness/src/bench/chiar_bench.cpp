@@ -80,7 +80,7 @@ void BM_operator(benchmark::State& state, const std::string& name, bool backward
       benchmark::DoNotOptimize(y.data_ptr());
     }
   }
-  const FlopCount f = op->flops_at(T, positions(T), d, /*causal=*/true) * kBatch;
+  const FlopCount f = op->flops_at(T, positions(T), d, {/*causal=*/true, /*spectrum=*/false}) * kBatch;
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(backward ? f.total() : f.forward) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
@@ -149,9 +149,9 @@ void BM_routed(benchmark::State& state, bool sparse) {
       std::vector<int64_t> at_k;
       auto where = routing.choice[b].eq(k).nonzero().squeeze(1).contiguous();
       if (sparse) at_k.assign(where.data_ptr<int64_t>(), where.data_ptr<int64_t>() + where.numel());
-      executed += static_cast<double>(ops[k]->flops_at(T, sparse ? at_k : positions(T), d, true).forward);
+      executed += static_cast<double>(ops[k]->flops_at(T, sparse ? at_k : positions(T), d, {true, true}).forward);
     }
-  const double full = static_cast<double>(kBatch * ops[1]->flops_at(T, positions(T), d, true).forward);
+  const double full = static_cast<double>(kBatch * ops[1]->flops_at(T, positions(T), d, {true, false}).forward);
   for (auto _ : state) benchmark::DoNotOptimize(layer->forward(x, ctx).data_ptr());
   state.counters["flop_ratio"] = executed / full;
   state.counters["attention_share"] = share;

@@ -38,7 +38,11 @@ at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, Layer
                                 at::Tensor* aux_loss) {
   if (!router_) return operators_[0]->forward(x, ctx);
 
-  const auto entropy = spectral_entropy(x);  // (B, T)
+  // The router's entropy needs the spectrum; operators that transform x the
+  // same way (dct) read it from the context instead of transforming again.
+  OpContext with_spectrum = ctx;
+  with_spectrum.spectrum = dct2(x);                                        // (B, T, d)
+  const auto entropy = spectral_entropy_from_coeffs(with_spectrum.spectrum);  // (B, T)
   RouteResult r = router_->route(x, entropy, ctx);
   bool use_sparse = false;
   switch (execution_) {
@@ -55,7 +59,7 @@ at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, Layer
                     !(is_training() && torch::autograd::GradMode::is_enabled()));
       break;
   }
-  auto y = use_sparse ? sparse(x, ctx, r.choice) : dense(x, ctx, r);
+  auto y = use_sparse ? sparse(x, with_spectrum, r.choice) : dense(x, with_spectrum, r);
   if (routing) {
     routing->layer = index_;
     routing->choice = r.choice.detach();

@@ -40,7 +40,7 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
     const auto& ops = layer->operators();
     const auto& names = layer->operator_names();
     if (!layer->routed()) {
-      const FlopCount f = ops[0]->flops_at(T, every, d, causal);
+      const FlopCount f = ops[0]->flops_at(T, every, d, {causal, false});
       a.flops.push_back({li, names[0], static_cast<double>(T), static_cast<double>(f.forward),
                          static_cast<double>(f.forward), static_cast<double>(f.total()),
                          static_cast<double>(f.total())});
@@ -50,6 +50,7 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
       const LayerRouting& r = out.routing.at(routed++);
       const int64_t B = r.choice.size(0), K = static_cast<int64_t>(ops.size());
       const auto positions = positions_by_operator(r.choice, K);
+      const FlopContext fc{causal, true};  // a routed layer hands its spectrum on
       LayerRoutingStats stats;
       stats.layer = li;
       auto mask = valid.defined() ? valid : at::ones_like(r.choice, at::kBool);
@@ -58,12 +59,12 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
         double tokens = 0, fwd_sparse = 0, train_sparse = 0;
         for (int64_t b = 0; b < B; ++b) {
           const auto& at_k = positions[b][k];
-          const FlopCount f = ops[k]->flops_at(T, at_k, d, causal);
+          const FlopCount f = ops[k]->flops_at(T, at_k, d, fc);
           tokens += static_cast<double>(at_k.size());
           fwd_sparse += static_cast<double>(f.forward);
           train_sparse += static_cast<double>(f.total());
         }
-        const FlopCount dense = ops[k]->flops_at(T, every, d, causal);
+        const FlopCount dense = ops[k]->flops_at(T, every, d, fc);
         FlopRow row{li, names[k], tokens / B, fwd_sparse / B, fwd_sparse / B, train_sparse / B, train_sparse / B};
         if (!r.sparse) row.fwd_executed = static_cast<double>(dense.forward);
         if (r.mode != RouteMode::Hard) row.train_executed = static_cast<double>(dense.total());
