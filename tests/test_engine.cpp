@@ -17,6 +17,7 @@
 #include "../harness/src/core/model.h"
 #include "../harness/src/engine/matrix.h"
 #include "../harness/src/engine/sqlite.h"
+#include "../harness/src/engine/store.h"
 #include "chiar/error.h"
 #include "chiar/random.h"
 #include "support/fixtures.h"
@@ -200,6 +201,12 @@ TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]"
   CHECK(count(db, "SELECT COUNT(*) FROM routing WHERE operator = 'attention'") == 4 * 2);  // 4 routed runs x 2 evals
   CHECK(count(db, "SELECT COUNT(*) FROM histograms WHERE bin = 19") == 4 * 2);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE blas LIKE '%blas%' AND gemm_gflops > 0 AND threads = 1") == 8);
+  // Harness overhead recorded per run, its fraction consistent with its parts.
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE overhead_fraction > 0 AND "
+                  "json_extract(overhead, '$.steps_s') > 0 AND json_extract(overhead, '$.store_s') > 0 AND "
+                  "json_extract(overhead, '$.accounting_s') > 0 AND json_extract(overhead, '$.checkpoints_s') > 0 AND "
+                  "ABS(overhead_fraction - (json_extract(overhead, '$.store_s') + json_extract(overhead, '$.accounting_s') + "
+                  "json_extract(overhead, '$.progress_s')) / json_extract(overhead, '$.steps_s')) < 1e-4 * overhead_fraction") == 8);
   const auto finished = count(db, "SELECT SUM(LENGTH(finished_at)) FROM runs");
   const auto again = test::run_chiar(run_args(d, "r.db"));
   CHECK(again.status == 0);
@@ -212,6 +219,34 @@ TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]"
   CHECK(std::count(csv.output.begin(), csv.output.end(), '\n') == 9);
   const auto json = test::run_chiar({"export", db, "--json"});
   CHECK_THAT(json.output, Catch::Matchers::Contains("\"metric\": \"accuracy\""));
+}
+
+TEST_CASE("store: an older database is migrated to the current schema on open", "[engine][store]") {
+  TempDir d("migrate");
+  const std::string db = d.path() + "/old.db";
+  {
+    engine::Store store(db);
+    engine::Database con(db);
+    con.exec("INSERT INTO runs(hash, name, matrix, variant, task, seed, spec, created_at) "
+             "VALUES ('h', 'v/t/seed=0', 'm', 'v', 't', 0, '{}', 'now')");
+    // Back to schema 1: no spec_toml, no overhead columns, the old results view.
+    con.exec("DROP VIEW results; ALTER TABLE runs DROP COLUMN spec_toml; ALTER TABLE runs DROP COLUMN overhead; "
+             "ALTER TABLE runs DROP COLUMN overhead_fraction; CREATE VIEW results AS SELECT id, name FROM runs; "
+             "UPDATE meta SET value = '1' WHERE key = 'schema_version'");
+  }
+  engine::Store store(db);
+  CHECK(count(db, "SELECT value FROM meta WHERE key = 'schema_version'") == engine::kSchemaVersion);
+  CHECK(count(db, "SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name IN "
+                  "('spec_toml', 'overhead', 'overhead_fraction')") == 3);
+  CHECK(count(db, "SELECT COUNT(*) FROM pragma_table_info('results') WHERE name = 'overhead_fraction'") == 1);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE hash = 'h'") == 1);
+  // A database from a newer harness is refused rather than misread.
+  {
+    engine::Database con(db);
+    con.exec("UPDATE meta SET value = '99' WHERE key = 'schema_version'");
+  }
+  CHECK_THROWS_WITH(engine::Store(db), db + ": schema version 99 is newer than this harness's " +
+                                           std::to_string(engine::kSchemaVersion));
 }
 
 TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][errors]") {

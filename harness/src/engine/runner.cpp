@@ -198,7 +198,8 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
 }
 
 std::vector<std::string> result_columns() {
-  return {"run", "status", "metric", "value", "attn_gflops", "total_gflops", "train_tok_s", "eval_tok_s", "params"};
+  return {"run", "status", "metric", "value", "attn_gflops", "total_gflops", "train_tok_s", "eval_tok_s", "params",
+          "overhead_%"};
 }
 
 std::vector<ResultRow> read_results(const std::string& db) {
@@ -206,7 +207,8 @@ std::vector<ResultRow> read_results(const std::string& db) {
   Store store(db);
   auto q = store.db().prepare(
       "SELECT name, status, COALESCE(metric_name, ''), main_metric, attention_gflops, total_gflops, "
-      "train_tokens_per_s, eval_tokens_per_s, params FROM results ORDER BY task, variant, seed");
+      "train_tokens_per_s, eval_tokens_per_s, params, 100 * overhead_fraction FROM results "
+      "ORDER BY task, variant, seed");
   std::vector<ResultRow> rows;
   while (q.step()) {
     ResultRow row;
@@ -218,6 +220,7 @@ std::vector<ResultRow> read_results(const std::string& db) {
       std::ostringstream s;
       if (c >= 3 && c <= 5) s << std::setprecision(5) << q.real(c);
       else if (c == 6 || c == 7) s << std::fixed << std::setprecision(0) << q.real(c);
+      else if (c == 9) s << std::fixed << std::setprecision(2) << q.real(c);
       else s << q.text(c);
       row.cells.push_back(s.str());
     }

@@ -50,8 +50,13 @@ CREATE TABLE IF NOT EXISTS histograms(
   run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, layer INTEGER NOT NULL,
   bin INTEGER NOT NULL, lo REAL, hi REAL, count INTEGER,
   PRIMARY KEY(run_id, step, layer, bin));
+)SQL";
+
+// Schema 3 replaces the view of schema 1 (it adds the harness overhead).
+const char* const kResultsView = R"SQL(
+DROP VIEW IF EXISTS results;
 -- The main metric of each finished run: test split, best-validation checkpoint.
-CREATE VIEW IF NOT EXISTS results AS
+CREATE VIEW results AS
 SELECT r.id, r.name, r.variant, r.task, r.seed, r.status,
   (SELECT value FROM metrics m WHERE m.run_id = r.id AND m.split = 'test' AND m.checkpoint = 'best'
      AND m.name IN ('accuracy', 'token_ppl') ORDER BY m.step DESC LIMIT 1) AS main_metric,
@@ -61,7 +66,7 @@ SELECT r.id, r.name, r.variant, r.task, r.seed, r.status,
      AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = r.id)) AS attention_gflops,
   (SELECT SUM(fwd_executed) / 1e9 FROM flops f WHERE f.run_id = r.id
      AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = r.id)) AS total_gflops,
-  r.train_tokens_per_s, r.eval_tokens_per_s, r.params
+  r.train_tokens_per_s, r.eval_tokens_per_s, r.params, r.overhead_fraction
 FROM runs r WHERE r.status IN ('done', 'diverged', 'failed');
 )SQL";
 
@@ -104,6 +109,12 @@ void Store::migrate() {
     if (version < 1) db_.exec(kSchemaV1);
     // 2: the resolved spec as TOML, so a run's model can be rebuilt (chiar inspect).
     if (version < 2) db_.exec("ALTER TABLE runs ADD COLUMN spec_toml TEXT");
+    // 3: the harness overhead of each run, and the results view showing it.
+    if (version < 3) {
+      db_.exec("ALTER TABLE runs ADD COLUMN overhead_fraction REAL");
+      db_.exec("ALTER TABLE runs ADD COLUMN overhead TEXT");
+      db_.exec(kResultsView);
+    }
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
         .run();
@@ -169,13 +180,14 @@ void Store::finish(const std::string& hash, const std::string& status, const std
     auto u = db_.prepare(
         "UPDATE runs SET status = ?, error = ?, diverged_step = ?, finished_at = ?, params = ?, "
         "train_seconds = ?, train_tokens_per_s = ?, eval_tokens_per_s = ?, step_ms = ?, "
-        "peak_rss_mb = ?, tau = ?, calibration = COALESCE(NULLIF(?, ''), calibration) WHERE hash = ?");
+        "peak_rss_mb = ?, tau = ?, calibration = COALESCE(NULLIF(?, ''), calibration), "
+        "overhead_fraction = ?, overhead = ? WHERE hash = ?");
     u.bind(1, status);
     if (error.empty()) u.bind_null(2); else u.bind(2, error);
     if (diverged_step < 0) u.bind_null(3); else u.bind(3, diverged_step);
     u.bind(4, now_iso()).bind(5, s.params).bind(6, s.train_seconds).bind(7, s.train_tokens_per_s)
         .bind(8, s.eval_tokens_per_s).bind(9, s.step_ms).bind(10, s.peak_rss_mb).bind(11, s.tau)
-        .bind(12, s.calibration).bind(13, hash);
+        .bind(12, s.calibration).bind(13, s.overhead_fraction).bind(14, s.overhead).bind(15, hash);
     u.run();
   });
 }

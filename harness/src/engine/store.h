@@ -15,7 +15,7 @@
 
 namespace chiar::engine {
 
-constexpr int kSchemaVersion = 2;
+constexpr int kSchemaVersion = 3;
 
 struct Provenance {
   std::string git_commit;
@@ -37,6 +37,11 @@ struct RunSummary {
   double train_seconds = 0, train_tokens_per_s = 0, eval_tokens_per_s = 0, step_ms = 0, peak_rss_mb = 0;
   std::string tau;          // thresholds in force, JSON
   std::string calibration;  // what calibrated them, JSON
+  // Harness work during training (store writes, FLOP accounting, routing
+  // statistics) as a fraction of the time spent in training steps; the
+  // breakdown in seconds, checkpoints included, as JSON.
+  double overhead_fraction = 0;
+  std::string overhead;
 };
 
 // One row of a per-layer, per-operator FLOP record (FLOPs per sequence).

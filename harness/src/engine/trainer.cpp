@@ -91,7 +91,37 @@ struct EvalResult {
   std::map<std::string, double> metrics;
   double tokens_per_s = 0;
   Accounting accounting;  // from the first batch
+  double accounting_seconds = 0;
 };
+
+// Seconds spent in the harness's own work during training, by kind.
+struct Overhead {
+  double steps = 0;        // training steps: forward, backward, optimizer
+  double store = 0;        // store writes: logs, heartbeats, metrics, FLOPs, routing
+  double accounting = 0;   // FLOP accounting and routing statistics
+  double progress = 0;     // the progress callback
+  double checkpoints = 0;  // state and best-model checkpoints
+  double evaluation = 0;   // validation during training (the experiment, not overhead)
+
+  double fraction() const { return steps > 0 ? (store + accounting + progress) / steps : 0.0; }
+  std::string json() const {
+    std::ostringstream s;
+    s.precision(6);
+    s << "{\"steps_s\": " << steps << ", \"store_s\": " << store << ", \"accounting_s\": " << accounting
+      << ", \"progress_s\": " << progress << ", \"checkpoints_s\": " << checkpoints
+      << ", \"evaluation_s\": " << evaluation << ", \"fraction\": " << fraction()
+      << ", \"checkpoint_fraction\": " << (steps > 0 ? checkpoints / steps : 0.0) << "}";
+    return s.str();
+  }
+};
+
+// Adds the seconds `f` takes to `into`.
+template <typename F>
+void timed(double& into, F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  into += seconds_since(t0);
+}
 
 EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
                     int64_t batch_size, bool bf16) {
@@ -114,7 +144,7 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
       out = model.forward(b.tokens, b.valid);
     }
     real_tokens += b.valid.defined() ? b.valid.sum().item<int64_t>() : b.tokens.numel();
-    if (i == 0) r.accounting = account(model, out, b.valid, b.tokens.size(1));
+    if (i == 0) timed(r.accounting_seconds, [&] { r.accounting = account(model, out, b.valid, b.tokens.size(1)); });
     if (task.head() == TaskHead::LanguageModel) {
       auto mask = b.scored.defined() ? b.scored : b.valid;
       nll += token_nll(out.logits, b.targets).masked_select(mask).to(at::kDouble).sum().item<double>();
@@ -130,7 +160,7 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
       }
     }
   }
-  r.tokens_per_s = static_cast<double>(real_tokens) / std::max(seconds_since(t0), 1e-9);
+  r.tokens_per_s = static_cast<double>(real_tokens) / std::max(seconds_since(t0) - r.accounting_seconds, 1e-9);
   if (task.head() == TaskHead::LanguageModel) {
     r.metrics["nll"] = nll;
     r.metrics["tokens"] = static_cast<double>(scored);
@@ -295,6 +325,7 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
 
   const auto run_start = Clock::now();
   std::vector<double> step_ms, step_tps;
+  Overhead overhead;
   for (int64_t step = start; step < t.steps; ++step) {
     const auto t0 = Clock::now();
     // Warm-up, then cosine decay to lr * min_lr_ratio.
@@ -325,31 +356,44 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
     if (t.clip > 0) torch::nn::utils::clip_grad_norm_(model.parameters(), t.clip);
     optimizer.step();
     const double seconds = seconds_since(t0);
+    overhead.steps += seconds;
     step_ms.push_back(seconds * 1e3);
     step_tps.push_back(static_cast<double>(tokens) / seconds);
     const int64_t done = step + 1;
-    if (done % t.log_every == 0 || done == t.steps) {
-      ctx.store.add_train_log(spec.hash, done, loss_value, lr, step_tps.back());
-      ctx.store.heartbeat(spec.hash, done);
-    }
-    if (ctx.progress) ctx.progress(done, loss_value, step_tps.back());
+    if (done % t.log_every == 0 || done == t.steps)
+      timed(overhead.store, [&] {
+        ctx.store.add_train_log(spec.hash, done, loss_value, lr, step_tps.back());
+        ctx.store.heartbeat(spec.hash, done);
+      });
+    if (ctx.progress) timed(overhead.progress, [&] { ctx.progress(done, loss_value, step_tps.back()); });
     if (done % t.eval_every == 0 || done == t.steps) {
       const bool final_eval = done == t.steps;
-      EvalResult e = evaluate(model, task, "valid", final_eval ? 0 : t.eval_batches, t.eval_batch_size, bf16);
-      ctx.store.add_metrics(spec.hash, done, "valid", "current", e.metrics);
-      record_accounting(ctx.store, spec.hash, done, e.accounting);
+      EvalResult e;
+      timed(overhead.evaluation, [&] {
+        e = evaluate(model, task, "valid", final_eval ? 0 : t.eval_batches, t.eval_batch_size, bf16);
+      });
+      overhead.evaluation -= e.accounting_seconds;
+      overhead.accounting += e.accounting_seconds;
+      timed(overhead.store, [&] {
+        ctx.store.add_metrics(spec.hash, done, "valid", "current", e.metrics);
+        record_accounting(ctx.store, spec.hash, done, e.accounting);
+      });
       if (score(e.metrics) > best) {
         best = score(e.metrics);
         has_best = true;
-        torch::serialize::OutputArchive archive;
-        model.save(archive);
-        archive.save_to(best_path + ".tmp");
-        fs::rename(best_path + ".tmp", best_path);
+        timed(overhead.checkpoints, [&] {
+          torch::serialize::OutputArchive archive;
+          model.save(archive);
+          archive.save_to(best_path + ".tmp");
+          fs::rename(best_path + ".tmp", best_path);
+        });
       }
     }
     const bool stopping = ctx.stop && ctx.stop->load();
     if (done % t.checkpoint_every == 0 || done == t.steps || stopping)
-      save_state(state_path, model, optimizer, done, best, has_best, prior_seconds + seconds_since(run_start));
+      timed(overhead.checkpoints, [&] {
+        save_state(state_path, model, optimizer, done, best, has_best, prior_seconds + seconds_since(run_start));
+      });
     if (stopping && done < t.steps) {
       result.outcome = Outcome::Interrupted;
       break;
@@ -359,6 +403,8 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   result.summary.step_ms = median(step_ms);
   result.summary.train_tokens_per_s = median(step_tps);
   result.summary.tau = thresholds_json(model);
+  result.summary.overhead_fraction = overhead.fraction();
+  result.summary.overhead = overhead.json();
   if (result.outcome == Outcome::Done) {
     // The test split, scored by the last and by the best-validation model.
     EvalResult last = evaluate(model, task, "test", 0, t.eval_batch_size, bf16);
