@@ -57,7 +57,8 @@ std::vector<OpCase> op_cases() {
   return {{"dct", Params().set("dct_impl", std::string("gemm"))},
           {"dct", Params().set("dct_impl", std::string("fft"))},
           {"attention", {}},
-          {"attention", Params().set("block", int64_t{3})},  // several causal query blocks
+          {"attention", Params().set("block", int64_t{3})},  // several query blocks, weights kept by autograd
+          {"attention", Params().set("block", int64_t{3}).set("recompute_mib", 0.0)},  // weights recomputed
           {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
           {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
 }
@@ -119,6 +120,26 @@ TEST_CASE("attention equals a naive float64 implementation", "[operator][attenti
         auto expected32 = ref::attention(x, attention_weights(*op32, heads), causal, ctx.valid);
         CHECK(rel_error_valid(op32->forward(x.to(at::kFloat), ctx), expected32, ctx.valid) < 1e-5);
       }
+}
+
+TEST_CASE("attention: recomputing the weights in backward gives the stored path's gradients", "[operator][attention]") {
+  for (bool causal : {true, false}) {
+    INFO("causal " << causal);
+    std::vector<at::Tensor> grads[2];
+    for (int mode = 0; mode < 2; ++mode) {
+      auto op = make_op("attention", 16, 2, Params().set("block", int64_t{4}).set("recompute_mib", mode ? 0.0 : 1e12),
+                        true, /*seed=*/5);
+      at::manual_seed(6);
+      auto x = at::randn({3, 11, 16}, kF64).requires_grad_(true);
+      OpContext ctx;
+      ctx.causal = causal;
+      if (!causal) ctx.valid = test::padding_mask(11, {0, 4, 1});
+      (op->forward(x, ctx) * at::randn({3, 11, 16}, kF64)).sum().backward();
+      grads[mode].push_back(x.grad());
+      for (auto& p : op->parameters()) grads[mode].push_back(p.grad());
+    }
+    for (size_t i = 0; i < grads[0].size(); ++i) CHECK(rel_error(grads[1][i], grads[0][i]) < 1e-12);
+  }
 }
 
 TEST_CASE("attention without RoPE is position-free", "[operator][attention]") {
@@ -285,10 +306,26 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
     std::vector<int64_t> all(T);
     for (int64_t t = 0; t < T; ++t) all[t] = t;
     const int64_t keys = 4 * 4 + 4 * 8 + 2 * 10;
-    const FlopCount fixed = blocked->flops(T, T, d) - FlopCount{2 * T * T * d, 4 * T * T * d} * 2 -
-                            FlopCount{5 * T * T * h, 3 * T * T * h};
-    CHECK(blocked->flops_at(T, all, d, {true, false}) ==
-          fixed + FlopCount{2 * keys * d, 4 * keys * d} * 2 + FlopCount{5 * keys * h, 3 * keys * h});
+    // Per (query, key) pair: two products and the softmax.
+    const auto per_keys = [&](int64_t n) { return FlopCount{2 * n * d, 4 * n * d} * 2 + FlopCount{5 * n * h, 3 * n * h}; };
+    const FlopCount fixed = blocked->flops(T, T, d) - per_keys(T * T);
+    CHECK(blocked->flops_at(T, all, d, {true, false}) == fixed + per_keys(keys));
+    auto recomputed = make_op("attention", d, h, Params().set("block", int64_t{4}).set("recompute_mib", 0.0), false);
+    CHECK(recomputed->flops(T, T, d).backward - blocked->flops(T, T, d).backward == 2 * T * T * d + 5 * T * T * h);
+    CHECK(recomputed->flops(T, T, d).forward == blocked->flops(T, T, d).forward);
+    // The default 64 MiB: 4 heads of fp32 weights per sequence exceed it from
+    // T 2049 without causality, and from T 2834 with the causal blocks of 128.
+    auto standard = make_op("attention", 256, 4, {}, false);
+    auto never = make_op("attention", 256, 4, Params().set("recompute_mib", 1e12), false);
+    const auto recomputes = [&](int64_t t, bool causal) {
+      std::vector<int64_t> p(t);
+      for (int64_t i = 0; i < t; ++i) p[i] = i;
+      return standard->flops_at(t, p, 256, {causal, false}).backward > never->flops_at(t, p, 256, {causal, false}).backward;
+    };
+    CHECK_FALSE(recomputes(2048, false));
+    CHECK(recomputes(2049, false));
+    CHECK_FALSE(recomputes(2833, true));
+    CHECK(recomputes(2834, true));
     CHECK(blocked->flops_at(T, all, d, {false, false}) == blocked->flops(T, T, d));
     // Two rows at positions 1 and 9 read 4 and 10 keys.
     const FlopCount two = blocked->flops_at(T, {1, 9}, d, {true, false});

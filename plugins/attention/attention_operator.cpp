@@ -11,12 +11,14 @@
 // forward (flops_at() counts exactly that). Without causality (classification)
 // every query reads every key in one block, with the padding mask.
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include "chiar/error.h"
 #include "chiar/plugin.h"
@@ -26,12 +28,84 @@ namespace {
 
 using namespace chiar;
 
+// Scores, mask and softmax in fp32 whatever the autocast dtype: the lowest
+// float below does not fit bf16 or fp16, and the normalisation wants fp32.
+at::ScalarType wide_type(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Scaled scores q k^T in the wide type with every key a query must not read
+// set to the lowest finite value rather than -inf, so a row with every key
+// masked (a padding query) gets uniform weights instead of NaN.
+// q: (G, h, m, dh); k: (G, h, e, dh); qpos: (G|1, 1, m, 1) query positions;
+// keys from mask_from on (no query precedes mask_from - 1) are masked beyond
+// each query's position, mask_from >= e: none is; valid: (G, e), or undefined
+// or empty for no padding.
+at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& qpos, int64_t mask_from,
+                         const at::Tensor& valid) {
+  const int64_t e = k.size(2);
+  auto scores = at::matmul(q, k.transpose(-2, -1)).to(wide_type(q));  // (G, h, m, e)
+  constexpr float kMasked = std::numeric_limits<float>::lowest();
+  if (mask_from < e) {  // only this tile can hold keys after a query
+    auto ahead = at::arange(mask_from, e, qpos.options()).view({1, 1, 1, e - mask_from}) > qpos;
+    scores.narrow(-1, mask_from, e - mask_from).masked_fill_(ahead, kMasked);
+  }
+  if (valid.defined() && valid.numel() > 0)
+    scores.masked_fill_(valid.logical_not().view({valid.size(0), 1, 1, e}), kMasked);
+  return scores;
+}
+
+// softmax(scores) v through autograd: the (m x e) weights are kept for backward.
+at::Tensor attend_stored(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& qpos,
+                         int64_t mask_from, const at::Tensor& valid) {
+  auto p = at::softmax(masked_scores(q, k, qpos, mask_from, valid), -1);  // (G, h, m, e)
+  return at::matmul(p.to(v.scalar_type()), v);
+}
+
+// The same value, keeping only q, k, v, the output and the row log-sum-exp
+// for backward, which recomputes the weights: memory O(m dh) per block instead
+// of O(m e), at the price of one more q k^T product in backward. This is what
+// lets T = 4096 classification train with the whole batch's scores never held.
+struct RecomputedAttention : public torch::autograd::Function<RecomputedAttention> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& qpos, int64_t mask_from,
+                            const at::Tensor& valid) {
+    auto scores = masked_scores(q, k, qpos, mask_from, valid);  // (G, h, m, e)
+    auto lse = scores.logsumexp(-1, /*keepdim=*/true);          // (G, h, m, 1)
+    auto o = at::matmul(scores.sub_(lse).exp_().to(v.scalar_type()), v);
+    ctx->save_for_backward({q, k, v, o, lse});
+    ctx->saved_data["qpos"] = qpos;
+    ctx->saved_data["valid"] = valid;
+    ctx->saved_data["mask_from"] = mask_from;
+    return o;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    const auto wide = wide_type(q);
+    auto o = saved[3].to(wide), lse = saved[4];
+    auto dout = grads[0].to(wide);  // (G, h, m, dh)
+    auto p = masked_scores(q, k, ctx->saved_data["qpos"].toTensor(), ctx->saved_data["mask_from"].toInt(),
+                           ctx->saved_data["valid"].toTensor())
+                 .sub_(lse)
+                 .exp_();                                                   // (G, h, m, e)
+    auto dv = at::matmul(p.transpose(-2, -1), dout);                        // (G, h, e, dh)
+    auto dp = at::matmul(dout, v.to(wide).transpose(-2, -1));               // (G, h, m, e)
+    auto ds = p.mul_(dp.sub_((dout * o).sum(-1, /*keepdim=*/true)));       // softmax backward
+    auto dq = at::matmul(ds, k.to(wide));                                   // (G, h, m, dh)
+    auto dk = at::matmul(ds.transpose(-2, -1), q.to(wide));                 // (G, h, e, dh)
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 class AttentionOperator final : public Operator {
  public:
   explicit AttentionOperator(const OperatorSpec& spec)
       : d_(spec.d_model),
         heads_(spec.params.get_int("heads", spec.n_heads)),
         block_(spec.params.get_int("block", 128)),
+        recompute_mib_(spec.params.get_double("recompute_mib", 64.0)),
         rope_(spec.params.get_bool("rope", true)),
         rope_base_(spec.params.get_double("rope_base", 10000.0)) {
     if (heads_ < 1 || d_ % heads_ != 0)
@@ -54,14 +128,15 @@ class AttentionOperator final : public Operator {
     auto [k, v] = keys_values(x);                                            // (B, h, T, dh)
     at::Tensor o;                                                            // (B, h, T, dh)
     if (!ctx.causal) {
-      o = attend(q, k, v, at::Tensor(), T, ctx.valid);
+      o = attend(q, k, v, at::Tensor(), T, ctx.valid, recompute_for(T, false));
     } else {
       std::vector<at::Tensor> blocks;
       for (int64_t s = 0; s < T; s += block_) {
         const int64_t n = std::min(block_, T - s), e = s + n;
         auto qpos = at::arange(s, e, pos.options()).view({1, 1, n, 1});
         auto valid = ctx.valid.defined() ? ctx.valid.narrow(1, 0, e) : at::Tensor();
-        blocks.push_back(attend(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1, valid));
+        blocks.push_back(attend(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1, valid,
+                                recompute_for(T, true)));
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }
@@ -83,7 +158,8 @@ class AttentionOperator final : public Operator {
                  .squeeze(0)
                  .transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
-    if (!ctx.causal) return norm_(xr + out_(attend_rows(q, k, v, t, g, T, T, valid)));
+    const bool recompute = recompute_for(T, ctx.causal);
+    if (!ctx.causal) return norm_(xr + out_(attend_rows(q, k, v, t, g, T, T, valid, recompute)));
 
     auto o = at::zeros({N, d_}, xr.options());  // (N, d)
     for (int64_t s = 0; s < T; s += block_) {
@@ -99,29 +175,33 @@ class AttentionOperator final : public Operator {
       auto kb = pick(k, 2), vb = pick(v, 2);
       auto vab = valid.defined() ? pick(valid, 1) : at::Tensor();
       o.index_copy_(0, in_block, attend_rows(q.index_select(0, in_block), kb, vb,
-                                             t.index_select(0, in_block), gb, e, s + 1, vab));
+                                             t.index_select(0, in_block), gb, e, s + 1, vab,
+                                             recompute));
     }
     return norm_(xr + out_(o));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
     // Every query reads all T keys: the non-causal cost.
-    return cost(T, n, n * T, d);
+    return cost(T, n, n * T, d, recompute_for(T, false));
   }
 
   FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
                      const FlopContext& ctx) const override {
     const auto n = static_cast<int64_t>(positions.size());
-    if (!ctx.causal) return cost(T, n, n * T, d);
+    if (!ctx.causal) return cost(T, n, n * T, d, recompute_for(T, false));
     int64_t keys = 0;  // a row in block [s, s + block) reads keys [0, min(T, s + block))
     for (const int64_t t : positions) keys += std::min(T, (t / block_ + 1) * block_);
-    return cost(T, n, keys, d);
+    return cost(T, n, keys, d, recompute_for(T, true));
   }
 
   OperatorTraits traits() const override { return {true, true, true}; }
 
   std::string describe() const override {
-    std::string s = "attention(heads " + std::to_string(heads_) + ", causal block " + std::to_string(block_);
+    std::ostringstream mib;
+    mib << recompute_mib_;
+    std::string s = "attention(heads " + std::to_string(heads_) + ", block " + std::to_string(block_) +
+                    ", recompute above " + mib.str() + " MiB";
     return s + (rope_ ? ", rope)" : ")");
   }
 
@@ -129,7 +209,7 @@ class AttentionOperator final : public Operator {
   // n output rows of a sequence of length T reading `keys` (query, key) pairs
   // in total. forward_rows works per sequence that has rows: a sequence
   // without any computes nothing, not even its keys and values.
-  FlopCount cost(int64_t T, int64_t n, int64_t keys, int64_t d) const {
+  FlopCount cost(int64_t T, int64_t n, int64_t keys, int64_t d, bool recompute) const {
     if (n == 0) return {};
     const int64_t h = heads_;
     FlopCount f = matmul_flops(n, d, d) + matmul_flops(T, d, 2 * d) + matmul_flops(n, d, d);
@@ -138,7 +218,27 @@ class AttentionOperator final : public Operator {
     // Scores and weighted values over the keys read, then the softmax.
     f += FlopCount{2 * keys * d, 4 * keys * d} * 2;
     f += FlopCount{5 * keys * h, 3 * keys * h};
+    // Backward recomputes the scores and weights rather than storing them.
+    if (recompute) f += FlopCount{0, 2 * keys * d + 5 * keys * h};
     return f + elementwise_flops(n, d) + layernorm_flops(n, d);
+  }
+
+  // (query, key) pairs of a whole sequence of length T: all of them, or the
+  // causal blocks' share.
+  int64_t pairs(int64_t T, bool causal) const {
+    if (!causal) return T * T;
+    int64_t n = 0;
+    for (int64_t s = 0; s < T; s += block_) n += std::min(block_, T - s) * std::min(T, s + block_);
+    return n;
+  }
+
+  // Whether training recomputes the weights in backward rather than keep
+  // them: decided per sequence length, so FLOP accounting knows it too. At
+  // the default 64 MiB: classification from T 2049, causal LM from T 2834
+  // (4 heads, fp32).
+  bool recompute_for(int64_t T, bool causal) const {
+    const double bytes = static_cast<double>(heads_ * pairs(T, causal)) * 4.0;
+    return bytes > recompute_mib_ * 1024.0 * 1024.0;
   }
 
   // Rotated queries scaled by 1/sqrt(dh) (once per query, not per score).
@@ -172,36 +272,41 @@ class AttentionOperator final : public Operator {
   // mask_from on are masked beyond each query's position. Returns (n, d).
   at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& t, const RowGroups& g, int64_t e, int64_t mask_from,
-                         const at::Tensor& valid) const {
+                         const at::Tensor& valid, bool recompute) const {
     auto qp = pack_rows(q, g).transpose(1, 2);  // (G, h, m, dh)
     auto qpos = pack_rows(t, g).view({g.count, 1, g.width, 1});
-    auto o = attend(qp, k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, mask_from, valid);  // (G,h,m,dh)
+    auto o = attend(qp, k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, mask_from, valid, recompute);  // (G,h,m,dh)
     return unpack_rows(o.transpose(1, 2), g).reshape({-1, d_});
   }
 
-  // q: (G, h, m, dh), already scaled; k, v: (G, h, e, dh); qpos: (G|1, 1, m, 1)
-  // query positions. Keys from mask_from on (no query precedes mask_from - 1)
-  // are masked beyond each query's position; mask_from >= e: nothing is.
-  // valid: (G, e) bool or undefined. Returns (G, h, m, dh).
+  // q: (G, h, m, dh), already scaled; k, v: (G, h, e, dh); qpos, mask_from,
+  // valid: see masked_scores. Returns (G, h, m, dh). Queries go in chunks of
+  // `block`, so no more than block x e weights per sequence and head exist at
+  // once; with recompute_weights, training keeps none of them for backward.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& qpos, int64_t mask_from, const at::Tensor& valid) const {
-    const int64_t e = k.size(2);
-    // Scores, mask and softmax in fp32 whatever the autocast dtype: the lowest
-    // float below does not fit bf16 or fp16, and the normalisation wants fp32.
-    const auto wide = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    auto scores = at::matmul(q, k.transpose(-2, -1)).to(wide);  // (G, h, m, e)
-    // The lowest finite value rather than -inf: a row with every key masked
-    // (a padding query) gets uniform weights instead of NaN.
-    constexpr float kMasked = std::numeric_limits<float>::lowest();
-    if (mask_from < e) {  // only this tile can hold keys after a query
-      auto ahead = at::arange(mask_from, e, qpos.options()).view({1, 1, 1, e - mask_from}) > qpos;
-      scores.narrow(-1, mask_from, e - mask_from).masked_fill_(ahead, kMasked);
+                    const at::Tensor& qpos, int64_t mask_from, const at::Tensor& valid,
+                    bool recompute_weights) const {
+    const bool recompute = recompute_weights && torch::autograd::GradMode::is_enabled() &&
+                           (q.requires_grad() || k.requires_grad() || v.requires_grad());
+    const int64_t m = q.size(2);
+    std::vector<at::Tensor> chunks;
+    for (int64_t c = 0; c < m; c += block_) {
+      const int64_t n = std::min(block_, m - c);
+      auto qc = n == m ? q : q.narrow(2, c, n);
+      auto pc = !qpos.defined() || n == m ? qpos : qpos.narrow(2, c, n);
+      if (!recompute) {
+        chunks.push_back(attend_stored(qc, k, v, pc, mask_from, valid));
+        continue;
+      }
+      // A custom autograd function takes defined tensors only: empty stands for none.
+      const auto some = [&](const at::Tensor& t) { return t.defined() ? t : at::empty({0}, q.options().dtype(at::kLong)); };
+      chunks.push_back(RecomputedAttention::apply(qc, k, v, some(pc), mask_from, some(valid)));
     }
-    if (valid.defined()) scores.masked_fill_(valid.logical_not().view({valid.size(0), 1, 1, e}), kMasked);
-    return at::matmul(at::softmax(scores, -1).to(v.scalar_type()), v);
+    return chunks.size() == 1 ? chunks[0] : at::cat(chunks, 2);
   }
 
   int64_t d_, heads_, block_, dh_ = 0;
+  double recompute_mib_;  // recompute the weights when one sequence's would take more
   bool rope_;
   double rope_base_;
   torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)
