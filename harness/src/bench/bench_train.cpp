@@ -53,6 +53,7 @@ std::vector<std::string> stretch(const std::vector<std::string>& plan, int64_t l
 
 std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o) {
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) throw UserError("bench-train: steps, batch and seq must be positive");
+  if (o.classes < 0 || o.classes == 1) throw UserError("bench-train: --classes must be 0 (language model) or at least 2");
   configure_threads(o.threads);
   // The variants' definitions, through a one-task matrix over them.
   std::error_code ec;
@@ -81,11 +82,15 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
     r.gemm_gflops = gemm;
     reset_peak_rss();
     ModelOptions mo = run.model;
-    mo.vocab_size(o.vocab).d_model(o.d_model).n_heads(o.heads).layers(stretch(run.model.layers_, o.layers))
-        .head(HeadKind::LanguageModel).seed(0);
+    mo.vocab_size(o.vocab).d_model(o.d_model).n_heads(o.heads).layers(stretch(run.model.layers_, o.layers)).seed(0);
+    if (o.classes > 0) mo.head(HeadKind::Classifier).n_classes(o.classes);
+    else mo.head(HeadKind::LanguageModel);
     ChiarModel model(registry, mo);
-    auto tokens = at::randint(o.vocab, {o.batch, o.seq}, at::TensorOptions().dtype(at::kLong));
-    auto targets = at::randint(o.vocab, {o.batch, o.seq}, at::TensorOptions().dtype(at::kLong));
+    const auto longs = at::TensorOptions().dtype(at::kLong);
+    auto tokens = at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
+    auto targets = o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)           // (B,)
+                                 : at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
+    const int64_t outputs = o.classes > 0 ? o.classes : o.vocab;
     model.calibrate_routers(tokens);
     torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95}));
     model.train();
@@ -94,7 +99,7 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
       const auto t0 = Clock::now();
       opt.zero_grad();
       auto out_i = model.forward(tokens);
-      auto loss = at::cross_entropy_loss(out_i.logits.reshape({-1, o.vocab}), targets.reshape({-1}));
+      auto loss = at::cross_entropy_loss(out_i.logits.reshape({-1, outputs}), targets.reshape({-1}));
       if (out_i.aux_loss.defined()) loss = loss + out_i.aux_loss;
       loss.backward();
       opt.step();

@@ -16,6 +16,7 @@ struct TrainBenchOptions {
   std::vector<std::string> variants = {"baseline", "chiar_dct_attn"};
   int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4;
   int64_t steps = 10, warmup = 3;
+  int64_t classes = 0;  // 0: causal language model; N: bidirectional classifier of N classes
   int threads = 0;
 };
 

@@ -25,11 +25,13 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   o.heads = a.heads;
   o.steps = a.steps;
   o.warmup = a.warmup;
+  o.classes = a.classes;
   o.threads = g.threads;
   const auto results = bench::bench_train(registry, o);
   const RuntimeInfo info = probe_runtime(g.threads);
   std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers
-            << " layers, " << o.heads << " heads, vocab " << o.vocab << "; medians of " << o.steps << " steps after "
+            << " layers, " << o.heads << " heads, vocab " << o.vocab
+            << (o.classes > 0 ? ", classifier of " + std::to_string(o.classes) + " classes" : ", causal LM") << "; medians of " << o.steps << " steps after "
             << o.warmup << " warm-up\n" << describe(info) << "\n\n";
   std::cout << std::left << std::setw(22) << "variant" << std::right << std::setw(12) << "train tok/s" << std::setw(12)
             << "infer tok/s" << std::setw(11) << "step ms" << std::setw(14) << "step GFLOP" << std::setw(12) << "GFLOP/s"

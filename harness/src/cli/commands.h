@@ -86,6 +86,7 @@ struct BenchTrainArgs {
   std::vector<std::string> variants;
   std::string variants_file = "configs/variants.toml", json;
   int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4, steps = 10, warmup = 3;
+  int64_t classes = 0;
 };
 int run_bench_train(const Global& g, const BenchTrainArgs& a);
 

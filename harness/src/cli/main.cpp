@@ -134,6 +134,8 @@ int main(int argc, char** argv) {
   bench->add_option("--heads", bt.heads, "heads (4)");
   bench->add_option("--steps", bt.steps, "timed steps (10)");
   bench->add_option("--warmup", bt.warmup, "warm-up steps (3)");
+  bench->add_option("--classes", bt.classes,
+                    "classify into N classes (bidirectional, e.g. --vocab 256 for bytes) instead of causal LM (0)");
   bench->add_option("--json", bt.json, "also write the results as JSON");
 
   NewPluginArgs np;
