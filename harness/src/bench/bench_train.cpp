@@ -80,11 +80,13 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
     TrainBenchResult r;
     r.variant = run.variant;
     r.gemm_gflops = gemm;
-    reset_peak_rss();
     ModelOptions mo = run.model;
     mo.vocab_size(o.vocab).d_model(o.d_model).n_heads(o.heads).layers(stretch(run.model.layers_, o.layers)).seed(0);
     if (o.classes > 0) mo.head(HeadKind::Classifier).n_classes(o.classes);
     else mo.head(HeadKind::LanguageModel);
+    r.allocator = configure_allocator(estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers,
+                                                                mo.ffn_mult_ * o.d_model, o.classes > 0 ? 0 : o.vocab));
+    reset_peak_rss();
     ChiarModel model(registry, mo);
     const auto longs = at::TensorOptions().dtype(at::kLong);
     auto tokens = at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)

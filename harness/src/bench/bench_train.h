@@ -28,6 +28,7 @@ struct TrainBenchResult {
   double gemm_gflops = 0;      // 2048^3 fp32, measured in this process
   double peak_rss_mb = 0;      // high-water mark while this variant ran
   double train_ms = 0, infer_ms = 0;  // medians
+  std::string allocator;              // the allocator behaviour chosen for these shapes
 };
 
 CHIAR_API std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o);

@@ -45,6 +45,7 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
               << std::setprecision(2) << std::setw(10) << r.train_tokens_per_s / base.train_tokens_per_s
               << std::setw(10) << r.infer_tokens_per_s / base.infer_tokens_per_s << "\n";
   }
+  std::cout << "allocator: " << results.front().allocator << "\n";
   std::cout << "GEMM 2048^3 fp32 in this process: " << std::setprecision(1) << results.front().gemm_gflops
             << " GFLOP/s; ratios are against " << results.front().variant << "\n";
   if (!a.json.empty()) {

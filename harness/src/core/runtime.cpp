@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -25,12 +26,32 @@ namespace {
 std::string g_allocator = "glibc default";
 }
 
-std::string configure_allocator() {
-  const char* choice = std::getenv("CHIAR_MALLOC");
-  if (choice && std::string(choice) == "default") {
-    g_allocator = "glibc default (CHIAR_MALLOC=default)";
+int64_t estimate_activation_bytes(int64_t batch, int64_t seq, int64_t d_model, int64_t layers, int64_t ffn_width,
+                                  int64_t lm_vocab) {
+  const int64_t per_token = layers * (16 * d_model + 3 * ffn_width) + 3 * lm_vocab;
+  return 4 * batch * seq * per_token;
+}
+
+std::string configure_allocator(int64_t expected_bytes) {
+  const char* env = std::getenv("CHIAR_MALLOC");
+  const std::string choice = env ? env : "";
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const bool large = static_cast<double>(expected_bytes) > physical / 8;
+  const auto gib = [](double b) {
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(1) << b / (1 << 30) << " GiB";
+    return s.str();
+  };
+  if (choice == "default" || (choice != "retain" && large)) {
+    // glibc's own defaults: mmap above the (dynamic) threshold, trim at 128 KiB.
+    mallopt(M_MMAP_MAX, 65536);
+    mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+    g_allocator = choice == "default" ? "glibc default (CHIAR_MALLOC=default)"
+                                      : "glibc default (activations ~" + gib(static_cast<double>(expected_bytes)) +
+                                            " > 1/8 of " + gib(physical) + ")";
   } else if (mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1) {
     g_allocator = "glibc, mmap off, trim threshold 1 GiB";
+    if (choice == "retain") g_allocator += " (CHIAR_MALLOC=retain)";
   }
   return g_allocator;
 }

@@ -136,6 +136,13 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
     RunSpec spec = run;
     if (options.threads > 0) spec.train.threads = options.threads;
     prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : runtime.threads;
+    {
+      const Task& task = *tasks.at(task_key(spec.task_config));
+      const ModelOptions mo = model_options_for(spec, task);
+      prov.allocator = configure_allocator(estimate_activation_bytes(
+          spec.train.batch_size, task.seq_len(), mo.d_model_, static_cast<int64_t>(mo.layers_.size()),
+          mo.ffn_mult_ * mo.d_model_, mo.head_ == HeadKind::LanguageModel ? mo.vocab_size_ : 0));
+    }
     bool resumed = false;
     const Claim claim = store.claim(spec, prov, &resumed);
     const std::string tag = "[" + std::to_string(index) + "/" + std::to_string(matrix.runs.size()) + "] " + spec.name();
