@@ -123,8 +123,7 @@ class AttentionOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    auto pos = at::arange(T, x.options().dtype(at::kLong)).view({1, 1, T});  // (1, 1, T)
-    auto q = queries(q_(x).view({B, T, heads_, dh_}).transpose(1, 2), pos);  // (B, h, T, dh)
+    auto q = queries(q_(x).view({B, T, heads_, dh_}).transpose(1, 2), {}, T);  // (B, h, T, dh)
     auto [k, v] = keys_values(x);                                            // (B, h, T, dh)
     at::Tensor o;                                                            // (B, h, T, dh)
     if (!ctx.causal) {
@@ -133,7 +132,7 @@ class AttentionOperator final : public Operator {
       std::vector<at::Tensor> blocks;
       for (int64_t s = 0; s < T; s += block_) {
         const int64_t n = std::min(block_, T - s), e = s + n;
-        auto qpos = at::arange(s, e, pos.options()).view({1, 1, n, 1});
+        auto qpos = at::arange(s, e, x.options().dtype(at::kLong)).view({1, 1, n, 1});
         auto valid = ctx.valid.defined() ? ctx.valid.narrow(1, 0, e) : at::Tensor();
         blocks.push_back(attend(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1, valid,
                                 recompute_for(T, true)));
@@ -154,30 +153,52 @@ class AttentionOperator final : public Operator {
     const RowGroups g = group_rows(at::div(rows, T, "floor"));  // one group per sequence
     auto [k, v] = keys_values(x.index_select(0, g.keys));       // (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
-    auto q = queries(q_(xr).view({1, N, heads_, dh_}).transpose(1, 2), t.view({1, 1, N}))
+    auto q = queries(q_(xr).view({1, N, heads_, dh_}).transpose(1, 2), t.view({1, 1, N}), T)
                  .squeeze(0)
                  .transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
     const bool recompute = recompute_for(T, ctx.causal);
     if (!ctx.causal) return norm_(xr + out_(attend_rows(q, k, v, t, g, T, T, valid, recompute)));
 
-    auto o = at::zeros({N, d_}, xr.options());  // (N, d)
-    for (int64_t s = 0; s < T; s += block_) {
-      const int64_t e = std::min(T, s + block_);
-      auto in_block = t.ge(s).logical_and(t.lt(e)).nonzero().squeeze(1);  // (n,) indices into rows
-      if (in_block.numel() == 0) continue;
-      const RowGroups gb = group_rows(g.group.index_select(0, in_block));  // keys: indices into G
-      // Keys [0, e) of the sequences with rows in this block; no copy when all have some.
+    if (T <= block_) return norm_(xr + out_(attend_rows(q, k, v, t, g, T, 1, valid, recompute)));
+
+    // Rows sorted by position block, then sequence (stable, so then by
+    // position): each block's rows are one slice, each of its sequences one run.
+    auto pair = at::div(t, block_, "floor") * g.count + g.group;  // (N,) (block, sequence)
+    auto [sorted, order] = at::sort(pair, c10::optional<bool>(true), /*dim=*/0);  // stable
+    const RowGroups gp = group_rows(sorted);  // one group per (block, sequence) pair
+    auto keys = gp.keys.contiguous();         // host tables: pairs are few
+    auto counts = at::bincount(gp.group).contiguous();
+    const int64_t* key = keys.data_ptr<int64_t>();
+    const int64_t* count = counts.data_ptr<int64_t>();
+    auto qs = q.index_select(0, order), ts = t.index_select(0, order);  // (N, h, dh), (N,)
+    std::vector<at::Tensor> pieces;  // (n_j, d) per block, in sorted order
+    for (int64_t p = 0, r = 0; p < gp.count;) {
+      const int64_t blk = key[p] / g.count, e = std::min(T, (blk + 1) * block_);
+      RowGroups lg;  // this block's pairs, renumbered from 0
+      std::vector<int64_t> seqs;
+      int64_t n = 0;
+      for (; p + lg.count < gp.count && key[p + lg.count] / g.count == blk; ++lg.count) {
+        seqs.push_back(key[p + lg.count] % g.count);
+        lg.width = std::max(lg.width, count[p + lg.count]);
+        n += count[p + lg.count];
+      }
+      lg.group = gp.group.narrow(0, r, n) - p;
+      lg.slot = gp.slot.narrow(0, r, n);
+      // Keys [0, e) of the block's sequences; no copy when all have rows here.
+      auto index = at::tensor(seqs, g.keys.options());
       const auto pick = [&](const at::Tensor& a, int64_t dim) {
         auto head = a.narrow(dim, 0, e);
-        return gb.count == g.count ? head : head.index_select(0, gb.keys);
+        return lg.count == g.count ? head : head.index_select(0, index);
       };
-      auto kb = pick(k, 2), vb = pick(v, 2);
       auto vab = valid.defined() ? pick(valid, 1) : at::Tensor();
-      o.index_copy_(0, in_block, attend_rows(q.index_select(0, in_block), kb, vb,
-                                             t.index_select(0, in_block), gb, e, s + 1, vab,
-                                             recompute));
+      pieces.push_back(attend_rows(qs.narrow(0, r, n), pick(k, 2), pick(v, 2), ts.narrow(0, r, n), lg, e,
+                                   blk * block_ + 1, vab, recompute));
+      p += lg.count;
+      r += n;
     }
+    auto inverse = at::empty_like(order).scatter_(0, order, at::arange(N, order.options()));
+    auto o = at::cat(pieces).index_select(0, inverse);  // (N, d) in row order
     return norm_(xr + out_(o));
   }
 
@@ -242,29 +263,53 @@ class AttentionOperator final : public Operator {
   }
 
   // Rotated queries scaled by 1/sqrt(dh) (once per query, not per score).
-  at::Tensor queries(const at::Tensor& q, const at::Tensor& pos) const {
-    return rotate(q, pos) * (1.0 / std::sqrt(static_cast<double>(dh_)));
+  at::Tensor queries(const at::Tensor& q, const at::Tensor& pos, int64_t T) const {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh_));
+    return rope_ ? rotate(q, pos, T, scale) : q * scale;
   }
 
   std::pair<at::Tensor, at::Tensor> keys_values(const at::Tensor& x) {  // x: (G, T, d)
     const int64_t G = x.size(0), T = x.size(1);
     auto kv = kv_(x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4});  // (2, G, h, T, dh)
-    auto pos = at::arange(T, x.options().dtype(at::kLong)).view({1, 1, T});
     // Contiguous once, so that every query block's keys [0, e) are a view the
     // batched matmul reads in place.
-    return {rotate(kv[0], pos).contiguous(), kv[1].contiguous()};
+    return {rotate(kv[0], at::Tensor(), T).contiguous(), kv[1].contiguous()};
   }
 
-  // x: (G, h, L, dh); pos: (G or 1, 1, L) int64 positions of the L vectors.
-  at::Tensor rotate(const at::Tensor& x, const at::Tensor& pos) const {
+  // x: (G, h, L, dh) rotated (and scaled) at positions pos: (G or 1, 1, L)
+  // int64 in [0, T), or undefined for 0 .. L-1.
+  at::Tensor rotate(const at::Tensor& x, const at::Tensor& pos, int64_t T, double scale = 1.0) const {
     if (!rope_) return x;
     const int64_t half = dh_ / 2;
-    auto inv_freq = at::exp(at::arange(half, x.options()) * (-2.0 * std::log(rope_base_) /
-                                                             static_cast<double>(dh_)));
-    auto angle = pos.to(x.scalar_type()).unsqueeze(-1) * inv_freq;  // (G|1, 1, L, half)
-    auto c = at::cos(angle), s = at::sin(angle);
+    const auto& [cos, sin] = rope_table(T, x);
+    at::Tensor c, s;  // (G|1, 1, L, half)
+    if (pos.defined()) {
+      std::vector<int64_t> shape(pos.sizes().begin(), pos.sizes().end());
+      shape.push_back(half);
+      c = cos.index_select(0, pos.reshape({-1})).view(shape);
+      s = sin.index_select(0, pos.reshape({-1})).view(shape);
+    } else {
+      c = cos.narrow(0, 0, x.size(2)).view({1, 1, x.size(2), half});
+      s = sin.narrow(0, 0, x.size(2)).view({1, 1, x.size(2), half});
+    }
+    if (scale != 1.0) c = c * scale, s = s * scale;
     auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
     return at::cat({x1 * c - x2 * s, x1 * s + x2 * c}, -1);
+  }
+
+  // cos and sin of the angles of positions 0 .. >= T-1, (L, dh/2) each, in
+  // x's dtype and device: computed in double once, then reused.
+  std::pair<at::Tensor, at::Tensor> rope_table(int64_t T, const at::Tensor& x) const {
+    if (!rope_cos_.defined() || rope_cos_.size(0) < T || rope_cos_.scalar_type() != x.scalar_type() ||
+        rope_cos_.device() != x.device()) {
+      const int64_t half = dh_ / 2;
+      const auto f64 = x.options().dtype(at::kDouble);
+      auto inv_freq = at::exp(at::arange(half, f64) * (-2.0 * std::log(rope_base_) / static_cast<double>(dh_)));
+      auto angle = at::arange(T, f64).unsqueeze(1) * inv_freq;  // (T, half)
+      rope_cos_ = angle.cos().to(x.scalar_type());
+      rope_sin_ = angle.sin().to(x.scalar_type());
+    }
+    return {rope_cos_, rope_sin_};
   }
 
   // Rows packed per sequence: q (n, h, dh) at positions t (n,), grouped by g
@@ -307,6 +352,7 @@ class AttentionOperator final : public Operator {
 
   int64_t d_, heads_, block_, dh_ = 0;
   double recompute_mib_;  // recompute the weights when one sequence's would take more
+  mutable at::Tensor rope_cos_, rope_sin_;  // (L, dh/2) cache of rope_table
   bool rope_;
   double rope_base_;
   torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)
