@@ -59,6 +59,9 @@ std::vector<OpCase> op_cases() {
           {"attention", {}},
           {"attention", Params().set("block", int64_t{3})},  // several query blocks, weights kept by autograd
           {"attention", Params().set("block", int64_t{3}).set("recompute_mib", 0.0)},  // weights recomputed
+          // One sequence and one query row per chunk of work.
+          {"attention", Params().set("block", int64_t{3}).set("chunk_mib", 1e-9)},
+          {"attention", Params().set("block", int64_t{3}).set("chunk_mib", 1e-9).set("recompute_mib", 0.0)},
           {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
           {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
 }

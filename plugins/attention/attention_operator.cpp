@@ -106,6 +106,7 @@ class AttentionOperator final : public Operator {
         heads_(spec.params.get_int("heads", spec.n_heads)),
         block_(spec.params.get_int("block", 128)),
         recompute_mib_(spec.params.get_double("recompute_mib", 64.0)),
+        chunk_mib_(spec.params.get_double("chunk_mib", 32.0)),
         rope_(spec.params.get_bool("rope", true)),
         rope_base_(spec.params.get_double("rope_base", 10000.0)) {
     if (heads_ < 1 || d_ % heads_ != 0)
@@ -325,33 +326,50 @@ class AttentionOperator final : public Operator {
   }
 
   // q: (G, h, m, dh), already scaled; k, v: (G, h, e, dh); qpos, mask_from,
-  // valid: see masked_scores. Returns (G, h, m, dh). Queries go in chunks of
-  // `block`, so no more than block x e weights per sequence and head exist at
-  // once; with recompute_weights, training keeps none of them for backward.
+  // valid: see masked_scores. Returns (G, h, m, dh). Work goes in chunks of
+  // sequences x query rows whose weights (G', h, rows, e) stay within
+  // chunk_mib (32 MiB):
+  // glibc serves blocks up to that size from its heap and reuses them, where
+  // larger ones are mapped and page-faulted afresh each time (or, with mmap
+  // off, fragment the heap). Sequences are split before rows, which keeps the
+  // products at up to `block` rows. With recompute_weights, training keeps no
+  // weights for backward.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& qpos, int64_t mask_from, const at::Tensor& valid,
                     bool recompute_weights) const {
     const bool recompute = recompute_weights && torch::autograd::GradMode::is_enabled() &&
                            (q.requires_grad() || k.requires_grad() || v.requires_grad());
-    const int64_t m = q.size(2);
-    std::vector<at::Tensor> chunks;
-    for (int64_t c = 0; c < m; c += block_) {
-      const int64_t n = std::min(block_, m - c);
-      auto qc = n == m ? q : q.narrow(2, c, n);
-      auto pc = !qpos.defined() || n == m ? qpos : qpos.narrow(2, c, n);
-      if (!recompute) {
-        chunks.push_back(attend_stored(qc, k, v, pc, mask_from, valid));
-        continue;
+    const int64_t G = q.size(0), m = q.size(2);
+    const auto kChunkBytes = static_cast<int64_t>(chunk_mib_ * 1024 * 1024);
+    const int64_t row_bytes = std::max<int64_t>(1, q.size(1) * k.size(2) * 4);  // one query row of one sequence
+    const int64_t rows = std::clamp<int64_t>(kChunkBytes / row_bytes, 1, std::min(block_, m));
+    const int64_t seqs = std::clamp<int64_t>(kChunkBytes / (row_bytes * rows), 1, G);
+    const auto none = at::empty({0}, q.options().dtype(at::kLong));  // "no tensor" for the autograd function
+    const bool padded = valid.defined() && valid.numel() > 0;
+    std::vector<at::Tensor> slices;  // (G', h, m, dh) per slice of sequences
+    for (int64_t g = 0; g < G; g += seqs) {
+      const int64_t gs = std::min(seqs, G - g);
+      const auto part = [&](const at::Tensor& t) { return gs == G ? t : t.narrow(0, g, gs); };
+      auto qg = part(q), kg = part(k), vg = part(v);
+      auto pg = qpos.defined() && qpos.size(0) == G && G > 1 ? part(qpos) : qpos;
+      auto validg = padded ? part(valid) : at::Tensor();
+      std::vector<at::Tensor> chunks;
+      for (int64_t c = 0; c < m; c += rows) {
+        const int64_t n = std::min(rows, m - c);
+        auto qc = n == m ? qg : qg.narrow(2, c, n);
+        auto pc = !pg.defined() || n == m ? pg : pg.narrow(2, c, n);
+        chunks.push_back(recompute ? RecomputedAttention::apply(qc, kg, vg, pc.defined() ? pc : none, mask_from,
+                                                                validg.defined() ? validg : none)
+                                   : attend_stored(qc, kg, vg, pc, mask_from, validg));
       }
-      // A custom autograd function takes defined tensors only: empty stands for none.
-      const auto some = [&](const at::Tensor& t) { return t.defined() ? t : at::empty({0}, q.options().dtype(at::kLong)); };
-      chunks.push_back(RecomputedAttention::apply(qc, k, v, some(pc), mask_from, some(valid)));
+      slices.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 2));
     }
-    return chunks.size() == 1 ? chunks[0] : at::cat(chunks, 2);
+    return slices.size() == 1 ? slices[0] : at::cat(slices, 0);
   }
 
   int64_t d_, heads_, block_, dh_ = 0;
   double recompute_mib_;  // recompute the weights when one sequence's would take more
+  double chunk_mib_;      // the most weights one chunk of attend() materialises
   mutable at::Tensor rope_cos_, rope_sin_;  // (L, dh/2) cache of rope_table
   bool rope_;
   double rope_base_;

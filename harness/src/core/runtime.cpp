@@ -36,7 +36,7 @@ std::string configure_allocator(int64_t expected_bytes) {
   const char* env = std::getenv("CHIAR_MALLOC");
   const std::string choice = env ? env : "";
   const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  const bool large = static_cast<double>(expected_bytes) > physical / 8;
+  const bool large = static_cast<double>(expected_bytes) > physical * 3 / 4;
   const auto gib = [](double b) {
     std::ostringstream s;
     s << std::fixed << std::setprecision(1) << b / (1 << 30) << " GiB";
@@ -48,7 +48,7 @@ std::string configure_allocator(int64_t expected_bytes) {
     mallopt(M_TRIM_THRESHOLD, 128 * 1024);
     g_allocator = choice == "default" ? "glibc default (CHIAR_MALLOC=default)"
                                       : "glibc default (activations ~" + gib(static_cast<double>(expected_bytes)) +
-                                            " > 1/8 of " + gib(physical) + ")";
+                                            " > 3/4 of " + gib(physical) + ")";
   } else if (mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1) {
     g_allocator = "glibc, mmap off, trim threshold 1 GiB";
     if (choice == "retain") g_allocator += " (CHIAR_MALLOC=retain)";

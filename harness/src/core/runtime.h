@@ -34,11 +34,13 @@ CHIAR_API int64_t estimate_activation_bytes(int64_t batch, int64_t seq, int64_t 
 // records. glibc serves every block above 32 MiB with mmap and returns it on
 // free, so each step page-faults its large tensors afresh; keeping freed
 // memory in the process instead (mmap off) measured 1.8x training and 2.2x
-// evaluation throughput on a small LM here. But with mmap off the heap
-// fragments: T 4096 byte-level classification at batch 8 peaked at 10.5 GB
-// against 3.2 GB. So freed memory is kept unless the step's activations
-// exceed an eighth of physical memory. CHIAR_MALLOC=default always leaves
-// glibc as it is, CHIAR_MALLOC=retain always keeps freed memory.
+// evaluation throughput on a small LM here, and 2x at T 4096 byte-level
+// classification (batch 8). The price is heap fragmentation: that run peaks
+// at 3.6 GB against glibc's 2.5 GB (10.5 GB before attention capped its
+// transient blocks at 32 MiB). So freed memory is kept unless the step's
+// activations alone would take 3/4 of physical memory, where fragmentation
+// could exhaust it. CHIAR_MALLOC=default always leaves glibc as it is,
+// CHIAR_MALLOC=retain always keeps freed memory.
 CHIAR_API std::string configure_allocator(int64_t expected_bytes = 0);
 
 // Sets libtorch's intra-op threads: requested > 0 as given, 0 = all cores.
