@@ -9,7 +9,9 @@
 // be cache-friendly, and only the diagonal tile is masked. forward_rows groups
 // its rows by the same position blocks, so a row costs what it costs in
 // forward (flops_at() counts exactly that). Without causality (classification)
-// every query reads every key in one block, with the padding mask.
+// every query reads every key, with the padding mask. Either way the work goes
+// in chunks of at most chunk_mib of weights, and long sequences recompute the
+// weights in backward instead of storing them (recompute_mib).
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
@@ -32,7 +34,7 @@ using namespace chiar;
 // float below does not fit bf16 or fp16, and the normalisation wants fp32.
 at::ScalarType wide_type(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
-// Scaled scores q k^T in the wide type with every key a query must not read
+// Scores q k^T (q already scaled) in the wide type with every key a query must not read
 // set to the lowest finite value rather than -inf, so a row with every key
 // masked (a padding query) gets uniform weights instead of NaN.
 // q: (G, h, m, dh); k: (G, h, e, dh); qpos: (G|1, 1, m, 1) query positions;
