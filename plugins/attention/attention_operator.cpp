@@ -170,8 +170,8 @@ class AttentionOperator final : public Operator {
     auto pair = at::div(t, block_, "floor") * g.count + g.group;  // (N,) (block, sequence)
     auto [sorted, order] = at::sort(pair, c10::optional<bool>(true), /*dim=*/0);  // stable
     const RowGroups gp = group_rows(sorted);  // one group per (block, sequence) pair
-    auto keys = gp.keys.contiguous();         // host tables: pairs are few
-    auto counts = at::bincount(gp.group).contiguous();
+    auto keys = gp.keys.cpu().contiguous();   // host tables: pairs are few
+    auto counts = at::bincount(gp.group).cpu().contiguous();
     const int64_t* key = keys.data_ptr<int64_t>();
     const int64_t* count = counts.data_ptr<int64_t>();
     auto qs = q.index_select(0, order), ts = t.index_select(0, order);  // (N, h, dh), (N,)

@@ -10,7 +10,7 @@ namespace {
 
 // Row positions per sequence and operator: positions[b][k] ascending.
 std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::Tensor& choice, int64_t K) {
-  auto c = choice.to(at::kLong).contiguous();  // (B, T)
+  auto c = choice.to(at::kLong).cpu().contiguous();  // (B, T), read on the host
   const int64_t B = c.size(0), T = c.size(1);
   const int64_t* p = c.data_ptr<int64_t>();
   std::vector<std::vector<std::vector<int64_t>>> out(static_cast<size_t>(B),
