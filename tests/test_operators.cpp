@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "chiar/error.h"
+#include "chiar/rows.h"
 #include "chiar/spectral.h"
 #include "support/fixtures.h"
 #include "support/reference.h"
@@ -306,8 +307,7 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
   {
     const int64_t T = 10, d = 64, h = 4;
     auto blocked = make_op("attention", d, h, Params().set("block", int64_t{4}), false);
-    std::vector<int64_t> all(T);
-    for (int64_t t = 0; t < T; ++t) all[t] = t;
+    const auto all = every_position(T);
     const int64_t keys = 4 * 4 + 4 * 8 + 2 * 10;
     // Per (query, key) pair: two products and the softmax.
     const auto per_keys = [&](int64_t n) { return FlopCount{2 * n * d, 4 * n * d} * 2 + FlopCount{5 * n * h, 3 * n * h}; };
@@ -321,8 +321,7 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
     auto standard = make_op("attention", 256, 4, {}, false);
     auto never = make_op("attention", 256, 4, Params().set("recompute_mib", 1e12), false);
     const auto recomputes = [&](int64_t t, bool causal) {
-      std::vector<int64_t> p(t);
-      for (int64_t i = 0; i < t; ++i) p[i] = i;
+      const auto p = every_position(t);
       return standard->flops_at(t, p, 256, {causal, false}).backward > never->flops_at(t, p, 256, {causal, false}).backward;
     };
     CHECK_FALSE(recomputes(2048, false));

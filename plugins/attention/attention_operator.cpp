@@ -132,13 +132,13 @@ class AttentionOperator final : public Operator {
     if (!ctx.causal) {
       o = attend(q, k, v, at::Tensor(), T, ctx.valid, recompute_for(T, false));
     } else {
+      const bool recompute = recompute_for(T, true);
       std::vector<at::Tensor> blocks;
       for (int64_t s = 0; s < T; s += block_) {
         const int64_t n = std::min(block_, T - s), e = s + n;
         auto qpos = at::arange(s, e, x.options().dtype(at::kLong)).view({1, 1, n, 1});
         auto valid = ctx.valid.defined() ? ctx.valid.narrow(1, 0, e) : at::Tensor();
-        blocks.push_back(attend(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1, valid,
-                                recompute_for(T, true)));
+        blocks.push_back(attend(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1, valid, recompute));
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }

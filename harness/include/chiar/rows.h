@@ -3,6 +3,8 @@
 // sequence they belong to, or a chunk of it) and packed into a padded
 // (groups, width, ...) block, so per-group work runs as one batched matmul.
 #include <cstdint>
+#include <numeric>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -26,6 +28,13 @@ CHIAR_API RowGroups group_rows(const at::Tensor& key);
 CHIAR_API at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g);
 // (G, width, ...) -> (N, ...) in the original row order.
 CHIAR_API at::Tensor unpack_rows(const at::Tensor& packed, const RowGroups& g);
+
+// Positions 0 .. T-1: every row of a sequence, for Operator::flops_at.
+inline std::vector<int64_t> every_position(int64_t T) {
+  std::vector<int64_t> p(static_cast<size_t>(T));
+  std::iota(p.begin(), p.end(), int64_t{0});
+  return p;
+}
 
 // FLOPs of LayerNorm over n vectors of size d, and of a residual add.
 inline FlopCount layernorm_flops(int64_t n, int64_t d) { return {8 * n * d, 16 * n * d}; }

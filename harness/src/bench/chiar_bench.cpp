@@ -14,6 +14,7 @@
 #include "../core/mixing_layer.h"
 #include "../core/registry.h"
 #include "../core/runtime.h"
+#include "chiar/rows.h"
 #include "chiar/spectral.h"
 #include "chiar_build_info.h"
 
@@ -43,12 +44,6 @@ std::shared_ptr<Operator> make(const std::string& name, int64_t d) {
 }
 
 constexpr int64_t kBatch = 4;
-
-std::vector<int64_t> positions(int64_t T) {
-  std::vector<int64_t> p(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) p[t] = t;
-  return p;
-}
 
 // Operator forward (and forward + backward) on (4, T, d), causal.
 void BM_operator(benchmark::State& state, const std::string& name, bool backward) {
@@ -80,7 +75,7 @@ void BM_operator(benchmark::State& state, const std::string& name, bool backward
       benchmark::DoNotOptimize(y.data_ptr());
     }
   }
-  const FlopCount f = op->flops_at(T, positions(T), d, {/*causal=*/true, /*spectrum=*/false}) * kBatch;
+  const FlopCount f = op->flops_at(T, every_position(T), d, {/*causal=*/true, /*spectrum=*/false}) * kBatch;
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(backward ? f.total() : f.forward) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
@@ -149,9 +144,9 @@ void BM_routed(benchmark::State& state, bool sparse) {
       std::vector<int64_t> at_k;
       auto where = routing.choice[b].eq(k).nonzero().squeeze(1).contiguous();
       if (sparse) at_k.assign(where.data_ptr<int64_t>(), where.data_ptr<int64_t>() + where.numel());
-      executed += static_cast<double>(ops[k]->flops_at(T, sparse ? at_k : positions(T), d, {true, true}).forward);
+      executed += static_cast<double>(ops[k]->flops_at(T, sparse ? at_k : every_position(T), d, {true, true}).forward);
     }
-  const double full = static_cast<double>(kBatch * ops[1]->flops_at(T, positions(T), d, {true, false}).forward);
+  const double full = static_cast<double>(kBatch * ops[1]->flops_at(T, every_position(T), d, {true, false}).forward);
   for (auto _ : state) benchmark::DoNotOptimize(layer->forward(x, ctx).data_ptr());
   state.counters["flop_ratio"] = executed / full;
   state.counters["attention_share"] = share;

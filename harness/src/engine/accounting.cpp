@@ -20,12 +20,6 @@ std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::T
   return out;
 }
 
-std::vector<int64_t> all_positions(int64_t T) {
-  std::vector<int64_t> p(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) p[t] = t;
-  return p;
-}
-
 }  // namespace
 
 Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Tensor& valid, int64_t T) {
@@ -33,7 +27,7 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
   const auto& o = model.options();
   const int64_t d = o.d_model_;
   const bool causal = o.head_ == HeadKind::LanguageModel;
-  const auto every = all_positions(T);
+  const auto every = every_position(T);
   size_t routed = 0;
   for (const auto& layer : model.mixing_layers()) {
     const int64_t li = static_cast<int64_t>(&layer - &model.mixing_layers()[0]);
