@@ -214,8 +214,8 @@ class AttentionOperator final : public Operator {
                      const FlopContext& ctx) const override {
     const auto n = static_cast<int64_t>(positions.size());
     if (!ctx.causal) return cost(T, n, n * T, d, recompute_for(T, false));
-    int64_t keys = 0;  // a row in block [s, s + block) reads keys [0, min(T, s + block))
-    for (const int64_t t : positions) keys += std::min(T, (t / block_ + 1) * block_);
+    int64_t keys = 0;
+    for (const int64_t t : positions) keys += causal_keys(t, T);
     return cost(T, n, keys, d, recompute_for(T, true));
   }
 
@@ -252,9 +252,12 @@ class AttentionOperator final : public Operator {
   int64_t pairs(int64_t T, bool causal) const {
     if (!causal) return T * T;
     int64_t n = 0;
-    for (int64_t s = 0; s < T; s += block_) n += std::min(block_, T - s) * std::min(T, s + block_);
+    for (int64_t t = 0; t < T; ++t) n += causal_keys(t, T);
     return n;
   }
+
+  // Keys a causal query at position t reads: its block [s, s + block) reads [0, min(T, s + block)).
+  int64_t causal_keys(int64_t t, int64_t T) const { return std::min(T, (t / block_ + 1) * block_); }
 
   // Whether training recomputes the weights in backward rather than keep
   // them: decided per sequence length, so FLOP accounting knows it too. At
