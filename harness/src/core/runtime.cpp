@@ -78,6 +78,9 @@ std::string detect_blas() {
       found += " (" + std::string(config()) + ")";
     dlclose(lib);
   }
+  // OpenBLAS's kernels depend on it, so the figures do: some machines set it
+  // because an older OpenBLAS misbehaves on their CPU with its own choice.
+  if (const char* core = std::getenv("OPENBLAS_CORETYPE")) found += "; OPENBLAS_CORETYPE=" + std::string(core);
   return found;
 }
 
