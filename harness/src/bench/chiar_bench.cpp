@@ -7,6 +7,8 @@
 #include <benchmark/benchmark.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -103,14 +105,24 @@ void BM_router_entropy(benchmark::State& state) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// A dct|attn layer under threshold routing with a given attention share,
-// executed densely or sparsely (inference). Checks sparse == dense first.
-void BM_routed(benchmark::State& state, bool sparse) {
+// A dct|attn layer under threshold routing with a given attention share of
+// the rows of (4, T, d) (inference, causal), and its executed forward FLOPs
+// relative to a full-attention layer on the same input: each operator on its
+// rows per sequence (sparse) or on all (dense), plus the router's entropy
+// transform. Checks sparse == dense first; an empty layer means it failed.
+struct RoutedCase {
+  std::shared_ptr<MixingLayer> layer;
+  at::Tensor x;  // (4, T, d)
+  double flop_ratio = 0;
+};
+
+RoutedCase routed_case(benchmark::State& state, bool sparse) {
   const int64_t T = state.range(0), d = state.range(1);
   const double share = static_cast<double>(state.range(2)) / 100.0;
+  RoutedCase c;
   at::manual_seed(0);
-  auto x = at::randn({kBatch, T, d});
-  auto h = spectral_entropy(x).reshape({-1});
+  c.x = at::randn({kBatch, T, d});
+  auto h = spectral_entropy(c.x).reshape({-1});
   const double tau = share <= 0 ? 2.0 : share >= 1 ? -1.0 : at::quantile(h, 1.0 - share).item<double>();
   RouterSpec rs;
   rs.d_model = d;
@@ -124,19 +136,16 @@ void BM_routed(benchmark::State& state, bool sparse) {
   ctx.causal = true;
   at::NoGradGuard g;
   layer->set_execution(Execution::Dense);
-  const auto dense = layer->forward(x, ctx);
+  const auto dense = layer->forward(c.x, ctx);
   layer->set_execution(Execution::Sparse);
-  const double err = rel_error(layer->forward(x, ctx), dense);
+  const double err = rel_error(layer->forward(c.x, ctx), dense);
   if (err > 1e-5) {
     state.SkipWithError(("sparse disagrees with dense: " + std::to_string(err)).c_str());
-    return;
+    return c;
   }
   layer->set_execution(sparse ? Execution::Sparse : Execution::Dense);
-  // Executed forward FLOPs relative to a full-attention layer on the same
-  // input: each operator on its rows per sequence (sparse) or on all (dense),
-  // plus the router's entropy transform.
   LayerRouting routing;
-  layer->forward(x, ctx, &routing);
+  layer->forward(c.x, ctx, &routing);
   const auto& ops = layer->operators();
   double executed = static_cast<double>(kBatch * 2 * T * d * d);  // entropy: one d x d transform per token
   for (int64_t b = 0; b < kBatch; ++b)
@@ -147,10 +156,61 @@ void BM_routed(benchmark::State& state, bool sparse) {
       executed += static_cast<double>(ops[k]->flops_at(T, sparse ? at_k : every_position(T), d, {true, true}).forward);
     }
   const double full = static_cast<double>(kBatch * ops[1]->flops_at(T, every_position(T), d, {true, false}).forward);
-  for (auto _ : state) benchmark::DoNotOptimize(layer->forward(x, ctx).data_ptr());
-  state.counters["flop_ratio"] = executed / full;
-  state.counters["attention_share"] = share;
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+  c.flop_ratio = executed / full;
+  c.layer = layer;
+  return c;
+}
+
+void BM_routed(benchmark::State& state, bool sparse) {
+  const auto c = routed_case(state, sparse);
+  if (!c.layer) return;
+  OpContext ctx;
+  ctx.causal = true;
+  at::NoGradGuard g;
+  for (auto _ : state) benchmark::DoNotOptimize(c.layer->forward(c.x, ctx).data_ptr());
+  state.counters["flop_ratio"] = c.flop_ratio;
+  state.counters["attention_share"] = static_cast<double>(state.range(2)) / 100.0;
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * state.range(0)),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// Does wall-clock track FLOPs? The sparse routed layer and a full-attention
+// layer on the same input, timed alternately in every iteration so that both
+// see the same machine (these are shared and drift by 10% within minutes):
+// time_ratio = median routed / median full, against flop_ratio;
+// deviation = time_ratio / flop_ratio - 1. The reported time is the routed
+// layer's.
+void BM_tracking(benchmark::State& state) {
+  const auto c = routed_case(state, /*sparse=*/true);
+  if (!c.layer) return;
+  auto full = make("attention", state.range(1));
+  OpContext ctx;
+  ctx.causal = true;
+  at::NoGradGuard g;
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  for (int i = 0; i < 2; ++i) full->forward(c.x, ctx), c.layer->forward(c.x, ctx);
+  std::vector<double> routed_s, full_s;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    benchmark::DoNotOptimize(c.layer->forward(c.x, ctx).data_ptr());
+    routed_s.push_back(seconds(t0));
+    state.SetIterationTime(routed_s.back());
+    t0 = Clock::now();
+    benchmark::DoNotOptimize(full->forward(c.x, ctx).data_ptr());
+    full_s.push_back(seconds(t0));
+  }
+  const double time_ratio = median(routed_s) / median(full_s);
+  state.counters["attention_share"] = static_cast<double>(state.range(2)) / 100.0;
+  state.counters["flop_ratio"] = c.flop_ratio;
+  state.counters["time_ratio"] = time_ratio;
+  state.counters["deviation"] = time_ratio / c.flop_ratio - 1.0;
+  state.counters["full_ms"] = 1e3 * median(full_s);
 }
 
 void register_all() {
@@ -190,6 +250,10 @@ void register_all() {
       for (int64_t share : {0, 25, 50, 100}) b->Args({T, 256, share});
     b->Unit(benchmark::kMillisecond)->UseRealTime();
   }
+  auto* t = benchmark::RegisterBenchmark("tracking/dct_attn", BM_tracking);
+  for (int64_t T : {128, 256, 512, 1024, 2048})
+    for (int64_t share : {0, 25, 50, 100}) t->Args({T, 256, share});
+  t->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(15);
 }
 
 }  // namespace
