@@ -329,9 +329,18 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
     CHECK_FALSE(recomputes(2833, true));
     CHECK(recomputes(2834, true));
     CHECK(blocked->flops_at(T, all, d, {false, false}) == blocked->flops(T, T, d));
-    // Two rows at positions 1 and 9 read 4 and 10 keys.
-    const FlopCount two = blocked->flops_at(T, {1, 9}, d, {true, false});
-    CHECK(two.forward < blocked->flops(T, 2, d).forward);
+    // Sparse rows go in wider query blocks: 2 rows of 10 (density 0.2, about
+    // 2.5 blocks per row pair) use spans of 2 blocks, so rows 1 and 9 read 8
+    // and 10 keys; 5 rows (density 0.5) keep blocks of 4: rows 0, 2, 4, 6, 9
+    // read 4, 4, 8, 8 and 10.
+    const FlopCount fixed2 = blocked->flops(T, 2, d) - per_keys(2 * T);
+    CHECK(blocked->flops_at(T, {1, 9}, d, {true, false}) == fixed2 + per_keys(8 + 10));
+    const FlopCount fixed5 = blocked->flops(T, 5, d) - per_keys(5 * T);
+    CHECK(blocked->flops_at(T, {0, 2, 4, 6, 9}, d, {true, false}) == fixed5 + per_keys(4 + 4 + 8 + 8 + 10));
+    // One row in 40 positions: the nearest power of two to 20 blocks is 16,
+    // which covers the sequence, so it reads all keys up to its block end.
+    auto wide = make_op("attention", d, h, Params().set("block", int64_t{2}), false);
+    CHECK(wide->flops_at(40, {3}, d, {true, false}) == wide->flops(40, 1, d) - per_keys(40) + per_keys(32));
     CHECK(blocked->flops_at(T, {}, d, {true, false}) == FlopCount{});
     // Operators whose cost does not depend on positions: flops_at == flops.
     CHECK(dct->flops_at(T, {1, 9}, d, {true, false}) == dct->flops(T, 2, d));

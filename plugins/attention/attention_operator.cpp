@@ -7,8 +7,10 @@
 // block [s, s + block) score keys [0, s + block) only, so about half of the
 // T x T scores are never computed, each block's scores stay small enough to
 // be cache-friendly, and only the diagonal tile is masked. forward_rows groups
-// its rows by the same position blocks, so a row costs what it costs in
-// forward (flops_at() counts exactly that). Without causality (classification)
+// its rows by position blocks too, wider ones (a power of two times block)
+// for a sequence whose rows are sparse, so that each product keeps enough
+// query rows to run near the GEMM rate; flops_at() counts exactly the keys
+// each row reads. Without causality (classification)
 // every query reads every key, with the padding mask. Either way the work goes
 // in chunks of at most chunk_mib of weights, and long sequences recompute the
 // weights in backward instead of storing them (recompute_mib).
@@ -166,24 +168,33 @@ class AttentionOperator final : public Operator {
 
     if (T <= block_) return norm_(xr + out_(attend_rows(q, k, v, t, g, T, 1, valid, recompute)));
 
-    // Rows sorted by position block, then sequence (stable, so then by
-    // position): each block's rows are one slice, each of its sequences one run.
-    auto pair = at::div(t, block_, "floor") * g.count + g.group;  // (N,) (block, sequence)
-    auto [sorted, order] = at::sort(pair, c10::optional<bool>(true), /*dim=*/0);  // stable
-    const RowGroups gp = group_rows(sorted);  // one group per (block, sequence) pair
-    auto keys = gp.keys.cpu().contiguous();   // host tables: pairs are few
+    // Each sequence's rows go in query blocks of span(rows, T) positions
+    // (block, or a multiple of it when its rows are sparse); a block's rows
+    // read keys [0, e), e the block's end. Rows sorted by e, then sequence
+    // (stable, so then by position): the rows of one e are one slice, each of
+    // its sequences one run, and run as one batched product.
+    auto per_sequence = at::bincount(g.group, {}, g.count).cpu().contiguous();  // host tables: few entries
+    std::vector<int64_t> spans(static_cast<size_t>(g.count));
+    for (int64_t j = 0; j < g.count; ++j) spans[static_cast<size_t>(j)] = span(per_sequence.data_ptr<int64_t>()[j], T);
+    auto row_span = at::tensor(spans, t.options()).index_select(0, g.group);      // (N,)
+    auto end = ((at::div(t, row_span, "floor") + 1) * row_span).clamp_max(T);    // (N,) e of each row
+    auto [sorted, order] = at::sort(end * g.count + g.group, c10::optional<bool>(true), /*dim=*/0);  // stable
+    const RowGroups gp = group_rows(sorted);  // one group per (e, sequence) pair
+    auto keys = gp.keys.cpu().contiguous();
     auto counts = at::bincount(gp.group).cpu().contiguous();
     const int64_t* key = keys.data_ptr<int64_t>();
     const int64_t* count = counts.data_ptr<int64_t>();
     auto qs = q.index_select(0, order), ts = t.index_select(0, order);  // (N, h, dh), (N,)
-    std::vector<at::Tensor> pieces;  // (n_j, d) per block, in sorted order
+    std::vector<at::Tensor> pieces;  // (n_j, d) per e, in sorted order
     for (int64_t p = 0, r = 0; p < gp.count;) {
-      const int64_t blk = key[p] / g.count, e = std::min(T, (blk + 1) * block_);
-      RowGroups lg;  // this block's pairs, renumbered from 0
+      const int64_t e = key[p] / g.count;
+      int64_t widest = 0;  // keys from e - widest span on may lie after a query
+      RowGroups lg;        // this e's pairs, renumbered from 0
       std::vector<int64_t> seqs;
       int64_t n = 0;
-      for (; p + lg.count < gp.count && key[p + lg.count] / g.count == blk; ++lg.count) {
+      for (; p + lg.count < gp.count && key[p + lg.count] / g.count == e; ++lg.count) {
         seqs.push_back(key[p + lg.count] % g.count);
+        widest = std::max(widest, spans[static_cast<size_t>(seqs.back())]);
         lg.width = std::max(lg.width, count[p + lg.count]);
         n += count[p + lg.count];
       }
@@ -197,7 +208,7 @@ class AttentionOperator final : public Operator {
       };
       auto vab = valid.defined() ? pick(valid, 1) : at::Tensor();
       pieces.push_back(attend_rows(qs.narrow(0, r, n), pick(k, 2), pick(v, 2), ts.narrow(0, r, n), lg, e,
-                                   blk * block_ + 1, vab, recompute));
+                                   std::max<int64_t>(1, e - widest + 1), vab, recompute));
       p += lg.count;
       r += n;
     }
@@ -215,8 +226,9 @@ class AttentionOperator final : public Operator {
                      const FlopContext& ctx) const override {
     const auto n = static_cast<int64_t>(positions.size());
     if (!ctx.causal) return cost(T, n, n * T, d, recompute_for(T, false));
+    const int64_t p = span(n, T);  // forward_rows' query blocks for this many rows
     int64_t keys = 0;
-    for (const int64_t t : positions) keys += causal_keys(t, T);
+    for (const int64_t t : positions) keys += std::min(T, (t / p + 1) * p);
     return cost(T, n, keys, d, recompute_for(T, true));
   }
 
@@ -259,6 +271,23 @@ class AttentionOperator final : public Operator {
 
   // Keys a causal query at position t reads: its block [s, s + block) reads [0, min(T, s + block)).
   int64_t causal_keys(int64_t t, int64_t T) const { return std::min(T, (t / block_ + 1) * block_); }
+
+  // Positions per causal query block when forward_rows has n rows of a
+  // sequence of length T: block while at least ~35% of positions are rows,
+  // else the power of two times block nearest (on a log scale) to
+  // block / (2 x density), so that a block holds about block / 2 rows
+  // (25% of rows: 2 blocks, 10%: 4). Small products run at two thirds of
+  // the GEMM rate of block-sized ones here, and padding the sequences of a
+  // block to the same length wastes more of them; reading up to
+  // (span - block) / 2 more keys per row on average costs less.
+  int64_t span(int64_t n, int64_t T) const {
+    if (n <= 0 || n * 2 >= T) return block_;
+    const double blocks = static_cast<double>(T) / (2.0 * static_cast<double>(n));
+    const int64_t most = (T + block_ - 1) / block_;
+    int64_t s = 1;
+    while (s < most && std::log2(static_cast<double>(s)) + 0.5 <= std::log2(blocks)) s *= 2;
+    return s * block_;
+  }
 
   // Whether training recomputes the weights in backward rather than keep
   // them: decided per sequence length, so FLOP accounting knows it too. At
