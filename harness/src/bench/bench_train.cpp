@@ -4,6 +4,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <chrono>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "../core/model.h"
@@ -49,6 +51,72 @@ std::vector<std::string> stretch(const std::vector<std::string>& plan, int64_t l
   return out;
 }
 
+// One variant under test: its model, optimiser and the step it times.
+class Variant {
+ public:
+  Variant(const PluginRegistry& registry, const ModelOptions& options, const at::Tensor& tokens)
+      : model_(registry, options),
+        opt_(model_.parameters(), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95})) {
+    model_.calibrate_routers(tokens);
+  }
+
+  // tokens: (B, T); targets: (B, T) for a language model, (B,) for a classifier.
+  void train_step(const at::Tensor& tokens, const at::Tensor& targets, int64_t outputs) {
+    model_.train();
+    opt_.zero_grad();
+    auto out = model_.forward(tokens);
+    auto loss = at::cross_entropy_loss(out.logits.reshape({-1, outputs}), targets.reshape({-1}));
+    if (out.aux_loss.defined()) loss = loss + out.aux_loss;
+    loss.backward();
+    opt_.step();
+  }
+
+  // Keeps the logits until the next call, as a caller consuming them would.
+  void infer(const at::Tensor& tokens) {
+    model_.eval();
+    at::NoGradGuard no_grad;
+    last_ = model_.forward(tokens);
+  }
+
+  // FLOPs of a training step as executed, from the model's own accounting
+  // (training-mode routing decides dense or sparse per layer).
+  double step_flops(const at::Tensor& tokens, int64_t batch, int64_t seq) {
+    model_.train();
+    {
+      at::NoGradGuard no_grad;
+      last_ = model_.forward(tokens);
+    }
+    double flops = 0;
+    for (const auto& row : engine::account(model_, last_, {}, seq).flops)
+      flops += row.train_executed * static_cast<double>(batch);
+    return flops;
+  }
+
+ private:
+  ChiarModel model_;
+  torch::optim::AdamW opt_;
+  ModelOutput last_;
+};
+
+// An n x n x n fp32 GEMM into a kept output, timed once per call.
+class GemmProbe {
+ public:
+  explicit GemmProbe(int64_t n) : n_(n), a_(at::randn({n, n})), b_(at::randn({n, n})), c_(at::empty({n, n})) {
+    at::mm_out(c_, a_, b_);  // warm-up
+  }
+  double gflops() {
+    at::NoGradGuard no_grad;
+    const auto t0 = Clock::now();
+    at::mm_out(c_, a_, b_);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    return 2.0 * static_cast<double>(n_) * static_cast<double>(n_) * static_cast<double>(n_) / s / 1e9;
+  }
+
+ private:
+  int64_t n_;
+  at::Tensor a_, b_, c_;  // (n, n) each
+};
+
 }  // namespace
 
 std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o) {
@@ -73,67 +141,78 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
     throw;
   }
   std::remove(tmp.c_str());
-  const double gemm = measure_gemm_gflops(2048, 5);
-
-  std::vector<TrainBenchResult> out;
-  for (const auto& run : m.runs) {
-    TrainBenchResult r;
-    r.variant = run.variant;
-    r.gemm_gflops = gemm;
+  // Every variant's model from the same seed and the same synthetic batch.
+  const auto longs = at::TensorOptions().dtype(at::kLong);
+  at::manual_seed(0);
+  const auto tokens = at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
+  const auto targets = o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)           // (B,)
+                                     : at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
+  const int64_t outputs = o.classes > 0 ? o.classes : o.vocab;
+  const auto options_for = [&](const engine::RunSpec& run) {
     ModelOptions mo = run.model;
     mo.vocab_size(o.vocab).d_model(o.d_model).n_heads(o.heads).layers(stretch(run.model.layers_, o.layers)).seed(0);
     if (o.classes > 0) mo.head(HeadKind::Classifier).n_classes(o.classes);
     else mo.head(HeadKind::LanguageModel);
-    r.allocator = configure_allocator(estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers,
-                                                                mo.ffn_mult_ * o.d_model, o.classes > 0 ? 0 : o.vocab));
+    return mo;
+  };
+  int64_t ffn_mult = 1;
+  for (const auto& run : m.runs) ffn_mult = std::max(ffn_mult, run.model.ffn_mult_);
+  const std::string allocator = configure_allocator(
+      estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model, o.classes > 0 ? 0 : o.vocab));
+
+  // Pass 1, one variant at a time: peak memory (the kernel's high-water mark
+  // is per process, and freed memory is handed back between variants so that
+  // none inherits another's) and the FLOPs of a training step as executed.
+  std::vector<TrainBenchResult> out;
+  for (const auto& run : m.runs) {
+    TrainBenchResult r;
+    r.variant = run.variant;
+    r.allocator = allocator;
+    malloc_trim(0);
     reset_peak_rss();
-    ChiarModel model(registry, mo);
-    const auto longs = at::TensorOptions().dtype(at::kLong);
-    auto tokens = at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
-    auto targets = o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)           // (B,)
-                                 : at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
-    const int64_t outputs = o.classes > 0 ? o.classes : o.vocab;
-    model.calibrate_routers(tokens);
-    torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95}));
-    model.train();
-    std::vector<double> train_s;
-    for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-      const auto t0 = Clock::now();
-      opt.zero_grad();
-      auto out_i = model.forward(tokens);
-      auto loss = at::cross_entropy_loss(out_i.logits.reshape({-1, outputs}), targets.reshape({-1}));
-      if (out_i.aux_loss.defined()) loss = loss + out_i.aux_loss;
-      loss.backward();
-      opt.step();
-      if (i >= o.warmup) train_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    model.eval();
-    std::vector<double> infer_s;
-    ModelOutput last;
     {
-      at::NoGradGuard no_grad;
-      for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-        const auto t0 = Clock::now();
-        last = model.forward(tokens);
-        if (i >= o.warmup) infer_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
+      Variant v(registry, options_for(run), tokens);
+      for (int64_t i = 0; i < std::max<int64_t>(1, o.warmup); ++i) v.train_step(tokens, targets, outputs);
+      v.infer(tokens);
+      r.step_flops = v.step_flops(tokens, o.batch, o.seq);
+      r.peak_rss_mb = peak_rss_mb();
     }
-    // FLOPs of a training step as executed, from the model's own accounting
-    // (training-mode routing decides dense or sparse per layer).
-    model.train();
-    {
-      at::NoGradGuard no_grad;
-      last = model.forward(tokens);
-    }
-    const auto acc = engine::account(model, last, {}, o.seq);
-    for (const auto& row : acc.flops) r.step_flops += row.train_executed * static_cast<double>(o.batch);
-    r.train_ms = 1e3 * median(train_s);
-    r.infer_ms = 1e3 * median(infer_s);
-    r.train_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(train_s);
-    r.infer_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(infer_s);
-    r.achieved_gflops = r.step_flops / median(train_s) / 1e9;
-    r.peak_rss_mb = peak_rss_mb();
+    malloc_trim(0);
     out.push_back(r);
+  }
+
+  // Pass 2, all variants alive: each round times one training step of every
+  // variant and one 2048^3 GEMM, so that ratios between variants and against
+  // the GEMM rate compare the same minutes of a machine whose speed drifts.
+  std::vector<std::unique_ptr<Variant>> models;
+  for (const auto& run : m.runs) models.push_back(std::make_unique<Variant>(registry, options_for(run), tokens));
+  const int64_t n = static_cast<int64_t>(models.size());
+  std::vector<std::vector<double>> train_s(n), infer_s(n);
+  std::vector<double> gemm;
+  GemmProbe probe(2048);
+  for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
+    for (int64_t k = 0; k < n; ++k) {
+      const auto t0 = Clock::now();
+      models[k]->train_step(tokens, targets, outputs);
+      if (i >= o.warmup) train_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    if (i >= o.warmup) gemm.push_back(probe.gflops());
+  }
+  for (int64_t i = 0; i < o.warmup + o.steps; ++i)
+    for (int64_t k = 0; k < n; ++k) {
+      const auto t0 = Clock::now();
+      models[k]->infer(tokens);
+      if (i >= o.warmup) infer_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  const double gemm_rate = median(gemm);
+  for (int64_t k = 0; k < n; ++k) {
+    auto& r = out[k];
+    r.gemm_gflops = gemm_rate;
+    r.train_ms = 1e3 * median(train_s[k]);
+    r.infer_ms = 1e3 * median(infer_s[k]);
+    r.train_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(train_s[k]);
+    r.infer_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(infer_s[k]);
+    r.achieved_gflops = r.step_flops / median(train_s[k]) / 1e9;
   }
   return out;
 }

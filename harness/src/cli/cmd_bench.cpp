@@ -32,7 +32,7 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers
             << " layers, " << o.heads << " heads, vocab " << o.vocab
             << (o.classes > 0 ? ", classifier of " + std::to_string(o.classes) + " classes" : ", causal LM") << "; medians of " << o.steps << " steps after "
-            << o.warmup << " warm-up\n" << describe(info) << "\n\n";
+            << o.warmup << " warm-up, variants interleaved step by step with a 2048^3 GEMM each round\n" << describe(info) << "\n\n";
   std::cout << std::left << std::setw(22) << "variant" << std::right << std::setw(12) << "train tok/s" << std::setw(12)
             << "infer tok/s" << std::setw(11) << "step ms" << std::setw(14) << "step GFLOP" << std::setw(12) << "GFLOP/s"
             << std::setw(12) << "of GEMM" << std::setw(11) << "peak MB" << std::setw(10) << "train x" << std::setw(10) << "infer x" << "\n";
@@ -46,8 +46,8 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
               << std::setw(10) << r.infer_tokens_per_s / base.infer_tokens_per_s << "\n";
   }
   std::cout << "allocator: " << results.front().allocator << "\n";
-  std::cout << "GEMM 2048^3 fp32 in this process: " << std::setprecision(1) << results.front().gemm_gflops
-            << " GFLOP/s; ratios are against " << results.front().variant << "\n";
+  std::cout << "GEMM 2048^3 fp32 in this process (median of the rounds): " << std::setprecision(1)
+            << results.front().gemm_gflops << " GFLOP/s; ratios are against " << results.front().variant << "\n";
   if (!a.json.empty()) {
     std::ofstream json(a.json);
     if (!json) throw UserError(a.json + ": cannot write the file");
