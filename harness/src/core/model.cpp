@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/utils.h>
 
@@ -55,7 +56,19 @@ FeedForward::FeedForward(int64_t d, int64_t mult, double dropout) {
 }
 
 at::Tensor FeedForward::forward(const at::Tensor& x) {
-  return norm_(x + drop_(down_(at::gelu(up_(x)))));
+  auto h = up_(x);  // (B, T, m d)
+  // Without grad mode nothing keeps the pre-activation for backward.
+  h = torch::autograd::GradMode::is_enabled() ? at::gelu(h) : at::gelu_(h);
+  // Under autocast the product would run in bf16 and take the fp32 residual
+  // stream down with it.
+  if ((is_training() && drop_->options.p() > 0) || at::autocast::is_cpu_enabled() || at::autocast::is_enabled())
+    return norm_(x + drop_(down_(h)));
+  // The residual as the product's addend: one pass over (B, T, d) fewer than
+  // adding it afterwards (with the in-place GELU, -0.6 ms of 10 per FFN at
+  // 2048 tokens, d 256, here).
+  const int64_t d = x.size(-1);
+  auto y = at::addmm(x.reshape({-1, d}), h.reshape({-1, h.size(-1)}), down_->weight.t()).add_(down_->bias);
+  return norm_(y.view(x.sizes()));
 }
 
 ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
