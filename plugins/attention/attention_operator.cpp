@@ -104,30 +104,6 @@ struct RecomputedAttention : public torch::autograd::Function<RecomputedAttentio
   }
 };
 
-// Rotary embedding y = x C + swap(x) S (swap exchanges the two halves of the
-// last dimension; C = [cos, cos], S = [-sin, sin], possibly scaled), through
-// autograd without keeping x: the map is linear, and its transpose is
-// g C + swap(g S). Keeping x and its swapped copy instead cost 2.7 GB more at
-// T 4096, batch 32 (four layers' queries and keys).
-struct Rotary : public torch::autograd::Function<Rotary> {
-  static at::Tensor swap_halves(const at::Tensor& x) {
-    const int64_t half = x.size(-1) / 2;
-    return at::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  }
-  // x: (G, h, L, dh); c, s: broadcastable to x.
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& c,
-                            const at::Tensor& s) {
-    ctx->save_for_backward({c, s});
-    return at::addcmul(x * c, swap_halves(x), s);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& g = grads[0];
-    return {g * saved[0] + swap_halves(g * saved[1]), at::Tensor(), at::Tensor()};
-  }
-};
-
 class AttentionOperator final : public Operator {
  public:
   explicit AttentionOperator(const OperatorSpec& spec)
@@ -338,11 +314,13 @@ class AttentionOperator final : public Operator {
 
   // x: (G, h, L, dh) rotated (and scaled) at positions pos:
   // (G or 1, 1, L) int64 in [0, T), or undefined for 0 .. L-1. In full-width
-  // form (Rotary): three passes over x instead of six over its halves.
+  // form, x C + swap(x) S with swap exchanging the two halves, C = [cos, cos]
+  // and S = [-sin, sin]: three passes over x instead of six over its halves.
   at::Tensor rotate(const at::Tensor& strided, const at::Tensor& pos, int64_t T, double scale = 1.0) const {
     if (!rope_) return strided;
     // On contiguous rows; on a projection's strided layout this took 3x longer.
     const auto x = strided.contiguous();
+    const int64_t half = dh_ / 2;
     const auto& [cos, sin] = rope_table(T, x, scale);
     at::Tensor c, s;  // (G|1, 1, L, dh)
     if (pos.defined()) {
@@ -354,7 +332,8 @@ class AttentionOperator final : public Operator {
       c = cos.narrow(0, 0, x.size(2)).view({1, 1, x.size(2), dh_});
       s = sin.narrow(0, 0, x.size(2)).view({1, 1, x.size(2), dh_});
     }
-    return Rotary::apply(x, c, s);
+    auto swapped = at::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+    return at::addcmul(x * c, swapped, s);
   }
 
   // The full-width tables [cos, cos] and [-sin, sin] of the angles of
