@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <sstream>
 
 #include "chiar/error.h"
@@ -306,50 +305,46 @@ class AttentionOperator final : public Operator {
 
   std::pair<at::Tensor, at::Tensor> keys_values(const at::Tensor& x) {  // x: (G, T, d)
     const int64_t G = x.size(0), T = x.size(1);
-    // Keys and values contiguous in one copy, so that every query block's
-    // keys [0, e) are a view the batched matmul reads in place.
-    auto kv = kv_(x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4}).contiguous();  // (2, G, h, T, dh)
-    return {rotate(kv[0], at::Tensor(), T), kv[1]};
+    auto kv = kv_(x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4});  // (2, G, h, T, dh)
+    // Contiguous once, so that every query block's keys [0, e) are a view the
+    // batched matmul reads in place.
+    return {rotate(kv[0], at::Tensor(), T).contiguous(), kv[1].contiguous()};
   }
 
-  // x: (G, h, L, dh) rotated (and scaled) at positions pos:
-  // (G or 1, 1, L) int64 in [0, T), or undefined for 0 .. L-1. In full-width
-  // form, x C + swap(x) S with swap exchanging the two halves, C = [cos, cos]
-  // and S = [-sin, sin]: three passes over x instead of six over its halves.
-  at::Tensor rotate(const at::Tensor& strided, const at::Tensor& pos, int64_t T, double scale = 1.0) const {
-    if (!rope_) return strided;
-    // On contiguous rows; on a projection's strided layout this took 3x longer.
-    const auto x = strided.contiguous();
+  // x: (G, h, L, dh) rotated (and scaled) at positions pos: (G or 1, 1, L)
+  // int64 in [0, T), or undefined for 0 .. L-1.
+  at::Tensor rotate(const at::Tensor& x, const at::Tensor& pos, int64_t T, double scale = 1.0) const {
+    if (!rope_) return x;
     const int64_t half = dh_ / 2;
-    const auto& [cos, sin] = rope_table(T, x, scale);
-    at::Tensor c, s;  // (G|1, 1, L, dh)
+    const auto& [cos, sin] = rope_table(T, x);
+    at::Tensor c, s;  // (G|1, 1, L, half)
     if (pos.defined()) {
       std::vector<int64_t> shape(pos.sizes().begin(), pos.sizes().end());
-      shape.push_back(dh_);
+      shape.push_back(half);
       c = cos.index_select(0, pos.reshape({-1})).view(shape);
       s = sin.index_select(0, pos.reshape({-1})).view(shape);
     } else {
-      c = cos.narrow(0, 0, x.size(2)).view({1, 1, x.size(2), dh_});
-      s = sin.narrow(0, 0, x.size(2)).view({1, 1, x.size(2), dh_});
+      c = cos.narrow(0, 0, x.size(2)).view({1, 1, x.size(2), half});
+      s = sin.narrow(0, 0, x.size(2)).view({1, 1, x.size(2), half});
     }
-    auto swapped = at::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-    return at::addcmul(x * c, swapped, s);
+    if (scale != 1.0) c = c * scale, s = s * scale;
+    auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+    return at::cat({x1 * c - x2 * s, x1 * s + x2 * c}, -1);
   }
 
-  // The full-width tables [cos, cos] and [-sin, sin] of the angles of
-  // positions 0 .. >= T-1, (L, dh) each, times scale, in x's dtype and
-  // device: computed in double once per scale, then reused.
-  std::pair<at::Tensor, at::Tensor> rope_table(int64_t T, const at::Tensor& x, double scale) const {
-    auto& [cos, sin] = rope_tables_[scale];
-    if (!cos.defined() || cos.size(0) < T || cos.scalar_type() != x.scalar_type() || cos.device() != x.device()) {
+  // cos and sin of the angles of positions 0 .. >= T-1, (L, dh/2) each, in
+  // x's dtype and device: computed in double once, then reused.
+  std::pair<at::Tensor, at::Tensor> rope_table(int64_t T, const at::Tensor& x) const {
+    if (!rope_cos_.defined() || rope_cos_.size(0) < T || rope_cos_.scalar_type() != x.scalar_type() ||
+        rope_cos_.device() != x.device()) {
       const int64_t half = dh_ / 2;
       const auto f64 = x.options().dtype(at::kDouble);
       auto inv_freq = at::exp(at::arange(half, f64) * (-2.0 * std::log(rope_base_) / static_cast<double>(dh_)));
       auto angle = at::arange(T, f64).unsqueeze(1) * inv_freq;  // (T, half)
-      cos = (at::cat({angle.cos(), angle.cos()}, 1) * scale).to(x.scalar_type());
-      sin = (at::cat({-angle.sin(), angle.sin()}, 1) * scale).to(x.scalar_type());
+      rope_cos_ = angle.cos().to(x.scalar_type());
+      rope_sin_ = angle.sin().to(x.scalar_type());
     }
-    return {cos, sin};
+    return {rope_cos_, rope_sin_};
   }
 
   // Rows packed per sequence: q (n, h, dh) at positions t (n,), grouped by g
@@ -409,7 +404,7 @@ class AttentionOperator final : public Operator {
   int64_t d_, heads_, block_, dh_ = 0;
   double recompute_mib_;  // recompute the weights when one sequence's would take more
   double chunk_mib_;      // the most weights one chunk of attend() materialises
-  mutable std::map<double, std::pair<at::Tensor, at::Tensor>> rope_tables_;  // scale -> (L, dh) cos, sin
+  mutable at::Tensor rope_cos_, rope_sin_;  // (L, dh/2) cache of rope_table
   bool rope_;
   double rope_base_;
   torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)
