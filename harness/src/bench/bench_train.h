@@ -1,7 +1,10 @@
 #pragma once
 // End-to-end throughput of variants on synthetic tokens: training steps
 // (forward, loss, backward, AdamW) and inference, timed as medians after
-// warm-up, next to the GEMM rate measured in the same process.
+// warm-up. The variants' steps are interleaved, one of each per round, with
+// one 2048^3 GEMM per training round, so that every ratio (variant against
+// variant, achieved against GEMM rate) compares the same minutes of a
+// machine whose speed drifts.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,8 +28,8 @@ struct TrainBenchResult {
   double train_tokens_per_s = 0, infer_tokens_per_s = 0;
   double step_flops = 0;       // executed FLOPs of one training step (forward + backward)
   double achieved_gflops = 0;  // step_flops / median step time
-  double gemm_gflops = 0;      // 2048^3 fp32, measured in this process
-  double peak_rss_mb = 0;      // high-water mark while this variant ran
+  double gemm_gflops = 0;      // 2048^3 fp32, median of the rounds in this process
+  double peak_rss_mb = 0;      // high-water mark of a first pass with this variant alone
   double train_ms = 0, infer_ms = 0;  // medians
   std::string allocator;              // the allocator behaviour chosen for these shapes
 };
