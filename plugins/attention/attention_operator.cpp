@@ -10,8 +10,8 @@
 // its rows by position blocks too, wider ones (a power of two times block)
 // for a sequence whose rows are sparse, so that each product keeps enough
 // query rows to run near the GEMM rate; flops_at() counts exactly the keys
-// each row reads. Without causality (classification)
-// every query reads every key, with the padding mask. Either way the work goes
+// each row reads. Without causality (classification) every query reads
+// every key, with the padding mask. Either way the work goes
 // in chunks of at most chunk_mib of weights, and long sequences recompute the
 // weights in backward instead of storing them (recompute_mib).
 #include <ATen/ATen.h>
@@ -227,7 +227,7 @@ class AttentionOperator final : public Operator {
     if (!ctx.causal) return cost(T, n, n * T, d, recompute_for(T, false));
     const int64_t p = span(n, T);  // forward_rows' query blocks for this many rows
     int64_t keys = 0;
-    for (const int64_t t : positions) keys += std::min(T, (t / p + 1) * p);
+    for (const int64_t t : positions) keys += causal_keys(t, T, p);
     return cost(T, n, keys, d, recompute_for(T, true));
   }
 
@@ -268,8 +268,10 @@ class AttentionOperator final : public Operator {
     return n;
   }
 
-  // Keys a causal query at position t reads: its block [s, s + block) reads [0, min(T, s + block)).
-  int64_t causal_keys(int64_t t, int64_t T) const { return std::min(T, (t / block_ + 1) * block_); }
+  // Keys a causal query at position t reads in query blocks of `width`
+  // positions: its block [s, s + width) reads [0, min(T, s + width)).
+  static int64_t causal_keys(int64_t t, int64_t T, int64_t width) { return std::min(T, (t / width + 1) * width); }
+  int64_t causal_keys(int64_t t, int64_t T) const { return causal_keys(t, T, block_); }
 
   // Positions per causal query block when forward_rows has n rows of a
   // sequence of length T: block while at least ~35% of positions are rows,
