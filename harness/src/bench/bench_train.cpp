@@ -26,11 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
 // Resets the kernel's resident-set high-water mark, then reads it (VmHWM).
 void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 double peak_rss_mb() {
@@ -96,25 +91,6 @@ class Variant {
   ChiarModel model_;
   torch::optim::AdamW opt_;
   ModelOutput last_;
-};
-
-// An n x n x n fp32 GEMM into a kept output, timed once per call.
-class GemmProbe {
- public:
-  explicit GemmProbe(int64_t n) : n_(n), a_(at::randn({n, n})), b_(at::randn({n, n})), c_(at::empty({n, n})) {
-    at::mm_out(c_, a_, b_);  // warm-up
-  }
-  double gflops() {
-    at::NoGradGuard no_grad;
-    const auto t0 = Clock::now();
-    at::mm_out(c_, a_, b_);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    return 2.0 * static_cast<double>(n_) * static_cast<double>(n_) * static_cast<double>(n_) / s / 1e9;
-  }
-
- private:
-  int64_t n_;
-  at::Tensor a_, b_, c_;  // (n, n) each
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "../core/mixing_layer.h"
 #include "../core/registry.h"
 #include "../core/runtime.h"
+#include "../engine/accounting.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
 #include "chiar_build_info.h"
@@ -148,13 +149,11 @@ RoutedCase routed_case(benchmark::State& state, bool sparse) {
   layer->forward(c.x, ctx, &routing);
   const auto& ops = layer->operators();
   double executed = static_cast<double>(kBatch * 2 * T * d * d);  // entropy: one d x d transform per token
+  const auto positions = engine::positions_by_operator(routing.choice, 2);
   for (int64_t b = 0; b < kBatch; ++b)
-    for (int64_t k = 0; k < 2; ++k) {
-      std::vector<int64_t> at_k;
-      auto where = routing.choice[b].eq(k).nonzero().squeeze(1).contiguous();
-      if (sparse) at_k.assign(where.data_ptr<int64_t>(), where.data_ptr<int64_t>() + where.numel());
-      executed += static_cast<double>(ops[k]->flops_at(T, sparse ? at_k : every_position(T), d, {true, true}).forward);
-    }
+    for (int64_t k = 0; k < 2; ++k)
+      executed += static_cast<double>(
+          ops[k]->flops_at(T, sparse ? positions[b][k] : every_position(T), d, {true, true}).forward);
   const double full = static_cast<double>(kBatch * ops[1]->flops_at(T, every_position(T), d, {true, false}).forward);
   c.flop_ratio = executed / full;
   c.layer = layer;
@@ -172,11 +171,6 @@ void BM_routed(benchmark::State& state, bool sparse) {
   state.counters["attention_share"] = static_cast<double>(state.range(2)) / 100.0;
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * state.range(0)),
                                                   benchmark::Counter::kIsIterationInvariantRate);
-}
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
 }
 
 // Does wall-clock track FLOPs? The sparse routed layer and a full-attention

@@ -84,20 +84,33 @@ std::string detect_blas() {
   return found;
 }
 
-double measure_gemm_gflops(int64_t n, int repeats) {
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
+}
+
+GemmProbe::GemmProbe(int64_t n) : n_(n) {
   at::NoGradGuard no_grad;
-  auto a = at::randn({n, n}), b = at::randn({n, n});
-  auto c = at::empty({n, n});
-  for (int i = 0; i < 2; ++i) at::mm_out(c, a, b);
+  a_ = at::randn({n, n});
+  b_ = at::randn({n, n});
+  c_ = at::empty({n, n});
+  for (int i = 0; i < 2; ++i) at::mm_out(c_, a_, b_);
+}
+
+double GemmProbe::seconds() {
+  at::NoGradGuard no_grad;
+  const auto t0 = std::chrono::steady_clock::now();
+  at::mm_out(c_, a_, b_);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double measure_gemm_gflops(int64_t n, int repeats) {
+  GemmProbe probe(n);
   std::vector<double> seconds;
-  for (int i = 0; i < std::max(1, repeats); ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    at::mm_out(c, a, b);
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
-  const double median = seconds[seconds.size() / 2];
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / median / 1e9;
+  for (int i = 0; i < std::max(1, repeats); ++i) seconds.push_back(probe.seconds());
+  return probe.flops() / median(seconds) / 1e9;
 }
 
 RuntimeInfo probe_runtime(int requested_threads) {

@@ -1,6 +1,9 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "chiar/export.h"
 
@@ -50,6 +53,24 @@ CHIAR_API int configure_threads(int requested);
 // The BLAS library whose sgemm_ this process binds to (resolved through the
 // Debian alternatives symlink), plus OpenBLAS's own configuration when present.
 CHIAR_API std::string detect_blas();
+
+// The middle value (upper middle for an even count); 0 for none.
+CHIAR_API double median(std::vector<double> values);
+
+// An n x n x n fp32 matrix product into a kept output, warmed up twice on
+// construction; each gflops() call times one product. Cheap enough to probe
+// the GEMM rate between other work (bench-train does, once per round).
+class CHIAR_API GemmProbe {
+ public:
+  explicit GemmProbe(int64_t n);
+  double seconds();  // one product
+  double gflops() { return flops() / seconds() / 1e9; }
+  double flops() const { return 2.0 * static_cast<double>(n_) * static_cast<double>(n_) * static_cast<double>(n_); }
+
+ private:
+  int64_t n_;
+  at::Tensor a_, b_, c_;  // (n, n) each
+};
 
 // Median GFLOP/s of an n x n fp32 matrix product over `repeats` timed runs
 // after two warm-up runs.

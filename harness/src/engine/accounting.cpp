@@ -6,9 +6,6 @@
 
 namespace chiar::engine {
 
-namespace {
-
-// Row positions per sequence and operator: positions[b][k] ascending.
 std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::Tensor& choice, int64_t K) {
   auto c = choice.to(at::kLong).cpu().contiguous();  // (B, T), read on the host
   const int64_t B = c.size(0), T = c.size(1);
@@ -19,8 +16,6 @@ std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::T
     for (int64_t t = 0; t < T; ++t) out[b][p[b * T + t]].push_back(t);
   return out;
 }
-
-}  // namespace
 
 Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Tensor& valid, int64_t T) {
   Accounting a;

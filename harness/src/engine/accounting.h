@@ -22,6 +22,10 @@ struct Accounting {
   std::vector<LayerRoutingStats> routing;
 };
 
+// Row positions per sequence and operator of a routing choice (B, T):
+// positions[b][k] ascending, what Operator::flops_at takes.
+CHIAR_API std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::Tensor& choice, int64_t K);
+
 // From a forward pass over a batch (B, T) with `out.routing` filled:
 // per layer and operator the tokens routed and FLOPs per sequence, as
 // executed and as a sparse execution needs them, for the forward pass and a

@@ -18,6 +18,7 @@
 #include <boost/filesystem.hpp>
 
 #include "../core/model.h"
+#include "../core/runtime.h"
 #include "accounting.h"
 #include "chiar/error.h"
 #include "chiar/metrics.h"
@@ -36,12 +37,6 @@ double peak_rss_mb() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
 }
 
 // bf16 autocast on CPU for the forward pass; master weights and the optimizer stay fp32.
