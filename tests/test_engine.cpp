@@ -229,15 +229,15 @@ TEST_CASE("store: an older database is migrated to the current schema on open", 
     engine::Database con(db);
     con.exec("INSERT INTO runs(hash, name, matrix, variant, task, seed, spec, created_at) "
              "VALUES ('h', 'v/t/seed=0', 'm', 'v', 't', 0, '{}', 'now')");
-    // Back to schema 1: no spec_toml, no overhead columns, the old results view.
+    // Back to schema 1: no spec_toml, no overhead or gemm columns, the old results view.
     con.exec("DROP VIEW results; ALTER TABLE runs DROP COLUMN spec_toml; ALTER TABLE runs DROP COLUMN overhead; "
-             "ALTER TABLE runs DROP COLUMN overhead_fraction; CREATE VIEW results AS SELECT id, name FROM runs; "
+             "ALTER TABLE runs DROP COLUMN overhead_fraction; ALTER TABLE runs DROP COLUMN gemm; CREATE VIEW results AS SELECT id, name FROM runs; "
              "UPDATE meta SET value = '1' WHERE key = 'schema_version'");
   }
   engine::Store store(db);
   CHECK(count(db, "SELECT value FROM meta WHERE key = 'schema_version'") == engine::kSchemaVersion);
   CHECK(count(db, "SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name IN "
-                  "('spec_toml', 'overhead', 'overhead_fraction')") == 3);
+                  "('spec_toml', 'overhead', 'overhead_fraction', 'gemm')") == 4);
   CHECK(count(db, "SELECT COUNT(*) FROM pragma_table_info('results') WHERE name = 'overhead_fraction'") == 1);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE hash = 'h'") == 1);
   // A database from a newer harness is refused rather than misread.

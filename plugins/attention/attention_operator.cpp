@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "chiar/error.h"
+#include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
 
@@ -128,7 +129,7 @@ class AttentionOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    auto q = queries(q_(x).view({B, T, heads_, dh_}).transpose(1, 2), {}, T);  // (B, h, T, dh)
+    auto q = queries(project(q_, x).view({B, T, heads_, dh_}).transpose(1, 2), {}, T);  // (B, h, T, dh)
     auto [k, v] = keys_values(x);                                            // (B, h, T, dh)
     at::Tensor o;                                                            // (B, h, T, dh)
     if (!ctx.causal) {
@@ -144,7 +145,7 @@ class AttentionOperator final : public Operator {
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }
-    return norm_(x + out_(o.transpose(1, 2).reshape({B, T, d_})));
+    return norm_(project(out_, o.transpose(1, 2).reshape({B, T, d_}), x));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
@@ -158,14 +159,14 @@ class AttentionOperator final : public Operator {
     const RowGroups g = group_rows(at::div(rows, T, "floor"));  // one group per sequence
     auto [k, v] = keys_values(x.index_select(0, g.keys));       // (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
-    auto q = queries(q_(xr).view({1, N, heads_, dh_}).transpose(1, 2), t.view({1, 1, N}), T)
+    auto q = queries(project(q_, xr).view({1, N, heads_, dh_}).transpose(1, 2), t.view({1, 1, N}), T)
                  .squeeze(0)
                  .transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
     const bool recompute = recompute_for(T, ctx.causal);
-    if (!ctx.causal) return norm_(xr + out_(attend_rows(q, k, v, t, g, T, T, valid, recompute)));
+    if (!ctx.causal) return norm_(project(out_, attend_rows(q, k, v, t, g, T, T, valid, recompute), xr));
 
-    if (T <= block_) return norm_(xr + out_(attend_rows(q, k, v, t, g, T, 1, valid, recompute)));
+    if (T <= block_) return norm_(project(out_, attend_rows(q, k, v, t, g, T, 1, valid, recompute), xr));
 
     // Each sequence's rows go in query blocks of span(rows, T) positions
     // (block, or a multiple of it when its rows are sparse); a block's rows
@@ -213,7 +214,7 @@ class AttentionOperator final : public Operator {
     }
     auto inverse = at::empty_like(order).scatter_(0, order, at::arange(N, order.options()));
     auto o = at::cat(pieces).index_select(0, inverse);  // (N, d) in row order
-    return norm_(xr + out_(o));
+    return norm_(project(out_, o, xr));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
@@ -307,7 +308,7 @@ class AttentionOperator final : public Operator {
 
   std::pair<at::Tensor, at::Tensor> keys_values(const at::Tensor& x) {  // x: (G, T, d)
     const int64_t G = x.size(0), T = x.size(1);
-    auto kv = kv_(x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4});  // (2, G, h, T, dh)
+    auto kv = project(kv_, x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4});  // (2, G, h, T, dh)
     // Contiguous once, so that every query block's keys [0, e) are a view the
     // batched matmul reads in place.
     return {rotate(kv[0], at::Tensor(), T).contiguous(), kv[1].contiguous()};

@@ -19,6 +19,7 @@
 #include <cmath>
 
 #include "chiar/error.h"
+#include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
 
@@ -49,7 +50,7 @@ class RbfOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    auto q = phi(q_(x));                  // (B, T, F)
+    auto q = phi(project(q_, x));         // (B, T, F)
     auto [k, v, mask] = keys_values(x, ctx.valid);  // (B, T, F), (B, T, d), (B, T, 1)
     at::Tensor num, den, count;
     if (!ctx.causal) {
@@ -66,14 +67,14 @@ class RbfOperator final : public Operator {
       den = ((qc * z_prev.unsqueeze(2)).sum(-1) + a.sum(-1)).reshape({B, Tp}).narrow(1, 0, T);
       count = mask.squeeze(-1).cumsum(1);                     // (B, T)
     }
-    return norm_(x + out_(normalise(num, den, count)));
+    return norm_(project(out_, normalise(num, den, count), x));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
                           const OpContext& ctx) override {
     const int64_t T = x.size(1);
     auto xr = x.reshape({-1, d_}).index_select(0, rows);   // (N, d)
-    auto q = phi(q_(xr));                                   // (N, F)
+    auto q = phi(project(q_, xr));                          // (N, F)
     // Keys and values only for the sequences that have rows; b indexes them.
     const RowGroups seqs = group_rows(at::div(rows, T, "floor"));
     const int64_t B = seqs.count;
@@ -106,7 +107,7 @@ class RbfOperator final : public Operator {
       den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);            // (N,)
       count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, b * T + t);  // (N,)
     }
-    return norm_(xr + out_(normalise(num, den, count)));
+    return norm_(project(out_, normalise(num, den, count), xr));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
@@ -136,7 +137,7 @@ class RbfOperator final : public Operator {
   // Keys as features and values, zeroed at padding; mask (B, T, 1) of real tokens.
   std::tuple<at::Tensor, at::Tensor, at::Tensor> keys_values(const at::Tensor& x,
                                                              const at::Tensor& valid) {
-    auto kv = kv_(x);  // (B, T, 2d)
+    auto kv = project(kv_, x);  // (B, T, 2d)
     auto mask = valid.defined() ? valid.to(x.scalar_type()).unsqueeze(-1)
                                 : at::ones({x.size(0), x.size(1), 1}, x.options());
     return {phi(kv.narrow(-1, 0, d_)) * mask, kv.narrow(-1, d_, d_) * mask, mask};

@@ -136,18 +136,35 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   const std::string allocator = configure_allocator(
       estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model, o.classes > 0 ? 0 : o.vocab));
 
+  const GemmBackend configured = gemm_backend();
+  const std::vector<GemmBackend> backends =
+      o.gemm_backends.empty() ? std::vector<GemmBackend>{configured} : o.gemm_backends;
+  struct Entry {
+    const engine::RunSpec* run;
+    GemmBackend gemm;
+    std::string label;
+  };
+  std::vector<Entry> entries;
+  for (const auto& run : m.runs)
+    for (const auto b : backends) {
+      set_gemm_backend(b);  // refuses onednn in a build without it, before any work
+      entries.push_back({&run, b, backends.size() > 1 ? run.variant + "@" + to_string(b) : run.variant});
+    }
+
   // Pass 1, one variant at a time: peak memory (the kernel's high-water mark
   // is per process, and freed memory is handed back between variants so that
   // none inherits another's) and the FLOPs of a training step as executed.
   std::vector<TrainBenchResult> out;
-  for (const auto& run : m.runs) {
+  for (const auto& entry : entries) {
     TrainBenchResult r;
-    r.variant = run.variant;
+    r.variant = entry.label;
+    r.gemm = to_string(entry.gemm);
     r.allocator = allocator;
+    set_gemm_backend(entry.gemm);
     malloc_trim(0);
     reset_peak_rss();
     {
-      Variant v(registry, options_for(run), tokens);
+      Variant v(registry, options_for(*entry.run), tokens);
       // At least two steps: the first creates the optimiser's state after its
       // activations are gone, the second holds both, as every later one does.
       for (int64_t i = 0; i < std::max<int64_t>(2, o.warmup); ++i) v.train_step(tokens, targets, outputs);
@@ -163,29 +180,43 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   // variant and one 2048^3 GEMM, so that ratios between variants and against
   // the GEMM rate compare the same minutes of a machine whose speed drifts.
   std::vector<std::unique_ptr<Variant>> models;
-  for (const auto& run : m.runs) models.push_back(std::make_unique<Variant>(registry, options_for(run), tokens));
+  for (const auto& entry : entries) {
+    set_gemm_backend(entry.gemm);
+    models.push_back(std::make_unique<Variant>(registry, options_for(*entry.run), tokens));
+  }
   const int64_t n = static_cast<int64_t>(models.size());
   std::vector<std::vector<double>> train_s(n), infer_s(n);
-  std::vector<double> gemm;
-  GemmProbe probe(2048);
+  // One probe per compared library, plus the BLAS's for the records.
+  std::vector<std::vector<double>> gemm(backends.size());
+  std::vector<double> blas;
+  GemmProbe probe(2048), blas_probe(2048, /*blas_only=*/true);
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     for (int64_t k = 0; k < n; ++k) {
+      set_gemm_backend(entries[k].gemm);
       const auto t0 = Clock::now();
       models[k]->train_step(tokens, targets, outputs);
       if (i >= o.warmup) train_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    if (i >= o.warmup) gemm.push_back(probe.gflops());
+    if (i < o.warmup) continue;
+    for (size_t b = 0; b < backends.size(); ++b) {
+      set_gemm_backend(backends[b]);
+      gemm[b].push_back(probe.gflops());
+    }
+    blas.push_back(blas_probe.gflops());
   }
   for (int64_t i = 0; i < o.warmup + o.steps; ++i)
     for (int64_t k = 0; k < n; ++k) {
+      set_gemm_backend(entries[k].gemm);
       const auto t0 = Clock::now();
       models[k]->infer(tokens);
       if (i >= o.warmup) infer_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-  const double gemm_rate = median(gemm);
+  set_gemm_backend(configured);
   for (int64_t k = 0; k < n; ++k) {
     auto& r = out[k];
-    r.gemm_gflops = gemm_rate;
+    const auto b = std::find(backends.begin(), backends.end(), entries[k].gemm) - backends.begin();
+    r.gemm_gflops = median(gemm[static_cast<size_t>(b)]);
+    r.blas_gflops = median(blas);
     r.train_ms = 1e3 * median(train_s[k]);
     r.infer_ms = 1e3 * median(infer_s[k]);
     r.train_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(train_s[k]);

@@ -4,13 +4,15 @@
 // warm-up. The variants' steps are interleaved, one of each per round, with
 // one 2048^3 GEMM per training round, so that every ratio (variant against
 // variant, achieved against GEMM rate) compares the same minutes of a
-// machine whose speed drifts.
+// machine whose speed drifts. Compared GEMM libraries are interleaved the same
+// way (the choice is process-wide and cheap to switch between steps).
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "../core/registry.h"
 #include "chiar/export.h"
+#include "chiar/linear.h"
 
 namespace chiar::bench {
 
@@ -21,14 +23,19 @@ struct TrainBenchOptions {
   int64_t steps = 10, warmup = 3;
   int64_t classes = 0;  // 0: causal language model; N: bidirectional classifier of N classes
   int threads = 0;
+  // Each variant under each of these GEMM libraries, interleaved like the
+  // variants; empty: the library configured now.
+  std::vector<GemmBackend> gemm_backends;
 };
 
 struct TrainBenchResult {
-  std::string variant;
+  std::string variant;  // "name", or "name@backend" when several backends are compared
+  std::string gemm;     // the library that ran its products: blas or onednn
   double train_tokens_per_s = 0, infer_tokens_per_s = 0;
   double step_flops = 0;       // executed FLOPs of one training step (forward + backward)
   double achieved_gflops = 0;  // step_flops / median step time
-  double gemm_gflops = 0;      // 2048^3 fp32, median of the rounds in this process
+  double gemm_gflops = 0;      // 2048^3 fp32 on that library, median of the rounds in this process
+  double blas_gflops = 0;      // the same on libtorch's BLAS
   double peak_rss_mb = 0;      // high-water mark of a first pass with this variant alone
   double train_ms = 0, infer_ms = 0;  // medians
   std::string allocator;              // the allocator behaviour chosen for these shapes

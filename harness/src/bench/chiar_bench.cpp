@@ -266,7 +266,9 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("libtorch", info.torch_version);
   benchmark::AddCustomContext("threads", std::to_string(info.threads));
   benchmark::AddCustomContext("blas", info.blas);
+  benchmark::AddCustomContext("products", info.gemm);  // CHIAR_GEMM=blas|onednn chooses
   benchmark::AddCustomContext("gemm_512_gflops", std::to_string(info.gemm_gflops));
+  benchmark::AddCustomContext("blas_gemm_512_gflops", std::to_string(info.blas_gflops));
   benchmark::AddCustomContext("allocator", info.allocator);
   register_all();
   benchmark::Initialize(&argc, argv);

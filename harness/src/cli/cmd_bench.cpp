@@ -27,12 +27,13 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   o.warmup = a.warmup;
   o.classes = a.classes;
   o.threads = g.threads;
+  for (const auto& b : a.gemm_backends) o.gemm_backends.push_back(b == "onednn" ? GemmBackend::OneDnn : GemmBackend::Blas);
+  const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
   const auto results = bench::bench_train(registry, o);
-  const RuntimeInfo info = probe_runtime(g.threads);
   std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers
             << " layers, " << o.heads << " heads, vocab " << o.vocab
             << (o.classes > 0 ? ", classifier of " + std::to_string(o.classes) + " classes" : ", causal LM") << "; medians of " << o.steps << " steps after "
-            << o.warmup << " warm-up, variants interleaved step by step with a 2048^3 GEMM each round\n" << describe(info) << "\n\n";
+            << o.warmup << " warm-up, variants interleaved step by step with 2048^3 GEMMs each round\n" << describe(info) << "\n\n";
   std::cout << std::left << std::setw(22) << "variant" << std::right << std::setw(12) << "train tok/s" << std::setw(12)
             << "infer tok/s" << std::setw(11) << "step ms" << std::setw(14) << "step GFLOP" << std::setw(12) << "GFLOP/s"
             << std::setw(12) << "of GEMM" << std::setw(11) << "peak MB" << std::setw(10) << "train x" << std::setw(10) << "infer x" << "\n";
@@ -46,8 +47,16 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
               << std::setw(10) << r.infer_tokens_per_s / base.infer_tokens_per_s << "\n";
   }
   std::cout << "allocator: " << results.front().allocator << "\n";
-  std::cout << "GEMM 2048^3 fp32 in this process (median of the rounds): " << std::setprecision(1)
-            << results.front().gemm_gflops << " GFLOP/s; ratios are against " << results.front().variant << "\n";
+  std::cout << "GEMM 2048^3 fp32 in this process (median of the rounds):";
+  std::string shown;
+  for (const auto& r : results)
+    if (shown.find("[" + r.gemm + "]") == std::string::npos) {
+      shown += "[" + r.gemm + "]";
+      std::cout << " " << r.gemm << " " << std::setprecision(1) << r.gemm_gflops << " GFLOP/s";
+    }
+  std::cout << (shown == "[blas]" ? "" : "; libtorch's BLAS " + std::to_string(static_cast<int>(results.front().blas_gflops + 0.5)) + " GFLOP/s")
+            << "\n\"of GEMM\" is against the rate of the library that ran the variant's products; ratios are against "
+            << results.front().variant << "\n";
   if (!a.json.empty()) {
     std::ofstream json(a.json);
     if (!json) throw UserError(a.json + ": cannot write the file");
@@ -56,7 +65,8 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
       const auto& r = results[i];
       json << "  \"" << r.variant << "\": {\"train_tokens_per_s\": " << r.train_tokens_per_s
            << ", \"infer_tokens_per_s\": " << r.infer_tokens_per_s << ", \"step_flops\": " << r.step_flops
-           << ", \"achieved_gflops\": " << r.achieved_gflops << ", \"gemm_gflops\": " << r.gemm_gflops
+           << ", \"achieved_gflops\": " << r.achieved_gflops << ", \"gemm\": \"" << r.gemm
+           << "\", \"gemm_gflops\": " << r.gemm_gflops << ", \"blas_gflops\": " << r.blas_gflops
            << ", \"peak_rss_mb\": " << r.peak_rss_mb << "}" << (i + 1 < results.size() ? "," : "") << "\n";
     }
     json << "}\n";

@@ -55,6 +55,7 @@ int run_run(const Global& g, const RunArgs& a) {
   o.cache_dir = a.cache_dir;
   o.dry_run = a.dry_run;
   o.threads = g.threads;
+  o.gemm = g.gemm;
   return engine::run_matrix(matrix, registry, o);
 }
 

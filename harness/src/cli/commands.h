@@ -10,6 +10,7 @@ namespace chiar::cli {
 
 struct Global {
   int threads = 0;  // 0 = all cores
+  std::string gemm = "auto";  // the library behind the model's products: auto, blas, onednn
   std::vector<std::string> plugin_dirs;
 };
 
@@ -87,6 +88,7 @@ struct BenchTrainArgs {
   std::string variants_file = "configs/variants.toml", json;
   int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4, steps = 10, warmup = 3;
   int64_t classes = 0;
+  std::vector<std::string> gemm_backends;  // compare these libraries (blas, onednn); empty: --gemm's choice
 };
 int run_bench_train(const Global& g, const BenchTrainArgs& a);
 

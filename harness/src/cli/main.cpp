@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Global g;
   app.add_option("--threads", g.threads, "intra-op threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--gemm", g.gemm, "library for the model's products: auto (the faster, measured), blas, onednn")
+      ->check(CLI::IsMember({"auto", "blas", "onednn"}));
   app.add_option("--plugin-dir", g.plugin_dirs, "extra plugin folder (repeatable)");
 
   auto* info = app.add_subcommand("info", "libtorch, threads, BLAS and the measured GEMM rate");
@@ -136,6 +138,10 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", bt.warmup, "warm-up steps (3)");
   bench->add_option("--classes", bt.classes,
                     "classify into N classes (bidirectional, e.g. --vocab 256 for bytes) instead of causal LM (0)");
+  bench->add_option("--compare-gemm", bt.gemm_backends,
+                    "run every variant on each of these GEMM libraries, interleaved (e.g. blas,onednn)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"blas", "onednn"}));
   bench->add_option("--json", bt.json, "also write the results as JSON");
 
   NewPluginArgs np;

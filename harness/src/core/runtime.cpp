@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "chiar/error.h"
+#include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar_build_info.h"
 
@@ -24,6 +26,64 @@ namespace chiar {
 
 namespace {
 std::string g_allocator = "glibc default";
+std::string g_gemm_choice, g_gemm;  // the last configure_gemm() request and its answer
+GemmBackend g_gemm_backend = GemmBackend::Blas;  // ... and the library it chose
+
+// Median seconds of `repeats` products y = x W^T on the current backend.
+double time_model_product(int repeats) {
+  at::NoGradGuard no_grad;
+  auto x = at::randn({2048, 256}), w = at::randn({1024, 256});  // (M, k), (n, k)
+  auto y = at::empty({2048, 1024});
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats + 2; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm_into(y, x, w.t());
+    if (i >= 2) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(seconds);
+}
+}  // namespace
+
+std::string configure_gemm(const std::string& requested) {
+  std::string choice = requested;
+  const char* env = std::getenv("CHIAR_GEMM");
+  if (choice == "auto" && env && *env) choice = env;
+  if (choice == g_gemm_choice && !g_gemm.empty()) {
+    set_gemm_backend(g_gemm_backend);
+    return g_gemm;
+  }
+  const auto rate = [](double seconds) {
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(0) << 2.0 * 2048 * 256 * 1024 / seconds / 1e9;
+    return s.str();
+  };
+  if (choice == "blas") {
+    set_gemm_backend(GemmBackend::Blas);
+    g_gemm = "blas (libtorch's path)";
+  } else if (choice == "onednn") {
+    set_gemm_backend(GemmBackend::OneDnn);
+    g_gemm = "onednn: " + onednn_description();
+  } else if (choice == "auto") {
+    if (!onednn_available()) {
+      set_gemm_backend(GemmBackend::Blas);
+      g_gemm = "blas (auto: this build has no oneDNN)";
+    } else {
+      set_gemm_backend(GemmBackend::Blas);
+      const double blas = time_model_product(5);
+      set_gemm_backend(GemmBackend::OneDnn);
+      const double onednn = time_model_product(5);
+      const bool fast = onednn <= blas;
+      set_gemm_backend(fast ? GemmBackend::OneDnn : GemmBackend::Blas);
+      g_gemm = std::string(fast ? "onednn: " + onednn_description() : "blas (libtorch's path)") +
+               "; auto: 2048x256x1024 at " + rate(onednn) + " GFLOP/s on oneDNN, " + rate(blas) + " on the BLAS";
+    }
+  } else {
+    throw UserError("unknown gemm backend '" + choice + "'" + (choice == requested ? "" : " (from CHIAR_GEMM)") +
+                    " (known: auto, blas, onednn)");
+  }
+  g_gemm_choice = choice;
+  g_gemm_backend = gemm_backend();
+  return g_gemm;
 }
 
 int64_t estimate_activation_bytes(int64_t batch, int64_t seq, int64_t d_model, int64_t layers, int64_t ffn_width,
@@ -91,33 +151,39 @@ double median(std::vector<double> values) {
   return *middle;
 }
 
-GemmProbe::GemmProbe(int64_t n) : n_(n) {
+GemmProbe::GemmProbe(int64_t n, bool blas_only) : n_(n), blas_only_(blas_only) {
   at::NoGradGuard no_grad;
   a_ = at::randn({n, n});
   b_ = at::randn({n, n});
   c_ = at::empty({n, n});
-  for (int i = 0; i < 2; ++i) at::mm_out(c_, a_, b_);
+  for (int i = 0; i < 2; ++i) seconds();
 }
 
 double GemmProbe::seconds() {
   at::NoGradGuard no_grad;
   const auto t0 = std::chrono::steady_clock::now();
-  at::mm_out(c_, a_, b_);
+  if (blas_only_)
+    at::mm_out(c_, a_, b_);
+  else
+    gemm_into(c_, a_, b_);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double measure_gemm_gflops(int64_t n, int repeats) {
-  GemmProbe probe(n);
+double measure_gemm_gflops(int64_t n, int repeats, bool blas_only) {
+  GemmProbe probe(n, blas_only);
   std::vector<double> seconds;
   for (int i = 0; i < std::max(1, repeats); ++i) seconds.push_back(probe.seconds());
   return probe.flops() / median(seconds) / 1e9;
 }
 
-RuntimeInfo probe_runtime(int requested_threads) {
+RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm) {
   RuntimeInfo info;
   info.threads = configure_threads(requested_threads);
+  info.gemm = configure_gemm(gemm);
   info.gemm_size = 512;
   info.gemm_gflops = measure_gemm_gflops(info.gemm_size);
+  info.blas_gflops = gemm_backend() == GemmBackend::Blas ? info.gemm_gflops
+                                                         : measure_gemm_gflops(info.gemm_size, 10, /*blas_only=*/true);
   info.blas = detect_blas();  // after a GEMM, so a lazily loaded BLAS is mapped
   info.torch_version = CHIAR_TORCH_VERSION_STRING;
   info.build_type = CHIAR_BUILD_TYPE;
@@ -140,9 +206,9 @@ std::string describe(const RuntimeInfo& info) {
   out.precision(1);
   out << std::fixed << "libtorch " << info.torch_version << " (" << info.build_type << "), "
       << info.threads << " threads, GEMM " << info.gemm_size << "^3 fp32 " << info.gemm_gflops
-      << " GFLOP/s, BLAS " << info.blas << ", allocator: " << info.allocator;
-  if (info.gemm_gflops < kSlowGemmGflops)
-    out << "\nWARNING: GEMM runs at " << info.gemm_gflops << " GFLOP/s (< " << kSlowGemmGflops
+      << " GFLOP/s (on the BLAS " << info.blas_gflops << "), products: " << info.gemm << ", BLAS " << info.blas << ", allocator: " << info.allocator;
+  if (info.blas_gflops < kSlowGemmGflops)
+    out << "\nWARNING: the BLAS runs a GEMM at " << info.blas_gflops << " GFLOP/s (< " << kSlowGemmGflops
         << "): libtorch is probably on the reference BLAS; install libopenblas0-openmp";
   return out.str();
 }

@@ -17,13 +17,15 @@ constexpr double kSlowGemmGflops = 20.0;
 struct RuntimeInfo {
   int threads = 0;           // intra-op threads in force
   std::string blas;          // the BLAS library libtorch's GEMM resolved to, with its config
-  double gemm_gflops = 0;    // median fp32 GEMM rate measured in this process
+  double gemm_gflops = 0;    // median fp32 GEMM rate of the library the model's products use
   int64_t gemm_size = 0;     // n of the n x n x n GEMM measured
   std::string torch_version; // libtorch the core was built against
   std::string build_type;    // CMAKE_BUILD_TYPE of the core
   std::string host;
   std::string cpu;
   std::string allocator;     // what configure_allocator() set
+  std::string gemm;          // what configure_gemm() chose, and why
+  double blas_gflops = 0;    // the same GEMM through libtorch's BLAS, for comparison
 };
 
 // Rough bytes a training step keeps alive for backward: per token and layer
@@ -54,30 +56,42 @@ CHIAR_API int configure_threads(int requested);
 // Debian alternatives symlink), plus OpenBLAS's own configuration when present.
 CHIAR_API std::string detect_blas();
 
+// Chooses the library behind chiar::linear and gemm_into (chiar/linear.h):
+// "blas", "onednn", or "auto", the faster of the two on a product of the
+// model's shape (2048 x 256 x 1024) timed here, BLAS where the build has no
+// oneDNN. CHIAR_GEMM in the environment, when set, replaces "auto". The same
+// choice again returns the first answer without measuring. Returns the
+// description runs record.
+CHIAR_API std::string configure_gemm(const std::string& choice = "auto");
+
 // The middle value (upper middle for an even count); 0 for none.
 CHIAR_API double median(std::vector<double> values);
 
 // An n x n x n fp32 matrix product into a kept output, warmed up twice on
-// construction; each gflops() call times one product. Cheap enough to probe
-// the GEMM rate between other work (bench-train does, once per round).
+// construction; each gflops() call times one product on the library the
+// model's products use now (gemm_into), or on the BLAS when blas_only. Cheap
+// enough to probe the GEMM rate between other work (bench-train does, once
+// per round).
 class CHIAR_API GemmProbe {
  public:
-  explicit GemmProbe(int64_t n);
+  explicit GemmProbe(int64_t n, bool blas_only = false);
   double seconds();  // one product
   double gflops() { return flops() / seconds() / 1e9; }
   double flops() const { return 2.0 * static_cast<double>(n_) * static_cast<double>(n_) * static_cast<double>(n_); }
 
  private:
   int64_t n_;
+  bool blas_only_;
   at::Tensor a_, b_, c_;  // (n, n) each
 };
 
 // Median GFLOP/s of an n x n fp32 matrix product over `repeats` timed runs
-// after two warm-up runs.
-CHIAR_API double measure_gemm_gflops(int64_t n = 512, int repeats = 10);
+// after two warm-up runs (on the BLAS when blas_only).
+CHIAR_API double measure_gemm_gflops(int64_t n = 512, int repeats = 10, bool blas_only = false);
 
-// Threads, BLAS, GEMM rate and machine facts in one call.
-CHIAR_API RuntimeInfo probe_runtime(int requested_threads);
+// Threads, GEMM library (configure_gemm(gemm)), BLAS, GEMM rates and machine
+// facts in one call.
+CHIAR_API RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm = "auto");
 
 // One-line summary, e.g. for a log header; warns when the GEMM rate is slow.
 CHIAR_API std::string describe(const RuntimeInfo& info);

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "chiar/error.h"
+#include "chiar/linear.h"
 
 namespace chiar {
 namespace {
@@ -122,14 +123,14 @@ at::Tensor dct2(const at::Tensor& x, DctImpl impl) {
   check_input(x, "dct2");
   const int64_t d = x.size(-1);
   if (resolve_dct_impl(impl, d) == DctImpl::Fft) return dct2_fft(x);
-  return at::matmul(x, dct_basis(d, x.scalar_type(), x.device()).t());
+  return chiar::linear(x, dct_basis(d, x.scalar_type(), x.device()));
 }
 
 at::Tensor idct2(const at::Tensor& c, DctImpl impl) {
   check_input(c, "idct2");
   const int64_t d = c.size(-1);
   if (resolve_dct_impl(impl, d) == DctImpl::Fft) return idct2_fft(c);
-  return at::matmul(c, dct_basis(d, c.scalar_type(), c.device()));
+  return chiar::linear(c, dct_basis(d, c.scalar_type(), c.device()).t());
 }
 
 at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {

@@ -111,13 +111,14 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   boost::filesystem::create_directories(boost::filesystem::absolute(db).parent_path());
   Store store(db);
   store.register_runs(matrix.runs);
-  const RuntimeInfo runtime = probe_runtime(options.threads);
+  const RuntimeInfo runtime = probe_runtime(options.threads, options.gemm);
   std::cerr << describe(runtime) << "\n";
   Provenance prov;
   std::tie(prov.git_commit, prov.git_dirty) = git_state(".");
   prov.torch_version = runtime.torch_version;
   prov.blas = runtime.blas;
   prov.gemm_gflops = runtime.gemm_gflops;
+  prov.gemm = runtime.gemm;
   prov.host = runtime.host;
   prov.cpu = runtime.cpu;
   prov.build_type = runtime.build_type;

@@ -14,6 +14,7 @@ struct RunnerOptions {
   std::string cache_dir;  // tokenisers, archives
   bool dry_run = false;   // print the runs and what would be skipped; run nothing
   int threads = 0;        // overrides train.threads when > 0
+  std::string gemm = "auto";  // the library behind the model's products (configure_gemm)
 };
 
 // Runs every run of the matrix that is not finished. Returns the exit status:

@@ -115,6 +115,8 @@ void Store::migrate() {
       db_.exec("ALTER TABLE runs ADD COLUMN overhead TEXT");
       db_.exec(kResultsView);
     }
+    // 4: which library ran the model's products (gemm_gflops is that library's rate).
+    if (version < 4) db_.exec("ALTER TABLE runs ADD COLUMN gemm TEXT");
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
         .run();
@@ -155,12 +157,12 @@ Claim Store::claim(const RunSpec& run, const Provenance& p, bool* resumed) {
     db_.prepare(
            "UPDATE runs SET status = 'running', error = NULL, host = ?, pid = ?, heartbeat = ?, "
            "started_at = COALESCE(started_at, ?), git_commit = ?, git_dirty = ?, torch_version = ?, "
-           "blas = ?, gemm_gflops = ?, threads = ?, device = ?, cpu = ?, build_type = ?, allocator = ? "
-           "WHERE hash = ?")
+           "blas = ?, gemm_gflops = ?, threads = ?, device = ?, cpu = ?, build_type = ?, allocator = ?, "
+           "gemm = ? WHERE hash = ?")
         .bind(1, p.host).bind(2, p.pid).bind(3, now_seconds()).bind(4, now_iso()).bind(5, p.git_commit)
         .bind(6, int64_t{p.git_dirty}).bind(7, p.torch_version).bind(8, p.blas).bind(9, p.gemm_gflops)
         .bind(10, int64_t{p.threads}).bind(11, p.device).bind(12, p.cpu).bind(13, p.build_type)
-        .bind(14, p.allocator).bind(15, run.hash)
+        .bind(14, p.allocator).bind(15, p.gemm).bind(16, run.hash)
         .run();
     result = Claim::Claimed;
   });

@@ -15,12 +15,13 @@
 
 namespace chiar::engine {
 
-constexpr int kSchemaVersion = 3;
+constexpr int kSchemaVersion = 4;
 
 struct Provenance {
   std::string git_commit;
   bool git_dirty = false;
   std::string torch_version, blas, device, host, cpu, build_type, allocator;
+  std::string gemm;  // the library behind the model's products, and why (configure_gemm)
   double gemm_gflops = 0;
   int threads = 0;
   int64_t pid = 0;

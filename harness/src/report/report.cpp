@@ -220,7 +220,7 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   }
 
   const auto& p = s.provenance;
-  const std::string footer = "harness commit " + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; threads " +
+  const std::string footer = "harness commit " + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " +
                              p.threads + "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus +
                              "); runs from " + p.first + " to " + p.last + "; matrix " + p.matrices + ".";
   md << "\n---\n\nProvenance: " << footer << "\n";

@@ -143,6 +143,7 @@ Summary summarize(const std::string& file) {
   p.commits = joined(db, "git_commit || CASE WHEN git_dirty THEN ' (dirty)' ELSE '' END");
   p.torch = joined(db, "torch_version");
   p.blas = joined(db, "blas");
+  p.gemm = joined(db, "CASE WHEN blas IS NULL THEN NULL ELSE COALESCE(gemm, 'blas (recorded before schema 4)') END");
   p.threads = joined(db, "threads");
   p.hosts = joined(db, "host");
   p.cpus = joined(db, "cpu");

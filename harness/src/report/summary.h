@@ -45,7 +45,7 @@ struct TaskSummary {
 };
 
 struct Provenance {
-  std::string commits, torch, blas, threads, hosts, cpus, allocators, first, last, matrices;
+  std::string commits, torch, blas, gemm, threads, hosts, cpus, allocators, first, last, matrices;
 };
 
 struct Summary {

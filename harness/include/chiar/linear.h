@@ -1,0 +1,59 @@
+#pragma once
+// The model's dense products. libtorch 1.13 sends every fp32 CPU matrix
+// product to the system BLAS; oneDNN (which libtorch links anyway) has its own
+// JIT sgemm that picks the widest vector ISA the CPU has, and on the 2-core
+// AVX-512 machines here it runs 2x OpenBLAS's Haswell kernels on the model's
+// shapes (README "Performance"). Operators and the core call linear() for
+// their projections; which library runs it is one process-wide choice, made
+// once at start-up and recorded with every run.
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/linear.h>
+
+#include "chiar/export.h"
+
+namespace chiar {
+
+enum class GemmBackend {
+  Blas,    // libtorch's own path (at::linear / at::addmm -> sgemm_ of the system BLAS)
+  OneDnn,  // dnnl_sgemm from the oneDNN libtorch links, called on the tensors' memory
+};
+
+CHIAR_API const char* to_string(GemmBackend backend);
+
+// Whether this build of the core can call oneDNN (found at configure time).
+CHIAR_API bool onednn_available();
+
+// "oneDNN 2.6.3 sgemm, ISA avx512_core_bf16": the library version and the
+// vector ISA its JIT kernels use on this CPU; "" without oneDNN.
+CHIAR_API std::string onednn_description();
+
+// The library that runs linear() from now on. OneDnn in a build without it
+// throws UserError.
+CHIAR_API void set_gemm_backend(GemmBackend backend);
+CHIAR_API GemmBackend gemm_backend();
+
+// y = x W^T + b + addend, the last two optional (undefined tensors).
+//   x      (..., k)
+//   weight (n, k)
+//   bias   (n)
+//   addend (..., n), e.g. a residual stream: added in the product's pass
+// Returns (..., n). Differentiable in all four. Products that are not fp32 on
+// the CPU, and all products under autocast, take libtorch's path whatever the
+// backend, so mixed precision behaves as libtorch defines it.
+CHIAR_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
+                            const at::Tensor& addend = {});
+
+// A registered torch::nn::Linear's product through linear(): the module keeps
+// its parameters (and their names in checkpoints), this runs them.
+//   x (..., in) -> (..., out); residual (..., out) or undefined
+inline at::Tensor project(const torch::nn::Linear& layer, const at::Tensor& x, const at::Tensor& residual = {}) {
+  return chiar::linear(x, layer->weight, layer->bias, residual);
+}
+
+// c = a b + beta c on the current backend, for 2-D fp32 CPU tensors; a and b
+// may be transposed views. c must be contiguous. What the GEMM probes time.
+CHIAR_API void gemm_into(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta = 0.f);
+
+}  // namespace chiar

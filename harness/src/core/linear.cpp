@@ -1,0 +1,229 @@
+#include "chiar/linear.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
+
+#include <atomic>
+
+#include "chiar/error.h"
+#include "chiar_build_info.h"
+
+#if CHIAR_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+namespace chiar {
+
+namespace {
+
+std::atomic<GemmBackend> g_backend{CHIAR_HAVE_ONEDNN ? GemmBackend::OneDnn : GemmBackend::Blas};
+
+bool autocasting() { return at::autocast::is_cpu_enabled() || at::autocast::is_enabled(); }
+
+bool takes_fast_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
+  if (g_backend.load(std::memory_order_relaxed) != GemmBackend::OneDnn || autocasting()) return false;
+  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
+  return fp32_cpu(x) && fp32_cpu(weight) && (!bias.defined() || fp32_cpu(bias)) &&
+         (!addend.defined() || fp32_cpu(addend)) && x.dim() >= 1 && weight.dim() == 2;
+}
+
+#if CHIAR_HAVE_ONEDNN
+// A row-major operand for dnnl_sgemm: its transposition flag and leading
+// dimension, copying only a matrix that is neither layout.
+struct Operand {
+  at::Tensor t;  // (rows, cols) as the product sees it
+  char trans = 'N';
+  int64_t ld = 1;
+};
+
+Operand operand(const at::Tensor& m) {
+  Operand o;
+  if (m.is_contiguous()) {
+    o.t = m;
+    o.ld = std::max<int64_t>(1, m.size(1));
+  } else if (m.t().is_contiguous()) {
+    o.t = m;
+    o.trans = 'T';
+    o.ld = std::max<int64_t>(1, m.size(0));
+  } else {
+    o.t = m.contiguous();
+    o.ld = std::max<int64_t>(1, m.size(1));
+  }
+  return o;
+}
+
+void onednn_gemm(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const Operand A = operand(a), B = operand(b);
+  const dnnl_status_t status =
+      dnnl_sgemm(A.trans, B.trans, m, n, k, 1.f, A.t.data_ptr<float>(), A.ld, B.t.data_ptr<float>(), B.ld, beta,
+                 c.data_ptr<float>(), std::max<int64_t>(1, n));
+  TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status), " on (", m, ", ",
+              k, ") x (", k, ", ", n, ")");
+}
+#endif
+
+void gemm_checked(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(1) == b.size(0) && c.size(0) == a.size(0) &&
+                  c.size(1) == b.size(1),
+              "gemm_into: shapes ", a.sizes(), " x ", b.sizes(), " -> ", c.sizes(), " do not match");
+  TORCH_CHECK(c.is_contiguous(), "gemm_into: the output must be contiguous");
+  if (c.numel() == 0) return;
+  if (a.size(1) == 0) {  // an empty sum: c = beta c
+    c.mul_(beta);
+    return;
+  }
+#if CHIAR_HAVE_ONEDNN
+  if (g_backend.load(std::memory_order_relaxed) == GemmBackend::OneDnn && a.scalar_type() == at::kFloat &&
+      b.scalar_type() == at::kFloat && c.scalar_type() == at::kFloat && a.device().is_cpu() && b.device().is_cpu() &&
+      c.device().is_cpu()) {
+    onednn_gemm(c, a, b, beta);
+    return;
+  }
+#endif
+  if (beta == 0.f)
+    at::mm_out(c, a, b);
+  else
+    at::addmm_out(c, c, a, b, beta, 1.0);
+}
+
+// y (M, n) = x2 (M, k) W^T + bias + addend2, no autograd.
+at::Tensor forward_product(const at::Tensor& x2, const at::Tensor& weight, const at::Tensor& bias,
+                           const at::Tensor& addend2) {
+  const int64_t rows = x2.size(0), n = weight.size(0);
+  at::Tensor y;  // (M, n)
+  // The product accumulates onto bias and addend (beta 1): one pass over the
+  // output fewer than adding them afterwards.
+  if (addend2.defined())
+    y = (bias.defined() ? at::add(addend2, bias) : addend2.clone()).contiguous();
+  else if (bias.defined())
+    y = bias.expand({rows, n}).contiguous();
+  else
+    y = at::empty({rows, n}, x2.options());
+  gemm_checked(y, x2, weight.t(), (addend2.defined() || bias.defined()) ? 1.f : 0.f);
+  return y;
+}
+
+std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
+  std::vector<int64_t> out(sizes.begin(), sizes.end());
+  out.back() = last;
+  return out;
+}
+
+// libtorch 1.13's Function::apply cannot take undefined tensors, so an absent
+// bias or addend travels as an empty placeholder and a flag.
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias_or_empty, const at::Tensor& addend_or_empty, bool has_bias,
+                            bool has_addend) {
+    const auto bias = has_bias ? bias_or_empty : at::Tensor();
+    const auto addend = has_addend ? addend_or_empty : at::Tensor();
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["bias"] = has_bias;
+    ctx->saved_data["addend"] = has_addend;
+    const int64_t k = x.size(-1), n = weight.size(0);
+    const auto x2 = x.reshape({-1, k});
+    const auto a2 = addend.defined() ? addend.reshape({-1, n}) : at::Tensor();
+    return forward_product(x2, weight, bias, a2).view(with_last(x.sizes(), n));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];       // (..., k)
+    const auto& weight = saved[1];  // (n, k)
+    const int64_t k = x.size(-1), n = weight.size(0);
+    const auto gy = grads[0].reshape({-1, n}).contiguous();  // (M, n)
+    at::Tensor gx, gw, gb, ga;
+    if (ctx->needs_input_grad(0)) {
+      gx = at::empty({gy.size(0), k}, gy.options());  // (M, k) = gy W
+      gemm_checked(gx, gy, weight, 0.f);
+      gx = gx.view(x.sizes());
+    }
+    if (ctx->needs_input_grad(1)) {
+      gw = at::empty({n, k}, gy.options());  // (n, k) = gy^T x
+      gemm_checked(gw, gy.t(), x.reshape({-1, k}), 0.f);
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = gy.sum(0);
+    if (ctx->saved_data["addend"].toBool() && ctx->needs_input_grad(3)) ga = grads[0];
+    return {gx, gw, gb, ga, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+const char* to_string(GemmBackend backend) { return backend == GemmBackend::OneDnn ? "onednn" : "blas"; }
+
+bool onednn_available() { return CHIAR_HAVE_ONEDNN != 0; }
+
+std::string onednn_description() {
+#if CHIAR_HAVE_ONEDNN
+  const dnnl_version_t* v = dnnl_version();
+  std::string isa;
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: isa = "sse41"; break;
+    case dnnl_cpu_isa_avx: isa = "avx"; break;
+    case dnnl_cpu_isa_avx2: isa = "avx2"; break;
+    case dnnl_cpu_isa_avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl_cpu_isa_avx512_core: isa = "avx512_core"; break;
+    case dnnl_cpu_isa_avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl_cpu_isa_avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl_cpu_isa_avx512_core_amx: isa = "avx512_core_amx"; break;
+    default: isa = "code " + std::to_string(static_cast<int>(dnnl_get_effective_cpu_isa()));
+  }
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+         " sgemm, ISA " + isa;
+#else
+  return "";
+#endif
+}
+
+void set_gemm_backend(GemmBackend backend) {
+  if (backend == GemmBackend::OneDnn && !onednn_available())
+    throw UserError("gemm backend 'onednn': this build has no oneDNN (install libdnnl-dev and rebuild)");
+  g_backend.store(backend);
+}
+
+GemmBackend gemm_backend() { return g_backend.load(); }
+
+void gemm_into(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta) {
+  at::NoGradGuard no_grad;
+  gemm_checked(c, a, b, beta);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
+  if (!takes_fast_path(x, weight, bias, addend)) {
+    // libtorch's path. The addend rides in addmm when nothing differs in type
+    // (under autocast addmm would run in bf16 and drag an fp32 addend down).
+    if (addend.defined() && !autocasting() && x.dim() >= 1 && weight.dim() == 2 &&
+        addend.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type() &&
+        addend.device() == x.device()) {
+      const int64_t k = x.size(-1), n = weight.size(0);
+      auto y = at::addmm(addend.reshape({-1, n}), x.reshape({-1, k}), weight.t());  // (M, n)
+      if (bias.defined()) y.add_(bias);
+      return y.view(with_last(x.sizes(), n));
+    }
+    auto y = at::linear(x, weight, bias);
+    return addend.defined() ? y + addend : y;
+  }
+  TORCH_CHECK(x.size(-1) == weight.size(1), "linear: input ", x.sizes(), " and weight ", weight.sizes(),
+              " do not match");
+  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ",
+              bias.sizes(), " does not match weight ", weight.sizes());
+  TORCH_CHECK(!addend.defined() || addend.sizes() == at::IntArrayRef(with_last(x.sizes(), weight.size(0))),
+              "linear: addend ", addend.sizes(), " does not match the output's shape");
+  const bool grad = torch::autograd::GradMode::is_enabled() &&
+                    (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()) ||
+                     (addend.defined() && addend.requires_grad()));
+  if (grad) {
+    const auto none = at::empty({0}, x.options());
+    return LinearFunction::apply(x, weight, bias.defined() ? bias : none, addend.defined() ? addend : none,
+                                 bias.defined(), addend.defined());
+  }
+  const int64_t k = x.size(-1), n = weight.size(0);
+  const auto a2 = addend.defined() ? addend.reshape({-1, n}) : at::Tensor();
+  return forward_product(x.reshape({-1, k}), weight, bias, a2).view(with_last(x.sizes(), n));
+}
+
+}  // namespace chiar

@@ -1,0 +1,200 @@
+// chiar::linear and gemm_into on every GEMM library this build has, against
+// float64 products written out from the definition.
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <catch2/catch.hpp>
+#include <torch/autograd.h>
+
+#include <vector>
+
+#include "../harness/src/core/model.h"
+#include "../harness/src/core/runtime.h"
+#include "chiar/error.h"
+#include "chiar/linear.h"
+#include "support/fixtures.h"
+
+using namespace chiar;
+using test::rel_error;
+
+namespace {
+
+std::vector<GemmBackend> backends() {
+  std::vector<GemmBackend> out{GemmBackend::Blas};
+  if (onednn_available()) out.push_back(GemmBackend::OneDnn);
+  return out;
+}
+
+// Puts the process-wide choice back however a test ends.
+struct BackendScope {
+  explicit BackendScope(GemmBackend b) : saved(gemm_backend()) { set_gemm_backend(b); }
+  ~BackendScope() { set_gemm_backend(saved); }
+  GemmBackend saved;
+};
+
+// y[i][j] = sum_k x[i][k] w[j][k] + b[j] + a[i][j], in float64 loops.
+at::Tensor reference_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& a) {
+  const int64_t k = x.size(-1), n = w.size(0);
+  auto x2 = x.to(at::kDouble).reshape({-1, k}).contiguous();
+  auto w2 = w.to(at::kDouble).contiguous();
+  auto y = at::zeros({x2.size(0), n}, x2.options());
+  auto X = x2.accessor<double, 2>();
+  auto W = w2.accessor<double, 2>();
+  auto Y = y.accessor<double, 2>();
+  for (int64_t i = 0; i < x2.size(0); ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t c = 0; c < k; ++c) s += X[i][c] * W[j][c];
+      Y[i][j] = s;
+    }
+  if (b.defined()) y += b.to(at::kDouble);
+  if (a.defined()) y += a.to(at::kDouble).reshape({-1, n});
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  return y.view(shape);
+}
+
+struct Case {
+  std::vector<int64_t> x_shape;
+  int64_t n;
+  bool bias, addend, transposed_x;
+};
+
+}  // namespace
+
+TEST_CASE("linear matches the float64 definition on every GEMM library, forward and backward", "[linear]") {
+  const std::vector<Case> cases = {
+      {{7, 5}, 3, true, false, false},      {{2, 9, 16}, 24, true, true, false},
+      {{2, 9, 16}, 24, false, true, false}, {{2, 9, 16}, 24, false, false, false},
+      {{1, 1}, 1, true, true, false},       {{33, 64}, 1, true, false, false},
+      {{6, 1}, 40, false, true, false},     {{12, 20}, 8, true, true, true},
+  };
+  for (const auto backend : backends()) {
+    BackendScope scope(backend);
+    for (const auto& c : cases) {
+      INFO("backend " << to_string(backend) << ", x " << at::IntArrayRef(c.x_shape) << ", n " << c.n << ", bias "
+                      << c.bias << ", addend " << c.addend << ", transposed x " << c.transposed_x);
+      at::manual_seed(5);
+      auto x = c.transposed_x ? at::randn({c.x_shape[1], c.x_shape[0]}).t() : at::randn(c.x_shape);
+      auto w = at::randn({c.n, c.x_shape.back()});
+      auto b = c.bias ? at::randn({c.n}) : at::Tensor();
+      std::vector<int64_t> out_shape = c.x_shape;
+      out_shape.back() = c.n;
+      auto a = c.addend ? at::randn(out_shape) : at::Tensor();
+
+      // Without grad: the plain product.
+      {
+        at::NoGradGuard no_grad;
+        CHECK(rel_error(linear(x, w, b, a), reference_linear(x, w, b, a)) < 1e-6);
+      }
+      // With grad: every input's gradient against float64 autograd on the
+      // reference's own formula (dy/dx = g W, dy/dW = g^T x, dy/db = sum g, dy/da = g).
+      for (auto* t : {&x, &w, &b, &a})
+        if (t->defined()) t->requires_grad_(true);
+      auto y = linear(x, w, b, a);
+      auto g = at::randn(y.sizes());
+      y.backward(g);
+      auto g64 = g.to(at::kDouble).reshape({-1, c.n});
+      auto x64 = x.detach().to(at::kDouble).reshape({-1, c.x_shape.back()});
+      CHECK(rel_error(y.detach(), reference_linear(x.detach(), w.detach(), b.defined() ? b.detach() : b,
+                                                   a.defined() ? a.detach() : a)) < 1e-6);
+      CHECK(rel_error(x.grad(), at::mm(g64, w.detach().to(at::kDouble)).view(x.sizes())) < 1e-6);
+      CHECK(rel_error(w.grad(), at::mm(g64.t(), x64)) < 1e-6);
+      if (c.bias) CHECK(rel_error(b.grad(), g64.sum(0)) < 1e-6);
+      if (c.addend) CHECK(rel_error(a.grad(), g.to(at::kDouble)) < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("linear leaves float64 and autocast products to libtorch whatever the library", "[linear]") {
+  for (const auto backend : backends()) {
+    BackendScope scope(backend);
+    INFO("backend " << to_string(backend));
+    at::manual_seed(6);
+    auto x = at::randn({4, 6, 8}, at::kDouble), w = at::randn({5, 8}, at::kDouble), b = at::randn({5}, at::kDouble);
+    auto a = at::randn({4, 6, 5}, at::kDouble);
+    CHECK(rel_error(linear(x, w, b, a), reference_linear(x, w, b, a)) < 1e-14);
+    {
+      // Under CPU autocast the product runs in bf16 as libtorch defines it;
+      // an fp32 addend keeps the sum in fp32.
+      at::autocast::set_cpu_enabled(true);
+      auto xf = x.to(at::kFloat), wf = w.to(at::kFloat), bf = b.to(at::kFloat), af = a.to(at::kFloat);
+      auto y = linear(xf, wf, bf, af);
+      auto expected = at::linear(xf, wf, bf) + af;
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+      CHECK(y.scalar_type() == at::kFloat);
+      CHECK(rel_error(y, expected) == 0);
+    }
+  }
+}
+
+TEST_CASE("gemm_into handles transposed operands, accumulation and empty sums", "[linear]") {
+  for (const auto backend : backends()) {
+    BackendScope scope(backend);
+    INFO("backend " << to_string(backend));
+    at::manual_seed(7);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        INFO("transposed a " << ta << ", b " << tb);
+        auto a = ta ? at::randn({11, 9}).t() : at::randn({9, 11});   // (9, 11)
+        auto b = tb ? at::randn({13, 11}).t() : at::randn({11, 13});  // (11, 13)
+        auto c0 = at::randn({9, 13});
+        auto c = c0.clone();
+        gemm_into(c, a, b, 0.5f);
+        auto expected = at::mm(a.to(at::kDouble), b.to(at::kDouble)) + 0.5 * c0.to(at::kDouble);
+        CHECK(rel_error(c, expected) < 1e-6);
+      }
+    // A view that is neither layout is copied, not misread.
+    auto strided = at::randn({9, 22}).narrow(1, 0, 11).t().t();  // (9, 11), row stride 22
+    auto b = at::randn({11, 4});
+    auto c = at::empty({9, 4});
+    gemm_into(c, strided, b);
+    CHECK(rel_error(c, at::mm(strided.to(at::kDouble), b.to(at::kDouble))) < 1e-6);
+    auto e = at::full({3, 2}, 2.0f);
+    gemm_into(e, at::empty({3, 0}), at::empty({0, 2}), 0.5f);
+    CHECK(rel_error(e, at::full({3, 2}, 1.0, at::kDouble)) == 0);
+    auto bad = at::empty({3, 3});
+    CHECK_THROWS_WITH(gemm_into(bad, at::empty({3, 2}), at::empty({3, 3})),
+                      Catch::Contains("gemm_into: shapes [3, 2] x [3, 3] -> [3, 3] do not match"));
+  }
+}
+
+TEST_CASE("a model trains to the same numbers on every GEMM library", "[linear][model]") {
+  if (!onednn_available()) return;
+  std::vector<std::vector<at::Tensor>> grads;
+  std::vector<at::Tensor> logits;
+  for (const auto backend : backends()) {
+    BackendScope scope(backend);
+    at::manual_seed(8);
+    // One operator per layer: a routed layer could flip a borderline
+    // decision on a last-bit difference and compare different models.
+    ChiarModel model(test::plugins(),
+                     ModelOptions().vocab_size(40).d_model(16).n_heads(2).seed(4).layers({"dct", "rbf", "attn"}));
+    auto tokens = at::randint(40, {3, 10}, at::TensorOptions().dtype(at::kLong));
+    auto out = model.forward(tokens);
+    out.logits.square().mean().backward();
+    logits.push_back(out.logits.detach());
+    grads.emplace_back();
+    for (const auto& p : model.parameters()) grads.back().push_back(p.grad().defined() ? p.grad().clone() : p.grad());
+  }
+  CHECK(rel_error(logits[1], logits[0]) < 1e-5);
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    INFO("parameter " << i);
+    REQUIRE(grads[0][i].defined() == grads[1][i].defined());
+    if (grads[0][i].defined()) CHECK(rel_error(grads[1][i], grads[0][i]) < 1e-4);
+  }
+}
+
+TEST_CASE("the GEMM library is chosen by name, and a wrong name says which are known", "[linear][runtime]") {
+  BackendScope scope(gemm_backend());
+  CHECK_THROWS_WITH(configure_gemm("mkl"), "unknown gemm backend 'mkl' (known: auto, blas, onednn)");
+  CHECK(configure_gemm("blas") == "blas (libtorch's path)");
+  CHECK(gemm_backend() == GemmBackend::Blas);
+  if (onednn_available()) {
+    CHECK_THAT(configure_gemm("onednn"), Catch::StartsWith("onednn: oneDNN "));
+    CHECK(gemm_backend() == GemmBackend::OneDnn);
+  } else {
+    CHECK_THROWS_WITH(set_gemm_backend(GemmBackend::OneDnn),
+                      "gemm backend 'onednn': this build has no oneDNN (install libdnnl-dev and rebuild)");
+  }
+}
