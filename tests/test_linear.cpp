@@ -159,6 +159,46 @@ TEST_CASE("gemm_into handles transposed operands, accumulation and empty sums", 
   }
 }
 
+TEST_CASE("batch_matmul matches float64 products over batches of views, forward and backward", "[linear]") {
+  for (const auto backend : backends()) {
+    BackendScope scope(backend);
+    at::manual_seed(9);
+    // (G, h, T, dh) like attention's keys: a narrowed, transposed operand is
+    // read in place, with batch strides that are not m * k.
+    auto q = at::randn({3, 2, 7, 8});                     // (G, h, m, dh)
+    auto keys = at::randn({3, 2, 12, 8}).narrow(2, 0, 9);  // (G, h, e, dh), row stride kept
+    auto p = at::randn({3, 2, 7, 9});                     // (G, h, m, e)
+    auto packed = at::randn({40, 5, 6});                  // many small products: run side by side
+    auto mixed = at::randn({40, 3, 6}).transpose(1, 2);   // (40, 6, 3), column-major
+    auto rowvec = at::randn({4, 1, 6}), colvec = at::randn({4, 6, 1});
+    struct Pair {
+      const char* name;
+      at::Tensor a, b;
+    };
+    for (auto c : {Pair{"q k^T", q, keys.transpose(-2, -1)}, Pair{"p v", p, keys}, Pair{"packed", packed, mixed},
+                   Pair{"row x column", rowvec, colvec}, Pair{"column x row", colvec, rowvec},
+                   Pair{"2-D", q[0][0], keys[0][0].t()}}) {
+      INFO("backend " << to_string(backend) << ", " << c.name);
+      auto a = c.a.detach().clone().requires_grad_(true);
+      auto b = c.b.detach().clone().requires_grad_(true);
+      auto expected = at::matmul(c.a.to(at::kDouble), c.b.to(at::kDouble));
+      {
+        at::NoGradGuard no_grad;
+        CHECK(rel_error(batch_matmul(c.a, c.b), expected) < 1e-6);
+      }
+      auto y = batch_matmul(a, b);
+      auto g = at::randn(y.sizes());
+      y.backward(g);
+      auto g64 = g.to(at::kDouble);
+      CHECK(rel_error(a.grad(), at::matmul(g64, c.b.to(at::kDouble).transpose(-2, -1))) < 1e-6);
+      CHECK(rel_error(b.grad(), at::matmul(c.a.to(at::kDouble).transpose(-2, -1), g64)) < 1e-6);
+    }
+    // Broadcasting is left to at::matmul, with its result.
+    auto w = at::randn({6, 4});
+    CHECK(rel_error(batch_matmul(packed, w), at::matmul(packed.to(at::kDouble), w.to(at::kDouble))) < 1e-6);
+  }
+}
+
 TEST_CASE("a model trains to the same numbers on every GEMM library", "[linear][model]") {
   if (!onednn_available()) return;
   std::vector<std::vector<at::Tensor>> grads;

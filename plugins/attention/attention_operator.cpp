@@ -47,7 +47,7 @@ at::ScalarType wide_type(const at::Tensor& q) { return q.scalar_type() == at::kD
 at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& qpos, int64_t mask_from,
                          const at::Tensor& valid) {
   const int64_t e = k.size(2);
-  auto scores = at::matmul(q, k.transpose(-2, -1)).to(wide_type(q));  // (G, h, m, e)
+  auto scores = chiar::batch_matmul(q, k.transpose(-2, -1)).to(wide_type(q));  // (G, h, m, e)
   constexpr float kMasked = std::numeric_limits<float>::lowest();
   if (mask_from < e) {  // only this tile can hold keys after a query
     auto ahead = at::arange(mask_from, e, qpos.options()).view({1, 1, 1, e - mask_from}) > qpos;
@@ -62,7 +62,7 @@ at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor attend_stored(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& qpos,
                          int64_t mask_from, const at::Tensor& valid) {
   auto p = at::softmax(masked_scores(q, k, qpos, mask_from, valid), -1);  // (G, h, m, e)
-  return at::matmul(p.to(v.scalar_type()), v);
+  return chiar::batch_matmul(p.to(v.scalar_type()), v);
 }
 
 // The same value, keeping only q, k, v, the output and the row log-sum-exp
@@ -75,7 +75,7 @@ struct RecomputedAttention : public torch::autograd::Function<RecomputedAttentio
                             const at::Tensor& valid) {
     auto scores = masked_scores(q, k, qpos, mask_from, valid);  // (G, h, m, e)
     auto lse = scores.logsumexp(-1, /*keepdim=*/true);          // (G, h, m, 1)
-    auto o = at::matmul(scores.sub_(lse).exp_().to(v.scalar_type()), v);
+    auto o = chiar::batch_matmul(scores.sub_(lse).exp_().to(v.scalar_type()), v);
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->saved_data["qpos"] = qpos;
     ctx->saved_data["valid"] = valid;
@@ -94,11 +94,11 @@ struct RecomputedAttention : public torch::autograd::Function<RecomputedAttentio
                            ctx->saved_data["valid"].toTensor())
                  .sub_(lse)
                  .exp_();                                                   // (G, h, m, e)
-    auto dv = at::matmul(p.transpose(-2, -1), dout);                        // (G, h, e, dh)
-    auto dp = at::matmul(dout, v.to(wide).transpose(-2, -1));               // (G, h, m, e)
+    auto dv = chiar::batch_matmul(p.transpose(-2, -1), dout);               // (G, h, e, dh)
+    auto dp = chiar::batch_matmul(dout, v.to(wide).transpose(-2, -1));      // (G, h, m, e)
     auto ds = p.mul_(dp.sub_((dout * o).sum(-1, /*keepdim=*/true)));       // softmax backward
-    auto dq = at::matmul(ds, k.to(wide));                                   // (G, h, m, dh)
-    auto dk = at::matmul(ds.transpose(-2, -1), q.to(wide));                 // (G, h, e, dh)
+    auto dq = chiar::batch_matmul(ds, k.to(wide));                          // (G, h, m, dh)
+    auto dk = chiar::batch_matmul(ds.transpose(-2, -1), q.to(wide));        // (G, h, e, dh)
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
             at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -157,7 +157,8 @@ class AttentionOperator final : public Operator {
     auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
     auto t = at::remainder(rows, T);                      // (N,) query positions
     const RowGroups g = group_rows(at::div(rows, T, "floor"));  // one group per sequence
-    auto [k, v] = keys_values(x.index_select(0, g.keys));       // (G, h, T, dh)
+    // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.
+    auto [k, v] = keys_values(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
     auto q = queries(project(q_, xr).view({1, N, heads_, dh_}).transpose(1, 2), t.view({1, 1, N}), T)
                  .squeeze(0)

@@ -54,16 +54,16 @@ class RbfOperator final : public Operator {
     auto [k, v, mask] = keys_values(x, ctx.valid);  // (B, T, F), (B, T, d), (B, T, 1)
     at::Tensor num, den, count;
     if (!ctx.causal) {
-      auto state = at::matmul(k.transpose(1, 2), v);          // (B, F, d)
-      num = at::matmul(q, state);                             // (B, T, d)
-      den = (q * k.sum(1, true)).sum(-1);                     // (B, T)
-      count = mask.sum(1).expand({B, T});                     // (B, T)
+      auto state = chiar::batch_matmul(k.transpose(1, 2), v);  // (B, F, d)
+      num = chiar::batch_matmul(q, state);                     // (B, T, d)
+      den = (q * k.sum(1, true)).sum(-1);                      // (B, T)
+      count = mask.sum(1).expand({B, T});                      // (B, T)
     } else {
       const int64_t C = std::min(chunk_, T), n_chunks = (T + C - 1) / C, Tp = n_chunks * C;
       auto qc = chunks(q, Tp, C), kc = chunks(k, Tp, C), vc = chunks(v, Tp, C);  // (B, nC, C, .)
       auto [s_prev, z_prev] = prefix_states(kc, vc);          // (B, nC, F, d), (B, nC, F)
-      auto a = at::matmul(qc, kc.transpose(-1, -2)).tril();   // (B, nC, C, C): s <= t in chunk
-      num = (at::matmul(qc, s_prev) + at::matmul(a, vc)).reshape({B, Tp, d_}).narrow(1, 0, T);
+      auto a = chiar::batch_matmul(qc, kc.transpose(-1, -2)).tril();  // (B, nC, C, C): s <= t in chunk
+      num = (chiar::batch_matmul(qc, s_prev) + chiar::batch_matmul(a, vc)).reshape({B, Tp, d_}).narrow(1, 0, T);
       den = ((qc * z_prev.unsqueeze(2)).sum(-1) + a.sum(-1)).reshape({B, Tp}).narrow(1, 0, T);
       count = mask.squeeze(-1).cumsum(1);                     // (B, T)
     }
@@ -79,14 +79,15 @@ class RbfOperator final : public Operator {
     const RowGroups seqs = group_rows(at::div(rows, T, "floor"));
     const int64_t B = seqs.count;
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, seqs.keys) : at::Tensor();
-    auto [k, v, mask] = keys_values(x.index_select(0, seqs.keys), valid);  // (B, T, F), (B, T, d), (B, T, 1)
+    auto xs = seqs.count == x.size(0) ? x : x.index_select(0, seqs.keys);  // every sequence has rows: no gather
+    auto [k, v, mask] = keys_values(xs, valid);  // (B, T, F), (B, T, d), (B, T, 1)
     auto b = seqs.group, t = at::remainder(rows, T);
     at::Tensor num, den, count;
     if (!ctx.causal) {
       const RowGroups g = group_rows(b);
       auto kg = k.index_select(0, g.keys), vg = v.index_select(0, g.keys);  // (G, T, .)
       auto qp = pack_rows(q, g);                                           // (G, m, F)
-      num = unpack_rows(at::bmm(qp, at::bmm(kg.transpose(1, 2), vg)), g); // (N, d)
+      num = unpack_rows(chiar::batch_matmul(qp, chiar::batch_matmul(kg.transpose(1, 2), vg)), g);  // (N, d)
       den = unpack_rows((qp * kg.sum(1, true)).sum(-1), g);                // (N,)
       count = mask.sum(1).squeeze(-1).index_select(0, b);                  // (N,)
     } else {
@@ -101,9 +102,9 @@ class RbfOperator final : public Operator {
       auto vg = vc.reshape({B * n_chunks, C, d_}).index_select(0, g.keys);               // (G, C, d)
       auto qp = pack_rows(q, g);                                                         // (G, m, F)
       auto within = pack_rows(at::remainder(t, C), g).unsqueeze(-1);                    // (G, m, 1)
-      auto a = at::bmm(qp, kg.transpose(1, 2)) *
+      auto a = chiar::batch_matmul(qp, kg.transpose(1, 2)) *
                (at::arange(C, within.options()).view({1, 1, C}) <= within).to(q.scalar_type());
-      num = unpack_rows(at::bmm(qp, sg) + at::bmm(a, vg), g);                      // (N, d)
+      num = unpack_rows(chiar::batch_matmul(qp, sg) + chiar::batch_matmul(a, vg), g);  // (N, d)
       den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);            // (N,)
       count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, b * T + t);  // (N,)
     }
@@ -130,7 +131,7 @@ class RbfOperator final : public Operator {
 
  private:
   at::Tensor phi(const at::Tensor& u) const {  // (..., d) -> (..., 2R)
-    auto p = at::matmul(u, omega_.to(u.scalar_type()));
+    auto p = chiar::linear(u, omega_.to(u.scalar_type()).t());
     return at::cat({at::cos(p), at::sin(p)}, -1) * (1.0 / std::sqrt(static_cast<double>(features_)));
   }
 
@@ -152,7 +153,7 @@ class RbfOperator final : public Operator {
 
   // Sums over all earlier chunks: state (B, nC, F, d) and normaliser (B, nC, F).
   static std::pair<at::Tensor, at::Tensor> prefix_states(const at::Tensor& kc, const at::Tensor& vc) {
-    auto per_chunk = at::matmul(kc.transpose(-1, -2), vc);  // (B, nC, F, d)
+    auto per_chunk = chiar::batch_matmul(kc.transpose(-1, -2), vc);  // (B, nC, F, d)
     auto z = kc.sum(2);                                     // (B, nC, F)
     auto exclusive = [](const at::Tensor& s) {
       return at::cat({at::zeros_like(s.narrow(1, 0, 1)), s.cumsum(1).narrow(1, 0, s.size(1) - 1)}, 1);

@@ -45,6 +45,13 @@ CHIAR_API GemmBackend gemm_backend();
 CHIAR_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
                             const at::Tensor& addend = {});
 
+// a b over matching batch dimensions, differentiable in both:
+//   a (..., m, k), b (..., k, n) -> (..., m, n)
+// Any operand may be a transposed or sliced view (no copy when each matrix
+// is row- or column-major). Batch shapes that differ (broadcasting), non-fp32
+// or non-CPU operands and autocast take at::matmul.
+CHIAR_API at::Tensor batch_matmul(const at::Tensor& a, const at::Tensor& b);
+
 // A registered torch::nn::Linear's product through linear(): the module keeps
 // its parameters (and their names in checkpoints), this runs them.
 //   x (..., in) -> (..., out); residual (..., out) or undefined

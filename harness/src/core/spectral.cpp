@@ -1,6 +1,7 @@
 #include "chiar/spectral.h"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 
 #include <cmath>
 #include <limits>
@@ -144,8 +145,18 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
                           : static_cast<double>(std::numeric_limits<float>::min());
   auto energy = c.square();
   auto total = energy.sum(-1, /*keepdim=*/true);
-  auto p = energy / at::where(total > 0, total, at::ones_like(total));
-  auto plogp = p * p.clamp_min(tiny).log();
+  const auto safe_total = at::where(total > 0, total, at::ones_like(total));
+  at::Tensor plogp;
+  if (torch::autograd::GradMode::is_enabled() && c.requires_grad()) {
+    auto p = energy / safe_total;
+    plogp = p * p.clamp_min(tiny).log();
+  } else {
+    // Inference and calibration: the same values in two (B, T, d) buffers
+    // instead of four, which stay in cache (the router runs this on every
+    // token of a routed layer).
+    auto p = energy.div_(safe_total);
+    plogp = p.clamp_min(tiny).log_().mul_(p);
+  }
   return (-plogp.sum(-1) / std::log(static_cast<double>(d))).clamp(0.0, 1.0);
 }
 
