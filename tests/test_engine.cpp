@@ -201,6 +201,9 @@ TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]"
   CHECK(count(db, "SELECT COUNT(*) FROM routing WHERE operator = 'attention'") == 4 * 2);  // 4 routed runs x 2 evals
   CHECK(count(db, "SELECT COUNT(*) FROM histograms WHERE bin = 19") == 4 * 2);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE blas LIKE '%blas%' AND gemm_gflops > 0 AND threads = 1") == 8);
+  // The library that ran the products, and why ("auto" times both).
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE gemm LIKE 'onednn: oneDNN % sgemm, ISA %; auto: %' OR "
+                  "gemm = 'blas (auto: this build has no oneDNN)' OR gemm LIKE 'blas (libtorch''s path); auto: %'") == 8);
   // Harness overhead recorded per run, its fraction consistent with its parts.
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE overhead_fraction > 0 AND "
                   "json_extract(overhead, '$.steps_s') > 0 AND json_extract(overhead, '$.store_s') > 0 AND "

@@ -38,6 +38,7 @@ const char* kOperator = R"TPL(// @NAME@: an operator plugin. It starts as a per-
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
 
@@ -78,7 +79,8 @@ class Op final : public Operator {
   std::string describe() const override { return "@NAME@"; }
 
  private:
-  at::Tensor mix(const at::Tensor& x) { return linear_(x); }
+  // project() runs the product on the GEMM library the run chose (--gemm).
+  at::Tensor mix(const at::Tensor& x) { return project(linear_, x); }
 
   int64_t d_;
   torch::nn::Linear linear_{nullptr};  // (d -> d)
