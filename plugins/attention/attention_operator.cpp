@@ -137,11 +137,13 @@ class AttentionOperator final : public Operator {
     } else {
       const bool recompute = recompute_for(T, true);
       std::vector<at::Tensor> blocks;
-      for (int64_t s = 0; s < T; s += block_) {
+      const auto query_blocks = T > block_ ? q.split(block_, 2) : std::vector<at::Tensor>{q};  // see attend()
+      for (int64_t s = 0, b = 0; s < T; s += block_, ++b) {
         const int64_t n = std::min(block_, T - s), e = s + n;
         auto qpos = at::arange(s, e, x.options().dtype(at::kLong)).view({1, 1, n, 1});
         auto valid = ctx.valid.defined() ? ctx.valid.narrow(1, 0, e) : at::Tensor();
-        blocks.push_back(attend(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1, valid, recompute));
+        blocks.push_back(attend(query_blocks[static_cast<size_t>(b)], k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1,
+                                valid, recompute));
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }
@@ -384,22 +386,29 @@ class AttentionOperator final : public Operator {
     const int64_t seqs = std::clamp<int64_t>(kChunkBytes / (row_bytes * rows), 1, G);
     const auto none = at::empty({0}, q.options().dtype(at::kLong));  // "no tensor" for the autograd function
     const bool padded = valid.defined() && valid.numel() > 0;
+    // split, not a narrow per piece: backward then assembles each input's
+    // gradient once, where every narrow would add a zero-filled full-size
+    // tensor of its own (32 x 32 of them per layer at T 4096, batch 32).
+    const auto pieces = [](const at::Tensor& t, int64_t size, int64_t dim) {
+      return size >= t.size(dim) ? std::vector<at::Tensor>{t} : t.split(size, dim);
+    };
+    const bool per_sequence_pos = qpos.defined() && qpos.size(0) == G && G > 1;
+    const auto qgs = pieces(q, seqs, 0), kgs = pieces(k, seqs, 0), vgs = pieces(v, seqs, 0);
+    const auto pgs = per_sequence_pos ? pieces(qpos, seqs, 0) : std::vector<at::Tensor>(qgs.size(), qpos);
+    const auto validgs = padded ? pieces(valid, seqs, 0) : std::vector<at::Tensor>(qgs.size(), at::Tensor());
     std::vector<at::Tensor> slices;  // (G', h, m, dh) per slice of sequences
-    for (int64_t g = 0; g < G; g += seqs) {
-      const int64_t gs = std::min(seqs, G - g);
-      const auto part = [&](const at::Tensor& t) { return gs == G ? t : t.narrow(0, g, gs); };
-      auto qg = part(q), kg = part(k), vg = part(v);
-      auto pg = qpos.defined() && qpos.size(0) == G && G > 1 ? part(qpos) : qpos;
-      auto validg = padded ? part(valid) : at::Tensor();
+    for (size_t g = 0; g < qgs.size(); ++g) {
+      const auto& kg = kgs[g];
+      const auto& vg = vgs[g];
+      const auto& pg = pgs[g];
+      const auto& validg = validgs[g];
+      const auto qcs = pieces(qgs[g], rows, 2);
+      const auto pcs = pg.defined() && pg.size(2) == m ? pieces(pg, rows, 2) : std::vector<at::Tensor>(qcs.size(), pg);
       std::vector<at::Tensor> chunks;
-      for (int64_t c = 0; c < m; c += rows) {
-        const int64_t n = std::min(rows, m - c);
-        auto qc = n == m ? qg : qg.narrow(2, c, n);
-        auto pc = !pg.defined() || n == m ? pg : pg.narrow(2, c, n);
-        chunks.push_back(recompute ? RecomputedAttention::apply(qc, kg, vg, pc.defined() ? pc : none, mask_from,
-                                                                validg.defined() ? validg : none)
-                                   : attend_stored(qc, kg, vg, pc, mask_from, validg));
-      }
+      for (size_t c = 0; c < qcs.size(); ++c)
+        chunks.push_back(recompute ? RecomputedAttention::apply(qcs[c], kg, vg, pcs[c].defined() ? pcs[c] : none,
+                                                                mask_from, validg.defined() ? validg : none)
+                                   : attend_stored(qcs[c], kg, vg, pcs[c], mask_from, validg));
       slices.push_back(chunks.size() == 1 ? chunks[0] : at::cat(chunks, 2));
     }
     return slices.size() == 1 ? slices[0] : at::cat(slices, 0);
