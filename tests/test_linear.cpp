@@ -199,6 +199,29 @@ TEST_CASE("batch_matmul matches float64 products over batches of views, forward 
   }
 }
 
+TEST_CASE("gradients of gradients through linear and batch_matmul match float64", "[linear][grad]") {
+  for (const auto backend : backends()) {
+    BackendScope scope(backend);
+    INFO("backend " << to_string(backend));
+    at::manual_seed(10);
+    const auto x0 = at::randn({3, 5, 6}), w0 = at::randn({4, 6}), b0 = at::randn({4}), m0 = at::randn({3, 5, 2});
+    // f = sum((d/dW sum(y^2))^2) with y = batch_matmul(linear(x, W, b)^T, m): the
+    // first gradient, taken with create_graph, must itself be differentiable.
+    const auto f = [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& m, bool ours) {
+      auto h = ours ? linear(x, w, b) : at::linear(x, w, b);                                   // (3, 5, 4)
+      auto y = ours ? batch_matmul(h.transpose(1, 2), m) : at::matmul(h.transpose(1, 2), m);  // (3, 4, 2)
+      auto gw = torch::autograd::grad({y.square().sum()}, {w}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+      return gw.square().sum();
+    };
+    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    f(x, w, b0, m0, true).backward();
+    auto x64 = x0.to(at::kDouble).requires_grad_(true), w64 = w0.to(at::kDouble).requires_grad_(true);
+    f(x64, w64, b0.to(at::kDouble), m0.to(at::kDouble), false).backward();
+    CHECK(rel_error(x.grad(), x64.grad()) < 1e-5);
+    CHECK(rel_error(w.grad(), w64.grad()) < 1e-5);
+  }
+}
+
 TEST_CASE("a model trains to the same numbers on every GEMM library", "[linear][model]") {
   if (!onednn_available()) return;
   std::vector<std::vector<at::Tensor>> grads;

@@ -176,16 +176,11 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const auto& weight = saved[1];  // (n, k)
     const int64_t k = x.size(-1), n = weight.size(0);
     const auto gy = grads[0].reshape({-1, n}).contiguous();  // (M, n)
+    // Through linear() itself, so that a backward with create_graph (grad
+    // mode on here) stays differentiable, on the same library.
     at::Tensor gx, gw, gb, ga;
-    if (ctx->needs_input_grad(0)) {
-      gx = at::empty({gy.size(0), k}, gy.options());  // (M, k) = gy W
-      gemm_checked(gx, gy, weight, 0.f);
-      gx = gx.view(x.sizes());
-    }
-    if (ctx->needs_input_grad(1)) {
-      gw = at::empty({n, k}, gy.options());  // (n, k) = gy^T x
-      gemm_checked(gw, gy.t(), x.reshape({-1, k}), 0.f);
-    }
+    if (ctx->needs_input_grad(0)) gx = chiar::linear(gy, weight.t()).view(x.sizes());  // (M, k) = gy W
+    if (ctx->needs_input_grad(1)) gw = chiar::linear(gy.t(), x.reshape({-1, k}).t());  // (n, k) = gy^T x
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = gy.sum(0);
     if (ctx->saved_data["addend"].toBool() && ctx->needs_input_grad(3)) ga = grads[0];
     return {gx, gw, gb, ga, at::Tensor(), at::Tensor()};
@@ -221,8 +216,9 @@ struct MatmulFunction : public torch::autograd::Function<MatmulFunction> {
     const auto &a = saved[0], &b = saved[1];  // (..., m, k), (..., k, n)
     const auto& g = grads[0];                   // (..., m, n)
     at::Tensor ga, gb;
-    if (ctx->needs_input_grad(0)) ga = batched_product(g, b.transpose(-2, -1));  // (..., m, k)
-    if (ctx->needs_input_grad(1)) gb = batched_product(a.transpose(-2, -1), g);  // (..., k, n)
+    // batch_matmul itself: differentiable again under create_graph.
+    if (ctx->needs_input_grad(0)) ga = batch_matmul(g, b.transpose(-2, -1));  // (..., m, k)
+    if (ctx->needs_input_grad(1)) gb = batch_matmul(a.transpose(-2, -1), g);  // (..., k, n)
     return {ga, gb};
   }
 };
