@@ -258,6 +258,7 @@ TEST_CASE("the GEMM library is chosen by name, and a wrong name says which are k
     CHECK(gemm_backend() == GemmBackend::OneDnn);
   } else {
     CHECK_THROWS_WITH(set_gemm_backend(GemmBackend::OneDnn),
-                      "gemm backend 'onednn': this build has no oneDNN (install libdnnl-dev and rebuild)");
+                      "gemm backend 'onednn': this build has no oneDNN "
+                      "(configure with libdnnl-dev installed and CHIAR_WITH_ONEDNN=ON)");
   }
 }

@@ -201,6 +201,8 @@ at::Tensor batched_product(const at::Tensor& a, const at::Tensor& b) {
   if (a.size(-1) == 0) return c.zero_();
 #if CHIAR_HAVE_ONEDNN
   onednn_gemm(c, a, b, 0.f);
+#else
+  at::matmul_out(c, a, b);  // unreachable: the backend cannot be oneDNN without it
 #endif
   return c;
 }
@@ -253,7 +255,8 @@ std::string onednn_description() {
 
 void set_gemm_backend(GemmBackend backend) {
   if (backend == GemmBackend::OneDnn && !onednn_available())
-    throw UserError("gemm backend 'onednn': this build has no oneDNN (install libdnnl-dev and rebuild)");
+    throw UserError("gemm backend 'onednn': this build has no oneDNN "
+                    "(configure with libdnnl-dev installed and CHIAR_WITH_ONEDNN=ON)");
   g_backend.store(backend);
 }
 
