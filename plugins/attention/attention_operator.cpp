@@ -142,8 +142,9 @@ class AttentionOperator final : public Operator {
         const int64_t n = std::min(block_, T - s), e = s + n;
         auto qpos = at::arange(s, e, x.options().dtype(at::kLong)).view({1, 1, n, 1});
         auto valid = ctx.valid.defined() ? ctx.valid.narrow(1, 0, e) : at::Tensor();
-        blocks.push_back(attend(query_blocks[static_cast<size_t>(b)], k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, s + 1,
-                                valid, recompute));
+        // The last block reads every key: k and v themselves, no slice to undo in backward.
+        const auto head = [&](const at::Tensor& t) { return e == T ? t : t.narrow(2, 0, e); };
+        blocks.push_back(attend(query_blocks[static_cast<size_t>(b)], head(k), head(v), qpos, s + 1, valid, recompute));
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }
@@ -314,7 +315,10 @@ class AttentionOperator final : public Operator {
     auto kv = project(kv_, x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4});  // (2, G, h, T, dh)
     // Contiguous once, so that every query block's keys [0, e) are a view the
     // batched matmul reads in place.
-    return {rotate(kv[0], at::Tensor(), T).contiguous(), kv[1].contiguous()};
+    // unbind, not kv[0] and kv[1]: backward stacks the two gradients once
+    // instead of filling a zero tensor of both for each.
+    const auto parts = kv.unbind(0);
+    return {rotate(parts[0], at::Tensor(), T).contiguous(), parts[1].contiguous()};
   }
 
   // x: (G, h, L, dh) rotated (and scaled) at positions pos: (G or 1, 1, L)
@@ -361,7 +365,8 @@ class AttentionOperator final : public Operator {
                          const at::Tensor& valid, bool recompute) const {
     auto qp = pack_rows(q, g).transpose(1, 2);  // (G, h, m, dh)
     auto qpos = pack_rows(t, g).view({g.count, 1, g.width, 1});
-    auto o = attend(qp, k.narrow(2, 0, e), v.narrow(2, 0, e), qpos, mask_from, valid, recompute);  // (G,h,m,dh)
+    const auto head = [&](const at::Tensor& t) { return e == t.size(2) ? t : t.narrow(2, 0, e); };
+    auto o = attend(qp, head(k), head(v), qpos, mask_from, valid, recompute);  // (G, h, m, dh)
     return unpack_rows(o.transpose(1, 2), g).reshape({-1, d_});
   }
 
