@@ -1,12 +1,12 @@
 // chiar::linear and gemm_into on every GEMM library this build has, against
 // float64 products written out from the definition.
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <catch2/catch.hpp>
 #include <torch/autograd.h>
 
 #include <vector>
 
+#include "../harness/src/core/autocast_compat.h"
 #include "../harness/src/core/model.h"
 #include "../harness/src/core/runtime.h"
 #include "chiar/error.h"
@@ -116,11 +116,11 @@ TEST_CASE("linear leaves float64 and autocast products to libtorch whatever the 
     {
       // Under CPU autocast the product runs in bf16 as libtorch defines it;
       // an fp32 addend keeps the sum in fp32.
-      at::autocast::set_cpu_enabled(true);
+      chiar::autocast::set_cpu(true, at::kBFloat16);
       auto xf = x.to(at::kFloat), wf = w.to(at::kFloat), bf = b.to(at::kFloat), af = a.to(at::kFloat);
       auto y = linear(xf, wf, bf, af);
       auto expected = at::linear(xf, wf, bf) + af;
-      at::autocast::set_cpu_enabled(false);
+      chiar::autocast::set_cpu(false);
       at::autocast::clear_cache();
       CHECK(y.scalar_type() == at::kFloat);
       CHECK(rel_error(y, expected) == 0);

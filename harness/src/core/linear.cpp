@@ -1,7 +1,6 @@
 #include "chiar/linear.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
 #include <ATen/Parallel.h>
@@ -10,6 +9,7 @@
 #include <atomic>
 #include <vector>
 
+#include "autocast_compat.h"
 #include "chiar/error.h"
 #include "chiar_build_info.h"
 
@@ -23,7 +23,7 @@ namespace {
 
 std::atomic<GemmBackend> g_backend{CHIAR_HAVE_ONEDNN ? GemmBackend::OneDnn : GemmBackend::Blas};
 
-bool autocasting() { return at::autocast::is_cpu_enabled() || at::autocast::is_enabled(); }
+bool autocasting() { return autocast::any_enabled(); }
 
 bool takes_fast_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
   if (g_backend.load(std::memory_order_relaxed) != GemmBackend::OneDnn || autocasting()) return false;

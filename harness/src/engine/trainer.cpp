@@ -1,7 +1,6 @@
 #include "trainer.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -17,6 +16,7 @@
 
 #include <boost/filesystem.hpp>
 
+#include "../core/autocast_compat.h"
 #include "../core/model.h"
 #include "../core/runtime.h"
 #include "accounting.h"
@@ -43,14 +43,13 @@ double peak_rss_mb() {
 struct Autocast {
   explicit Autocast(bool on) : on_(on) {
     if (!on_) return;
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    chiar::autocast::set_cpu(true, at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~Autocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(false);
+    chiar::autocast::set_cpu(false);
   }
   bool on_;
 };

@@ -1,0 +1,34 @@
+#pragma once
+// libtorch 2.4 replaced the per-device autocast switches (is_cpu_enabled,
+// set_autocast_cpu_dtype, ...) by ones that take the device, and deprecated
+// the old. The harness builds warning-free against 1.13 and newer releases
+// through these.
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
+#define CHIAR_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace chiar::autocast {
+
+// Whether CPU or CUDA autocast is on in this thread.
+inline bool any_enabled() {
+#if CHIAR_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(at::kCPU) || at::autocast::is_autocast_enabled(at::kCUDA);
+#else
+  return at::autocast::is_cpu_enabled() || at::autocast::is_enabled();
+#endif
+}
+
+// Switches CPU autocast on (to dtype) or off.
+inline void set_cpu(bool on, at::ScalarType dtype = at::kBFloat16) {
+#if CHIAR_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCPU, on);
+  if (on) at::autocast::set_autocast_dtype(at::kCPU, dtype);
+#else
+  at::autocast::set_cpu_enabled(on);
+  if (on) at::autocast::set_autocast_cpu_dtype(dtype);
+#endif
+}
+
+}  // namespace chiar::autocast
