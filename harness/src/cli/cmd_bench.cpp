@@ -2,6 +2,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 
 #include "../bench/bench_train.h"
 #include "../core/registry.h"
@@ -48,14 +49,13 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   }
   std::cout << "allocator: " << results.front().allocator << "\n";
   std::cout << "GEMM 2048^3 fp32 in this process (median of the rounds):";
-  std::string shown;
+  std::set<std::string> shown;  // each library once
   for (const auto& r : results)
-    if (shown.find("[" + r.gemm + "]") == std::string::npos) {
-      shown += "[" + r.gemm + "]";
+    if (shown.insert(r.gemm).second)
       std::cout << " " << r.gemm << " " << std::setprecision(1) << r.gemm_gflops << " GFLOP/s";
-    }
-  std::cout << (shown == "[blas]" ? "" : "; libtorch's BLAS " + std::to_string(static_cast<int>(results.front().blas_gflops + 0.5)) + " GFLOP/s")
-            << "\n\"of GEMM\" is against the rate of the library that ran the variant's products; ratios are against "
+  if (!shown.count("blas"))
+    std::cout << "; libtorch's BLAS " << std::setprecision(1) << results.front().blas_gflops << " GFLOP/s";
+  std::cout << "\n\"of GEMM\" is against the rate of the library that ran the variant's products; ratios are against "
             << results.front().variant << "\n";
   if (!a.json.empty()) {
     std::ofstream json(a.json);

@@ -153,7 +153,7 @@ std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
 }
 
 // libtorch 1.13's Function::apply cannot take undefined tensors, so an absent
-// bias or addend travels as an empty placeholder and a flag.
+// bias or addend travels as an empty tensor beside a flag saying so.
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias_or_empty, const at::Tensor& addend_or_empty, bool has_bias,

@@ -29,18 +29,13 @@ std::string g_allocator = "glibc default";
 std::string g_gemm_choice, g_gemm;  // the last configure_gemm() request and its answer
 GemmBackend g_gemm_backend = GemmBackend::Blas;  // ... and the library it chose
 
-// Median seconds of `repeats` products y = x W^T on the current backend.
-double time_model_product(int repeats) {
-  at::NoGradGuard no_grad;
-  auto x = at::randn({2048, 256}), w = at::randn({1024, 256});  // (M, k), (n, k)
-  auto y = at::empty({2048, 1024});
+// GFLOP/s of a product of the model's shape, (2048, 256) x (256, 1024): the
+// BLAS's, or the current library's; median of 5 after the probe's warm-up.
+double model_product_gflops(bool blas_only) {
+  GemmProbe probe(2048, 256, 1024, blas_only);
   std::vector<double> seconds;
-  for (int i = 0; i < repeats + 2; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    gemm_into(y, x, w.t());
-    if (i >= 2) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return median(seconds);
+  for (int i = 0; i < 5; ++i) seconds.push_back(probe.seconds());
+  return probe.flops() / median(seconds) / 1e9;
 }
 }  // namespace
 
@@ -52,9 +47,9 @@ std::string configure_gemm(const std::string& requested) {
     set_gemm_backend(g_gemm_backend);
     return g_gemm;
   }
-  const auto rate = [](double seconds) {
+  const auto rate = [](double gflops) {
     std::ostringstream s;
-    s << std::fixed << std::setprecision(0) << 2.0 * 2048 * 256 * 1024 / seconds / 1e9;
+    s << std::fixed << std::setprecision(0) << gflops;
     return s.str();
   };
   if (choice == "blas") {
@@ -68,11 +63,10 @@ std::string configure_gemm(const std::string& requested) {
       set_gemm_backend(GemmBackend::Blas);
       g_gemm = "blas (auto: this build has no oneDNN)";
     } else {
-      set_gemm_backend(GemmBackend::Blas);
-      const double blas = time_model_product(5);
+      const double blas = model_product_gflops(/*blas_only=*/true);
       set_gemm_backend(GemmBackend::OneDnn);
-      const double onednn = time_model_product(5);
-      const bool fast = onednn <= blas;
+      const double onednn = model_product_gflops(/*blas_only=*/false);
+      const bool fast = onednn >= blas;
       set_gemm_backend(fast ? GemmBackend::OneDnn : GemmBackend::Blas);
       g_gemm = std::string(fast ? "onednn: " + onednn_description() : "blas (libtorch's path)") +
                "; auto: 2048x256x1024 at " + rate(onednn) + " GFLOP/s on oneDNN, " + rate(blas) + " on the BLAS";
@@ -151,11 +145,11 @@ double median(std::vector<double> values) {
   return *middle;
 }
 
-GemmProbe::GemmProbe(int64_t n, bool blas_only) : n_(n), blas_only_(blas_only) {
+GemmProbe::GemmProbe(int64_t m, int64_t k, int64_t n, bool blas_only) : m_(m), k_(k), n_(n), blas_only_(blas_only) {
   at::NoGradGuard no_grad;
-  a_ = at::randn({n, n});
-  b_ = at::randn({n, n});
-  c_ = at::empty({n, n});
+  a_ = at::randn({m, k});
+  b_ = at::randn({k, n});
+  c_ = at::empty({m, n});
   for (int i = 0; i < 2; ++i) seconds();
 }
 

@@ -67,22 +67,23 @@ CHIAR_API std::string configure_gemm(const std::string& choice = "auto");
 // The middle value (upper middle for an even count); 0 for none.
 CHIAR_API double median(std::vector<double> values);
 
-// An n x n x n fp32 matrix product into a kept output, warmed up twice on
-// construction; each gflops() call times one product on the library the
-// model's products use now (gemm_into), or on the BLAS when blas_only. Cheap
-// enough to probe the GEMM rate between other work (bench-train does, once
-// per round).
+// An (m, k) x (k, n) fp32 matrix product (n x n x n by default) into a kept
+// output, warmed up twice on construction; each gflops() call times one
+// product on the library the model's products use now (gemm_into), or on the
+// BLAS when blas_only. Cheap enough to probe the GEMM rate between other work
+// (bench-train does, once per round).
 class CHIAR_API GemmProbe {
  public:
-  explicit GemmProbe(int64_t n, bool blas_only = false);
+  explicit GemmProbe(int64_t n, bool blas_only = false) : GemmProbe(n, n, n, blas_only) {}
+  GemmProbe(int64_t m, int64_t k, int64_t n, bool blas_only = false);
   double seconds();  // one product
   double gflops() { return flops() / seconds() / 1e9; }
-  double flops() const { return 2.0 * static_cast<double>(n_) * static_cast<double>(n_) * static_cast<double>(n_); }
+  double flops() const { return 2.0 * static_cast<double>(m_) * static_cast<double>(k_) * static_cast<double>(n_); }
 
  private:
-  int64_t n_;
+  int64_t m_, k_, n_;
   bool blas_only_;
-  at::Tensor a_, b_, c_;  // (n, n) each
+  at::Tensor a_, b_, c_;  // (m, k), (k, n), (m, n)
 };
 
 // Median GFLOP/s of an n x n fp32 matrix product over `repeats` timed runs
