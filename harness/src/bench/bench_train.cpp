@@ -136,7 +136,13 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   const std::string allocator = configure_allocator(
       estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model, o.classes > 0 ? 0 : o.vocab));
 
-  const GemmBackend configured = gemm_backend();
+  // Every step sets its entry's library; the process's choice comes back
+  // however this ends.
+  struct RestoreBackend {
+    GemmBackend saved = gemm_backend();
+    ~RestoreBackend() { set_gemm_backend(saved); }
+  } restore;
+  const GemmBackend configured = restore.saved;
   const std::vector<GemmBackend> backends =
       o.gemm_backends.empty() ? std::vector<GemmBackend>{configured} : o.gemm_backends;
   struct Entry {
@@ -177,8 +183,9 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   }
 
   // Pass 2, all variants alive: each round times one training step of every
-  // variant and one 2048^3 GEMM, so that ratios between variants and against
-  // the GEMM rate compare the same minutes of a machine whose speed drifts.
+  // variant (on every compared library) and one 2048^3 GEMM per library, so
+  // that ratios between variants and against the GEMM rate compare the same
+  // minutes of a machine whose speed drifts.
   std::vector<std::unique_ptr<Variant>> models;
   for (const auto& entry : entries) {
     set_gemm_backend(entry.gemm);
@@ -211,7 +218,6 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
       models[k]->infer(tokens);
       if (i >= o.warmup) infer_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-  set_gemm_backend(configured);
   for (int64_t k = 0; k < n; ++k) {
     auto& r = out[k];
     const auto b = std::find(backends.begin(), backends.end(), entries[k].gemm) - backends.begin();
