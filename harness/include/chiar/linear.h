@@ -34,6 +34,8 @@ CHIAR_API std::string onednn_description();
 CHIAR_API void set_gemm_backend(GemmBackend backend);
 CHIAR_API GemmBackend gemm_backend();
 
+// Call it qualified, chiar::linear: with at::Tensor arguments an unqualified
+// call also finds at::linear and is ambiguous.
 // y = x W^T + b + addend, the last two optional (undefined tensors).
 //   x      (..., k)
 //   weight (n, k)

@@ -17,6 +17,7 @@
 #include "../core/registry.h"
 #include "../core/runtime.h"
 #include "../engine/accounting.h"
+#include "chiar/linear.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
 #include "chiar_build_info.h"
@@ -104,6 +105,62 @@ void BM_router_entropy(benchmark::State& state) {
   at::NoGradGuard g;
   for (auto _ : state) benchmark::DoNotOptimize(spectral_entropy(x).data_ptr());
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The model's products on one GEMM library (chiar/linear.h), restored after.
+// layout 0: y = x W^T, x (M, K), W (N, K) -- a projection's forward;
+// layout 1: (M, N) x (N, K) = gy W -- its input gradient;
+// layout 2: (N, M) x (M, K) = gy^T x -- its weight gradient.
+void BM_product(benchmark::State& state, GemmBackend backend) {
+  const int64_t M = state.range(0), K = state.range(1), N = state.range(2), layout = state.range(3);
+  const GemmBackend saved = gemm_backend();
+  set_gemm_backend(backend);
+  at::manual_seed(0);
+  at::NoGradGuard g;
+  auto x = at::randn({M, K}), w = at::randn({N, K}), gy = at::randn({M, N});
+  const auto run = [&] {
+    if (layout == 0) return chiar::linear(x, w);
+    return layout == 1 ? chiar::linear(gy, w.t()) : chiar::linear(gy.t(), x.t());
+  };
+  const auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
+  const auto expected = layout == 0   ? at::matmul(d(x), d(w).t())
+                        : layout == 1 ? at::matmul(d(gy), d(w))
+                                      : at::matmul(d(gy).t(), d(x));
+  const double err = rel_error(run(), expected);
+  if (err > 1e-5) {
+    set_gemm_backend(saved);
+    state.SkipWithError(("product disagrees with float64: " + std::to_string(err)).c_str());
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(run().data_ptr());
+  set_gemm_backend(saved);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(M * K * N) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Attention's batched products at the anchor shapes (B 8, 4 heads, dh 64, a
+// query block of 128 against e keys): which 0, scores q k^T; which 1, the
+// weighted values p v.
+void BM_batched(benchmark::State& state, GemmBackend backend) {
+  const int64_t e = state.range(0), which = state.range(1);
+  const GemmBackend saved = gemm_backend();
+  set_gemm_backend(backend);
+  at::manual_seed(0);
+  at::NoGradGuard g;
+  auto q = at::randn({8, 4, 128, 64}), k = at::randn({8, 4, e, 64}), p = at::randn({8, 4, 128, e});
+  const auto run = [&] { return which == 0 ? batch_matmul(q, k.transpose(-2, -1)) : batch_matmul(p, k); };
+  const auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
+  const auto expected = which == 0 ? at::matmul(d(q), d(k).transpose(-2, -1)) : at::matmul(d(p), d(k));
+  const double err = rel_error(run(), expected);
+  if (err > 1e-5) {
+    set_gemm_backend(saved);
+    state.SkipWithError(("product disagrees with float64: " + std::to_string(err)).c_str());
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(run().data_ptr());
+  set_gemm_backend(saved);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 32 * 128 * 64 * static_cast<double>(e) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // A dct|attn layer under threshold routing with a given attention share of
@@ -243,6 +300,23 @@ void register_all() {
     for (int64_t T : {128, 512, 2048})
       for (int64_t share : {0, 25, 50, 100}) b->Args({T, 256, share});
     b->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  std::vector<GemmBackend> libraries{GemmBackend::Blas};
+  if (onednn_available()) libraries.push_back(GemmBackend::OneDnn);
+  for (const auto lib : libraries) {
+    auto* pr = benchmark::RegisterBenchmark((std::string("product/") + to_string(lib)).c_str(),
+                                            [lib](benchmark::State& s) { BM_product(s, lib); });
+    // The anchor model's projections (q/out, kv, FFN up, FFN down) and its tied LM head.
+    for (const auto& [K, N] : std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 512}, {256, 1024},
+                                                                      {1024, 256}, {256, 8192}})
+      for (int64_t layout : {0, 1, 2}) pr->Args({2048, K, N, layout});
+    pr->Args({2048, 2048, 2048, 0});
+    pr->Unit(benchmark::kMillisecond)->UseRealTime();
+    auto* bb = benchmark::RegisterBenchmark((std::string("batched/") + to_string(lib)).c_str(),
+                                            [lib](benchmark::State& s) { BM_batched(s, lib); });
+    for (int64_t e : {128, 512, 2048})
+      for (int64_t which : {0, 1}) bb->Args({e, which});
+    bb->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   auto* t = benchmark::RegisterBenchmark("tracking/dct_attn", BM_tracking);
   for (int64_t T : {128, 256, 512, 1024, 2048})
