@@ -105,6 +105,27 @@ TEST_CASE("linear matches the float64 definition on every GEMM library, forward 
   }
 }
 
+TEST_CASE("linear follows in-place and replaced weights (the kept transposed copy is refreshed)", "[linear]") {
+  // k > n with enough rows takes oneDNN's kept row-major W^T; every library
+  // must see each change of the weight.
+  for (const auto backend : backends()) {
+    BackendScope scope(backend);
+    INFO("backend " << to_string(backend));
+    at::manual_seed(11);
+    auto x = at::randn({300, 48}), w = at::randn({8, 48}), b = at::randn({8});
+    at::NoGradGuard no_grad;
+    CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);
+    CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);  // the kept copy
+    w.mul_(-2.0).add_(0.5);  // in place, as an optimiser step
+    CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);
+    w.set_data(at::randn({8, 48}));  // new storage, as a checkpoint load onto another device would
+    CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);
+    auto w2 = at::randn({8, 48});  // a second weight alongside
+    CHECK(rel_error(chiar::linear(x, w2), reference_linear(x, w2, {}, {})) < 1e-6);
+    CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);
+  }
+}
+
 TEST_CASE("linear leaves float64 and autocast products to libtorch whatever the library", "[linear]") {
   for (const auto backend : backends()) {
     BackendScope scope(backend);
