@@ -107,35 +107,44 @@ void BM_router_entropy(benchmark::State& state) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The model's products on one GEMM library (chiar/linear.h), restored after.
+// Times run() on one GEMM library, after checking it against a float64
+// value computed the plain way; the library in force before comes back.
+template <class Run>
+void time_product(benchmark::State& state, GemmBackend backend, const Run& run, const at::Tensor& expected,
+                  double flops) {
+  struct Restore {
+    GemmBackend saved = gemm_backend();
+    ~Restore() { set_gemm_backend(saved); }
+  } restore;
+  set_gemm_backend(backend);
+  at::NoGradGuard g;
+  const double err = rel_error(run(), expected);
+  if (err > 1e-5) {
+    state.SkipWithError(("product disagrees with float64: " + std::to_string(err)).c_str());
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(run().data_ptr());
+  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+at::Tensor f64(const at::Tensor& t) { return t.to(at::kDouble); }
+
+// The model's products (chiar/linear.h):
 // layout 0: y = x W^T, x (M, K), W (N, K) -- a projection's forward;
 // layout 1: (M, N) x (N, K) = gy W -- its input gradient;
 // layout 2: (N, M) x (M, K) = gy^T x -- its weight gradient.
 void BM_product(benchmark::State& state, GemmBackend backend) {
   const int64_t M = state.range(0), K = state.range(1), N = state.range(2), layout = state.range(3);
-  const GemmBackend saved = gemm_backend();
-  set_gemm_backend(backend);
   at::manual_seed(0);
-  at::NoGradGuard g;
   auto x = at::randn({M, K}), w = at::randn({N, K}), gy = at::randn({M, N});
   const auto run = [&] {
     if (layout == 0) return chiar::linear(x, w);
     return layout == 1 ? chiar::linear(gy, w.t()) : chiar::linear(gy.t(), x.t());
   };
-  const auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
-  const auto expected = layout == 0   ? at::matmul(d(x), d(w).t())
-                        : layout == 1 ? at::matmul(d(gy), d(w))
-                                      : at::matmul(d(gy).t(), d(x));
-  const double err = rel_error(run(), expected);
-  if (err > 1e-5) {
-    set_gemm_backend(saved);
-    state.SkipWithError(("product disagrees with float64: " + std::to_string(err)).c_str());
-    return;
-  }
-  for (auto _ : state) benchmark::DoNotOptimize(run().data_ptr());
-  set_gemm_backend(saved);
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(M * K * N) / 1e9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  const auto expected = layout == 0   ? at::matmul(f64(x), f64(w).t())
+                        : layout == 1 ? at::matmul(f64(gy), f64(w))
+                                      : at::matmul(f64(gy).t(), f64(x));
+  time_product(state, backend, run, expected, 2.0 * static_cast<double>(M * K * N));
 }
 
 // Attention's batched products at the anchor shapes (B 8, 4 heads, dh 64, a
@@ -143,24 +152,11 @@ void BM_product(benchmark::State& state, GemmBackend backend) {
 // weighted values p v.
 void BM_batched(benchmark::State& state, GemmBackend backend) {
   const int64_t e = state.range(0), which = state.range(1);
-  const GemmBackend saved = gemm_backend();
-  set_gemm_backend(backend);
   at::manual_seed(0);
-  at::NoGradGuard g;
   auto q = at::randn({8, 4, 128, 64}), k = at::randn({8, 4, e, 64}), p = at::randn({8, 4, 128, e});
   const auto run = [&] { return which == 0 ? batch_matmul(q, k.transpose(-2, -1)) : batch_matmul(p, k); };
-  const auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
-  const auto expected = which == 0 ? at::matmul(d(q), d(k).transpose(-2, -1)) : at::matmul(d(p), d(k));
-  const double err = rel_error(run(), expected);
-  if (err > 1e-5) {
-    set_gemm_backend(saved);
-    state.SkipWithError(("product disagrees with float64: " + std::to_string(err)).c_str());
-    return;
-  }
-  for (auto _ : state) benchmark::DoNotOptimize(run().data_ptr());
-  set_gemm_backend(saved);
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 32 * 128 * 64 * static_cast<double>(e) / 1e9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  const auto expected = which == 0 ? at::matmul(f64(q), f64(k).transpose(-2, -1)) : at::matmul(f64(p), f64(k));
+  time_product(state, backend, run, expected, 2.0 * 32 * 128 * 64 * static_cast<double>(e));
 }
 
 // A dct|attn layer under threshold routing with a given attention share of
