@@ -41,7 +41,11 @@ CHIAR_API GemmBackend gemm_backend();
 //   weight (n, k)
 //   bias   (n)
 //   addend (..., n), e.g. a residual stream: added in the product's pass
-// Returns (..., n). Differentiable in all four. Products that are not fp32 on
+// Returns (..., n). Differentiable in all four. With more inputs than outputs
+// (k > n) and oneDNN, a row-major copy of W^T is kept per weight and redone
+// when the weight's version counter, storage or shape changes: change weights
+// in place (under NoGradGuard, as optimisers do) or replace them, not through
+// .data(), whose writes libtorch does not count. Products that are not fp32 on
 // the CPU, and all products under autocast, take libtorch's path whatever the
 // backend, so mixed precision behaves as libtorch defines it.
 CHIAR_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
