@@ -272,6 +272,9 @@ TEST_CASE("a model trains to the same numbers on every GEMM library", "[linear][
 TEST_CASE("the GEMM library is chosen by name, and a wrong name says which are known", "[linear][runtime]") {
   BackendScope scope(gemm_backend());
   CHECK_THROWS_WITH(configure_gemm("mkl"), "unknown gemm backend 'mkl' (known: auto, blas, onednn)");
+  CHECK_THROWS_WITH(gemm_backend_from_string("auto"), "unknown gemm backend 'auto' (known: blas, onednn)");
+  CHECK(gemm_backend_from_string("onednn") == GemmBackend::OneDnn);
+  CHECK(std::string(to_string(gemm_backend_from_string("blas"))) == "blas");
   CHECK(configure_gemm("blas") == "blas (libtorch's path)");
   CHECK(gemm_backend() == GemmBackend::Blas);
   if (onednn_available()) {

@@ -58,6 +58,10 @@ at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return scores;
 }
 
+// Keys (or values) [0, e) of t (G, h, L, dh): t itself when that is all of
+// them, so that backward has no slice to undo.
+at::Tensor first_keys(const at::Tensor& t, int64_t e) { return e == t.size(2) ? t : t.narrow(2, 0, e); }
+
 // softmax(scores) v through autograd: the (m x e) weights are kept for backward.
 at::Tensor attend_stored(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& qpos,
                          int64_t mask_from, const at::Tensor& valid) {
@@ -142,9 +146,8 @@ class AttentionOperator final : public Operator {
         const int64_t n = std::min(block_, T - s), e = s + n;
         auto qpos = at::arange(s, e, x.options().dtype(at::kLong)).view({1, 1, n, 1});
         auto valid = ctx.valid.defined() ? ctx.valid.narrow(1, 0, e) : at::Tensor();
-        // The last block reads every key: k and v themselves, no slice to undo in backward.
-        const auto head = [&](const at::Tensor& t) { return e == T ? t : t.narrow(2, 0, e); };
-        blocks.push_back(attend(query_blocks[static_cast<size_t>(b)], head(k), head(v), qpos, s + 1, valid, recompute));
+        blocks.push_back(attend(query_blocks[static_cast<size_t>(b)], first_keys(k, e), first_keys(v, e), qpos, s + 1,
+                                valid, recompute));
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }
@@ -365,8 +368,7 @@ class AttentionOperator final : public Operator {
                          const at::Tensor& valid, bool recompute) const {
     auto qp = pack_rows(q, g).transpose(1, 2);  // (G, h, m, dh)
     auto qpos = pack_rows(t, g).view({g.count, 1, g.width, 1});
-    const auto head = [&](const at::Tensor& t) { return e == t.size(2) ? t : t.narrow(2, 0, e); };
-    auto o = attend(qp, head(k), head(v), qpos, mask_from, valid, recompute);  // (G, h, m, dh)
+    auto o = attend(qp, first_keys(k, e), first_keys(v, e), qpos, mask_from, valid, recompute);  // (G, h, m, dh)
     return unpack_rows(o.transpose(1, 2), g).reshape({-1, d_});
   }
 

@@ -21,6 +21,8 @@ enum class GemmBackend {
 };
 
 CHIAR_API const char* to_string(GemmBackend backend);
+// "blas" or "onednn"; anything else throws UserError naming both.
+CHIAR_API GemmBackend gemm_backend_from_string(const std::string& name);
 
 // Whether this build of the core can call oneDNN (found at configure time).
 CHIAR_API bool onednn_available();

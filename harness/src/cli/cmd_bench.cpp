@@ -28,7 +28,7 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   o.warmup = a.warmup;
   o.classes = a.classes;
   o.threads = g.threads;
-  for (const auto& b : a.gemm_backends) o.gemm_backends.push_back(b == "onednn" ? GemmBackend::OneDnn : GemmBackend::Blas);
+  for (const auto& b : a.gemm_backends) o.gemm_backends.push_back(gemm_backend_from_string(b));
   const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
   const auto results = bench::bench_train(registry, o);
   std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers

@@ -27,11 +27,15 @@ std::atomic<GemmBackend> g_backend{CHIAR_HAVE_ONEDNN ? GemmBackend::OneDnn : Gem
 
 bool autocasting() { return autocast::any_enabled(); }
 
+bool onednn_selected() { return g_backend.load(std::memory_order_relaxed) == GemmBackend::OneDnn; }
+
+// What oneDNN's sgemm takes: fp32 in host memory (undefined counts as absent).
+bool fp32_cpu(const at::Tensor& t) { return !t.defined() || (t.device().is_cpu() && t.scalar_type() == at::kFloat); }
+
 bool takes_fast_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
-  if (g_backend.load(std::memory_order_relaxed) != GemmBackend::OneDnn || autocasting()) return false;
-  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
-  return fp32_cpu(x) && fp32_cpu(weight) && (!bias.defined() || fp32_cpu(bias)) &&
-         (!addend.defined() || fp32_cpu(addend)) && x.dim() >= 1 && weight.dim() == 2;
+  if (!onednn_selected() || autocasting()) return false;
+  return x.defined() && weight.defined() && fp32_cpu(x) && fp32_cpu(weight) && fp32_cpu(bias) && fp32_cpu(addend) &&
+         x.dim() >= 1 && weight.dim() == 2;
 }
 
 #if CHIAR_HAVE_ONEDNN
@@ -116,9 +120,7 @@ void gemm_checked(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float
     return;
   }
 #if CHIAR_HAVE_ONEDNN
-  if (g_backend.load(std::memory_order_relaxed) == GemmBackend::OneDnn && a.scalar_type() == at::kFloat &&
-      b.scalar_type() == at::kFloat && c.scalar_type() == at::kFloat && a.device().is_cpu() && b.device().is_cpu() &&
-      c.device().is_cpu()) {
+  if (onednn_selected() && fp32_cpu(a) && fp32_cpu(b) && fp32_cpu(c)) {
     onednn_gemm(c, a, b, beta);
     return;
   }
@@ -173,7 +175,7 @@ TransposedWeights& transposed_weights() {
 // the fast one (oneDNN, k > n, enough rows to repay a copy), else a view.
 at::Tensor weight_transposed(const at::Tensor& weight, int64_t rows) {
   const int64_t n = weight.size(0), k = weight.size(1);
-  if (g_backend.load(std::memory_order_relaxed) == GemmBackend::OneDnn && k > n && rows >= 256 &&
+  if (onednn_selected() && k > n && rows >= 256 &&
       weight.is_contiguous())
     return transposed_weights().get(weight);
   return weight.t();
@@ -281,6 +283,12 @@ struct MatmulFunction : public torch::autograd::Function<MatmulFunction> {
 
 const char* to_string(GemmBackend backend) { return backend == GemmBackend::OneDnn ? "onednn" : "blas"; }
 
+GemmBackend gemm_backend_from_string(const std::string& name) {
+  if (name == "blas") return GemmBackend::Blas;
+  if (name == "onednn") return GemmBackend::OneDnn;
+  throw UserError("unknown gemm backend '" + name + "' (known: blas, onednn)");
+}
+
 bool onednn_available() { return CHIAR_HAVE_ONEDNN != 0; }
 
 std::string onednn_description() {
@@ -321,9 +329,7 @@ void gemm_into(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float be
 
 at::Tensor batch_matmul(const at::Tensor& a, const at::Tensor& b) {
   RECORD_FUNCTION("chiar::batch_matmul", std::vector<c10::IValue>({a, b}));
-  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
-  if (g_backend.load(std::memory_order_relaxed) != GemmBackend::OneDnn || autocasting() || !fp32_cpu(a) ||
-      !fp32_cpu(b) || !batch_shapes_match(a, b))
+  if (!onednn_selected() || autocasting() || !fp32_cpu(a) || !fp32_cpu(b) || !batch_shapes_match(a, b))
     return at::matmul(a, b);
   if (torch::autograd::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad()))
     return MatmulFunction::apply(a, b);

@@ -37,6 +37,10 @@ double model_product_gflops(bool blas_only) {
   for (int i = 0; i < 5; ++i) seconds.push_back(probe.seconds());
   return probe.flops() / median(seconds) / 1e9;
 }
+
+std::string library_description(GemmBackend b) {
+  return b == GemmBackend::Blas ? "blas (libtorch's path)" : "onednn: " + onednn_description();
+}
 }  // namespace
 
 std::string configure_gemm(const std::string& requested) {
@@ -52,12 +56,9 @@ std::string configure_gemm(const std::string& requested) {
     s << std::fixed << std::setprecision(0) << gflops;
     return s.str();
   };
-  if (choice == "blas") {
-    set_gemm_backend(GemmBackend::Blas);
-    g_gemm = "blas (libtorch's path)";
-  } else if (choice == "onednn") {
-    set_gemm_backend(GemmBackend::OneDnn);
-    g_gemm = "onednn: " + onednn_description();
+  if (choice == "blas" || choice == "onednn") {
+    set_gemm_backend(gemm_backend_from_string(choice));
+    g_gemm = library_description(gemm_backend());
   } else if (choice == "auto") {
     if (!onednn_available()) {
       set_gemm_backend(GemmBackend::Blas);
@@ -68,8 +69,8 @@ std::string configure_gemm(const std::string& requested) {
       const double onednn = model_product_gflops(/*blas_only=*/false);
       const bool fast = onednn >= blas;
       set_gemm_backend(fast ? GemmBackend::OneDnn : GemmBackend::Blas);
-      g_gemm = std::string(fast ? "onednn: " + onednn_description() : "blas (libtorch's path)") +
-               "; auto: 2048x256x1024 at " + rate(onednn) + " GFLOP/s on oneDNN, " + rate(blas) + " on the BLAS";
+      g_gemm = library_description(gemm_backend()) + "; auto: 2048x256x1024 at " + rate(onednn) +
+               " GFLOP/s on oneDNN, " + rate(blas) + " on the BLAS";
     }
   } else {
     throw UserError("unknown gemm backend '" + choice + "'" + (choice == requested ? "" : " (from CHIAR_GEMM)") +
