@@ -1,9 +1,11 @@
 // chiar::linear and gemm_into on every GEMM library this build has, against
 // float64 products written out from the definition.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 #include <torch/autograd.h>
 
+#include <limits>
 #include <vector>
 
 #include "../harness/src/core/autocast_compat.h"
@@ -177,6 +179,45 @@ TEST_CASE("gemm_into handles transposed operands, accumulation and empty sums", 
     auto bad = at::empty({3, 3});
     CHECK_THROWS_WITH(gemm_into(bad, at::empty({3, 2}), at::empty({3, 3})),
                       Catch::Contains("gemm_into: shapes [3, 2] x [3, 3] -> [3, 3] do not match"));
+  }
+}
+
+TEST_CASE("sgemm on raw memory: transposes, leading dimensions, alpha, beta, inside parallel_for", "[linear]") {
+  for (const auto backend : backends()) {
+    BackendScope scope(backend);
+    INFO("backend " << to_string(backend));
+    at::manual_seed(8);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        INFO("transposed a " << ta << ", b " << tb);
+        // op(A) (7, 5), op(B) (5, 6), each stored with a wider row than it uses.
+        auto a_store = at::randn({ta ? 5 : 7, 12});
+        auto b_store = at::randn({tb ? 6 : 5, 10});
+        auto a = a_store.narrow(1, 0, ta ? 7 : 5), b = b_store.narrow(1, 0, tb ? 5 : 6);
+        auto c_store = at::randn({7, 9});
+        auto c0 = c_store.narrow(1, 0, 6).to(at::kDouble);
+        auto tail = c_store.narrow(1, 6, 3).clone();
+        sgemm(ta, tb, 7, 6, 5, 1.5f, a_store.data_ptr<float>(), 12, b_store.data_ptr<float>(), 10, 0.25f,
+              c_store.data_ptr<float>(), 9);
+        const auto A = (ta ? a.t() : a).to(at::kDouble), B = (tb ? b.t() : b).to(at::kDouble);
+        CHECK(rel_error(c_store.narrow(1, 0, 6), 1.5 * at::mm(A, B) + 0.25 * c0) < 1e-6);
+        CHECK(at::equal(c_store.narrow(1, 6, 3), tail));  // beyond n: untouched
+      }
+    // beta 0 ignores NaN in C; an empty sum scales C by beta.
+    auto a = at::randn({4, 3}), b = at::randn({3, 2});
+    auto c = at::full({4, 2}, std::numeric_limits<float>::quiet_NaN());
+    sgemm(false, false, 4, 2, 3, 1.f, a.data_ptr<float>(), 3, b.data_ptr<float>(), 2, 0.f, c.data_ptr<float>(), 2);
+    CHECK(rel_error(c, at::mm(a.to(at::kDouble), b.to(at::kDouble))) < 1e-6);
+    sgemm(false, false, 4, 2, 0, 1.f, a.data_ptr<float>(), 3, b.data_ptr<float>(), 2, 0.f, c.data_ptr<float>(), 2);
+    CHECK(at::equal(c, at::zeros({4, 2})));
+    // Many single-threaded calls side by side, as the fused attention core makes.
+    auto as = at::randn({16, 8, 8}), bs = at::randn({16, 8, 8}), cs = at::empty({16, 8, 8});
+    at::parallel_for(0, 16, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        sgemm(false, true, 8, 8, 8, 1.f, as[i].data_ptr<float>(), 8, bs[i].data_ptr<float>(), 8, 0.f,
+              cs[i].data_ptr<float>(), 8);
+    });
+    CHECK(rel_error(cs, at::matmul(as.to(at::kDouble), bs.to(at::kDouble).transpose(1, 2))) < 1e-6);
   }
 }
 

@@ -67,6 +67,17 @@ inline at::Tensor project(const torch::nn::Linear& layer, const at::Tensor& x, c
   return chiar::linear(x, layer->weight, layer->bias, residual);
 }
 
+// C = alpha op(A) op(B) + beta C on raw row-major fp32 memory, one call on
+// the current backend and on the calling thread's share of the cores: inside
+// at::parallel_for it runs single-threaded, so kernels that tile their own
+// work (attention's fused core) call it once per tile. op(X) is X or X^T.
+//   op(A) (m, k), A row-major with leading dimension lda (row stride)
+//   op(B) (k, n), ldb likewise
+//   C     (m, n), ldc
+// beta 0 ignores what C held (NaN included).
+CHIAR_API void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 // c = a b + beta c on the current backend, for 2-D fp32 CPU tensors; a and b
 // may be transposed views. c must be contiguous. What the GEMM probes time.
 CHIAR_API void gemm_into(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta = 0.f);

@@ -322,6 +322,35 @@ void set_gemm_backend(GemmBackend backend) {
 
 GemmBackend gemm_backend() { return g_backend.load(); }
 
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {  // an empty sum: C = beta C (oneDNN leaves C as it was)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+    return;
+  }
+#if CHIAR_HAVE_ONEDNN
+  if (onednn_selected()) {
+    const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                                            ldb, beta, c, ldc);
+    TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status), " on (", m,
+                ", ", k, ") x (", k, ", ", n, ")");
+    return;
+  }
+#endif
+  // libtorch's path on views of the same memory (its BLAS wrapper is not
+  // exported): a few microseconds of tensor set-up per call.
+  at::NoGradGuard no_grad;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto view = [&](const float* p, bool trans, int64_t rows, int64_t cols, int64_t ld) {
+    auto t = at::from_blob(const_cast<float*>(p), {trans ? cols : rows, trans ? rows : cols}, {ld, 1}, f32);
+    return trans ? t.t() : t;
+  };
+  auto out = at::from_blob(c, {m, n}, {ldc, 1}, f32);
+  at::addmm_out(out, out, view(a, trans_a, m, k, lda), view(b, trans_b, k, n, ldb), beta, alpha);
+}
+
 void gemm_into(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta) {
   at::NoGradGuard no_grad;
   gemm_checked(c, a, b, beta);
