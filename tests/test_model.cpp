@@ -144,7 +144,7 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn));
   CHECK(routed.describe() ==
         "ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, layers [dct(filter, gemm) | "
-        "attention(heads 2, block 128, recompute above 64 MiB, rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
+        "attention(heads 2, block 128, fused core, rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
             std::to_string(routed.parameter_count()) + " parameters)");
   ChiarModel again(test::plugins(), small({"dct|attn", "dct"}));
   auto x = tokens(1, 8);

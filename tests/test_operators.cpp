@@ -1,6 +1,8 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include "chiar/error.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
@@ -79,6 +81,11 @@ TEST_CASE("dct operator equals LN(x + iDCT(DCT(x) * w)) from the definition", "[
                                     named(*op, "norm.bias"))
                         .view_as(x);
     CHECK(rel_error(op->forward(x, {}), expected) < 1e-12);
+    // Inference folds the filter into the inverse basis: the same values.
+    at::NoGradGuard no_grad;
+    CHECK(rel_error(op->forward(x, {}), expected) < 1e-12);
+    auto rows = at::tensor(std::vector<int64_t>{1, 4, 7}, at::TensorOptions().dtype(at::kLong));
+    CHECK(rel_error(op->forward_rows(x, rows, {}), expected.view({-1, 16}).index_select(0, rows)) < 1e-12);
   }
 }
 
@@ -143,6 +150,93 @@ TEST_CASE("attention: recomputing the weights in backward gives the stored path'
       for (auto& p : op->parameters()) grads[mode].push_back(p.grad());
     }
     for (size_t i = 0; i < grads[0].size(); ++i) CHECK(rel_error(grads[1][i], grads[0][i]) < 1e-12);
+  }
+}
+
+// Forward and gradients of x and every parameter, through forward or
+// forward_rows, with the output's padding rows left out of the loss.
+struct Pass {
+  at::Tensor out;
+  std::vector<at::Tensor> grads;
+};
+Pass run_attention(Operator& op, const at::Tensor& x, const OpContext& ctx, const at::Tensor& rows,
+                   const at::Tensor& probe) {
+  auto input = x.detach().clone().requires_grad_(true);
+  op.zero_grad();
+  Pass p;
+  p.out = rows.defined() ? op.forward_rows(input, rows, ctx) : op.forward(input, ctx);
+  (p.out * probe).sum().backward();
+  p.grads.push_back(input.grad());
+  for (auto& w : op.parameters()) p.grads.push_back(w.grad());
+  return p;
+}
+
+TEST_CASE("attention's fused fp32 core matches the float64 definition, forward and backward",
+          "[operator][attention][fused]") {
+  // T 11 in blocks of 3 and 4 (several causal blocks, one tile each), and
+  // T 300 in blocks of 256 and 1000 (blocks cut into tiles of 128 rows).
+  struct Shape {
+    int64_t T, block;
+  };
+  for (const auto [T, block] : {Shape{11, 3}, Shape{11, 4}, Shape{300, 256}, Shape{300, 1000}})
+    for (bool causal : {true, false})
+      for (bool padded : {false, true})
+        for (int64_t heads : {1, 2}) {
+          INFO("T " << T << ", block " << block << ", causal " << causal << ", padded " << padded << ", heads "
+                    << heads);
+          auto op32 = make_op("attention", 16, heads, Params().set("block", block), /*float64=*/false, 21);
+          REQUIRE(op32->describe().find("fused core") != std::string::npos);
+          // The definition in float64 with the same weights.
+          auto op64 = make_op("attention", 16, heads, Params().set("block", block).set("fused", false), true, 21);
+          {
+            at::NoGradGuard no_grad;
+            auto from = op32->parameters();
+            auto to = op64->parameters();
+            for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+          }
+          at::manual_seed(22);
+          auto x = at::randn({3, T, 16}, kF64);
+          OpContext ctx;
+          ctx.causal = causal;
+          if (padded) ctx.valid = test::padding_mask(T, {0, T / 3, 1});
+          auto keep = padded ? ctx.valid.unsqueeze(-1).to(at::kDouble) : at::ones({3, T, 1}, kF64);
+          auto probe = at::randn({3, T, 16}, kF64) * keep;
+          auto pick = at::rand({3, T}, kF64) < 0.3;
+          pick[1][T - 1] = true;
+          const auto rows = test::rows_where(pick);
+          auto probe_rows = probe.view({-1, 16}).index_select(0, rows);
+          for (bool sparse : {false, true}) {
+            INFO("forward_rows " << sparse);
+            const auto r = sparse ? rows : at::Tensor();
+            const auto& pr = sparse ? probe_rows : probe;
+            const Pass want = run_attention(*op64, x, ctx, r, pr);
+            const Pass got = run_attention(*op32, x.to(at::kFloat), ctx, r, pr.to(at::kFloat));
+            const auto mask = sparse ? (padded ? ctx.valid.reshape({-1}).index_select(0, rows) : at::Tensor())
+                                     : (padded ? ctx.valid : at::Tensor());
+            CHECK(rel_error_valid(got.out.to(at::kDouble), want.out, mask) < 1e-5);
+            for (size_t i = 0; i < want.grads.size(); ++i) {
+              INFO("gradient " << i);
+              CHECK(rel_error(got.grads[i].to(at::kDouble), want.grads[i]) < 1e-4);
+            }
+          }
+        }
+}
+
+TEST_CASE("attention's fused core gives NaN exactly where the unfused core does", "[operator][attention][fused]") {
+  auto fused = make_op("attention", 16, 2, Params().set("block", int64_t{4}), /*float64=*/false, 23);
+  auto unfused = make_op("attention", 16, 2, Params().set("block", int64_t{4}).set("fused", false), false, 23);
+  at::manual_seed(24);
+  auto x = at::randn({2, 11, 16});
+  x[0][5][3] = std::numeric_limits<float>::quiet_NaN();  // token 5's keys and values are NaN
+  x[1][2][0] = std::numeric_limits<float>::infinity();
+  for (bool causal : {true, false}) {
+    INFO("causal " << causal);
+    OpContext ctx;
+    ctx.causal = causal;
+    at::NoGradGuard no_grad;
+    const auto want = unfused->forward(x, ctx).isnan();
+    CHECK(want.any().item<bool>());
+    CHECK(at::equal(fused->forward(x, ctx).isnan(), want));
   }
 }
 
@@ -306,20 +400,29 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
   // min(T, s + b) keys. T 10, block 4: rows 0-3 read 4 keys, 4-7 read 8, 8-9 read 10.
   {
     const int64_t T = 10, d = 64, h = 4;
-    auto blocked = make_op("attention", d, h, Params().set("block", int64_t{4}), false);
+    // The unfused core keeps the weights for backward at these sizes; the
+    // fused core (the default) recomputes them, as the unfused one does
+    // above recompute_mib.
+    const auto unfused = Params().set("fused", false);
+    auto blocked = make_op("attention", d, h, Params(unfused).set("block", int64_t{4}), false);
     const auto all = every_position(T);
     const int64_t keys = 4 * 4 + 4 * 8 + 2 * 10;
     // Per (query, key) pair: two products and the softmax.
     const auto per_keys = [&](int64_t n) { return FlopCount{2 * n * d, 4 * n * d} * 2 + FlopCount{5 * n * h, 3 * n * h}; };
     const FlopCount fixed = blocked->flops(T, T, d) - per_keys(T * T);
     CHECK(blocked->flops_at(T, all, d, {true, false}) == fixed + per_keys(keys));
-    auto recomputed = make_op("attention", d, h, Params().set("block", int64_t{4}).set("recompute_mib", 0.0), false);
+    auto recomputed =
+        make_op("attention", d, h, Params(unfused).set("block", int64_t{4}).set("recompute_mib", 0.0), false);
+    auto fused = make_op("attention", d, h, Params().set("block", int64_t{4}), false);
+    for (const auto& rows : std::vector<std::vector<int64_t>>{all, {1, 9}, {0, 2, 4, 6, 9}})
+      for (bool causal : {true, false})
+        CHECK(fused->flops_at(T, rows, d, {causal, false}) == recomputed->flops_at(T, rows, d, {causal, false}));
     CHECK(recomputed->flops(T, T, d).backward - blocked->flops(T, T, d).backward == 2 * T * T * d + 5 * T * T * h);
     CHECK(recomputed->flops(T, T, d).forward == blocked->flops(T, T, d).forward);
     // The default 64 MiB: 4 heads of fp32 weights per sequence exceed it from
     // T 2049 without causality, and from T 2834 with the causal blocks of 128.
-    auto standard = make_op("attention", 256, 4, {}, false);
-    auto never = make_op("attention", 256, 4, Params().set("recompute_mib", 1e12), false);
+    auto standard = make_op("attention", 256, 4, unfused, false);
+    auto never = make_op("attention", 256, 4, Params(unfused).set("recompute_mib", 1e12), false);
     const auto recomputes = [&](int64_t t, bool causal) {
       const auto p = every_position(t);
       return standard->flops_at(t, p, 256, {causal, false}).backward > never->flops_at(t, p, 256, {causal, false}).backward;
@@ -339,7 +442,7 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
     CHECK(blocked->flops_at(T, {0, 2, 4, 6, 9}, d, {true, false}) == fixed5 + per_keys(4 + 4 + 8 + 8 + 10));
     // One row in 40 positions: the nearest power of two to 20 blocks is 16,
     // which covers the sequence, so it reads all keys up to its block end.
-    auto wide = make_op("attention", d, h, Params().set("block", int64_t{2}), false);
+    auto wide = make_op("attention", d, h, Params(unfused).set("block", int64_t{2}), false);
     CHECK(wide->flops_at(40, {3}, d, {true, false}) == wide->flops(40, 1, d) - per_keys(40) + per_keys(32));
     CHECK(blocked->flops_at(T, {}, d, {true, false}) == FlopCount{});
     // Operators whose cost does not depend on positions: flops_at == flops.

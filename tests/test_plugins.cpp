@@ -131,7 +131,7 @@ TEST_CASE("an object keeps its plugin library loaded after the registry is gone"
   // The registry (and its handles) are destroyed; the code must still be there.
   auto y = op->forward(at::randn({1, 4, 8}), {});
   CHECK(y.sizes() == at::IntArrayRef({1, 4, 8}));
-  CHECK(op->describe() == "attention(heads 2, block 128, recompute above 64 MiB, rope)");
+  CHECK(op->describe() == "attention(heads 2, block 128, fused core, rope)");
   // The interface type is shared across the boundary.
   std::shared_ptr<torch::nn::Module> as_module = op;
   CHECK(std::dynamic_pointer_cast<Operator>(as_module) != nullptr);

@@ -28,6 +28,7 @@
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
+#include "fused_core.h"
 
 namespace {
 
@@ -117,7 +118,8 @@ class AttentionOperator final : public Operator {
         recompute_mib_(spec.params.get_double("recompute_mib", 64.0)),
         chunk_mib_(spec.params.get_double("chunk_mib", 32.0)),
         rope_(spec.params.get_bool("rope", true)),
-        rope_base_(spec.params.get_double("rope_base", 10000.0)) {
+        rope_base_(spec.params.get_double("rope_base", 10000.0)),
+        fused_(spec.params.get_bool("fused", true)) {
     if (heads_ < 1 || d_ % heads_ != 0)
       throw UserError("attention: d_model " + std::to_string(d_) + " is not divisible by heads " +
                       std::to_string(heads_));
@@ -134,11 +136,15 @@ class AttentionOperator final : public Operator {
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
     auto q = queries(project(q_, x).view({B, T, heads_, dh_}).transpose(1, 2), {}, T);  // (B, h, T, dh)
-    auto [k, v] = keys_values(x);                                            // (B, h, T, dh)
-    at::Tensor o;                                                            // (B, h, T, dh)
-    if (!ctx.causal) {
+    auto [kt, v] = keys_values(x);  // (B, h, dh, T), (B, h, T, dh)
+    at::Tensor o;                   // (B, h, T, dh)
+    if (fuses(q)) {
+      o = chiar_attention::fused_attention(q, kt, v, {}, ctx.valid, ctx.causal ? block_ : 0);
+    } else if (!ctx.causal) {
+      const auto k = kt.transpose(2, 3);
       o = attend(q, k, v, at::Tensor(), T, ctx.valid, recompute_for(T, false));
     } else {
+      const auto k = kt.transpose(2, 3);
       const bool recompute = recompute_for(T, true);
       std::vector<at::Tensor> blocks;
       const auto query_blocks = T > block_ ? q.split(block_, 2) : std::vector<at::Tensor>{q};  // see attend()
@@ -164,16 +170,16 @@ class AttentionOperator final : public Operator {
     auto t = at::remainder(rows, T);                      // (N,) query positions
     const RowGroups g = group_rows(at::div(rows, T, "floor"));  // one group per sequence
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.
-    auto [k, v] = keys_values(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, h, T, dh)
+    auto [kt, v] = keys_values(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, h, dh, T), (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
     auto q = queries(project(q_, xr).view({1, N, heads_, dh_}).transpose(1, 2), t.view({1, 1, N}), T)
                  .squeeze(0)
                  .transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
     const bool recompute = recompute_for(T, ctx.causal);
-    if (!ctx.causal) return norm_(project(out_, attend_rows(q, k, v, t, g, T, T, valid, recompute), xr));
+    if (!ctx.causal) return norm_(project(out_, attend_rows(q, kt, v, t, g, T, T, valid, recompute), xr));
 
-    if (T <= block_) return norm_(project(out_, attend_rows(q, k, v, t, g, T, 1, valid, recompute), xr));
+    if (T <= block_) return norm_(project(out_, attend_rows(q, kt, v, t, g, T, 1, valid, recompute), xr));
 
     // Each sequence's rows go in query blocks of span(rows, T) positions
     // (block, or a multiple of it when its rows are sparse); a block's rows
@@ -214,7 +220,7 @@ class AttentionOperator final : public Operator {
         return lg.count == g.count ? head : head.index_select(0, index);
       };
       auto vab = valid.defined() ? pick(valid, 1) : at::Tensor();
-      pieces.push_back(attend_rows(qs.narrow(0, r, n), pick(k, 2), pick(v, 2), ts.narrow(0, r, n), lg, e,
+      pieces.push_back(attend_rows(qs.narrow(0, r, n), pick(kt, 3), pick(v, 2), ts.narrow(0, r, n), lg, e,
                                    std::max<int64_t>(1, e - widest + 1), vab, recompute));
       p += lg.count;
       r += n;
@@ -226,17 +232,17 @@ class AttentionOperator final : public Operator {
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
     // Every query reads all T keys: the non-causal cost.
-    return cost(T, n, n * T, d, recompute_for(T, false));
+    return cost(T, n, n * T, d, recomputes(T, false));
   }
 
   FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
                      const FlopContext& ctx) const override {
     const auto n = static_cast<int64_t>(positions.size());
-    if (!ctx.causal) return cost(T, n, n * T, d, recompute_for(T, false));
+    if (!ctx.causal) return cost(T, n, n * T, d, recomputes(T, false));
     const int64_t p = span(n, T);  // forward_rows' query blocks for this many rows
     int64_t keys = 0;
     for (const int64_t t : positions) keys += causal_keys(t, T, p);
-    return cost(T, n, keys, d, recompute_for(T, true));
+    return cost(T, n, keys, d, recomputes(T, true));
   }
 
   OperatorTraits traits() const override { return {true, true, true}; }
@@ -245,7 +251,7 @@ class AttentionOperator final : public Operator {
     std::ostringstream mib;
     mib << recompute_mib_;
     std::string s = "attention(heads " + std::to_string(heads_) + ", block " + std::to_string(block_) +
-                    ", recompute above " + mib.str() + " MiB";
+                    (fused_ ? ", fused core" : ", recompute above " + mib.str() + " MiB");
     return s + (rope_ ? ", rope)" : ")");
   }
 
@@ -307,21 +313,34 @@ class AttentionOperator final : public Operator {
     return bytes > recompute_mib_ * 1024.0 * 1024.0;
   }
 
+  // Whether backward recomputes the weights (FLOP accounting): always with
+  // the fused core, which never keeps them.
+  bool recomputes(int64_t T, bool causal) const { return fused_ || recompute_for(T, causal); }
+
+  // The fused core takes fp32 on the CPU; fp64 (the tests' references), bf16
+  // under autocast and other devices take the unfused path.
+  bool fuses(const at::Tensor& q) const {
+    return fused_ && q.scalar_type() == at::kFloat && q.device().is_cpu();
+  }
+
   // Rotated queries scaled by 1/sqrt(dh) (once per query, not per score).
   at::Tensor queries(const at::Tensor& q, const at::Tensor& pos, int64_t T) const {
     const double scale = 1.0 / std::sqrt(static_cast<double>(dh_));
     return rope_ ? rotate(q, pos, T, scale) : q * scale;
   }
 
-  std::pair<at::Tensor, at::Tensor> keys_values(const at::Tensor& x) {  // x: (G, T, d)
+  // Rotated keys transposed, kt (G, h, dh, T), and values (G, h, T, dh), of
+  // x (G, T, d). The keys contiguous once, as the (dh, e) operand of q k^T
+  // that every query block reads in place (row-major: oneDNN's sgemm runs it
+  // ~20% faster than k read transposed at dh 64); the values a view of the
+  // projection, whose rows (stride 2d) the products read in place too.
+  std::pair<at::Tensor, at::Tensor> keys_values(const at::Tensor& x) {
     const int64_t G = x.size(0), T = x.size(1);
     auto kv = project(kv_, x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4});  // (2, G, h, T, dh)
-    // Contiguous once, so that every query block's keys [0, e) are a view the
-    // batched matmul reads in place.
     // unbind, not kv[0] and kv[1]: backward stacks the two gradients once
     // instead of filling a zero tensor of both for each.
     const auto parts = kv.unbind(0);
-    return {rotate(parts[0], at::Tensor(), T).contiguous(), parts[1].contiguous()};
+    return {rotate(parts[0], at::Tensor(), T).transpose(2, 3).contiguous(), parts[1]};
   }
 
   // x: (G, h, L, dh) rotated (and scaled) at positions pos: (G or 1, 1, L)
@@ -361,14 +380,23 @@ class AttentionOperator final : public Operator {
   }
 
   // Rows packed per sequence: q (n, h, dh) at positions t (n,), grouped by g
-  // into sequences whose keys and values are k, v (G, h, >= e, dh); keys from
-  // mask_from on are masked beyond each query's position. Returns (n, d).
-  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+  // into sequences whose keys and values are kt (G, h, dh, >= e), v (G, h,
+  // >= e, dh); keys from mask_from on are masked beyond each query's
+  // position. Returns (n, d).
+  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
                          const at::Tensor& t, const RowGroups& g, int64_t e, int64_t mask_from,
                          const at::Tensor& valid, bool recompute) const {
     auto qp = pack_rows(q, g).transpose(1, 2);  // (G, h, m, dh)
     auto qpos = pack_rows(t, g).view({g.count, 1, g.width, 1});
-    auto o = attend(qp, first_keys(k, e), first_keys(v, e), qpos, mask_from, valid, recompute);  // (G, h, m, dh)
+    at::Tensor o;  // (G, h, m, dh)
+    if (fuses(qp)) {
+      // Masking from key 0 rather than mask_from changes nothing: no real
+      // query is before mask_from - 1, and padding slots are dropped.
+      o = chiar_attention::fused_attention(qp, kt.narrow(3, 0, e), first_keys(v, e),
+                                           mask_from < e ? qpos : at::Tensor(), valid, 0);
+    } else {
+      o = attend(qp, kt.narrow(3, 0, e).transpose(2, 3), first_keys(v, e), qpos, mask_from, valid, recompute);
+    }
     return unpack_rows(o.transpose(1, 2), g).reshape({-1, d_});
   }
 
@@ -427,6 +455,7 @@ class AttentionOperator final : public Operator {
   mutable at::Tensor rope_cos_, rope_sin_;  // (L, dh/2) cache of rope_table
   bool rope_;
   double rope_base_;
+  bool fused_;  // attention's core tile by tile in cache (fused_core.h) where it can
   torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)
   torch::nn::LayerNorm norm_{nullptr};
 };

@@ -1,0 +1,232 @@
+#include "fused_core.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "chiar/linear.h"
+#include "softmax_rows.h"
+
+namespace chiar_attention {
+
+namespace {
+
+constexpr float kMasked = std::numeric_limits<float>::lowest();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A (G, h, rows, cols) operand read as one row-major matrix per (g, head).
+struct Matrices {
+  const float* data;
+  int64_t s0, s1, ld;  // strides of g, head and a row, in elements
+  const float* at(int64_t g, int64_t head) const { return data + g * s0 + head * s1; }
+};
+
+// Unit last stride and rows that do not overlap, or a contiguous copy.
+at::Tensor readable(const at::Tensor& t) {
+  return t.stride(3) == 1 && t.stride(2) >= t.size(3) ? t : t.contiguous();
+}
+
+Matrices matrices(const at::Tensor& t) { return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)}; }
+
+// What every tile needs to know, shared by forward and backward.
+struct Problem {
+  int64_t G, heads, m, dh, L, block;
+  Matrices q, kt, v;
+  const int64_t* qpos = nullptr;  // (G or 1, m), or none
+  int64_t qpos_stride = 0;        // m when positions differ per sequence, else 0
+  const bool* valid = nullptr;    // (G, L), or none
+
+  // qpos_, valid_: empty for none.
+  Problem(const at::Tensor& q_, const at::Tensor& kt_, const at::Tensor& v_, const at::Tensor& qpos_,
+          const at::Tensor& valid_, int64_t block_)
+      : G(q_.size(0)), heads(q_.size(1)), m(q_.size(2)), dh(q_.size(3)), L(kt_.size(3)), block(block_),
+        q(matrices(q_)), kt(matrices(kt_)), v(matrices(v_)) {
+    if (qpos_.numel() > 0) {
+      qpos = qpos_.data_ptr<int64_t>();
+      qpos_stride = qpos_.size(0) == G && G > 1 ? m : 0;
+    }
+    if (valid_.numel() > 0) valid = valid_.data_ptr<bool>();
+    cut_tiles();
+  }
+
+  // Query rows [r0, r0 + rows) that read keys [0, keys): a causal block, or
+  // up to kTileRows of one.
+  struct Tile {
+    int64_t r0, rows, keys;
+  };
+  std::vector<Tile> tiles;
+
+  void cut_tiles() {
+    const int64_t span = block > 0 ? block : std::max<int64_t>(m, 1);
+    for (int64_t s = 0; s < m; s += span) {
+      const int64_t end = std::min(m, s + span), keys = block > 0 ? std::min(L, end) : L;
+      for (int64_t r0 = s; r0 < end; r0 += kTileRows) tiles.push_back({r0, std::min(kTileRows, end - r0), keys});
+    }
+  }
+
+  // Scores of one tile into s (rows x keys, leading dimension keys), masked.
+  void scores(int64_t g, int64_t head, const Tile& t, float* s) const {
+    chiar::sgemm(false, false, t.rows, t.keys, dh, 1.f, q.at(g, head) + t.r0 * q.ld, q.ld, kt.at(g, head), kt.ld,
+                 0.f, s, t.keys);
+    const bool* ok = valid ? valid + g * L : nullptr;
+    for (int64_t i = 0; i < t.rows; ++i) {
+      float* row = s + i * t.keys;
+      const int64_t r = t.r0 + i;
+      const int64_t pos = block > 0 ? r : qpos ? qpos[g * qpos_stride + r] : t.keys;
+      for (int64_t j = std::max<int64_t>(pos + 1, 0); j < t.keys; ++j) row[j] = kMasked;
+      if (ok)
+        for (int64_t j = 0; j < t.keys; ++j)
+          if (!ok[j]) row[j] = kMasked;
+    }
+  }
+};
+
+// Per-thread scratch for a tile's scores (and their gradient): kept between
+// calls, grown when a longer sequence comes.
+float* scratch(size_t floats) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// o (G, h, m, dh) and, per query, the maximum score and the log of the sum
+// of exp(score - maximum): stats (2, G, h, m).
+void forward_tiles(const Problem& p, float* o, float* stats) {
+  const int64_t tiles = static_cast<int64_t>(p.tiles.size()), per_seq = p.heads * p.m;
+  float* log_sums = stats + p.G * per_seq;
+  at::parallel_for(0, p.G * p.heads * tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / (p.heads * tiles), head = task / tiles % p.heads;
+      const auto& t = p.tiles[static_cast<size_t>(task % tiles)];
+      float* s = scratch(static_cast<size_t>(t.rows * t.keys));  // (rows, keys)
+      p.scores(g, head, t, s);
+      const int64_t first = g * per_seq + head * p.m + t.r0;
+      for (int64_t i = 0; i < t.rows; ++i) {
+        float* row = s + i * t.keys;
+        bool finite = true;
+        const float top = row_max(row, t.keys, &finite);
+        if (!finite) {  // an infinite or NaN score: NaN weights, as libtorch's softmax gives
+          std::fill(row, row + t.keys, kNaN);
+          stats[first + i] = log_sums[first + i] = kNaN;
+          continue;
+        }
+        const float sum = exp_shifted(row, t.keys, top, 0.f);
+        scale_row(row, t.keys, 1.f / sum);
+        stats[first + i] = top;
+        log_sums[first + i] = std::log(sum);
+      }
+      chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, s, t.keys, p.v.at(g, head), p.v.ld, 0.f,
+                   o + first * p.dh, p.dh);
+    }
+  });
+}
+
+// Gradients of q, kt and v (contiguous, shaped as the inputs) from dout and
+// the forward's o and stats. One task per (sequence, head), so that the
+// tiles adding into its keys' and values' gradients run one after another.
+void backward_tiles(const Problem& p, const float* o, const float* stats, const float* dout, float* dq, float* dkt,
+                    float* dv) {
+  const int64_t per_seq = p.heads * p.m;
+  const float* log_sums = stats + p.G * per_seq;
+  at::parallel_for(0, p.G * p.heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / p.heads, head = task % p.heads;
+      float* dkt_gh = dkt + task * p.dh * p.L;  // (dh, L)
+      float* dv_gh = dv + task * p.L * p.dh;    // (L, dh)
+      std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
+      std::fill(dv_gh, dv_gh + p.L * p.dh, 0.f);
+      for (const auto& t : p.tiles) {
+        const size_t area = static_cast<size_t>(t.rows * t.keys);
+        float* weights = scratch(2 * area);  // (rows, keys): the weights, then
+        float* grad = weights + area;        // the scores' gradient
+        p.scores(g, head, t, weights);
+        const int64_t first = g * per_seq + head * p.m + t.r0;
+        for (int64_t i = 0; i < t.rows; ++i) {
+          float* row = weights + i * t.keys;
+          if (std::isnan(stats[first + i]))
+            std::fill(row, row + t.keys, kNaN);
+          else
+            exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
+        }
+        const float* dout_t = dout + first * p.dh;  // (rows, dh)
+        // dv[:keys] += weights^T dout
+        chiar::sgemm(true, false, t.keys, p.dh, t.rows, 1.f, weights, t.keys, dout_t, p.dh, 1.f, dv_gh, p.dh);
+        // d weights = dout v[:keys]^T, then through the softmax
+        chiar::sgemm(false, true, t.rows, t.keys, p.dh, 1.f, dout_t, p.dh, p.v.at(g, head), p.v.ld, 0.f, grad,
+                     t.keys);
+        for (int64_t i = 0; i < t.rows; ++i)
+          softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
+                               dot(dout_t + i * p.dh, o + (first + i) * p.dh, p.dh));
+        // dq = d scores k[:keys] (k = kt^T); dkt[:, :keys] += q^T d scores
+        chiar::sgemm(false, true, t.rows, p.dh, t.keys, 1.f, grad, t.keys, p.kt.at(g, head), p.kt.ld, 0.f,
+                     dq + first * p.dh, p.dh);
+        chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.at(g, head) + t.r0 * p.q.ld, p.q.ld, grad, t.keys,
+                     1.f, dkt_gh, p.L);
+      }
+    }
+  });
+}
+
+struct FusedAttention : public torch::autograd::Function<FusedAttention> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kt,
+                            const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid, int64_t block) {
+    const Problem p(q, kt, v, qpos, valid, block);
+    auto o = at::empty({p.G, p.heads, p.m, p.dh}, q.options());
+    auto stats = at::empty({2, p.G, p.heads, p.m}, q.options());
+    forward_tiles(p, o.data_ptr<float>(), stats.data_ptr<float>());
+    ctx->save_for_backward({q, kt, v, o, stats});
+    ctx->saved_data["qpos"] = qpos;
+    ctx->saved_data["valid"] = valid;
+    ctx->saved_data["block"] = block;
+    return o;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &kt = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4];
+    const Problem p(q, kt, v, ctx->saved_data["qpos"].toTensor(), ctx->saved_data["valid"].toTensor(),
+                    ctx->saved_data["block"].toInt());
+    auto dout = grads[0].contiguous();
+    auto dq = at::empty({p.G, p.heads, p.m, p.dh}, q.options());
+    auto dkt = at::empty({p.G, p.heads, p.dh, p.L}, kt.options());
+    auto dv = at::empty({p.G, p.heads, p.L, p.dh}, v.options());
+    backward_tiles(p, o.data_ptr<float>(), stats.data_ptr<float>(), dout.data_ptr<float>(), dq.data_ptr<float>(),
+                   dkt.data_ptr<float>(), dv.data_ptr<float>());
+    return {dq, dkt, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& qpos,
+                           const at::Tensor& valid, int64_t block) {
+  RECORD_FUNCTION("chiar::fused_attention", std::vector<c10::IValue>({q, kt, v}));
+  TORCH_CHECK(q.dim() == 4 && kt.dim() == 4 && v.dim() == 4 && kt.size(2) == q.size(3) && v.size(3) == q.size(3) &&
+                  v.size(2) == kt.size(3) && kt.size(0) == q.size(0) && v.size(0) == q.size(0) &&
+                  kt.size(1) == q.size(1) && v.size(1) == q.size(1),
+              "fused_attention: q ", q.sizes(), ", kt ", kt.sizes(), " and v ", v.sizes(), " do not match");
+  TORCH_CHECK(block == 0 || (!qpos.defined() && q.size(2) == kt.size(3)),
+              "fused_attention: causal blocks need a query per key and no positions");
+  TORCH_CHECK(!valid.defined() || valid.numel() == 0 ||
+                  (valid.dim() == 2 && valid.size(0) == q.size(0) && valid.size(1) == kt.size(3)),
+              "fused_attention: valid ", valid.sizes(), " does not match ", q.size(0), " sequences of ",
+              kt.size(3), " keys");
+  TORCH_CHECK(!qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(2) ||
+                  qpos.numel() == q.size(0) * q.size(2),
+              "fused_attention: positions ", qpos.sizes(), " do not match queries ", q.sizes());
+  // "None" is an empty tensor: the autograd function's arguments are all defined.
+  const auto none = at::empty({0}, q.options().dtype(at::kLong));
+  const auto positions =
+      qpos.defined() && qpos.numel() > 0 ? qpos.reshape({qpos.size(0), -1}).to(at::kLong).contiguous() : none;
+  const auto keys = valid.defined() && valid.numel() > 0 ? valid.to(at::kBool).contiguous() : none;
+  return FusedAttention::apply(readable(q), readable(kt), readable(v), positions, keys, block);
+}
+
+}  // namespace chiar_attention

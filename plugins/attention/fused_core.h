@@ -1,0 +1,36 @@
+#pragma once
+// Attention's core, softmax(q k^T + mask) v, computed tile by tile so that a
+// tile's scores (at most kTileRows x keys, fp32) are made, normalised and
+// consumed while they are in the core's cache, never written to memory as a
+// whole. Backward recomputes each tile's weights from the saved row
+// statistics (two floats per query) instead of keeping them: the memory is
+// that of q, k, v and the output, whatever the sequence length.
+//
+// fp32 on the CPU only (the operator sends other dtypes, and autocast's
+// bf16, to its unfused path); the products run on chiar::sgemm, so on the
+// process's GEMM library.
+#include <ATen/core/Tensor.h>
+
+namespace chiar_attention {
+
+// Query rows per tile: 128 x 2048 keys of scores is 1 MiB, one core's L2.
+constexpr int64_t kTileRows = 128;
+
+// Differentiable in q, kt and v.
+//   q     (G, h, m, dh)  scaled queries; any strides with unit last stride
+//   kt    (G, h, dh, L)  keys, transposed (the product reads them row-major)
+//   v     (G, h, L, dh)  values
+//   qpos  (G or 1, m) int64: query positions for a causal mask (key j is
+//         masked for a query at p when j > p), or undefined: no causal mask
+//   valid (G, L) bool: keys that exist (padding is false), or undefined
+//   block > 0: causal query blocks over positions 0 .. m-1 (m = L, qpos
+//         undefined): the queries of block [s, s + block) read keys
+//         [0, min(L, s + block)) and mask those after their own position,
+//         exactly the keys the operator's FLOP count charges them;
+//         block 0: every query reads all L keys.
+// A query whose every key is masked gets uniform weights, as in the unfused
+// path. Returns (G, h, m, dh), contiguous.
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& qpos,
+                           const at::Tensor& valid, int64_t block);
+
+}  // namespace chiar_attention
