@@ -84,6 +84,32 @@ TEST_CASE("spectral entropy: constant, flat spectrum, zero, scale, range, refere
   CHECK(spectral_entropy(at::randn({4, 1})).eq(0).all().item<bool>());
 }
 
+TEST_CASE("spectral entropy: the fp32 row kernel of inference equals the float64 definition", "[spectral]") {
+  at::manual_seed(31);
+  for (int64_t d : {2, 3, 17, 64, 256, 1000}) {
+    INFO("d " << d);
+    auto c = at::randn({300, d}, at::TensorOptions().dtype(at::kDouble));
+    c[0].zero_();                       // H = 0
+    c[1].zero_();
+    c[1][d - 1] = 5.0;                  // one bin: H = 0
+    c[2].fill_(1e-3);                   // flat: H = 1
+    c[3] *= 1e15;                       // scale-free
+    c[4] *= 1e-15;
+    c[5].narrow(0, 0, d / 2).mul_(1e-20);  // bins below fp32's smallest normal energy
+    // Fed as spectra: row r of (300, d), and a strided view of the same rows.
+    auto want = test::ref::entropy_from_coeffs(c);
+    auto c32 = c.to(at::kFloat);
+    auto got = spectral_entropy_from_coeffs(c32);
+    CHECK(at::allclose(got.to(at::kDouble), want, /*rtol=*/0, /*atol=*/2e-6));
+    auto wide = at::zeros({300, 2 * d});
+    wide.narrow(1, 0, d).copy_(c32);
+    CHECK(at::equal(spectral_entropy_from_coeffs(wide.narrow(1, 0, d)), got));
+    // The autograd path (training) agrees with the kernel (inference).
+    auto trained = spectral_entropy_from_coeffs(c32.clone().requires_grad_(true));
+    CHECK(at::allclose(trained.detach(), got, /*rtol=*/0, /*atol=*/2e-6));
+  }
+}
+
 TEST_CASE("spectral entropy has finite gradients, also at a zero vector", "[spectral][grad]") {
   auto x = at::zeros({2, 8}, at::TensorOptions().dtype(at::kDouble));
   x[0] = at::randn({8}, at::TensorOptions().dtype(at::kDouble));

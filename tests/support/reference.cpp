@@ -89,8 +89,10 @@ at::Tensor dct(const at::Tensor& x) {
   return out;
 }
 
-at::Tensor entropy(const at::Tensor& x) {
-  auto c = dct(x);
+at::Tensor entropy(const at::Tensor& x) { return entropy_from_coeffs(dct(x)); }
+
+at::Tensor entropy_from_coeffs(const at::Tensor& coeffs) {
+  auto c = coeffs.to(at::kDouble).contiguous();
   auto a = c.accessor<double, 2>();
   const int64_t d = c.size(1);
   auto h = at::zeros({c.size(0)}, at::TensorOptions().dtype(at::kDouble));

@@ -13,6 +13,8 @@ at::Tensor dct_matrix(int64_t d);
 at::Tensor dct(const at::Tensor& x);
 // Spectral entropy of each row of x (N, d).
 at::Tensor entropy(const at::Tensor& x);
+// The same from DCT coefficients c (N, d).
+at::Tensor entropy_from_coeffs(const at::Tensor& c);
 
 // LayerNorm of (N, d) rows with weight and bias (d,), eps 1e-5.
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);

@@ -11,6 +11,7 @@
 
 #include "chiar/error.h"
 #include "chiar/linear.h"
+#include "entropy_rows.h"
 
 namespace chiar {
 namespace {
@@ -143,6 +144,15 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
   const double tiny = c.scalar_type() == at::kDouble
                           ? std::numeric_limits<double>::min()
                           : static_cast<double>(std::numeric_limits<float>::min());
+  if (c.scalar_type() == at::kFloat && c.device().is_cpu() &&
+      !(torch::autograd::GradMode::is_enabled() && c.requires_grad())) {
+    // Inference and calibration, where the router runs this on every token
+    // of a routed layer: one pass per row (entropy_rows.h).
+    const auto rows = c.contiguous();
+    auto h = at::empty(c.sizes().slice(0, c.dim() - 1), c.options());
+    spectral_entropy_rows(rows.data_ptr<float>(), h.numel(), d, h.data_ptr<float>());
+    return h;
+  }
   auto energy = c.square();
   auto total = energy.sum(-1, /*keepdim=*/true);
   const auto safe_total = at::where(total > 0, total, at::ones_like(total));
