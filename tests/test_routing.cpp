@@ -88,6 +88,43 @@ TEST_CASE("sparse routed execution equals dense at every routing share", "[routi
   }
 }
 
+// A router that sends every token to operator `pick`, in range or not.
+class FixedRouter final : public Router {
+ public:
+  explicit FixedRouter(int64_t pick) : pick_(pick) {}
+  RouteResult route(const at::Tensor& x, const at::Tensor&, const OpContext&) override {
+    RouteResult r;
+    r.choice = at::full({x.size(0), x.size(1)}, pick_, at::TensorOptions().dtype(at::kLong));
+    r.weights = at::zeros({x.size(0), x.size(1), 2}, x.options());
+    return r;
+  }
+  std::string describe() const override { return "fixed"; }
+
+ private:
+  int64_t pick_;
+};
+
+TEST_CASE("sparse execution: one operator for every token, and a choice out of range", "[routing][sparse]") {
+  at::manual_seed(40);
+  const std::vector<std::string> names{"dct", "attention"};
+  auto x = at::randn({2, 7, 16});
+  OpContext ctx;
+  ctx.causal = true;
+  at::NoGradGuard no_grad;
+  for (int64_t pick : {0, 1}) {
+    INFO("every token to " << names[static_cast<size_t>(pick)]);
+    std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false), test::make_op("attention", 16, 2, {}, false)};
+    MixingLayer layer(0, names, ops, std::make_shared<FixedRouter>(pick));
+    layer.set_execution(Execution::Sparse);
+    CHECK(rel_error(layer.forward(x, ctx), ops[static_cast<size_t>(pick)]->forward(x, ctx)) < 1e-6);
+  }
+  std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false), test::make_op("attention", 16, 2, {}, false)};
+  MixingLayer bad(0, names, ops, std::make_shared<FixedRouter>(2));
+  bad.set_execution(Execution::Sparse);
+  CHECK_THROWS_WITH(bad.forward(x, ctx),
+                    "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
+}
+
 TEST_CASE("sparse execution trains the operators it ran (threshold routing)", "[routing][sparse][grad]") {
   at::manual_seed(22);
   auto x = at::randn({2, 7, 8}, kF64).requires_grad_(true);

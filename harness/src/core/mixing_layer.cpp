@@ -99,13 +99,23 @@ at::Tensor MixingLayer::dense(const at::Tensor& x, const OpContext& ctx,
 at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
                                const at::Tensor& choice) const {
   const int64_t d = x.size(-1);
-  auto y = at::zeros({x.size(0) * x.size(1), d}, x.options());  // (B*T, d)
+  // Not zeroed: every row is some operator's (checked below); zeroing the
+  // (B*T, d) buffer cost 1.5 ms of a 33 ms layer at T 2048.
+  auto y = at::empty({x.size(0) * x.size(1), d}, x.options());  // (B*T, d)
   const auto flat_choice = choice.reshape({-1});
+  int64_t written = 0;
   for (size_t k = 0; k < operators_.size(); ++k) {
     auto rows = (flat_choice == static_cast<int64_t>(k)).nonzero().squeeze(1);  // (N_k,)
     if (rows.numel() == 0) continue;
-    y.index_copy_(0, rows, operators_[k]->forward_rows(x, rows, ctx));
+    written += rows.numel();
+    auto out = operators_[k]->forward_rows(x, rows, ctx);  // (N_k, d)
+    if (rows.numel() == flat_choice.numel()) return out.view_as(x);  // one operator took every token
+    y.index_copy_(0, rows, out);
   }
+  if (written != flat_choice.numel())
+    throw UserError("layer " + std::to_string(index_ + 1) + ": the router chose an operator outside 0.." +
+                    std::to_string(operators_.size() - 1) + " for " + std::to_string(flat_choice.numel() - written) +
+                    " of " + std::to_string(flat_choice.numel()) + " tokens");
   return y.view_as(x);
 }
 
