@@ -29,6 +29,7 @@
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
 #include "fused_core.h"
+#include "rotary.h"
 
 namespace {
 
@@ -135,7 +136,7 @@ class AttentionOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    auto q = queries(project(q_, x).view({B, T, heads_, dh_}).transpose(1, 2), {}, T);  // (B, h, T, dh)
+    auto q = queries(project(q_, x).view({B, T, heads_, dh_}), {}, T);  // (B, h, T, dh)
     auto [kt, v] = keys_values(x);  // (B, h, dh, T), (B, h, T, dh)
     at::Tensor o;                   // (B, h, T, dh)
     if (fuses(q)) {
@@ -172,9 +173,7 @@ class AttentionOperator final : public Operator {
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.
     auto [kt, v] = keys_values(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, h, dh, T), (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
-    auto q = queries(project(q_, xr).view({1, N, heads_, dh_}).transpose(1, 2), t.view({1, 1, N}), T)
-                 .squeeze(0)
-                 .transpose(0, 1);
+    auto q = queries(project(q_, xr).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
     const bool recompute = recompute_for(T, ctx.causal);
     if (!ctx.causal) return norm_(project(out_, attend_rows(q, kt, v, t, g, T, T, valid, recompute), xr));
@@ -323,10 +322,17 @@ class AttentionOperator final : public Operator {
     return fused_ && q.scalar_type() == at::kFloat && q.device().is_cpu();
   }
 
-  // Rotated queries scaled by 1/sqrt(dh) (once per query, not per score).
-  at::Tensor queries(const at::Tensor& q, const at::Tensor& pos, int64_t T) const {
+  // Rotated queries scaled by 1/sqrt(dh) (once per query, not per score):
+  // qx (G, L, h, dh) a view of the projection at positions pos (L), or
+  // undefined for 0 .. L-1, of a sequence of length T -> (G, h, L, dh).
+  at::Tensor queries(const at::Tensor& qx, const at::Tensor& pos, int64_t T) const {
     const double scale = 1.0 / std::sqrt(static_cast<double>(dh_));
-    return rope_ ? rotate(q, pos, T, scale) : q * scale;
+    if (rope_ && fuses(qx)) {
+      const auto& [cos, sin] = rope_table(T, qx);
+      return chiar_attention::rotary(qx, cos, sin, pos, scale, /*keys_transposed=*/false);
+    }
+    auto q = qx.transpose(1, 2);
+    return rope_ ? rotate(q, pos.defined() ? pos.view({1, 1, -1}) : pos, T, scale) : q * scale;
   }
 
   // Rotated keys transposed, kt (G, h, dh, T), and values (G, h, T, dh), of
@@ -336,11 +342,15 @@ class AttentionOperator final : public Operator {
   // projection, whose rows (stride 2d) the products read in place too.
   std::pair<at::Tensor, at::Tensor> keys_values(const at::Tensor& x) {
     const int64_t G = x.size(0), T = x.size(1);
-    auto kv = project(kv_, x).view({G, T, 2, heads_, dh_}).permute({2, 0, 3, 1, 4});  // (2, G, h, T, dh)
-    // unbind, not kv[0] and kv[1]: backward stacks the two gradients once
-    // instead of filling a zero tensor of both for each.
-    const auto parts = kv.unbind(0);
-    return {rotate(parts[0], at::Tensor(), T).transpose(2, 3).contiguous(), parts[1]};
+    // unbind, not select: backward stacks the two gradients once instead of
+    // filling a zero tensor of both for each.
+    const auto parts = project(kv_, x).view({G, T, 2, heads_, dh_}).unbind(2);  // (G, T, h, dh) each
+    auto v = parts[1].transpose(1, 2);
+    if (rope_ && fuses(x)) {
+      const auto& [cos, sin] = rope_table(T, x);
+      return {chiar_attention::rotary(parts[0], cos, sin, {}, 1.0, /*keys_transposed=*/true), v};
+    }
+    return {rotate(parts[0].transpose(1, 2), at::Tensor(), T).transpose(2, 3).contiguous(), v};
   }
 
   // x: (G, h, L, dh) rotated (and scaled) at positions pos: (G or 1, 1, L)

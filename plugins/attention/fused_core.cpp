@@ -20,11 +20,13 @@ namespace {
 constexpr float kMasked = std::numeric_limits<float>::lowest();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// A (G, h, rows, cols) operand read as one row-major matrix per (g, head).
+// A (G, h, rows, cols) operand read (or written) as one row-major matrix per
+// (g, head).
 struct Matrices {
-  const float* data;
+  float* data;
   int64_t s0, s1, ld;  // strides of g, head and a row, in elements
-  const float* at(int64_t g, int64_t head) const { return data + g * s0 + head * s1; }
+  float* at(int64_t g, int64_t head) const { return data + g * s0 + head * s1; }
+  float* row(int64_t g, int64_t head, int64_t r) const { return at(g, head) + r * ld; }
 };
 
 // Unit last stride and rows that do not overlap, or a contiguous copy.
@@ -97,7 +99,7 @@ float* scratch(size_t floats) {
 
 // o (G, h, m, dh) and, per query, the maximum score and the log of the sum
 // of exp(score - maximum): stats (2, G, h, m).
-void forward_tiles(const Problem& p, float* o, float* stats) {
+void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
   const int64_t tiles = static_cast<int64_t>(p.tiles.size()), per_seq = p.heads * p.m;
   float* log_sums = stats + p.G * per_seq;
   at::parallel_for(0, p.G * p.heads * tiles, 1, [&](int64_t begin, int64_t end) {
@@ -122,7 +124,7 @@ void forward_tiles(const Problem& p, float* o, float* stats) {
         log_sums[first + i] = std::log(sum);
       }
       chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, s, t.keys, p.v.at(g, head), p.v.ld, 0.f,
-                   o + first * p.dh, p.dh);
+                   o.row(g, head, t.r0), o.ld);
     }
   });
 }
@@ -130,8 +132,8 @@ void forward_tiles(const Problem& p, float* o, float* stats) {
 // Gradients of q, kt and v (contiguous, shaped as the inputs) from dout and
 // the forward's o and stats. One task per (sequence, head), so that the
 // tiles adding into its keys' and values' gradients run one after another.
-void backward_tiles(const Problem& p, const float* o, const float* stats, const float* dout, float* dq, float* dkt,
-                    float* dv) {
+void backward_tiles(const Problem& p, const Matrices& o, const float* stats, const Matrices& dout, float* dq,
+                    float* dkt, float* dv) {
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
   at::parallel_for(0, p.G * p.heads, 1, [&](int64_t begin, int64_t end) {
@@ -154,15 +156,15 @@ void backward_tiles(const Problem& p, const float* o, const float* stats, const 
           else
             exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
         }
-        const float* dout_t = dout + first * p.dh;  // (rows, dh)
+        const float* dout_t = dout.row(g, head, t.r0);  // (rows, dh), leading dimension dout.ld
         // dv[:keys] += weights^T dout
-        chiar::sgemm(true, false, t.keys, p.dh, t.rows, 1.f, weights, t.keys, dout_t, p.dh, 1.f, dv_gh, p.dh);
+        chiar::sgemm(true, false, t.keys, p.dh, t.rows, 1.f, weights, t.keys, dout_t, dout.ld, 1.f, dv_gh, p.dh);
         // d weights = dout v[:keys]^T, then through the softmax
-        chiar::sgemm(false, true, t.rows, t.keys, p.dh, 1.f, dout_t, p.dh, p.v.at(g, head), p.v.ld, 0.f, grad,
+        chiar::sgemm(false, true, t.rows, t.keys, p.dh, 1.f, dout_t, dout.ld, p.v.at(g, head), p.v.ld, 0.f, grad,
                      t.keys);
         for (int64_t i = 0; i < t.rows; ++i)
           softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
-                               dot(dout_t + i * p.dh, o + (first + i) * p.dh, p.dh));
+                               dot(dout_t + i * dout.ld, o.row(g, head, t.r0 + i), p.dh));
         // dq = d scores k[:keys] (k = kt^T); dkt[:, :keys] += q^T d scores
         chiar::sgemm(false, true, t.rows, p.dh, t.keys, 1.f, grad, t.keys, p.kt.at(g, head), p.kt.ld, 0.f,
                      dq + first * p.dh, p.dh);
@@ -177,9 +179,11 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kt,
                             const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid, int64_t block) {
     const Problem p(q, kt, v, qpos, valid, block);
-    auto o = at::empty({p.G, p.heads, p.m, p.dh}, q.options());
+    // Stored as (G, m, h, dh): the heads side by side per query, so that the
+    // caller's (G, m, h * dh) for the output projection is a view, not a copy.
+    auto o = at::empty({p.G, p.m, p.heads, p.dh}, q.options()).transpose(1, 2);  // (G, h, m, dh)
     auto stats = at::empty({2, p.G, p.heads, p.m}, q.options());
-    forward_tiles(p, o.data_ptr<float>(), stats.data_ptr<float>());
+    forward_tiles(p, matrices(o), stats.data_ptr<float>());
     ctx->save_for_backward({q, kt, v, o, stats});
     ctx->saved_data["qpos"] = qpos;
     ctx->saved_data["valid"] = valid;
@@ -193,11 +197,11 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const auto &q = saved[0], &kt = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4];
     const Problem p(q, kt, v, ctx->saved_data["qpos"].toTensor(), ctx->saved_data["valid"].toTensor(),
                     ctx->saved_data["block"].toInt());
-    auto dout = grads[0].contiguous();
+    auto dout = readable(grads[0]);
     auto dq = at::empty({p.G, p.heads, p.m, p.dh}, q.options());
     auto dkt = at::empty({p.G, p.heads, p.dh, p.L}, kt.options());
     auto dv = at::empty({p.G, p.heads, p.L, p.dh}, v.options());
-    backward_tiles(p, o.data_ptr<float>(), stats.data_ptr<float>(), dout.data_ptr<float>(), dq.data_ptr<float>(),
+    backward_tiles(p, matrices(o), stats.data_ptr<float>(), matrices(dout), dq.data_ptr<float>(),
                    dkt.data_ptr<float>(), dv.data_ptr<float>());
     return {dq, dkt, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }

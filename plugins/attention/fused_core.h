@@ -29,7 +29,8 @@ constexpr int64_t kTileRows = 128;
 //         exactly the keys the operator's FLOP count charges them;
 //         block 0: every query reads all L keys.
 // A query whose every key is masked gets uniform weights, as in the unfused
-// path. Returns (G, h, m, dh), contiguous.
+// path. Returns (G, h, m, dh) stored as (G, m, h, dh): its transpose(1, 2),
+// the heads side by side per query, is contiguous.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& qpos,
                            const at::Tensor& valid, int64_t block);
 

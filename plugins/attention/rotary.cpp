@@ -1,0 +1,161 @@
+#include "rotary.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace chiar_attention {
+
+namespace {
+
+// Positions per transposed block: the block's rows are rotated into a small
+// buffer, then written a feature at a time as runs of kBlock positions.
+constexpr int64_t kBlock = 32;
+
+struct Layout {
+  int64_t G, L, heads, dh, half;
+  int64_t s0, s1, s2;  // x's strides over g, position, head (the gradient's when going back)
+  const float* cos;
+  const float* sin;
+  const int64_t* pos;  // (L) or (G, L), or null
+  int64_t pos_stride;  // L when positions differ per sequence, else 0
+  float scale;
+  int64_t position(int64_t g, int64_t t) const { return pos ? pos[g * pos_stride + t] : t; }
+};
+
+// One row of dh features turned by +angle (forward) or -angle (backward, the
+// rotation's transpose), times scale: out[i], out[i + half].
+inline void turn(const Layout& l, int64_t p, const float* in, float* out, bool back) {
+  const float* c = l.cos + p * l.half;
+  const float* s = l.sin + p * l.half;
+  const float sign = back ? -1.f : 1.f;
+  for (int64_t i = 0; i < l.half; ++i) {
+    const float a = in[i], b = in[i + l.half], cs = c[i] * l.scale, sn = sign * s[i] * l.scale;
+    out[i] = a * cs - b * sn;
+    out[i + l.half] = a * sn + b * cs;
+  }
+}
+
+// x (strided, (G, L, h, dh)) -> out in the core's layout.
+void forward_pass(const Layout& l, const float* x, float* out, bool transposed) {
+  if (!transposed) {
+    at::parallel_for(0, l.G * l.L, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t gt = begin; gt < end; ++gt) {
+        const int64_t g = gt / l.L, t = gt % l.L, p = l.position(g, t);
+        for (int64_t head = 0; head < l.heads; ++head)
+          turn(l, p, x + g * l.s0 + t * l.s1 + head * l.s2, out + ((g * l.heads + head) * l.L + t) * l.dh, false);
+      }
+    });
+    return;
+  }
+  const int64_t blocks = (l.L + kBlock - 1) / kBlock;
+  at::parallel_for(0, l.G * l.heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows(static_cast<size_t>(kBlock * l.dh));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / (l.heads * blocks), head = task / blocks % l.heads, t0 = task % blocks * kBlock;
+      const int64_t n = std::min(kBlock, l.L - t0);
+      for (int64_t j = 0; j < n; ++j)
+        turn(l, l.position(g, t0 + j), x + g * l.s0 + (t0 + j) * l.s1 + head * l.s2, rows.data() + j * l.dh, false);
+      float* dst = out + (g * l.heads + head) * l.dh * l.L + t0;
+      for (int64_t i = 0; i < l.dh; ++i)
+        for (int64_t j = 0; j < n; ++j) dst[i * l.L + j] = rows[static_cast<size_t>(j * l.dh + i)];
+    }
+  });
+}
+
+// grad (the core's layout, contiguous) -> gx (G, L, h, dh) contiguous.
+void backward_pass(const Layout& l, const float* grad, float* gx, bool transposed) {
+  const auto gx_row = [&](int64_t g, int64_t t, int64_t head) {
+    return gx + ((g * l.L + t) * l.heads + head) * l.dh;
+  };
+  if (!transposed) {
+    at::parallel_for(0, l.G * l.L, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t gt = begin; gt < end; ++gt) {
+        const int64_t g = gt / l.L, t = gt % l.L, p = l.position(g, t);
+        for (int64_t head = 0; head < l.heads; ++head)
+          turn(l, p, grad + ((g * l.heads + head) * l.L + t) * l.dh, gx_row(g, t, head), true);
+      }
+    });
+    return;
+  }
+  const int64_t blocks = (l.L + kBlock - 1) / kBlock;
+  at::parallel_for(0, l.G * l.heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows(static_cast<size_t>(kBlock * l.dh));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / (l.heads * blocks), head = task / blocks % l.heads, t0 = task % blocks * kBlock;
+      const int64_t n = std::min(kBlock, l.L - t0);
+      const float* src = grad + (g * l.heads + head) * l.dh * l.L + t0;
+      for (int64_t i = 0; i < l.dh; ++i)
+        for (int64_t j = 0; j < n; ++j) rows[static_cast<size_t>(j * l.dh + i)] = src[i * l.L + j];
+      for (int64_t j = 0; j < n; ++j)
+        turn(l, l.position(g, t0 + j), rows.data() + j * l.dh, gx_row(g, t0 + j, head), true);
+    }
+  });
+}
+
+Layout layout(const at::Tensor& x_shape, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& pos,
+              double scale) {
+  Layout l{};
+  l.G = x_shape.size(0);
+  l.L = x_shape.size(1);
+  l.heads = x_shape.size(2);
+  l.dh = x_shape.size(3);
+  l.half = l.dh / 2;
+  l.cos = cos.data_ptr<float>();
+  l.sin = sin.data_ptr<float>();
+  if (pos.numel() > 0) {
+    l.pos = pos.data_ptr<int64_t>();
+    l.pos_stride = pos.dim() == 2 && pos.size(0) == l.G && l.G > 1 ? l.L : 0;
+  }
+  l.scale = static_cast<float>(scale);
+  return l;
+}
+
+struct Rotary : public torch::autograd::Function<Rotary> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& pos, double scale, bool transposed) {
+    Layout l = layout(x, cos, sin, pos, scale);
+    l.s0 = x.stride(0);
+    l.s1 = x.stride(1);
+    l.s2 = x.stride(2);
+    auto out = transposed ? at::empty({l.G, l.heads, l.dh, l.L}, x.options())
+                          : at::empty({l.G, l.heads, l.L, l.dh}, x.options());
+    forward_pass(l, x.data_ptr<float>(), out.data_ptr<float>(), transposed);
+    ctx->save_for_backward({cos, sin, pos});
+    ctx->saved_data["shape"] = x.sizes().vec();
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["transposed"] = transposed;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    auto gx = at::empty(shape, grads[0].options());
+    const Layout l = layout(gx, saved[0], saved[1], saved[2], ctx->saved_data["scale"].toDouble());
+    const auto grad = grads[0].contiguous();
+    backward_pass(l, grad.data_ptr<float>(), gx.data_ptr<float>(), ctx->saved_data["transposed"].toBool());
+    return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& pos,
+                  double scale, bool keys_transposed) {
+  RECORD_FUNCTION("chiar::rotary", std::vector<c10::IValue>({x}));
+  TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0 && cos.dim() == 2 && cos.size(1) * 2 == x.size(3) &&
+                  sin.sizes() == cos.sizes(),
+              "rotary: x ", x.sizes(), " and tables ", cos.sizes(), " do not match");
+  const auto input = x.stride(3) == 1 ? x : x.contiguous();
+  const auto positions = pos.defined() ? pos.to(at::kLong).contiguous()
+                                       : at::empty({0}, x.options().dtype(at::kLong));
+  return Rotary::apply(input, cos.contiguous(), sin.contiguous(), positions, scale, keys_transposed);
+}
+
+}  // namespace chiar_attention
