@@ -173,12 +173,14 @@ Pass run_attention(Operator& op, const at::Tensor& x, const OpContext& ctx, cons
 
 TEST_CASE("attention's fused fp32 core matches the float64 definition, forward and backward",
           "[operator][attention][fused]") {
-  // T 11 in blocks of 3 and 4 (several causal blocks, one tile each), and
-  // T 300 in blocks of 256 and 1000 (blocks cut into tiles of 128 rows).
+  // T 11 in blocks of 3 and 4 (several causal blocks, one tile each), T 300
+  // in blocks of 256 and 1000 (blocks cut into tiles of 128 rows), and T 1100
+  // in one block (backward's tiles shrink to 64 rows to keep two 1100-key
+  // score arrays within kTileBytes).
   struct Shape {
     int64_t T, block;
   };
-  for (const auto [T, block] : {Shape{11, 3}, Shape{11, 4}, Shape{300, 256}, Shape{300, 1000}})
+  for (const auto [T, block] : {Shape{11, 3}, Shape{11, 4}, Shape{300, 256}, Shape{300, 1000}, Shape{1100, 2048}})
     for (bool causal : {true, false})
       for (bool padded : {false, true})
         for (int64_t heads : {1, 2}) {

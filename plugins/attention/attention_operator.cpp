@@ -11,9 +11,13 @@
 // for a sequence whose rows are sparse, so that each product keeps enough
 // query rows to run near the GEMM rate; flops_at() counts exactly the keys
 // each row reads. Without causality (classification) every query reads
-// every key, with the padding mask. Either way the work goes
-// in chunks of at most chunk_mib of weights, and long sequences recompute the
-// weights in backward instead of storing them (recompute_mib).
+// every key, with the padding mask. In fp32 on the CPU the core
+// softmax(q k^T + mask) v runs fused, tile by tile in cache, recomputing its
+// weights in backward (fused_core.h), with RoPE written straight into the
+// layouts it reads (rotary.h). Otherwise (float64, bf16 autocast, other
+// devices, fused = false) the work goes in chunks of at most chunk_mib of
+// weights, and long sequences recompute the weights in backward instead of
+// storing them (recompute_mib).
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>

@@ -44,9 +44,10 @@ struct Problem {
   int64_t qpos_stride = 0;        // m when positions differ per sequence, else 0
   const bool* valid = nullptr;    // (G, L), or none
 
-  // qpos_, valid_: empty for none.
+  // qpos_, valid_: empty for none; arrays: score-sized scratch arrays per
+  // tile (forward 1, backward 2), which sets the rows per tile.
   Problem(const at::Tensor& q_, const at::Tensor& kt_, const at::Tensor& v_, const at::Tensor& qpos_,
-          const at::Tensor& valid_, int64_t block_)
+          const at::Tensor& valid_, int64_t block_, int64_t arrays)
       : G(q_.size(0)), heads(q_.size(1)), m(q_.size(2)), dh(q_.size(3)), L(kt_.size(3)), block(block_),
         q(matrices(q_)), kt(matrices(kt_)), v(matrices(v_)) {
     if (qpos_.numel() > 0) {
@@ -54,21 +55,31 @@ struct Problem {
       qpos_stride = qpos_.size(0) == G && G > 1 ? m : 0;
     }
     if (valid_.numel() > 0) valid = valid_.data_ptr<bool>();
-    cut_tiles();
+    cut_tiles(arrays);
   }
 
   // Query rows [r0, r0 + rows) that read keys [0, keys): a causal block, or
-  // up to kTileRows of one.
+  // a part of one.
   struct Tile {
     int64_t r0, rows, keys;
   };
   std::vector<Tile> tiles;
 
-  void cut_tiles() {
+  // Rows per tile for `keys` keys: the most (a power of two, 16 to 128)
+  // whose `arrays` score arrays fit kTileBytes.
+  static int64_t rows_for(int64_t keys, int64_t arrays) {
+    const int64_t fit = kTileBytes / (static_cast<int64_t>(sizeof(float)) * arrays * std::max<int64_t>(keys, 1));
+    int64_t rows = kMaxTileRows;
+    while (rows > kMinTileRows && rows > fit) rows /= 2;
+    return rows;
+  }
+
+  void cut_tiles(int64_t arrays) {
     const int64_t span = block > 0 ? block : std::max<int64_t>(m, 1);
     for (int64_t s = 0; s < m; s += span) {
       const int64_t end = std::min(m, s + span), keys = block > 0 ? std::min(L, end) : L;
-      for (int64_t r0 = s; r0 < end; r0 += kTileRows) tiles.push_back({r0, std::min(kTileRows, end - r0), keys});
+      const int64_t rows = rows_for(keys, arrays);
+      for (int64_t r0 = s; r0 < end; r0 += rows) tiles.push_back({r0, std::min(rows, end - r0), keys});
     }
   }
 
@@ -129,20 +140,27 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
   });
 }
 
-// Gradients of q, kt and v (contiguous, shaped as the inputs) from dout and
-// the forward's o and stats. One task per (sequence, head), so that the
-// tiles adding into its keys' and values' gradients run one after another.
-void backward_tiles(const Problem& p, const Matrices& o, const float* stats, const Matrices& dout, float* dq,
-                    float* dkt, float* dv) {
+// Gradients of q, kt and v from dout and the forward's o and stats, given
+// k = kt^T (G, h, L, dh) and vt = v^T (G, h, dh, L) contiguous: with them
+// every product of a tile reads row-major operands or transposes only its
+// short side (oneDNN ran the q and weights gradients at 115 and 200 GFLOP/s
+// reading kt and v against the grain, 241 and 236 this way, one core, 4096
+// keys). dq (G, h, m, dh), dkt (G, h, dh, L) and dvt (G, h, dh, L)
+// contiguous. One task per (sequence, head), so that the tiles adding into
+// its keys' and values' gradients run one after another.
+void backward_tiles(const Problem& p, const Matrices& o, const float* stats, const Matrices& dout, const float* k,
+                    const float* vt, float* dq, float* dkt, float* dvt) {
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
   at::parallel_for(0, p.G * p.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / p.heads, head = task % p.heads;
-      float* dkt_gh = dkt + task * p.dh * p.L;  // (dh, L)
-      float* dv_gh = dv + task * p.L * p.dh;    // (L, dh)
+      const float* k_gh = k + task * p.L * p.dh;    // (L, dh)
+      const float* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
+      float* dkt_gh = dkt + task * p.dh * p.L;      // (dh, L)
+      float* dvt_gh = dvt + task * p.dh * p.L;      // (dh, L)
       std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
-      std::fill(dv_gh, dv_gh + p.L * p.dh, 0.f);
+      std::fill(dvt_gh, dvt_gh + p.dh * p.L, 0.f);
       for (const auto& t : p.tiles) {
         const size_t area = static_cast<size_t>(t.rows * t.keys);
         float* weights = scratch(2 * area);  // (rows, keys): the weights, then
@@ -157,17 +175,15 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
             exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
         }
         const float* dout_t = dout.row(g, head, t.r0);  // (rows, dh), leading dimension dout.ld
-        // dv[:keys] += weights^T dout
-        chiar::sgemm(true, false, t.keys, p.dh, t.rows, 1.f, weights, t.keys, dout_t, dout.ld, 1.f, dv_gh, p.dh);
-        // d weights = dout v[:keys]^T, then through the softmax
-        chiar::sgemm(false, true, t.rows, t.keys, p.dh, 1.f, dout_t, dout.ld, p.v.at(g, head), p.v.ld, 0.f, grad,
-                     t.keys);
+        // dvt[:, :keys] += dout^T weights
+        chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, dout_t, dout.ld, weights, t.keys, 1.f, dvt_gh, p.L);
+        // d weights = dout vt[:, :keys], then through the softmax
+        chiar::sgemm(false, false, t.rows, t.keys, p.dh, 1.f, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
         for (int64_t i = 0; i < t.rows; ++i)
           softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
                                dot(dout_t + i * dout.ld, o.row(g, head, t.r0 + i), p.dh));
-        // dq = d scores k[:keys] (k = kt^T); dkt[:, :keys] += q^T d scores
-        chiar::sgemm(false, true, t.rows, p.dh, t.keys, 1.f, grad, t.keys, p.kt.at(g, head), p.kt.ld, 0.f,
-                     dq + first * p.dh, p.dh);
+        // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
+        chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, grad, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
         chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.at(g, head) + t.r0 * p.q.ld, p.q.ld, grad, t.keys,
                      1.f, dkt_gh, p.L);
       }
@@ -178,7 +194,7 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
 struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kt,
                             const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid, int64_t block) {
-    const Problem p(q, kt, v, qpos, valid, block);
+    const Problem p(q, kt, v, qpos, valid, block, /*arrays=*/1);
     // Stored as (G, m, h, dh): the heads side by side per query, so that the
     // caller's (G, m, h * dh) for the output projection is a view, not a copy.
     auto o = at::empty({p.G, p.m, p.heads, p.dh}, q.options()).transpose(1, 2);  // (G, h, m, dh)
@@ -196,14 +212,16 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &kt = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4];
     const Problem p(q, kt, v, ctx->saved_data["qpos"].toTensor(), ctx->saved_data["valid"].toTensor(),
-                    ctx->saved_data["block"].toInt());
+                    ctx->saved_data["block"].toInt(), /*arrays=*/2);
     auto dout = readable(grads[0]);
+    const auto k = kt.transpose(2, 3).contiguous();  // (G, h, L, dh)
+    const auto vt = v.transpose(2, 3).contiguous();  // (G, h, dh, L)
     auto dq = at::empty({p.G, p.heads, p.m, p.dh}, q.options());
     auto dkt = at::empty({p.G, p.heads, p.dh, p.L}, kt.options());
-    auto dv = at::empty({p.G, p.heads, p.L, p.dh}, v.options());
-    backward_tiles(p, matrices(o), stats.data_ptr<float>(), matrices(dout), dq.data_ptr<float>(),
-                   dkt.data_ptr<float>(), dv.data_ptr<float>());
-    return {dq, dkt, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    auto dvt = at::empty({p.G, p.heads, p.dh, p.L}, v.options());
+    backward_tiles(p, matrices(o), stats.data_ptr<float>(), matrices(dout), k.data_ptr<float>(),
+                   vt.data_ptr<float>(), dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
+    return {dq, dkt, dvt.transpose(2, 3), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

@@ -1,8 +1,8 @@
 #pragma once
 // Attention's core, softmax(q k^T + mask) v, computed tile by tile so that a
-// tile's scores (at most kTileRows x keys, fp32) are made, normalised and
-// consumed while they are in the core's cache, never written to memory as a
-// whole. Backward recomputes each tile's weights from the saved row
+// tile's scores (16 to 128 query rows x the keys they read, fp32, within
+// kTileBytes) are made, normalised and consumed while they are in the core's
+// cache, never written to memory as a whole. Backward recomputes each tile's weights from the saved row
 // statistics (two floats per query) instead of keeping them: the memory is
 // that of q, k, v and the output, whatever the sequence length.
 //
@@ -13,8 +13,11 @@
 
 namespace chiar_attention {
 
-// Query rows per tile: 128 x 2048 keys of scores is 1 MiB, one core's L2.
-constexpr int64_t kTileRows = 128;
+// The scratch a tile's scores may take (backward holds two such arrays, so
+// half each): one core's L2 here. 128 rows reach the GEMM's rate at this
+// shape, fewer than 16 fall far below it.
+constexpr int64_t kTileBytes = 1 << 20;
+constexpr int64_t kMaxTileRows = 128, kMinTileRows = 16;
 
 // Differentiable in q, kt and v.
 //   q     (G, h, m, dh)  scaled queries; any strides with unit last stride
