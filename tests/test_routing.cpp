@@ -78,6 +78,10 @@ TEST_CASE("sparse routed execution equals dense at every routing share", "[routi
           CHECK(sparse_routing.sparse);
           CHECK(at::equal(dense_routing.choice, sparse_routing.choice));
           CHECK(rel_error(sparse, dense) < (float64 ? 1e-12 : 1e-5));
+          {  // Inference places the operators' rows without autograd's index_copy_.
+            at::NoGradGuard no_grad;
+            CHECK(rel_error(layer->forward(x, ctx), dense) < (float64 ? 1e-12 : 1e-5));
+          }
           // The realised attention share matches the target.
           const double attn_share = (sparse_routing.choice == static_cast<int64_t>(names.size() - 1))
                                         .to(at::kDouble).mean().item<double>();

@@ -1,7 +1,10 @@
 #include "mixing_layer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
+
+#include <cstring>
 
 #include "chiar/error.h"
 #include "chiar/spectral.h"
@@ -96,6 +99,28 @@ at::Tensor MixingLayer::dense(const at::Tensor& x, const OpContext& ctx,
   return y;
 }
 
+namespace {
+
+// y[rows[i]] = src[i] for CPU tensors without autograd: a row copy each,
+// side by side. libtorch's index_copy_ took 0.27 ms for 2048 rows of 256
+// floats here, a tenth of a routed layer at T 512.
+//   y (R, d) contiguous; rows (N,) int64; src (N, d) of y's dtype
+void scatter_rows(at::Tensor& y, const at::Tensor& rows, const at::Tensor& src) {
+  const auto from = src.contiguous();
+  const auto index = rows.contiguous();
+  const int64_t n = index.numel();
+  const auto row_bytes = static_cast<size_t>(y.size(1) * y.element_size());
+  auto* out = static_cast<char*>(y.data_ptr());
+  const auto* in = static_cast<const char*>(from.data_ptr());
+  const int64_t* r = index.data_ptr<int64_t>();
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      std::memcpy(out + static_cast<size_t>(r[i]) * row_bytes, in + static_cast<size_t>(i) * row_bytes, row_bytes);
+  });
+}
+
+}  // namespace
+
 at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
                                const at::Tensor& choice) const {
   const int64_t d = x.size(-1);
@@ -110,7 +135,10 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
     written += rows.numel();
     auto out = operators_[k]->forward_rows(x, rows, ctx);  // (N_k, d)
     if (rows.numel() == flat_choice.numel()) return out.view_as(x);  // one operator took every token
-    y.index_copy_(0, rows, out);
+    if (y.device().is_cpu() && !(torch::autograd::GradMode::is_enabled() && out.requires_grad()))
+      scatter_rows(y, rows, out);
+    else
+      y.index_copy_(0, rows, out);
   }
   if (written != flat_choice.numel())
     throw UserError("layer " + std::to_string(index_ + 1) + ": the router chose an operator outside 0.." +
