@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "../harness/src/core/autocast_compat.h"
 #include "chiar/error.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
@@ -239,6 +240,36 @@ TEST_CASE("attention's fused core gives NaN exactly where the unfused core does"
     const auto want = unfused->forward(x, ctx).isnan();
     CHECK(want.any().item<bool>());
     CHECK(at::equal(fused->forward(x, ctx).isnan(), want));
+  }
+}
+
+TEST_CASE("attention under bf16 autocast takes the unfused path and stays close to fp32", "[operator][attention][bf16]") {
+  auto op = make_op("attention", 16, 2, Params().set("block", int64_t{4}), /*float64=*/false, 25);
+  at::manual_seed(26);
+  auto x = at::randn({2, 11, 16});
+  auto rows = at::tensor(std::vector<int64_t>{1, 4, 12, 21}, at::TensorOptions().dtype(at::kLong));
+  for (bool causal : {true, false}) {
+    INFO("causal " << causal);
+    OpContext ctx;
+    ctx.causal = causal;
+    const auto want = op->forward(x, ctx).detach();
+    auto input = x.clone().requires_grad_(true);
+    at::Tensor got, got_rows;
+    {
+      // The residual stream stays fp32 while the projections run in bf16:
+      // the fused core and its RoPE must not see those bf16 tensors.
+      chiar::autocast::set_cpu(true, at::kBFloat16);
+      at::autocast::increment_nesting();
+      got = op->forward(input, ctx);
+      got_rows = op->forward_rows(input, rows, ctx);
+      at::autocast::decrement_nesting();
+      chiar::autocast::set_cpu(false);
+      at::autocast::clear_cache();
+    }
+    CHECK(rel_error(got.to(at::kFloat), want) < 5e-2);
+    CHECK(rel_error(got_rows.to(at::kFloat), want.view({-1, 16}).index_select(0, rows)) < 5e-2);
+    (got.to(at::kFloat).sum() + got_rows.to(at::kFloat).sum()).backward();
+    CHECK(input.grad().isfinite().all().item<bool>());
   }
 }
 

@@ -350,8 +350,10 @@ class AttentionOperator final : public Operator {
     // filling a zero tensor of both for each.
     const auto parts = project(kv_, x).view({G, T, 2, heads_, dh_}).unbind(2);  // (G, T, h, dh) each
     auto v = parts[1].transpose(1, 2);
-    if (rope_ && fuses(x)) {
-      const auto& [cos, sin] = rope_table(T, x);
+    // The projection's dtype decides, not x's: under autocast x is fp32 and
+    // the projection bf16.
+    if (rope_ && fuses(parts[0])) {
+      const auto& [cos, sin] = rope_table(T, parts[0]);
       return {chiar_attention::rotary(parts[0], cos, sin, {}, 1.0, /*keys_transposed=*/true), v};
     }
     return {rotate(parts[0].transpose(1, 2), at::Tensor(), T).transpose(2, 3).contiguous(), v};
