@@ -18,7 +18,7 @@ constexpr int64_t kBlock = 32;
 
 struct Layout {
   int64_t G, L, heads, dh, half;
-  int64_t s0, s1, s2;  // x's strides over g, position, head (the gradient's when going back)
+  int64_t s0, s1, s2;  // the projection side's strides over g, position, head
   const float* cos;
   const float* sin;
   const int64_t* pos;  // (L) or (G, L), or null
@@ -40,78 +40,67 @@ inline void turn(const Layout& l, int64_t p, const float* in, float* out, bool b
   }
 }
 
-// Between a block's n rows of dh features (rows, row-major) and the same
-// features as dh runs of n positions in a (dh, ld) matrix (cols): eight
-// features at a time, so that each row is read (or written) in 32-byte pieces
-// rather than a float per cache line (3x faster than feature by feature).
-void transpose_block(float* rows, int64_t n, int64_t dh, float* cols, int64_t ld, bool from_rows) {
-  for (int64_t i0 = 0; i0 < dh; i0 += 8) {
-    const int64_t w = std::min<int64_t>(8, dh - i0);
-    for (int64_t j = 0; j < n; ++j) {
-      float* r = rows + j * dh + i0;
-      if (from_rows)
-        for (int64_t i = 0; i < w; ++i) cols[(i0 + i) * ld + j] = r[i];
-      else
-        for (int64_t i = 0; i < w; ++i) r[i] = cols[(i0 + i) * ld + j];
-    }
-  }
+// A block's n rows of dh features (rows, row-major) <-> the same features as
+// dh runs of n positions in a (dh, ld) matrix (cols): eight features at a
+// time, so that each row is read (or written) in 32-byte pieces rather than a
+// float per cache line (3x faster than feature by feature).
+void rows_to_cols(const float* rows, int64_t n, int64_t dh, float* cols, int64_t ld) {
+  for (int64_t i0 = 0; i0 < dh; i0 += 8)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = i0; i < std::min<int64_t>(i0 + 8, dh); ++i) cols[i * ld + j] = rows[j * dh + i];
+}
+void cols_to_rows(const float* cols, int64_t ld, int64_t n, int64_t dh, float* rows) {
+  for (int64_t i0 = 0; i0 < dh; i0 += 8)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = i0; i < std::min<int64_t>(i0 + 8, dh); ++i) rows[j * dh + i] = cols[i * ld + j];
 }
 
-// x (strided, (G, L, h, dh)) -> out in the core's layout.
-void forward_pass(const Layout& l, const float* x, float* out, bool transposed) {
-  if (!transposed) {
-    at::parallel_for(0, l.G * l.L, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t gt = begin; gt < end; ++gt) {
-        const int64_t g = gt / l.L, t = gt % l.L, p = l.position(g, t);
-        for (int64_t head = 0; head < l.heads; ++head)
-          turn(l, p, x + g * l.s0 + t * l.s1 + head * l.s2, out + ((g * l.heads + head) * l.L + t) * l.dh, false);
-      }
-    });
-    return;
-  }
-  // One task per (sequence, block of positions), every head inside it: a
-  // position's keys of all heads are one run of the projection's row, read
-  // once rather than once per head.
-  const int64_t blocks = (l.L + kBlock - 1) / kBlock;
-  at::parallel_for(0, l.G * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows(static_cast<size_t>(kBlock * l.dh));
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t g = task / blocks, t0 = task % blocks * kBlock, n = std::min(kBlock, l.L - t0);
-      for (int64_t head = 0; head < l.heads; ++head) {
-        for (int64_t j = 0; j < n; ++j)
-          turn(l, l.position(g, t0 + j), x + g * l.s0 + (t0 + j) * l.s1 + head * l.s2, rows.data() + j * l.dh,
-               false);
-        transpose_block(rows.data(), n, l.dh, out + (g * l.heads + head) * l.dh * l.L + t0, l.L, /*from_rows=*/true);
-      }
-    }
-  });
-}
-
-// grad (the core's layout, contiguous) -> gx (G, L, h, dh) contiguous.
-void backward_pass(const Layout& l, const float* grad, float* gx, bool transposed) {
-  const auto gx_row = [&](int64_t g, int64_t t, int64_t head) {
-    return gx + ((g * l.L + t) * l.heads + head) * l.dh;
+// Between the projection's side, (G, L, h, dh) at strides s0, s1, s2, and
+// the core's layout (contiguous; transposed for the keys): forward turns
+// `in` (projection side) into `out` (core side); back turns `in` (the core's
+// gradient) by the transposed rotation into `out` (the projection side's
+// gradient).
+template <bool back>
+void pass(const Layout& l, const float* in, float* out, bool transposed) {
+  const auto side = [&](auto* base, int64_t g, int64_t t, int64_t head) {
+    return base + g * l.s0 + t * l.s1 + head * l.s2;
+  };
+  const auto core = [&](auto* base, int64_t g, int64_t t, int64_t head) {
+    return base + ((g * l.heads + head) * l.L + t) * l.dh;
   };
   if (!transposed) {
     at::parallel_for(0, l.G * l.L, 16, [&](int64_t begin, int64_t end) {
       for (int64_t gt = begin; gt < end; ++gt) {
         const int64_t g = gt / l.L, t = gt % l.L, p = l.position(g, t);
         for (int64_t head = 0; head < l.heads; ++head)
-          turn(l, p, grad + ((g * l.heads + head) * l.L + t) * l.dh, gx_row(g, t, head), true);
+          if constexpr (back)
+            turn(l, p, core(in, g, t, head), side(out, g, t, head), true);
+          else
+            turn(l, p, side(in, g, t, head), core(out, g, t, head), false);
       }
     });
     return;
   }
+  // One task per (sequence, block of positions), every head inside it: a
+  // position's keys of all heads are one run of the projection's row, read
+  // (or written) once rather than once per head.
   const int64_t blocks = (l.L + kBlock - 1) / kBlock;
   at::parallel_for(0, l.G * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> rows(static_cast<size_t>(kBlock * l.dh));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / blocks, t0 = task % blocks * kBlock, n = std::min(kBlock, l.L - t0);
       for (int64_t head = 0; head < l.heads; ++head) {
-        const float* src = grad + (g * l.heads + head) * l.dh * l.L + t0;
-        transpose_block(rows.data(), n, l.dh, const_cast<float*>(src), l.L, /*from_rows=*/false);
-        for (int64_t j = 0; j < n; ++j)
-          turn(l, l.position(g, t0 + j), rows.data() + j * l.dh, gx_row(g, t0 + j, head), true);
+        // This block's keys of this head in the core's (dh, L) layout.
+        const int64_t keys = (g * l.heads + head) * l.dh * l.L + t0;
+        if constexpr (back) cols_to_rows(in + keys, l.L, n, l.dh, rows.data());
+        for (int64_t j = 0; j < n; ++j) {
+          float* row = rows.data() + j * l.dh;
+          if constexpr (back)
+            turn(l, l.position(g, t0 + j), row, side(out, g, t0 + j, head), true);
+          else
+            turn(l, l.position(g, t0 + j), side(in, g, t0 + j, head), row, false);
+        }
+        if constexpr (!back) rows_to_cols(rows.data(), n, l.dh, out + keys, l.L);
       }
     }
   });
@@ -144,7 +133,7 @@ struct Rotary : public torch::autograd::Function<Rotary> {
     l.s2 = x.stride(2);
     auto out = transposed ? at::empty({l.G, l.heads, l.dh, l.L}, x.options())
                           : at::empty({l.G, l.heads, l.L, l.dh}, x.options());
-    forward_pass(l, x.data_ptr<float>(), out.data_ptr<float>(), transposed);
+    pass</*back=*/false>(l, x.data_ptr<float>(), out.data_ptr<float>(), transposed);
     ctx->save_for_backward({cos, sin, pos});
     ctx->saved_data["shape"] = x.sizes().vec();
     ctx->saved_data["scale"] = scale;
@@ -157,9 +146,12 @@ struct Rotary : public torch::autograd::Function<Rotary> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     auto gx = at::empty(shape, grads[0].options());
-    const Layout l = layout(gx, saved[0], saved[1], saved[2], ctx->saved_data["scale"].toDouble());
+    Layout l = layout(gx, saved[0], saved[1], saved[2], ctx->saved_data["scale"].toDouble());
+    l.s0 = gx.stride(0);
+    l.s1 = gx.stride(1);
+    l.s2 = gx.stride(2);
     const auto grad = grads[0].contiguous();
-    backward_pass(l, grad.data_ptr<float>(), gx.data_ptr<float>(), ctx->saved_data["transposed"].toBool());
+    pass</*back=*/true>(l, grad.data_ptr<float>(), gx.data_ptr<float>(), ctx->saved_data["transposed"].toBool());
     return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
