@@ -124,7 +124,10 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
         float* row = s + i * t.keys;
         bool finite = true;
         const float top = row_max(row, t.keys, &finite);
-        if (!finite) {  // an infinite or NaN score: NaN weights, as libtorch's softmax gives
+        // An infinite or NaN score makes the row NaN, as +inf and NaN do in
+        // libtorch's softmax (a lone -inf, which libtorch would weigh 0,
+        // needs q k^T to overflow; it is NaN here too).
+        if (!finite) {
           std::fill(row, row + t.keys, kNaN);
           stats[first + i] = log_sums[first + i] = kNaN;
           continue;
