@@ -333,6 +333,31 @@ TEST_CASE("run: two processes on one database run every run exactly once", "[eng
   CHECK(count(d.path() + "/c.db", "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 8);
 }
 
+TEST_CASE("run: a run that fails is recorded, the matrix goes on, and the exit status is 1", "[engine]") {
+  TempDir d("e2e-failing");
+  write_fixture(d, R"(
+[variants.broken]
+layers = ["attn", "fails_in_forward"]
+)");
+  // The matrix lists its variants: add the broken one to it.
+  std::stringstream text;
+  text << std::ifstream(d.path() + "/m.toml").rdbuf();
+  std::string toml = text.str();
+  const std::string listed = R"(variants = ["base", "routed"])";
+  toml.replace(toml.find(listed), listed.size(), R"(variants = ["base", "broken"])");
+  d.write("m.toml", toml);
+  setenv("CHIAR_PLUGIN_PATH", (std::string(CHIAR_TEST_PLUGIN_DIR) + "/fails_in_forward").c_str(), 1);
+  const auto out = test::run_chiar(run_args(d, "f.db", {"--only", "*/lm/seed=0"}));
+  unsetenv("CHIAR_PLUGIN_PATH");
+  INFO(out.output);
+  CHECK(out.status == 1);
+  CHECK(out.output.find("broken/lm/seed=0: failed: fails_in_forward: out of luck") != std::string::npos);
+  CHECK(out.output.find("2 run, 0 skipped, 1 failed") != std::string::npos);
+  const std::string db = d.path() + "/f.db";
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 1);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'failed' AND error LIKE '%out of luck%'") == 1);
+}
+
 TEST_CASE("run: bf16 autocast trains to finite metrics close to fp32", "[engine][bf16]") {
   TempDir d("e2e-bf16");
   write_fixture(d);

@@ -131,7 +131,7 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   const bool tty = isatty(STDOUT_FILENO);
   // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
   const std::string checkpoints = boost::filesystem::absolute(db).string() + ".checkpoints";
-  int64_t index = 0, ran = 0, skipped = 0;
+  int64_t index = 0, ran = 0, skipped = 0, failed = 0;
   for (const auto& run : matrix.runs) {
     ++index;
     RunSpec spec = run;
@@ -182,6 +182,7 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
       if (tty) std::cout << "\n";
       std::cout << tag << ": failed: " << message << "\n";
       store.finish(spec.hash, "failed", message, -1, {});
+      ++failed;
       continue;
     }
     if (tty) std::cout << "\n";
@@ -201,8 +202,11 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
     }
     if (g_stop.load()) return 130;
   }
-  std::cout << "matrix '" << matrix.name << "': " << ran << " run, " << skipped << " skipped; results in " << db << "\n";
-  return 0;
+  std::cout << "matrix '" << matrix.name << "': " << ran << " run, " << skipped << " skipped";
+  if (failed > 0) std::cout << ", " << failed << " failed (the error of each is above and in runs.error)";
+  std::cout << "; results in " << db << "\n";
+  // The matrix goes on past a failed run, but scripts and CI must see it.
+  return failed > 0 ? 1 : 0;
 }
 
 std::vector<std::string> result_columns() {
