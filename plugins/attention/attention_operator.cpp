@@ -180,9 +180,21 @@ class AttentionOperator final : public Operator {
     auto q = queries(project(q_, xr).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
     const bool recompute = recompute_for(T, ctx.causal);
-    if (!ctx.causal) return norm_(project(out_, attend_rows(q, kt, v, t, g, T, T, valid, recompute), xr));
-
-    if (T <= block_) return norm_(project(out_, attend_rows(q, kt, v, t, g, T, 1, valid, recompute), xr));
+    const bool fused = fuses(q);
+    if (!ctx.causal || T <= block_) {
+      // Every row of a sequence reads all T keys (masked after its position
+      // when causal): one segment per sequence, rows in their order.
+      if (fused) {
+        auto per_sequence = at::bincount(g.group, {}, g.count).cpu().contiguous();
+        const int64_t* n = per_sequence.data_ptr<int64_t>();
+        std::vector<int64_t> segments;
+        for (int64_t j = 0, start = 0; j < g.count; start += n[j], ++j) segments.insert(segments.end(), {start, n[j], j, T});
+        auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), ctx.causal ? t : at::Tensor(),
+                                                       valid);
+        return norm_(project(out_, o.reshape({N, d_}), xr));
+      }
+      return norm_(project(out_, attend_rows(q, kt, v, t, g, T, ctx.causal ? 1 : T, valid, recompute), xr));
+    }
 
     // Each sequence's rows go in query blocks of span(rows, T) positions
     // (block, or a multiple of it when its rows are sparse); a block's rows
@@ -201,6 +213,16 @@ class AttentionOperator final : public Operator {
     const int64_t* key = keys.data_ptr<int64_t>();
     const int64_t* count = counts.data_ptr<int64_t>();
     auto qs = q.index_select(0, order), ts = t.index_select(0, order);  // (N, h, dh), (N,)
+    auto inverse = at::empty_like(order).scatter_(0, order, at::arange(N, order.options()));
+    if (fused) {
+      // One fused call: a segment per (e, sequence) pair, reading that
+      // sequence's keys [0, e) in place; no padding, no copies of keys.
+      std::vector<int64_t> segments;
+      for (int64_t p = 0, start = 0; p < gp.count; start += count[p], ++p)
+        segments.insert(segments.end(), {start, count[p], key[p] % g.count, key[p] / g.count});
+      auto o = chiar_attention::fused_attention_rows(qs, kt, v, as_segments(segments), ts, valid);  // (N, h, dh)
+      return norm_(project(out_, o.reshape({N, d_}).index_select(0, inverse), xr));
+    }
     std::vector<at::Tensor> pieces;  // (n_j, d) per e, in sorted order
     for (int64_t p = 0, r = 0; p < gp.count;) {
       const int64_t e = key[p] / g.count;
@@ -228,7 +250,6 @@ class AttentionOperator final : public Operator {
       p += lg.count;
       r += n;
     }
-    auto inverse = at::empty_like(order).scatter_(0, order, at::arange(N, order.options()));
     auto o = at::cat(pieces).index_select(0, inverse);  // (N, d) in row order
     return norm_(project(out_, o, xr));
   }
@@ -393,6 +414,12 @@ class AttentionOperator final : public Operator {
       rope_sin_ = angle.sin().to(x.scalar_type());
     }
     return {rope_cos_, rope_sin_};
+  }
+
+  // (start, count, sequence, keys) quadruples as the (S, 4) tensor
+  // fused_attention_rows takes.
+  static at::Tensor as_segments(const std::vector<int64_t>& flat) {
+    return at::tensor(flat, at::TensorOptions().dtype(at::kLong)).view({-1, 4});
   }
 
   // Rows packed per sequence: q (n, h, dh) at positions t (n,), grouped by g

@@ -38,32 +38,40 @@ Matrices matrices(const at::Tensor& t) { return {t.data_ptr<float>(), t.stride(0
 
 // What every tile needs to know, shared by forward and backward.
 struct Problem {
-  int64_t G, heads, m, dh, L, block;
+  int64_t G, GK, heads, m, dh, L, block;  // G query batches, GK key batches (equal unless segmented)
   Matrices q, kt, v;
   const int64_t* qpos = nullptr;  // (G or 1, m), or none
   int64_t qpos_stride = 0;        // m when positions differ per sequence, else 0
-  const bool* valid = nullptr;    // (G, L), or none
+  const bool* valid = nullptr;    // (GK, L), or none
 
-  // qpos_, valid_: empty for none; arrays: score-sized scratch arrays per
-  // tile (forward 1, backward 2), which sets the rows per tile.
+  // Query rows [r0, r0 + rows) of query batch qg that read keys [0, keys)
+  // of key batch kg: a causal block or a segment, or a part of one.
+  struct Tile {
+    int64_t r0, rows, keys, qg, kg;
+  };
+  std::vector<Tile> tiles;
+  std::vector<std::vector<size_t>> tiles_of;  // per key batch, its tiles in order
+
+  // qpos_, valid_, segments_: empty for none; segments_ (S, 4) int64 rows
+  // (start, count, key batch, keys) of a single query batch; arrays:
+  // score-sized scratch arrays per tile (forward 1, backward 2), which sets
+  // the rows per tile.
   Problem(const at::Tensor& q_, const at::Tensor& kt_, const at::Tensor& v_, const at::Tensor& qpos_,
-          const at::Tensor& valid_, int64_t block_, int64_t arrays)
-      : G(q_.size(0)), heads(q_.size(1)), m(q_.size(2)), dh(q_.size(3)), L(kt_.size(3)), block(block_),
-        q(matrices(q_)), kt(matrices(kt_)), v(matrices(v_)) {
+          const at::Tensor& valid_, const at::Tensor& segments_, int64_t block_, int64_t arrays)
+      : G(q_.size(0)), GK(kt_.size(0)), heads(q_.size(1)), m(q_.size(2)), dh(q_.size(3)), L(kt_.size(3)),
+        block(block_), q(matrices(q_)), kt(matrices(kt_)), v(matrices(v_)) {
     if (qpos_.numel() > 0) {
       qpos = qpos_.data_ptr<int64_t>();
       qpos_stride = qpos_.size(0) == G && G > 1 ? m : 0;
     }
     if (valid_.numel() > 0) valid = valid_.data_ptr<bool>();
-    cut_tiles(arrays);
+    if (segments_.numel() > 0)
+      cut_segments(segments_, arrays);
+    else
+      cut_tiles(arrays);
+    tiles_of.resize(static_cast<size_t>(GK));
+    for (size_t i = 0; i < tiles.size(); ++i) tiles_of[static_cast<size_t>(tiles[i].kg)].push_back(i);
   }
-
-  // Query rows [r0, r0 + rows) that read keys [0, keys): a causal block, or
-  // a part of one.
-  struct Tile {
-    int64_t r0, rows, keys;
-  };
-  std::vector<Tile> tiles;
 
   // Rows per tile for `keys` keys: the most (a power of two, 16 to 128)
   // whose `arrays` score arrays fit kTileBytes.
@@ -76,22 +84,33 @@ struct Problem {
 
   void cut_tiles(int64_t arrays) {
     const int64_t span = block > 0 ? block : std::max<int64_t>(m, 1);
-    for (int64_t s = 0; s < m; s += span) {
-      const int64_t end = std::min(m, s + span), keys = block > 0 ? std::min(L, end) : L;
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t s = 0; s < m; s += span) {
+        const int64_t end = std::min(m, s + span), keys = block > 0 ? std::min(L, end) : L;
+        const int64_t rows = rows_for(keys, arrays);
+        for (int64_t r0 = s; r0 < end; r0 += rows) tiles.push_back({r0, std::min(rows, end - r0), keys, g, g});
+      }
+  }
+
+  void cut_segments(const at::Tensor& segments, int64_t arrays) {
+    const auto* seg = segments.data_ptr<int64_t>();
+    for (int64_t i = 0; i < segments.size(0); ++i) {
+      const int64_t start = seg[4 * i], count = seg[4 * i + 1], kg = seg[4 * i + 2], keys = seg[4 * i + 3];
       const int64_t rows = rows_for(keys, arrays);
-      for (int64_t r0 = s; r0 < end; r0 += rows) tiles.push_back({r0, std::min(rows, end - r0), keys});
+      for (int64_t r0 = start; r0 < start + count; r0 += rows)
+        tiles.push_back({r0, std::min(rows, start + count - r0), keys, 0, kg});
     }
   }
 
   // Scores of one tile into s (rows x keys, leading dimension keys), masked.
-  void scores(int64_t g, int64_t head, const Tile& t, float* s) const {
-    chiar::sgemm(false, false, t.rows, t.keys, dh, 1.f, q.at(g, head) + t.r0 * q.ld, q.ld, kt.at(g, head), kt.ld,
+  void scores(int64_t head, const Tile& t, float* s) const {
+    chiar::sgemm(false, false, t.rows, t.keys, dh, 1.f, q.row(t.qg, head, t.r0), q.ld, kt.at(t.kg, head), kt.ld,
                  0.f, s, t.keys);
-    const bool* ok = valid ? valid + g * L : nullptr;
+    const bool* ok = valid ? valid + t.kg * L : nullptr;
     for (int64_t i = 0; i < t.rows; ++i) {
       float* row = s + i * t.keys;
       const int64_t r = t.r0 + i;
-      const int64_t pos = block > 0 ? r : qpos ? qpos[g * qpos_stride + r] : t.keys;
+      const int64_t pos = block > 0 ? r : qpos ? qpos[t.qg * qpos_stride + r] : t.keys;
       for (int64_t j = std::max<int64_t>(pos + 1, 0); j < t.keys; ++j) row[j] = kMasked;
       if (ok)
         for (int64_t j = 0; j < t.keys; ++j)
@@ -111,15 +130,15 @@ float* scratch(size_t floats) {
 // o (G, h, m, dh) and, per query, the maximum score and the log of the sum
 // of exp(score - maximum): stats (2, G, h, m).
 void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
-  const int64_t tiles = static_cast<int64_t>(p.tiles.size()), per_seq = p.heads * p.m;
+  const int64_t per_seq = p.heads * p.m;
   float* log_sums = stats + p.G * per_seq;
-  at::parallel_for(0, p.G * p.heads * tiles, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, static_cast<int64_t>(p.tiles.size()) * p.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t g = task / (p.heads * tiles), head = task / tiles % p.heads;
-      const auto& t = p.tiles[static_cast<size_t>(task % tiles)];
+      const auto& t = p.tiles[static_cast<size_t>(task / p.heads)];
+      const int64_t head = task % p.heads;
       float* s = scratch(static_cast<size_t>(t.rows * t.keys));  // (rows, keys)
-      p.scores(g, head, t, s);
-      const int64_t first = g * per_seq + head * p.m + t.r0;
+      p.scores(head, t, s);
+      const int64_t first = t.qg * per_seq + head * p.m + t.r0;
       for (int64_t i = 0; i < t.rows; ++i) {
         float* row = s + i * t.keys;
         bool finite = true;
@@ -137,8 +156,8 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
         stats[first + i] = top;
         log_sums[first + i] = std::log(sum);
       }
-      chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, s, t.keys, p.v.at(g, head), p.v.ld, 0.f,
-                   o.row(g, head, t.r0), o.ld);
+      chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, s, t.keys, p.v.at(t.kg, head), p.v.ld, 0.f,
+                   o.row(t.qg, head, t.r0), o.ld);
     }
   });
 }
@@ -148,28 +167,29 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
 // every product of a tile reads row-major operands or transposes only its
 // short side (oneDNN ran the q and weights gradients at 115 and 200 GFLOP/s
 // reading kt and v against the grain, 241 and 236 this way, one core, 4096
-// keys). dq (G, h, m, dh), dkt (G, h, dh, L) and dvt (G, h, dh, L)
-// contiguous. One task per (sequence, head), so that the tiles adding into
+// keys). dq (G, h, m, dh), dkt (GK, h, dh, L) and dvt (GK, h, dh, L)
+// contiguous. One task per (key batch, head), so that the tiles adding into
 // its keys' and values' gradients run one after another.
 void backward_tiles(const Problem& p, const Matrices& o, const float* stats, const Matrices& dout, const float* k,
                     const float* vt, float* dq, float* dkt, float* dvt) {
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
-  at::parallel_for(0, p.G * p.heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.GK * p.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t g = task / p.heads, head = task % p.heads;
+      const int64_t kg = task / p.heads, head = task % p.heads;
       const float* k_gh = k + task * p.L * p.dh;    // (L, dh)
       const float* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
       float* dkt_gh = dkt + task * p.dh * p.L;      // (dh, L)
       float* dvt_gh = dvt + task * p.dh * p.L;      // (dh, L)
       std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
       std::fill(dvt_gh, dvt_gh + p.dh * p.L, 0.f);
-      for (const auto& t : p.tiles) {
+      for (const size_t index : p.tiles_of[static_cast<size_t>(kg)]) {
+        const auto& t = p.tiles[index];
         const size_t area = static_cast<size_t>(t.rows * t.keys);
         float* weights = scratch(2 * area);  // (rows, keys): the weights, then
         float* grad = weights + area;        // the scores' gradient
-        p.scores(g, head, t, weights);
-        const int64_t first = g * per_seq + head * p.m + t.r0;
+        p.scores(head, t, weights);
+        const int64_t first = t.qg * per_seq + head * p.m + t.r0;
         for (int64_t i = 0; i < t.rows; ++i) {
           float* row = weights + i * t.keys;
           if (std::isnan(stats[first + i]))
@@ -177,18 +197,18 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
           else
             exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
         }
-        const float* dout_t = dout.row(g, head, t.r0);  // (rows, dh), leading dimension dout.ld
+        const float* dout_t = dout.row(t.qg, head, t.r0);  // (rows, dh), leading dimension dout.ld
         // dvt[:, :keys] += dout^T weights
         chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, dout_t, dout.ld, weights, t.keys, 1.f, dvt_gh, p.L);
         // d weights = dout vt[:, :keys], then through the softmax
         chiar::sgemm(false, false, t.rows, t.keys, p.dh, 1.f, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
         for (int64_t i = 0; i < t.rows; ++i)
           softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
-                               dot(dout_t + i * dout.ld, o.row(g, head, t.r0 + i), p.dh));
+                               dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh));
         // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
         chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, grad, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
-        chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.at(g, head) + t.r0 * p.q.ld, p.q.ld, grad, t.keys,
-                     1.f, dkt_gh, p.L);
+        chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.row(t.qg, head, t.r0), p.q.ld, grad, t.keys, 1.f,
+                     dkt_gh, p.L);
       }
     }
   });
@@ -196,8 +216,9 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
 
 struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kt,
-                            const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid, int64_t block) {
-    const Problem p(q, kt, v, qpos, valid, block, /*arrays=*/1);
+                            const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid,
+                            const at::Tensor& segments, int64_t block) {
+    const Problem p(q, kt, v, qpos, valid, segments, block, /*arrays=*/1);
     // Stored as (G, m, h, dh): the heads side by side per query, so that the
     // caller's (G, m, h * dh) for the output projection is a view, not a copy.
     auto o = at::empty({p.G, p.m, p.heads, p.dh}, q.options()).transpose(1, 2);  // (G, h, m, dh)
@@ -206,6 +227,7 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     ctx->save_for_backward({q, kt, v, o, stats});
     ctx->saved_data["qpos"] = qpos;
     ctx->saved_data["valid"] = valid;
+    ctx->saved_data["segments"] = segments;
     ctx->saved_data["block"] = block;
     return o;
   }
@@ -215,16 +237,16 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &kt = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4];
     const Problem p(q, kt, v, ctx->saved_data["qpos"].toTensor(), ctx->saved_data["valid"].toTensor(),
-                    ctx->saved_data["block"].toInt(), /*arrays=*/2);
+                    ctx->saved_data["segments"].toTensor(), ctx->saved_data["block"].toInt(), /*arrays=*/2);
     auto dout = readable(grads[0]);
-    const auto k = kt.transpose(2, 3).contiguous();  // (G, h, L, dh)
-    const auto vt = v.transpose(2, 3).contiguous();  // (G, h, dh, L)
+    const auto k = kt.transpose(2, 3).contiguous();  // (GK, h, L, dh)
+    const auto vt = v.transpose(2, 3).contiguous();  // (GK, h, dh, L)
     auto dq = at::empty({p.G, p.heads, p.m, p.dh}, q.options());
-    auto dkt = at::empty({p.G, p.heads, p.dh, p.L}, kt.options());
-    auto dvt = at::empty({p.G, p.heads, p.dh, p.L}, v.options());
+    auto dkt = at::empty({p.GK, p.heads, p.dh, p.L}, kt.options());
+    auto dvt = at::empty({p.GK, p.heads, p.dh, p.L}, v.options());
     backward_tiles(p, matrices(o), stats.data_ptr<float>(), matrices(dout), k.data_ptr<float>(),
                    vt.data_ptr<float>(), dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
-    return {dq, dkt, dvt.transpose(2, 3), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dkt, dvt.transpose(2, 3), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -251,7 +273,42 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::
   const auto positions =
       qpos.defined() && qpos.numel() > 0 ? qpos.reshape({qpos.size(0), -1}).to(at::kLong).contiguous() : none;
   const auto keys = valid.defined() && valid.numel() > 0 ? valid.to(at::kBool).contiguous() : none;
-  return FusedAttention::apply(readable(q), readable(kt), readable(v), positions, keys, block);
+  return FusedAttention::apply(readable(q), readable(kt), readable(v), positions, keys, none, block);
+}
+
+at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
+                                const at::Tensor& segments, const at::Tensor& qpos, const at::Tensor& valid) {
+  RECORD_FUNCTION("chiar::fused_attention_rows", std::vector<c10::IValue>({q, kt, v}));
+  TORCH_CHECK(q.dim() == 3 && kt.dim() == 4 && v.dim() == 4 && q.size(1) == kt.size(1) && q.size(2) == kt.size(2) &&
+                  v.sizes() == at::IntArrayRef({kt.size(0), kt.size(1), kt.size(3), kt.size(2)}),
+              "fused_attention_rows: q ", q.sizes(), ", kt ", kt.sizes(), " and v ", v.sizes(), " do not match");
+  const auto seg = segments.to(at::kLong).contiguous();
+  TORCH_CHECK(seg.dim() == 2 && seg.size(1) == 4, "fused_attention_rows: segments must be (S, 4), found ",
+              seg.sizes());
+  const auto* s = seg.data_ptr<int64_t>();
+  int64_t covered = 0;
+  for (int64_t i = 0; i < seg.size(0); ++i) {
+    TORCH_CHECK(s[4 * i] == covered && s[4 * i + 1] > 0 && s[4 * i + 2] >= 0 && s[4 * i + 2] < kt.size(0) &&
+                    s[4 * i + 3] > 0 && s[4 * i + 3] <= kt.size(3),
+                "fused_attention_rows: segment ", i, " (", s[4 * i], ", ", s[4 * i + 1], ", ", s[4 * i + 2], ", ",
+                s[4 * i + 3], ") does not follow on row ", covered, " within ", kt.size(0), " sequences of ",
+                kt.size(3), " keys");
+    covered += s[4 * i + 1];
+  }
+  TORCH_CHECK(covered == q.size(0), "fused_attention_rows: segments cover ", covered, " of ", q.size(0), " rows");
+  TORCH_CHECK(!valid.defined() || valid.numel() == 0 ||
+                  (valid.dim() == 2 && valid.size(0) == kt.size(0) && valid.size(1) == kt.size(3)),
+              "fused_attention_rows: valid ", valid.sizes(), " does not match ", kt.size(0), " sequences of ",
+              kt.size(3), " keys");
+  TORCH_CHECK(!qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(0),
+              "fused_attention_rows: positions ", qpos.sizes(), " do not match ", q.size(0), " rows");
+  const auto none = at::empty({0}, q.options().dtype(at::kLong));
+  const auto positions = qpos.defined() && qpos.numel() > 0 ? qpos.reshape({1, -1}).to(at::kLong).contiguous() : none;
+  const auto keys = valid.defined() && valid.numel() > 0 ? valid.to(at::kBool).contiguous() : none;
+  // One query batch of N rows: (1, h, N, dh), its rows read in place.
+  auto o = FusedAttention::apply(readable(q.transpose(0, 1).unsqueeze(0)), readable(kt), readable(v), positions, keys,
+                                 seg, 0);                   // (1, h, N, dh) stored (1, N, h, dh)
+  return o.squeeze(0).transpose(0, 1);  // (N, h, dh), contiguous
 }
 
 }  // namespace chiar_attention

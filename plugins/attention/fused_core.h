@@ -37,4 +37,18 @@ constexpr int64_t kMaxTileRows = 128, kMinTileRows = 16;
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& qpos,
                            const at::Tensor& valid, int64_t block);
 
+// The same for selected rows, in one call however many sequences and key
+// ranges they span (the routed layer's sparse attention): no padding of the
+// rows to equal lengths, no copies of the keys.
+//   q        (N, h, dh) the rows' scaled queries, unit last stride
+//   kt, v    as above, (G, h, dh, L) and (G, h, L, dh)
+//   segments (S, 4) int64: (start, count, sequence, keys) — rows [start,
+//            start + count) of q read keys [0, keys) of that sequence;
+//            consecutive, covering all N rows
+//   qpos     (N) positions for the causal mask, or undefined
+//   valid    (G, L) or undefined
+// Returns (N, h, dh), contiguous. Differentiable in q, kt and v.
+at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
+                                const at::Tensor& segments, const at::Tensor& qpos, const at::Tensor& valid);
+
 }  // namespace chiar_attention
