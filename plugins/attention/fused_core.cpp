@@ -250,6 +250,24 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   }
 };
 
+// The optional masks as the autograd function takes them (its arguments are
+// all defined, so "none" is an empty tensor): positions as (rows, -1) int64,
+// valid (G, L) bool, checked against the key batches.
+struct Masks {
+  at::Tensor none, positions, keys;
+};
+Masks masks(const char* who, const at::Tensor& qpos, int64_t position_rows, const at::Tensor& valid, int64_t G,
+            int64_t L) {
+  TORCH_CHECK(!valid.defined() || valid.numel() == 0 || (valid.dim() == 2 && valid.size(0) == G && valid.size(1) == L),
+              who, ": valid ", valid.sizes(), " does not match ", G, " sequences of ", L, " keys");
+  Masks m;
+  m.none = at::empty({0}, at::TensorOptions().dtype(at::kLong));
+  m.positions =
+      qpos.defined() && qpos.numel() > 0 ? qpos.reshape({position_rows, -1}).to(at::kLong).contiguous() : m.none;
+  m.keys = valid.defined() && valid.numel() > 0 ? valid.to(at::kBool).contiguous() : m.none;
+  return m;
+}
+
 }  // namespace
 
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& qpos,
@@ -261,19 +279,12 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::
               "fused_attention: q ", q.sizes(), ", kt ", kt.sizes(), " and v ", v.sizes(), " do not match");
   TORCH_CHECK(block == 0 || (!qpos.defined() && q.size(2) == kt.size(3)),
               "fused_attention: causal blocks need a query per key and no positions");
-  TORCH_CHECK(!valid.defined() || valid.numel() == 0 ||
-                  (valid.dim() == 2 && valid.size(0) == q.size(0) && valid.size(1) == kt.size(3)),
-              "fused_attention: valid ", valid.sizes(), " does not match ", q.size(0), " sequences of ",
-              kt.size(3), " keys");
   TORCH_CHECK(!qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(2) ||
                   qpos.numel() == q.size(0) * q.size(2),
               "fused_attention: positions ", qpos.sizes(), " do not match queries ", q.sizes());
-  // "None" is an empty tensor: the autograd function's arguments are all defined.
-  const auto none = at::empty({0}, q.options().dtype(at::kLong));
-  const auto positions =
-      qpos.defined() && qpos.numel() > 0 ? qpos.reshape({qpos.size(0), -1}).to(at::kLong).contiguous() : none;
-  const auto keys = valid.defined() && valid.numel() > 0 ? valid.to(at::kBool).contiguous() : none;
-  return FusedAttention::apply(readable(q), readable(kt), readable(v), positions, keys, none, block);
+  const Masks m =
+      masks("fused_attention", qpos, qpos.defined() && qpos.dim() > 0 ? qpos.size(0) : 1, valid, q.size(0), kt.size(3));
+  return FusedAttention::apply(readable(q), readable(kt), readable(v), m.positions, m.keys, m.none, block);
 }
 
 at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
@@ -296,18 +307,12 @@ at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const
     covered += s[4 * i + 1];
   }
   TORCH_CHECK(covered == q.size(0), "fused_attention_rows: segments cover ", covered, " of ", q.size(0), " rows");
-  TORCH_CHECK(!valid.defined() || valid.numel() == 0 ||
-                  (valid.dim() == 2 && valid.size(0) == kt.size(0) && valid.size(1) == kt.size(3)),
-              "fused_attention_rows: valid ", valid.sizes(), " does not match ", kt.size(0), " sequences of ",
-              kt.size(3), " keys");
   TORCH_CHECK(!qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(0),
               "fused_attention_rows: positions ", qpos.sizes(), " do not match ", q.size(0), " rows");
-  const auto none = at::empty({0}, q.options().dtype(at::kLong));
-  const auto positions = qpos.defined() && qpos.numel() > 0 ? qpos.reshape({1, -1}).to(at::kLong).contiguous() : none;
-  const auto keys = valid.defined() && valid.numel() > 0 ? valid.to(at::kBool).contiguous() : none;
+  const Masks m = masks("fused_attention_rows", qpos, 1, valid, kt.size(0), kt.size(3));
   // One query batch of N rows: (1, h, N, dh), its rows read in place.
-  auto o = FusedAttention::apply(readable(q.transpose(0, 1).unsqueeze(0)), readable(kt), readable(v), positions, keys,
-                                 seg, 0);                   // (1, h, N, dh) stored (1, N, h, dh)
+  auto o = FusedAttention::apply(readable(q.transpose(0, 1).unsqueeze(0)), readable(kt), readable(v), m.positions,
+                                 m.keys, seg, 0);  // (1, h, N, dh) stored (1, N, h, dh)
   return o.squeeze(0).transpose(0, 1);  // (N, h, dh), contiguous
 }
 

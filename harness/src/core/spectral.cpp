@@ -139,11 +139,6 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
   check_input(c, "spectral_entropy");
   const int64_t d = c.size(-1);
   if (d == 1) return at::zeros(c.sizes().slice(0, c.dim() - 1), c.options());
-  // A zero vector divides by 1 instead of 0, so p = 0 and H = 0 with finite
-  // gradients; the smallest normal number keeps 0 * log 0 at 0.
-  const double tiny = c.scalar_type() == at::kDouble
-                          ? std::numeric_limits<double>::min()
-                          : static_cast<double>(std::numeric_limits<float>::min());
   if (c.scalar_type() == at::kFloat && c.device().is_cpu() &&
       !(torch::autograd::GradMode::is_enabled() && c.requires_grad())) {
     // Inference and calibration, where the router runs this on every token
@@ -153,6 +148,11 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
     spectral_entropy_rows(rows.data_ptr<float>(), h.numel(), d, h.data_ptr<float>());
     return h;
   }
+  // A zero vector divides by 1 instead of 0, so p = 0 and H = 0 with finite
+  // gradients; the smallest normal number keeps 0 * log 0 at 0.
+  const double tiny = c.scalar_type() == at::kDouble
+                          ? std::numeric_limits<double>::min()
+                          : static_cast<double>(std::numeric_limits<float>::min());
   auto energy = c.square();
   auto total = energy.sum(-1, /*keepdim=*/true);
   const auto safe_total = at::where(total > 0, total, at::ones_like(total));
