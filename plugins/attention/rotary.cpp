@@ -8,13 +8,23 @@
 #include <algorithm>
 #include <vector>
 
+// An AVX-512, an AVX2 and a baseline copy of each row loop, bound when the
+// plugin loads (as in softmax_rows.cpp): the plugin itself is built for the
+// baseline ISA, whose 4-wide loops ran these passes at half the speed.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CHIAR_ROW_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CHIAR_ROW_KERNEL
+#endif
+
 namespace chiar_attention {
 
 namespace {
 
 // Positions per transposed block: the block's rows are rotated into a small
-// buffer, then written a feature at a time as runs of kBlock positions.
-constexpr int64_t kBlock = 32;
+// buffer (16 KiB at dh 64), then written a feature at a time as runs of
+// kBlock positions (four cache lines each).
+constexpr int64_t kBlock = 64;
 
 struct Layout {
   int64_t G, L, heads, dh, half;
@@ -27,32 +37,43 @@ struct Layout {
   int64_t position(int64_t g, int64_t t) const { return pos ? pos[g * pos_stride + t] : t; }
 };
 
-// One row of dh features turned by +angle (forward) or -angle (backward, the
-// rotation's transpose), times scale: out[i], out[i + half].
-inline void turn(const Layout& l, int64_t p, const float* in, float* out, bool back) {
-  const float* c = l.cos + p * l.half;
-  const float* s = l.sin + p * l.half;
-  const float sign = back ? -1.f : 1.f;
-  for (int64_t i = 0; i < l.half; ++i) {
-    const float a = in[i], b = in[i + l.half], cs = c[i] * l.scale, sn = sign * s[i] * l.scale;
+// One row of dh features turned by the angles whose cos and sin are c, s
+// (half each) times scale; sign -1 turns back (the rotation's transpose):
+// out[i], out[i + half].
+CHIAR_ROW_KERNEL
+void turn_row(const float* __restrict c, const float* __restrict s, int64_t half, float scale, float sign,
+              const float* __restrict in, float* __restrict out) {
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = in[i], b = in[i + half], cs = c[i] * scale, sn = sign * s[i] * scale;
     out[i] = a * cs - b * sn;
-    out[i + l.half] = a * sn + b * cs;
+    out[i + half] = a * sn + b * cs;
   }
 }
 
-// A block's n rows of dh features (rows, row-major) <-> the same features as
-// dh runs of n positions in a (dh, ld) matrix (cols): eight features at a
-// time, so that each row is read (or written) in 32-byte pieces rather than a
-// float per cache line (3x faster than feature by feature).
-void rows_to_cols(const float* rows, int64_t n, int64_t dh, float* cols, int64_t ld) {
-  for (int64_t i0 = 0; i0 < dh; i0 += 8)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t i = i0; i < std::min<int64_t>(i0 + 8, dh); ++i) cols[i * ld + j] = rows[j * dh + i];
+inline void turn(const Layout& l, int64_t p, const float* in, float* out, bool back) {
+  turn_row(l.cos + p * l.half, l.sin + p * l.half, l.half, l.scale, back ? -1.f : 1.f, in, out);
 }
-void cols_to_rows(const float* cols, int64_t ld, int64_t n, int64_t dh, float* rows) {
-  for (int64_t i0 = 0; i0 < dh; i0 += 8)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t i = i0; i < std::min<int64_t>(i0 + 8, dh); ++i) rows[j * dh + i] = cols[i * ld + j];
+
+// A block's n rows of dh features (rows, row-major) <-> the same features as
+// dh runs of n positions in a (dh, ld) matrix (cols): a feature at a time,
+// vectorised along the run, so that the big matrix is read (or written) in
+// whole vectors and the strided side is the small buffer, which stays in L1.
+CHIAR_ROW_KERNEL
+void rows_to_cols(const float* __restrict rows, int64_t n, int64_t dh, float* __restrict cols, int64_t ld) {
+  for (int64_t i = 0; i < dh; ++i) {
+    float* __restrict run = cols + i * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) run[j] = rows[j * dh + i];
+  }
+}
+CHIAR_ROW_KERNEL
+void cols_to_rows(const float* __restrict cols, int64_t ld, int64_t n, int64_t dh, float* __restrict rows) {
+  for (int64_t i = 0; i < dh; ++i) {
+    const float* __restrict run = cols + i * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) rows[j * dh + i] = run[j];
+  }
 }
 
 // Between the projection's side, (G, L, h, dh) at strides s0, s1, s2, and
