@@ -151,6 +151,46 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   CHECK(at::equal(routed.forward(x).logits, again.forward(x).logits));
 }
 
+TEST_CASE("lm_loss through the fused head equals the loss from the logits, value and every gradient", "[model][cross_entropy]") {
+  // The fp32 fused path against libtorch's cross-entropy on the logits the
+  // same model gives, with the tied weight reached twice (embedding and head).
+  for (const auto& v : variants()) {
+    CAPTURE(v.name);
+    ChiarModel model(test::plugins(), v.options);
+    model.train();
+    at::manual_seed(5);
+    const auto x = tokens(3, 12), targets = tokens(3, 12);
+    const auto valid = at::arange(12).lt(9).expand({3, 12}).clone();  // 3 padded positions per sequence
+    const auto w = valid.to(at::kFloat) / valid.sum().to(at::kFloat);
+    std::vector<at::Tensor> fused, plain;
+    at::Tensor fused_loss, plain_loss;
+    for (const bool use_fused : {true, false}) {
+      model.zero_grad();
+      at::manual_seed(6);  // the same dropout masks and routing noise both times
+      auto out = model.forward(x, valid, /*logits=*/!use_fused);
+      at::Tensor loss;
+      if (use_fused) {
+        REQUIRE_FALSE(out.logits.defined());
+        loss = model.lm_loss(out, targets, w);
+      } else {
+        const auto nll = at::cross_entropy_loss(out.logits.reshape({-1, 50}), targets.reshape({-1}), {},
+                                                at::Reduction::None);
+        loss = (nll * w.reshape({-1})).sum();
+      }
+      loss.backward();
+      (use_fused ? fused_loss : plain_loss) = loss.detach();
+      for (const auto& p : model.parameters())
+        (use_fused ? fused : plain).push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+    }
+    CHECK(fused_loss.item<double>() == Approx(plain_loss.item<double>()).epsilon(1e-5));
+    REQUIRE(fused.size() == plain.size());
+    for (size_t i = 0; i < fused.size(); ++i) {
+      CAPTURE(i);
+      CHECK(rel_error(fused[i], plain[i]) < 1e-4);
+    }
+  }
+}
+
 TEST_CASE("model options are checked with clear messages", "[model][errors]") {
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct", "conv"})),
                     "unknown operator 'conv' (known: attention (attn), dct, fourier, rbf)");

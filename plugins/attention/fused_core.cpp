@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "chiar/linear.h"
-#include "softmax_rows.h"
+#include "chiar/row_kernels.h"
 
 namespace chiar_attention {
 
@@ -142,7 +142,7 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
       for (int64_t i = 0; i < t.rows; ++i) {
         float* row = s + i * t.keys;
         bool finite = true;
-        const float top = row_max(row, t.keys, &finite);
+        const float top = chiar::row_max(row, t.keys, &finite);
         // An infinite or NaN score makes the row NaN, as +inf and NaN do in
         // libtorch's softmax (a lone -inf, which libtorch would weigh 0,
         // needs q k^T to overflow; it is NaN here too).
@@ -151,8 +151,8 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
           stats[first + i] = log_sums[first + i] = kNaN;
           continue;
         }
-        const float sum = exp_shifted(row, t.keys, top, 0.f);
-        scale_row(row, t.keys, 1.f / sum);
+        const float sum = chiar::exp_shifted(row, t.keys, top, 0.f);
+        chiar::scale_row(row, t.keys, 1.f / sum);
         stats[first + i] = top;
         log_sums[first + i] = std::log(sum);
       }
@@ -195,7 +195,7 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
           if (std::isnan(stats[first + i]))
             std::fill(row, row + t.keys, kNaN);
           else
-            exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
+            chiar::exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
         }
         const float* dout_t = dout.row(t.qg, head, t.r0);  // (rows, dh), leading dimension dout.ld
         // dvt[:, :keys] += dout^T weights
@@ -203,8 +203,8 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
         // d weights = dout vt[:, :keys], then through the softmax
         chiar::sgemm(false, false, t.rows, t.keys, p.dh, 1.f, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
         for (int64_t i = 0; i < t.rows; ++i)
-          softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
-                               dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh));
+          chiar::softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
+                                      chiar::dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh));
         // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
         chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, grad, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
         chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.row(t.qg, head, t.r0), p.q.ld, grad, t.keys, 1.f,

@@ -59,8 +59,10 @@ class Variant {
   void train_step(const at::Tensor& tokens, const at::Tensor& targets, int64_t outputs) {
     model_.train();
     opt_.zero_grad();
-    auto out = model_.forward(tokens);
-    auto loss = at::cross_entropy_loss(out.logits.reshape({-1, outputs}), targets.reshape({-1}));
+    // A language model's loss through the fused head, as `chiar run` trains it.
+    auto out = model_.forward(tokens, {}, /*logits=*/false);
+    auto loss = out.hidden.defined() ? model_.lm_loss(out, targets)
+                                     : at::cross_entropy_loss(out.logits.reshape({-1, outputs}), targets.reshape({-1}));
     if (out.aux_loss.defined()) loss = loss + out.aux_loss;
     loss.backward();
     opt_.step();

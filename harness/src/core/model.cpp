@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "chiar/cross_entropy.h"
 #include "chiar/error.h"
 #include "chiar/linear.h"
 #include "registry.h"
@@ -149,7 +150,7 @@ at::Tensor ChiarModel::pool(const at::Tensor& h, const at::Tensor& valid) const 
   return (h * w).sum(1) / w.sum(1).clamp_min(1.0);
 }
 
-ModelOutput ChiarModel::forward(const at::Tensor& tokens, const at::Tensor& valid) {
+ModelOutput ChiarModel::forward(const at::Tensor& tokens, const at::Tensor& valid, bool logits) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be (B, T)");
   ModelOutput out;
   OpContext ctx;
@@ -167,11 +168,20 @@ ModelOutput ChiarModel::forward(const at::Tensor& tokens, const at::Tensor& vali
     h = ffn_[i]->forward(mixed);
   }
   if (options_.head_ == HeadKind::LanguageModel) {
-    out.logits = chiar::linear(h, embed_->weight);  // tied head: (B, T, V)
+    out.hidden = h;
+    if (logits) out.logits = chiar::linear(h, embed_->weight);  // tied head: (B, T, V)
   } else {
     out.logits = cls_out_->forward(at::gelu(cls_hidden_->forward(pool(h, valid))));  // (B, C)
   }
   return out;
+}
+
+at::Tensor ChiarModel::lm_loss(const ModelOutput& out, const at::Tensor& targets, const at::Tensor& weights) const {
+  if (options_.head_ != HeadKind::LanguageModel || !out.hidden.defined())
+    throw UserError("lm_loss: needs a language model's output");
+  const int64_t d = out.hidden.size(-1);
+  return linear_cross_entropy(out.hidden.reshape({-1, d}), embed_->weight, targets.reshape({-1}),
+                              weights.defined() ? weights.reshape({-1}) : weights);
 }
 
 void ChiarModel::calibrate_routers(const at::Tensor& tokens, const at::Tensor& valid) {

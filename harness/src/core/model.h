@@ -74,7 +74,8 @@ class CHIAR_API FeedForward : public torch::nn::Module {
 };
 
 struct ModelOutput {
-  at::Tensor logits;     // (B, T, V) language model, (B, C) classifier
+  at::Tensor logits;     // (B, T, V) language model, (B, C) classifier; undefined when not asked for
+  at::Tensor hidden;     // (B, T, d) language model: the final hidden states the tied head reads
   at::Tensor aux_loss;   // () routers' regularisers, or undefined
   at::Tensor meta_gate;  // (B, T, 1) or (1, 1, 1) MetaRouter gate, or undefined
   std::vector<LayerRouting> routing;  // one per routed layer, in order
@@ -87,8 +88,16 @@ class CHIAR_API ChiarModel : public torch::nn::Module {
   ChiarModel(const PluginRegistry& registry, ModelOptions options);
 
   // tokens: (B, T) int64; valid: (B, T) bool, true for real tokens (undefined =
-  // all real). Padding never enters pooling or attention.
-  ModelOutput forward(const at::Tensor& tokens, const at::Tensor& valid = {});
+  // all real). Padding never enters pooling or attention. logits = false
+  // leaves a language model's logits out (training takes its loss from
+  // `hidden` through lm_loss); a classifier always has them.
+  ModelOutput forward(const at::Tensor& tokens, const at::Tensor& valid = {}, bool logits = true);
+
+  // A language model's token cross-entropy through its tied head, fused
+  // (chiar/cross_entropy.h): sum_i w_i nll_i over out.hidden's B*T tokens.
+  //   targets (B, T) int64; weights (B, T), e.g. valid / valid.sum(), or
+  //   undefined for the mean. Returns ().
+  at::Tensor lm_loss(const ModelOutput& out, const at::Tensor& targets, const at::Tensor& weights = {}) const;
 
   // Feeds a sample through the model and lets each routed layer's router set
   // its data-derived thresholds, layer by layer (a later layer sees the input

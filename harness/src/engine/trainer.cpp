@@ -63,18 +63,18 @@ at::Tensor token_nll(const at::Tensor& logits, const at::Tensor& targets) {
       .view_as(targets);
 }
 
-// Loss of a batch: mean token cross-entropy (language model) or example
-// cross-entropy (classifier), plus the routers' regularisers.
-at::Tensor loss_of(const ModelOutput& out, const Batch& b, TaskHead head) {
+// Loss of a batch: mean token cross-entropy over the real tokens (language
+// model, from the hidden states through the fused head: out has no logits)
+// or example cross-entropy (classifier), plus the routers' regularisers.
+at::Tensor loss_of(const ChiarModel& model, const ModelOutput& out, const Batch& b, TaskHead head) {
   at::Tensor loss;
   if (head == TaskHead::LanguageModel) {
-    auto nll = token_nll(out.logits, b.targets);  // (B, T)
+    at::Tensor weights;  // (B, T) valid / #valid, or undefined for the mean
     if (b.valid.defined()) {
-      auto w = b.valid.to(nll.scalar_type());
-      loss = (nll * w).sum() / w.sum().clamp_min(1.0);
-    } else {
-      loss = nll.mean();
+      const auto w = b.valid.to(at::kFloat);
+      weights = w / w.sum().clamp_min(1.0);
     }
+    loss = model.lm_loss(out, b.targets, weights);
   } else {
     loss = at::cross_entropy_loss(out.logits.to(at::kFloat), b.targets);
   }
@@ -335,7 +335,7 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
       at::Tensor loss;
       {
         Autocast cast(bf16);
-        loss = loss_of(model.forward(b.tokens, b.valid), b, task.head());
+        loss = loss_of(model, model.forward(b.tokens, b.valid, /*logits=*/false), b, task.head());
       }
       (loss / static_cast<double>(t.grad_accum)).backward();
       loss_value += loss.item<double>() / static_cast<double>(t.grad_accum);

@@ -1,4 +1,4 @@
-#include "softmax_rows.h"
+#include "chiar/row_kernels.h"
 
 #include <cstring>
 #include <limits>
@@ -14,7 +14,7 @@
 #define CHIAR_ROW_KERNEL
 #endif
 
-namespace chiar_attention {
+namespace chiar {
 
 namespace {
 
@@ -85,4 +85,4 @@ CHIAR_ROW_KERNEL float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-}  // namespace chiar_attention
+}  // namespace chiar

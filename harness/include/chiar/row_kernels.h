@@ -1,0 +1,34 @@
+#pragma once
+// Softmax row kernels on raw fp32 memory, vectorised for the widest ISA the
+// CPU has (one clone per ISA, picked at load time). Attention's fused core
+// runs them over cache-sized score tiles and the fused cross-entropy over
+// logit rows: passes that must not cost more than the products that fill
+// them. Plain loops, no libtorch: a call per row is too short for a tensor
+// op's set-up. Exported for plugins.
+#include <cstdint>
+
+#include "chiar/export.h"
+
+namespace chiar {
+
+// The largest of s[0, n), or the lowest float when n is 0; *finite says
+// whether every s[j] was finite (the other kernels assume they are, so a
+// row that is not is set to NaN by the caller, as libtorch's softmax would).
+CHIAR_API float row_max(const float* s, int64_t n, bool* finite);
+
+// s[j] = exp((s[j] - shift) - offset) in place, returning the sum of the
+// results. Two shifts, not their sum: a row whose every key is masked holds
+// the lowest float, its maximum too, and (lowest - lowest) - log n keeps the
+// uniform weights that lowest - (lowest + log n) would round away.
+CHIAR_API float exp_shifted(float* s, int64_t n, float shift, float offset);
+
+CHIAR_API void scale_row(float* s, int64_t n, float factor);
+
+// ds[j] = p[j] * (ds[j] - delta): softmax's backward for one row, where
+// delta = sum_j p[j] dp[j] (= dout . out).
+CHIAR_API void softmax_backward_row(const float* p, float* ds, int64_t n, float delta);
+
+// sum_j a[j] b[j]
+CHIAR_API float dot(const float* a, const float* b, int64_t n);
+
+}  // namespace chiar

@@ -1,0 +1,138 @@
+#include "chiar/cross_entropy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "autocast_compat.h"
+#include "chiar/error.h"
+#include "chiar/linear.h"
+#include "chiar/row_kernels.h"
+
+namespace chiar {
+
+namespace {
+
+constexpr int64_t kBufferBytes = int64_t{256} << 20;
+
+// The loss and, when wanted, its gradients, computed in forward (see the
+// header); backward scales them by the incoming gradient.
+struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
+  // hidden (N, d), weight (V, d) fp32 contiguous; targets (N,) int64
+  // contiguous in range; token_weights (N,) fp32 contiguous or empty.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& targets, const at::Tensor& token_weights, int64_t rows_per_pass,
+                            bool want_grads) {
+    const int64_t N = hidden.size(0), d = hidden.size(1), V = weight.size(0);
+    const float* h = hidden.data_ptr<float>();
+    const float* w = weight.data_ptr<float>();
+    const int64_t* target = targets.data_ptr<int64_t>();
+    const float* tw = token_weights.numel() > 0 ? token_weights.data_ptr<float>() : nullptr;
+    const float mean_weight = N > 0 ? 1.f / static_cast<float>(N) : 0.f;
+    at::Tensor grad_hidden, grad_weight;  // (N, d), (V, d)
+    if (want_grads) {
+      grad_hidden = at::empty({N, d}, hidden.options());
+      grad_weight = N > 0 ? at::empty({V, d}, weight.options()) : at::zeros({V, d}, weight.options());
+    }
+    std::vector<float> nll(static_cast<size_t>(N));
+    const int64_t rows = std::max<int64_t>(1, std::min(N, rows_per_pass));
+    auto buffer = at::empty({rows, V}, hidden.options());  // (rows, V) logits, then their gradient
+    float* logits = buffer.data_ptr<float>();
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+      const int64_t n = std::min(rows, N - r0);
+      sgemm(false, true, n, V, d, 1.f, h + r0 * d, d, w, d, 0.f, logits, V);
+      at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          float* row = logits + i * V;
+          const int64_t r = r0 + i;
+          bool finite = true;
+          const float top = row_max(row, V, &finite);
+          if (!finite) {
+            nll[static_cast<size_t>(r)] = std::numeric_limits<float>::quiet_NaN();
+            if (want_grads) std::fill(row, row + V, std::numeric_limits<float>::quiet_NaN());
+            continue;
+          }
+          const float picked = row[target[r]];
+          const float sum = exp_shifted(row, V, top, 0.f);  // row = exp(logit - top)
+          nll[static_cast<size_t>(r)] = (top - picked) + std::log(sum);
+          if (want_grads) {  // d loss / d logits = w_r (softmax - one-hot)
+            const float wr = tw ? tw[r] : mean_weight;
+            scale_row(row, V, wr / sum);
+            row[target[r]] -= wr;
+          }
+        }
+      });
+      if (want_grads) {
+        sgemm(false, false, n, d, V, 1.f, logits, V, w, d, 0.f, grad_hidden.data_ptr<float>() + r0 * d, d);
+        sgemm(true, false, V, d, n, 1.f, logits, V, h + r0 * d, d, r0 > 0 ? 1.f : 0.f, grad_weight.data_ptr<float>(), d);
+      }
+    }
+    double loss = 0;
+    for (int64_t r = 0; r < N; ++r) loss += static_cast<double>(tw ? tw[r] : mean_weight) * nll[static_cast<size_t>(r)];
+    if (N == 0 && !tw) loss = std::numeric_limits<double>::quiet_NaN();  // the mean of nothing
+    ctx->save_for_backward({grad_hidden, grad_weight});
+    return at::full({}, loss, hidden.options());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& g = grads[0];  // ()
+    at::Tensor dh = saved[0].defined() ? saved[0] * g : at::Tensor();
+    at::Tensor dw = saved[1].defined() ? saved[1] * g : at::Tensor();
+    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+void check(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+           const at::Tensor& token_weights) {
+  if (hidden.dim() != 2 || weight.dim() != 2 || hidden.size(1) != weight.size(1))
+    throw UserError("linear_cross_entropy: hidden " + c10::str(hidden.sizes()) + " and weight " +
+                    c10::str(weight.sizes()) + " are not (N, d) and (V, d)");
+  if (targets.dim() != 1 || targets.size(0) != hidden.size(0) || targets.scalar_type() != at::kLong)
+    throw UserError("linear_cross_entropy: targets must be (" + std::to_string(hidden.size(0)) +
+                    ",) int64, found " + c10::str(targets.sizes()) + " " + c10::str(targets.scalar_type()));
+  if (token_weights.defined() && (token_weights.dim() != 1 || token_weights.size(0) != hidden.size(0)))
+    throw UserError("linear_cross_entropy: token_weights must be (" + std::to_string(hidden.size(0)) + ",), found " +
+                    c10::str(token_weights.sizes()));
+  const int64_t V = weight.size(0);
+  const auto outside = ((targets < 0) | (targets >= V)).nonzero();  // (k, 1)
+  if (outside.numel() > 0) {
+    const int64_t row = outside[0][0].item<int64_t>();
+    throw UserError("linear_cross_entropy: target " + std::to_string(targets[row].item<int64_t>()) + " of row " +
+                    std::to_string(row) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  }
+}
+
+}  // namespace
+
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                const at::Tensor& token_weights, int64_t rows_per_pass) {
+  RECORD_FUNCTION("chiar::linear_cross_entropy", std::vector<c10::IValue>({hidden, weight}));
+  check(hidden, weight, targets, token_weights);
+  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
+  if (!fp32_cpu(hidden) || !fp32_cpu(weight) || (token_weights.defined() && !fp32_cpu(token_weights)) ||
+      !targets.device().is_cpu() || autocast::any_enabled()) {
+    // Reduced-precision logits (autocast) are normalised in fp32; fp64 stays fp64.
+    auto logits = chiar::linear(hidden, weight);  // (N, V)
+    if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
+    auto nll = at::cross_entropy_loss(logits, targets, {}, at::Reduction::None);  // (N,)
+    auto loss = token_weights.defined() ? (nll * token_weights.to(nll.scalar_type())).sum() : nll.mean();
+    return loss.to(hidden.scalar_type());
+  }
+  const int64_t V = std::max<int64_t>(weight.size(0), 1);
+  if (rows_per_pass <= 0) rows_per_pass = std::max<int64_t>(1, kBufferBytes / (V * static_cast<int64_t>(sizeof(float))));
+  const bool want_grads = torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  return FusedLinearCrossEntropy::apply(hidden.contiguous(), weight.contiguous(), targets.contiguous(),
+                                        token_weights.defined() ? token_weights.contiguous()
+                                                                : at::empty({0}, hidden.options()),
+                                        rows_per_pass, want_grads);
+}
+
+}  // namespace chiar
