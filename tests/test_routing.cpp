@@ -4,6 +4,7 @@
 
 #include "../harness/src/core/mixing_layer.h"
 #include "chiar/gate.h"
+#include "chiar/rows.h"
 #include "chiar/spectral.h"
 #include "support/fixtures.h"
 #include "support/reference.h"
@@ -277,4 +278,28 @@ TEST_CASE("collapse regulariser is minus lambda times the entropy of mean usage"
   REQUIRE(r.aux_loss.defined());
   CHECK(r.aux_loss.item<double>() == Approx(collapse_penalty(r.weights, 0.2).item<double>()));
   CHECK_FALSE(make_router("soft", {"dct", "attention"}, 8)->route(x, spectral_entropy(x), {}).aux_loss.defined());
+}
+
+TEST_CASE("group_rows: runs of equal keys, each row's group and place in it", "[routing][rows]") {
+  const auto ids = [](const at::Tensor& t) {
+    const auto c = t.contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  };
+  const RowGroups g = group_rows(at::tensor(std::vector<int64_t>{3, 3, 5, 7, 7, 7, 9}));
+  CHECK(g.count == 4);
+  CHECK(g.width == 3);
+  CHECK(ids(g.keys) == std::vector<int64_t>{3, 5, 7, 9});
+  CHECK(ids(g.group) == std::vector<int64_t>{0, 0, 1, 2, 2, 2, 3});
+  CHECK(ids(g.slot) == std::vector<int64_t>{0, 1, 0, 0, 1, 2, 0});
+  const RowGroups none = group_rows(at::empty({0}, at::TensorOptions().dtype(at::kLong)));
+  CHECK(none.count == 0);
+  CHECK(none.width == 0);
+  CHECK(none.keys.numel() == 0);
+  CHECK(none.group.numel() == 0);
+  // pack/unpack round trip on the groups.
+  const auto values = at::arange(7 * 2, at::TensorOptions().dtype(at::kFloat)).view({7, 2});
+  const auto packed = pack_rows(values, g);  // (4, 3, 2)
+  CHECK(packed.sizes() == at::IntArrayRef{4, 3, 2});
+  CHECK(at::equal(packed[1][1], at::zeros({2})));  // group 1 has one row: zeros after it
+  CHECK(at::equal(unpack_rows(packed, g), values));
 }

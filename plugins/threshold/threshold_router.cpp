@@ -54,7 +54,9 @@ class ThresholdRouter final : public Router {
     RouteResult r;
     auto h = entropy.detach().to(at::kDouble).unsqueeze(-1);          // (B, T, 1)
     r.choice = (h > tau_.to(h.device()).view({1, 1, -1})).sum(-1);    // (B, T) int64
-    r.weights = at::one_hot(r.choice, k_).to(x.scalar_type());        // (B, T, K)
+    // one_hot's range checks read two values back to the host; every
+    // choice here is in 0..K-1 by construction.
+    r.weights = at::zeros({h.size(0), h.size(1), k_}, x.options()).scatter_(-1, r.choice.unsqueeze(-1), 1.0);  // (B, T, K)
     r.mode = RouteMode::Hard;
     return r;
   }

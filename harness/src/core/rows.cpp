@@ -1,10 +1,48 @@
 #include "chiar/rows.h"
 
+#include <algorithm>
+#include <vector>
+
 #include <ATen/ATen.h>
 
 namespace chiar {
 
+namespace {
+
+// The same groups by one pass on the host: the tensor path's five ops and
+// its host sync cost a routed layer ~40 us per call at T 128, a tenth of
+// what its rows compute.
+RowGroups group_rows_host(const at::Tensor& key) {
+  const auto k = key.contiguous();
+  const int64_t n = k.numel();
+  const int64_t* in = k.data_ptr<int64_t>();
+  const auto options = k.options();
+  RowGroups g;
+  g.group = at::empty({n}, options);
+  g.slot = at::empty({n}, options);
+  int64_t* group = g.group.data_ptr<int64_t>();
+  int64_t* slot = g.slot.data_ptr<int64_t>();
+  std::vector<int64_t> keys;
+  int64_t run = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || in[i] != in[i - 1]) {
+      keys.push_back(in[i]);
+      run = 0;
+    }
+    group[i] = static_cast<int64_t>(keys.size()) - 1;
+    slot[i] = run++;
+    g.width = std::max(g.width, run);
+  }
+  g.count = static_cast<int64_t>(keys.size());
+  g.keys = at::empty({g.count}, options);
+  std::copy(keys.begin(), keys.end(), g.keys.data_ptr<int64_t>());
+  return g;
+}
+
+}  // namespace
+
 RowGroups group_rows(const at::Tensor& key) {
+  if (key.device().is_cpu() && key.scalar_type() == at::kLong && key.dim() == 1) return group_rows_host(key);
   RowGroups g;
   auto [keys, inverse, counts] = at::unique_consecutive(key, /*return_inverse=*/true,
                                                         /*return_counts=*/true);
