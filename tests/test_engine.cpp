@@ -313,6 +313,23 @@ TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an unint
   }
 }
 
+TEST_CASE("run: checkpoints left by a deleted database are discarded, not resumed", "[engine][resume]") {
+  TempDir d("e2e-stale");
+  write_fixture(d);
+  const std::vector<std::string> one = {"--only", "routed/lm/seed=0"};
+  const std::string db = d.path() + "/r.db";
+  REQUIRE(test::run_chiar(run_args(d, "r.db", one)).status == 0);
+  const auto reference = final_metrics(db, "routed/lm/seed=0");
+  REQUIRE(std::filesystem::exists(db + ".checkpoints"));
+  std::filesystem::remove(db);  // the database goes, its checkpoints stay
+  const auto again = test::run_chiar(run_args(d, "r.db", one));
+  INFO(again.output);
+  REQUIRE(again.status == 0);
+  CHECK_THAT(again.output, Catch::Matchers::Contains("that this database has no record of"));
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done' AND train_tokens_per_s > 0 AND step = 6") == 1);
+  CHECK(final_metrics(db, "routed/lm/seed=0") == reference);
+}
+
 TEST_CASE("run: two processes on one database run every run exactly once", "[engine][concurrency]") {
   TempDir d("e2e-two");
   write_fixture(d);

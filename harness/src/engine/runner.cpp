@@ -154,10 +154,23 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
     }
     ++ran;
     std::cout << tag << (resumed ? ": resuming" : ": starting") << " (" << spec.hash << ")\n" << std::flush;
+    const std::string run_checkpoints = checkpoints + "/" + spec.hash;
+    if (!resumed) {
+      // A checkpoint of a run this database never started belongs to an
+      // earlier database of the same name (deleted or replaced): resuming
+      // from it would record a run without its training (a final-step
+      // checkpoint "finishes" at once, at 0 tokens/s).
+      bool stale = false;
+      for (const char* file : {"state.pt", "best.pt"})
+        stale |= boost::filesystem::remove(run_checkpoints + "/" + file);
+      if (stale)
+        std::cout << tag << ": discarded checkpoints in " << run_checkpoints
+                  << " that this database has no record of\n" << std::flush;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     int64_t last_print = 0;
     TrainContext ctx{registry, *tasks.at(task_key(spec.task_config)), store,
-                     checkpoints + "/" + spec.hash, &g_stop,
+                     run_checkpoints, &g_stop,
                      [&](int64_t step, double loss, double tps) {
                        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
                        const double eta = elapsed / static_cast<double>(step) * static_cast<double>(spec.train.steps - step);
