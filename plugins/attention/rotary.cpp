@@ -34,25 +34,30 @@ struct Layout {
   const int64_t* pos;  // (L) or (G, L), or null
   int64_t pos_stride;  // L when positions differ per sequence, else 0
   float scale;
-  int64_t position(int64_t g, int64_t t) const { return pos ? pos[g * pos_stride + t] : t; }
 };
 
-// One row of dh features turned by the angles whose cos and sin are c, s
-// (half each) times scale; sign -1 turns back (the rotation's transpose):
-// out[i], out[i + half].
+// n rows of dh features, row j at position p_j (pos[j], or first + j when
+// pos is null), turned by that position's angles (cos, sin: (P, half)) times
+// scale; sign -1 turns back (the rotation's transpose): out[i], out[i + half]
+// of each row. One call per run of rows, so that a short head (dh 16) is not
+// a call per row.
 CHIAR_ROW_KERNEL
-void turn_row(const float* __restrict c, const float* __restrict s, int64_t half, float scale, float sign,
-              const float* __restrict in, float* __restrict out) {
+void turn_rows(const float* __restrict cos, const float* __restrict sin, const int64_t* pos, int64_t first, int64_t n,
+               int64_t half, float scale, float sign, const float* __restrict in, int64_t in_stride,
+               float* __restrict out, int64_t out_stride) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t p = pos ? pos[j] : first + j;
+    const float* c = cos + p * half;
+    const float* s = sin + p * half;
+    const float* a = in + j * in_stride;
+    float* o = out + j * out_stride;
 #pragma omp simd
-  for (int64_t i = 0; i < half; ++i) {
-    const float a = in[i], b = in[i + half], cs = c[i] * scale, sn = sign * s[i] * scale;
-    out[i] = a * cs - b * sn;
-    out[i + half] = a * sn + b * cs;
+    for (int64_t i = 0; i < half; ++i) {
+      const float x = a[i], y = a[i + half], cs = c[i] * scale, sn = sign * s[i] * scale;
+      o[i] = x * cs - y * sn;
+      o[i + half] = x * sn + y * cs;
+    }
   }
-}
-
-inline void turn(const Layout& l, int64_t p, const float* in, float* out, bool back) {
-  turn_row(l.cos + p * l.half, l.sin + p * l.half, l.half, l.scale, back ? -1.f : 1.f, in, out);
 }
 
 // A block's n rows of dh features (rows, row-major) <-> the same features as
@@ -83,29 +88,37 @@ void cols_to_rows(const float* __restrict cols, int64_t ld, int64_t n, int64_t d
 // gradient).
 template <bool back>
 void pass(const Layout& l, const float* in, float* out, bool transposed) {
+  const float sign = back ? -1.f : 1.f;
+  // Rows [t0, t0 + n) of (sequence g, head): on the projection side a row
+  // every s1 floats, in the core's layout every dh.
+  const auto turn = [&](int64_t g, int64_t t0, int64_t n, const float* from, int64_t from_stride,
+                        float* to, int64_t to_stride) {
+    const int64_t* pos = l.pos ? l.pos + g * l.pos_stride + t0 : nullptr;
+    turn_rows(l.cos, l.sin, pos, t0, n, l.half, l.scale, sign, from, from_stride, to, to_stride);
+  };
   const auto side = [&](auto* base, int64_t g, int64_t t, int64_t head) {
     return base + g * l.s0 + t * l.s1 + head * l.s2;
   };
   const auto core = [&](auto* base, int64_t g, int64_t t, int64_t head) {
     return base + ((g * l.heads + head) * l.L + t) * l.dh;
   };
+  // One task per (sequence, block of positions), every head inside it.
+  const int64_t blocks = (l.L + kBlock - 1) / kBlock;
   if (!transposed) {
-    at::parallel_for(0, l.G * l.L, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t gt = begin; gt < end; ++gt) {
-        const int64_t g = gt / l.L, t = gt % l.L, p = l.position(g, t);
+    at::parallel_for(0, l.G * blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t g = task / blocks, t0 = task % blocks * kBlock, n = std::min(kBlock, l.L - t0);
         for (int64_t head = 0; head < l.heads; ++head)
           if constexpr (back)
-            turn(l, p, core(in, g, t, head), side(out, g, t, head), true);
+            turn(g, t0, n, core(in, g, t0, head), l.dh, side(out, g, t0, head), l.s1);
           else
-            turn(l, p, side(in, g, t, head), core(out, g, t, head), false);
+            turn(g, t0, n, side(in, g, t0, head), l.s1, core(out, g, t0, head), l.dh);
       }
     });
     return;
   }
-  // One task per (sequence, block of positions), every head inside it: a
-  // position's keys of all heads are one run of the projection's row, read
-  // (or written) once rather than once per head.
-  const int64_t blocks = (l.L + kBlock - 1) / kBlock;
+  // The keys go through a small buffer of rows: a position's keys of all
+  // heads are one run of the projection's row, read (or written) once.
   at::parallel_for(0, l.G * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> rows(static_cast<size_t>(kBlock * l.dh));
     for (int64_t task = begin; task < end; ++task) {
@@ -113,15 +126,13 @@ void pass(const Layout& l, const float* in, float* out, bool transposed) {
       for (int64_t head = 0; head < l.heads; ++head) {
         // This block's keys of this head in the core's (dh, L) layout.
         const int64_t keys = (g * l.heads + head) * l.dh * l.L + t0;
-        if constexpr (back) cols_to_rows(in + keys, l.L, n, l.dh, rows.data());
-        for (int64_t j = 0; j < n; ++j) {
-          float* row = rows.data() + j * l.dh;
-          if constexpr (back)
-            turn(l, l.position(g, t0 + j), row, side(out, g, t0 + j, head), true);
-          else
-            turn(l, l.position(g, t0 + j), side(in, g, t0 + j, head), row, false);
+        if constexpr (back) {
+          cols_to_rows(in + keys, l.L, n, l.dh, rows.data());
+          turn(g, t0, n, rows.data(), l.dh, side(out, g, t0, head), l.s1);
+        } else {
+          turn(g, t0, n, side(in, g, t0, head), l.s1, rows.data(), l.dh);
+          rows_to_cols(rows.data(), n, l.dh, out + keys, l.L);
         }
-        if constexpr (!back) rows_to_cols(rows.data(), n, l.dh, out + keys, l.L);
       }
     }
   });
