@@ -54,15 +54,6 @@ struct Autocast {
   bool on_;
 };
 
-// Per-token negative log-likelihood (B, T) from logits (B, T, V), by the fused
-// fp32 cross-entropy: no (B, T, V) log-probability tensor is kept.
-at::Tensor token_nll(const at::Tensor& logits, const at::Tensor& targets) {
-  const int64_t V = logits.size(-1);
-  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, V}), targets.reshape({-1}), {},
-                                at::Reduction::None)
-      .view_as(targets);
-}
-
 // Loss of a batch: mean token cross-entropy over the real tokens (language
 // model, from the hidden states through the fused head: out has no logits)
 // or example cross-entropy (classifier), plus the routers' regularisers.
@@ -132,17 +123,24 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < n; ++i) {
     const Batch b = task.eval_batch(split, i, batch_size);
+    const bool lm = task.head() == TaskHead::LanguageModel;
     ModelOutput out;
+    at::Tensor batch_nll;  // () summed over the scored tokens (language model)
     {
       Autocast cast(bf16);
-      out = model.forward(b.tokens, b.valid);
+      // A language model's loss through the fused head (no (B, T, V) logits;
+      // under bf16 it takes the same autocast path as training).
+      out = model.forward(b.tokens, b.valid, /*logits=*/!lm);
+      if (lm) {
+        const auto mask = b.scored.defined() ? b.scored : b.valid;
+        batch_nll = model.lm_loss(out, b.targets, mask.defined() ? mask.to(at::kFloat) : at::ones(b.targets.sizes()));
+        scored += mask.defined() ? mask.sum().item<int64_t>() : b.targets.numel();
+      }
     }
     real_tokens += b.valid.defined() ? b.valid.sum().item<int64_t>() : b.tokens.numel();
     if (i == 0) timed(r.accounting_seconds, [&] { r.accounting = account(model, out, b.valid, b.tokens.size(1)); });
-    if (task.head() == TaskHead::LanguageModel) {
-      auto mask = b.scored.defined() ? b.scored : b.valid;
-      nll += token_nll(out.logits, b.targets).masked_select(mask).to(at::kDouble).sum().item<double>();
-      scored += mask.sum().item<int64_t>();
+    if (lm) {
+      nll += batch_nll.item<double>();
     } else {
       auto logits = out.logits.to(at::kDouble);
       loss_sum += at::cross_entropy_loss(logits, b.targets, {}, at::Reduction::Sum).item<double>();
