@@ -63,17 +63,6 @@ Expected reference(const at::Tensor& hidden, const at::Tensor& weight, const at:
   return e;
 }
 
-std::vector<GemmBackend> backends() {
-  std::vector<GemmBackend> out{GemmBackend::Blas};
-  if (onednn_available()) out.push_back(GemmBackend::OneDnn);
-  return out;
-}
-
-struct BackendScope {
-  explicit BackendScope(GemmBackend b) : saved(gemm_backend()) { set_gemm_backend(b); }
-  ~BackendScope() { set_gemm_backend(saved); }
-  GemmBackend saved;
-};
 
 enum class Weights { Mean, Mask, Random };
 
@@ -100,8 +89,8 @@ TEST_CASE("linear_cross_entropy matches the float64 definition, loss and both gr
       {1, 3, 2, Weights::Mean, 0, 1e-5},      {7, 5, 11, Weights::Mask, 0, 1e-5},
       {64, 16, 1000, Weights::Random, 0, 1e-5}, {300, 32, 8192, Weights::Mean, 0, 2e-5},
       {300, 32, 8192, Weights::Mask, 37, 2e-5}, {65, 8, 50257, Weights::Mean, 16, 2e-5}};
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     for (const auto& c : cases) {
       CAPTURE(to_string(backend), c.N, c.d, c.V, static_cast<int>(c.weights), c.rows_per_pass);
       at::manual_seed(11);

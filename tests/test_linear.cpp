@@ -20,18 +20,6 @@ using test::rel_error;
 
 namespace {
 
-std::vector<GemmBackend> backends() {
-  std::vector<GemmBackend> out{GemmBackend::Blas};
-  if (onednn_available()) out.push_back(GemmBackend::OneDnn);
-  return out;
-}
-
-// Puts the process-wide choice back however a test ends.
-struct BackendScope {
-  explicit BackendScope(GemmBackend b) : saved(gemm_backend()) { set_gemm_backend(b); }
-  ~BackendScope() { set_gemm_backend(saved); }
-  GemmBackend saved;
-};
 
 // y[i][j] = sum_k x[i][k] w[j][k] + b[j] + a[i][j], in float64 loops.
 at::Tensor reference_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& a) {
@@ -70,8 +58,8 @@ TEST_CASE("linear matches the float64 definition on every GEMM library, forward 
       {{1, 1}, 1, true, true, false},       {{33, 64}, 1, true, false, false},
       {{6, 1}, 40, false, true, false},     {{12, 20}, 8, true, true, true},
   };
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     for (const auto& c : cases) {
       INFO("backend " << to_string(backend) << ", x " << at::IntArrayRef(c.x_shape) << ", n " << c.n << ", bias "
                       << c.bias << ", addend " << c.addend << ", transposed x " << c.transposed_x);
@@ -110,8 +98,8 @@ TEST_CASE("linear matches the float64 definition on every GEMM library, forward 
 TEST_CASE("linear follows in-place and replaced weights (the kept transposed copy is refreshed)", "[linear]") {
   // k > n with enough rows takes oneDNN's kept row-major W^T; every library
   // must see each change of the weight.
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     INFO("backend " << to_string(backend));
     at::manual_seed(11);
     auto x = at::randn({300, 48}), w = at::randn({8, 48}), b = at::randn({8});
@@ -129,8 +117,8 @@ TEST_CASE("linear follows in-place and replaced weights (the kept transposed cop
 }
 
 TEST_CASE("linear leaves float64 and autocast products to libtorch whatever the library", "[linear]") {
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     INFO("backend " << to_string(backend));
     at::manual_seed(6);
     auto x = at::randn({4, 6, 8}, at::kDouble), w = at::randn({5, 8}, at::kDouble), b = at::randn({5}, at::kDouble);
@@ -152,8 +140,8 @@ TEST_CASE("linear leaves float64 and autocast products to libtorch whatever the 
 }
 
 TEST_CASE("gemm_into handles transposed operands, accumulation and empty sums", "[linear]") {
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     INFO("backend " << to_string(backend));
     at::manual_seed(7);
     for (bool ta : {false, true})
@@ -183,8 +171,8 @@ TEST_CASE("gemm_into handles transposed operands, accumulation and empty sums", 
 }
 
 TEST_CASE("sgemm on raw memory: transposes, leading dimensions, alpha, beta, inside parallel_for", "[linear]") {
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     INFO("backend " << to_string(backend));
     at::manual_seed(8);
     for (bool ta : {false, true})
@@ -222,8 +210,8 @@ TEST_CASE("sgemm on raw memory: transposes, leading dimensions, alpha, beta, ins
 }
 
 TEST_CASE("batch_matmul matches float64 products over batches of views, forward and backward", "[linear]") {
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     at::manual_seed(9);
     // (G, h, T, dh) like attention's keys: a narrowed, transposed operand is
     // read in place, with batch strides that are not m * k.
@@ -262,8 +250,8 @@ TEST_CASE("batch_matmul matches float64 products over batches of views, forward 
 }
 
 TEST_CASE("gradients of gradients through linear and batch_matmul match float64", "[linear][grad]") {
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     INFO("backend " << to_string(backend));
     at::manual_seed(10);
     const auto x0 = at::randn({3, 5, 6}), w0 = at::randn({4, 6}), b0 = at::randn({4}), m0 = at::randn({3, 5, 2});
@@ -288,8 +276,8 @@ TEST_CASE("a model trains to the same numbers on every GEMM library", "[linear][
   if (!onednn_available()) return;
   std::vector<std::vector<at::Tensor>> grads;
   std::vector<at::Tensor> logits;
-  for (const auto backend : backends()) {
-    BackendScope scope(backend);
+  for (const auto backend : test::gemm_backends()) {
+    test::BackendScope scope(backend);
     at::manual_seed(8);
     // One operator per layer: a routed layer could flip a borderline
     // decision on a last-bit difference and compare different models.
@@ -311,7 +299,7 @@ TEST_CASE("a model trains to the same numbers on every GEMM library", "[linear][
 }
 
 TEST_CASE("the GEMM library is chosen by name, and a wrong name says which are known", "[linear][runtime]") {
-  BackendScope scope(gemm_backend());
+  test::BackendScope scope(gemm_backend());
   CHECK_THROWS_WITH(configure_gemm("mkl"), "unknown gemm backend 'mkl' (known: auto, blas, onednn)");
   CHECK_THROWS_WITH(gemm_backend_from_string("auto"), "unknown gemm backend 'auto' (known: blas, onednn)");
   CHECK(gemm_backend_from_string("onednn") == GemmBackend::OneDnn);

@@ -8,14 +8,7 @@
 #include <algorithm>
 #include <vector>
 
-// An AVX-512, an AVX2 and a baseline copy of each row loop, bound when the
-// plugin loads (as in the core's row_kernels.cpp): the plugin itself is built for the
-// baseline ISA, whose 4-wide loops ran these passes at half the speed.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CHIAR_ROW_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CHIAR_ROW_KERNEL
-#endif
+#include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL: the plugin is built for the baseline ISA
 
 namespace chiar_attention {
 

@@ -14,6 +14,12 @@ const PluginRegistry& plugins() {
   return *registry;
 }
 
+std::vector<GemmBackend> gemm_backends() {
+  std::vector<GemmBackend> out{GemmBackend::Blas};
+  if (onednn_available()) out.push_back(GemmBackend::OneDnn);
+  return out;
+}
+
 double rel_error(const at::Tensor& a, const at::Tensor& b) {
   auto da = a.detach().to(at::kDouble), db = b.detach().to(at::kDouble);
   const double num = (da - db).norm().item<double>();

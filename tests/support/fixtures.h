@@ -8,12 +8,26 @@
 #include <vector>
 
 #include "../../harness/src/core/registry.h"
+#include "chiar/linear.h"
 #include "chiar/operator.h"
 
 namespace chiar::test {
 
 // The registry over build/plugins, loaded on first use.
 const PluginRegistry& plugins();
+
+// The GEMM libraries this build has: the BLAS, and oneDNN when found.
+std::vector<GemmBackend> gemm_backends();
+
+// Sets the process-wide GEMM library and puts the previous one back however
+// the scope ends.
+struct BackendScope {
+  explicit BackendScope(GemmBackend b) : saved(gemm_backend()) { set_gemm_backend(b); }
+  ~BackendScope() { set_gemm_backend(saved); }
+  BackendScope(const BackendScope&) = delete;
+  BackendScope& operator=(const BackendScope&) = delete;
+  GemmBackend saved;
+};
 
 // ||a - b|| / max(||b||, 1e-30), in float64.
 double rel_error(const at::Tensor& a, const at::Tensor& b);

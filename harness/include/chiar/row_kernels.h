@@ -9,6 +9,17 @@
 
 #include "chiar/export.h"
 
+// Put before a row loop's definition: GCC and Clang on x86-64 then build an
+// AVX-512, an AVX2 and a baseline copy of it and bind the best one when the
+// library loads (elsewhere: the compiler's default ISA). Compile such files
+// with -fopenmp-simd (`omp simd` reductions in vector lanes, no OpenMP
+// runtime) and -fno-trapping-math (clamps as selects in the AVX2 copy).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CHIAR_ROW_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CHIAR_ROW_KERNEL
+#endif
+
 namespace chiar {
 
 // The largest of s[0, n), or the lowest float when n is 0; *finite says

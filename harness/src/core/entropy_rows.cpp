@@ -6,14 +6,7 @@
 #include <cstring>
 #include <limits>
 
-// One copy of the row loop per ISA (AVX-512, AVX2, baseline) on GCC and Clang
-// for x86-64, bound at load time; `omp simd` (-fopenmp-simd) lets the sums
-// run in vector lanes, -fno-trapping-math the AVX2 copy's clamp be a select.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CHIAR_ROW_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CHIAR_ROW_KERNEL
-#endif
+#include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
 
 namespace chiar {
 namespace {

@@ -3,17 +3,6 @@
 #include <cstring>
 #include <limits>
 
-// GCC and Clang on x86-64 build an AVX-512, an AVX2 and a baseline copy of
-// each loop and bind the best one when the plugin loads; elsewhere the
-// compiler's default ISA. The `omp simd` pragmas (-fopenmp-simd: no OpenMP
-// runtime) let the reductions be reordered into vector lanes, and
-// -fno-trapping-math lets the AVX2 copy turn the clamps into selects.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CHIAR_ROW_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CHIAR_ROW_KERNEL
-#endif
-
 namespace chiar {
 
 namespace {
