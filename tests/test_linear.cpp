@@ -20,7 +20,6 @@ using test::rel_error;
 
 namespace {
 
-
 // y[i][j] = sum_k x[i][k] w[j][k] + b[j] + a[i][j], in float64 loops.
 at::Tensor reference_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& a) {
   const int64_t k = x.size(-1), n = w.size(0);
