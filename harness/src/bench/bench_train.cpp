@@ -1,7 +1,6 @@
 #include "bench_train.h"
 
 #include <ATen/ATen.h>
-#include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
 #include <malloc.h>
@@ -19,6 +18,7 @@
 #include "../core/runtime.h"
 #include "../engine/accounting.h"
 #include "../engine/matrix.h"
+#include "chiar/adamw.h"
 #include "chiar/error.h"
 
 namespace chiar::bench {
@@ -91,7 +91,7 @@ class Variant {
 
  private:
   ChiarModel model_;
-  torch::optim::AdamW opt_;
+  FusedAdamW opt_;
   ModelOutput last_;
 };
 

@@ -4,7 +4,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
 #include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include "../core/model.h"
 #include "../core/runtime.h"
 #include "accounting.h"
+#include "chiar/adamw.h"
 #include "chiar/error.h"
 #include "chiar/metrics.h"
 
@@ -260,7 +260,7 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
                                  torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(t.weight_decay)));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(0.0)));
-  torch::optim::AdamW optimizer(groups);
+  FusedAdamW optimizer(groups);
 
   fs::create_directories(ctx.checkpoint_dir);
   // The resolved spec beside the checkpoints: a checkpoint folder alone

@@ -1,0 +1,121 @@
+#include "chiar/adamw.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
+
+namespace chiar {
+
+namespace {
+
+// Per-call constants of one parameter's update, in the order the update uses
+// them (libtorch's AdamW: decay first, then the moments, then the step).
+struct UpdateScalars {
+  float decay;          // 1 - lr * weight_decay
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float inv_sqrt_bc2;   // 1 / sqrt(1 - beta2^t)
+  float eps;
+  float step_size;      // lr / (1 - beta1^t)
+};
+
+// p, g, m, v: (n,) fp32, distinct.
+CHIAR_ROW_KERNEL void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                   float* __restrict v, int64_t n, UpdateScalars s) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = m[i] * s.beta1 + gi * s.one_minus_beta1;
+    const float vi = v[i] * s.beta2 + gi * gi * s.one_minus_beta2;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) * s.inv_sqrt_bc2 + s.eps;
+    p[i] = p[i] * s.decay - s.step_size * (mi / denom);
+  }
+}
+
+// The optimiser state's key for a parameter: libtorch 1.13 keys by the
+// printed TensorImpl address, later releases by the address itself.
+template <class Key>
+Key state_key(c10::TensorImpl* impl) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << impl;
+    return os.str();
+  } else {
+    return static_cast<Key>(impl);
+  }
+}
+
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state().begin()->first)>;
+
+bool fusable(const at::Tensor& p, const torch::optim::AdamWOptions& options) {
+  const auto& g = p.grad();
+  return !options.amsgrad() && p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous() &&
+         g.layout() == at::kStrided && g.device().is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous() &&
+         g.sizes() == p.sizes();
+}
+
+}  // namespace
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  last_step_fused_ = false;
+  if (closure) return torch::optim::AdamW::step(std::move(closure));
+  for (auto& group : param_groups())
+    for (auto& p : group.params())
+      if (p.grad().defined() && !fusable(p, static_cast<const torch::optim::AdamWOptions&>(group.options())))
+        return torch::optim::AdamW::step();
+  at::NoGradGuard no_grad;
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const auto key = state_key<StateKey>(p.unsafeGetTensorImpl());
+      auto it = state().find(key);
+      if (it == state().end()) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Contiguous));
+        fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Contiguous));
+        it = state().insert_or_assign(key, std::move(fresh)).first;
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      // State loaded from a checkpoint may be strided; the loop needs it dense.
+      if (!st.exp_avg().is_contiguous()) st.exp_avg(st.exp_avg().contiguous());
+      if (!st.exp_avg_sq().is_contiguous()) st.exp_avg_sq(st.exp_avg_sq().contiguous());
+      st.step(st.step() + 1);
+      const auto [beta1, beta2] = options.betas();
+      const double bc1 = 1 - std::pow(beta1, static_cast<double>(st.step()));
+      const double bc2 = 1 - std::pow(beta2, static_cast<double>(st.step()));
+      const UpdateScalars s{static_cast<float>(1 - options.lr() * options.weight_decay()),
+                            static_cast<float>(beta1),
+                            static_cast<float>(1 - beta1),
+                            static_cast<float>(beta2),
+                            static_cast<float>(1 - beta2),
+                            static_cast<float>(1 / std::sqrt(bc2)),
+                            static_cast<float>(options.eps()),
+                            static_cast<float>(options.lr() / bc1)};
+      float* pd = p.data_ptr<float>();
+      const float* gd = p.grad().data_ptr<float>();
+      float* md = st.exp_avg().data_ptr<float>();
+      float* vd = st.exp_avg_sq().data_ptr<float>();
+      // Chunks of 16 K elements: a parameter below that (biases, norms) runs
+      // on the calling thread.
+      at::parallel_for(0, p.numel(), 16384, [&](int64_t begin, int64_t end) {
+        adamw_update(pd + begin, gd + begin, md + begin, vd + begin, end - begin, s);
+      });
+    }
+  }
+  last_step_fused_ = true;
+  return {};
+}
+
+}  // namespace chiar

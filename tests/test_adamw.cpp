@@ -1,0 +1,197 @@
+// FusedAdamW against AdamW written out from its definition in float64, and
+// against libtorch's AdamW, whose state and checkpoints it shares.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <torch/serialize.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "chiar/adamw.h"
+#include "support/fixtures.h"
+
+using namespace chiar;
+using test::rel_error;
+
+namespace {
+
+struct Hyper {
+  double lr = 3e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// One parameter's trajectory under AdamW with decoupled weight decay, in
+// float64: p <- p (1 - lr wd) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps),
+// m <- b1 m + (1 - b1) g, v <- b2 v + (1 - b2) g^2.
+std::vector<double> reference(std::vector<double> p, const std::vector<std::vector<double>>& grads, const Hyper& h) {
+  std::vector<double> m(p.size(), 0.0), v(p.size(), 0.0);
+  for (size_t t = 1; t <= grads.size(); ++t) {
+    const double bc1 = 1 - std::pow(h.beta1, static_cast<double>(t));
+    const double bc2 = 1 - std::pow(h.beta2, static_cast<double>(t));
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double g = grads[t - 1][i];
+      m[i] = h.beta1 * m[i] + (1 - h.beta1) * g;
+      v[i] = h.beta2 * v[i] + (1 - h.beta2) * g * g;
+      p[i] = p[i] * (1 - h.lr * h.weight_decay) - h.lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + h.eps);
+    }
+  }
+  return p;
+}
+
+std::vector<double> values(const at::Tensor& t) {
+  const auto d = t.to(at::kDouble).contiguous();
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+torch::optim::AdamWOptions options_of(const Hyper& h) {
+  return torch::optim::AdamWOptions(h.lr).betas({h.beta1, h.beta2}).eps(h.eps).weight_decay(h.weight_decay);
+}
+
+// Shapes that cover a vector remainder (37), a multi-chunk parameter
+// (300 x 100 = 30,000 elements, split across threads) and a bias.
+std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat) {
+  at::manual_seed(11);
+  return {at::randn({37}, dtype), at::randn({300, 100}, dtype), at::randn({64}, dtype)};
+}
+
+// grads[step][param], fixed by the seed and shared by every optimiser.
+std::vector<std::vector<at::Tensor>> make_grads(const std::vector<at::Tensor>& params, int steps) {
+  at::manual_seed(12);
+  std::vector<std::vector<at::Tensor>> out(static_cast<size_t>(steps));
+  for (auto& step : out)
+    for (const auto& p : params) step.push_back(at::randn(p.sizes(), p.options()) * 0.1);
+  return out;
+}
+
+template <class Optimizer>
+void run_steps(Optimizer& opt, std::vector<at::Tensor>& params, const std::vector<std::vector<at::Tensor>>& grads,
+               size_t from = 0, size_t to = SIZE_MAX) {
+  for (size_t s = from; s < std::min(to, grads.size()); ++s) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[s][i].clone();
+    opt.step();
+  }
+}
+
+std::vector<at::Tensor> leaves(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone().requires_grad_(true));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("FusedAdamW follows AdamW's definition in float64", "[adamw]") {
+  const Hyper h;
+  const auto init = make_params();
+  const int steps = 6;
+  const auto grads = make_grads(init, steps);
+  auto params = leaves(init);
+  FusedAdamW opt(params, options_of(h));
+  run_steps(opt, params, grads);
+  REQUIRE(opt.last_step_fused());
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<std::vector<double>> g;
+    for (const auto& step : grads) g.push_back(values(step[i]));
+    const auto expected = reference(values(init[i]), g, h);
+    const auto got = at::tensor(expected, at::TensorOptions().dtype(at::kDouble)).view(params[i].sizes());
+    CAPTURE(i);
+    CHECK(rel_error(params[i].detach(), got) < 2e-6);
+    // The update moved every parameter: a no-op optimiser would fail the check above too,
+    // but only by the size of six steps.
+    CHECK(rel_error(params[i].detach(), init[i]) > 1e-3);
+  }
+}
+
+TEST_CASE("FusedAdamW matches libtorch's AdamW and shares its state", "[adamw]") {
+  const Hyper h;
+  const auto init = make_params();
+  const auto grads = make_grads(init, 8);
+  auto fused_params = leaves(init), plain_params = leaves(init);
+  // Two groups, as `chiar run` makes them: matrices decayed, vectors not.
+  auto groups = [&](std::vector<at::Tensor>& p) {
+    std::vector<torch::optim::OptimizerParamGroup> g;
+    g.emplace_back(std::vector<at::Tensor>{p[1]}, std::make_unique<torch::optim::AdamWOptions>(options_of(h)));
+    g.emplace_back(std::vector<at::Tensor>{p[0], p[2]},
+                   std::make_unique<torch::optim::AdamWOptions>(options_of(h).weight_decay(0.0)));
+    return g;
+  };
+  FusedAdamW fused(groups(fused_params));
+  torch::optim::AdamW plain(groups(plain_params));
+
+  SECTION("same parameters and moments step by step, a parameter without gradient untouched") {
+    for (size_t s = 0; s < grads.size(); ++s) {
+      for (size_t i = 0; i < init.size(); ++i) {
+        // The bias gets no gradient in step 2: both optimisers skip it there.
+        const bool skip = i == 2 && s == 2;
+        fused_params[i].mutable_grad() = skip ? at::Tensor() : grads[s][i].clone();
+        plain_params[i].mutable_grad() = skip ? at::Tensor() : grads[s][i].clone();
+      }
+      fused.step();
+      plain.step();
+      REQUIRE(fused.last_step_fused());
+      for (size_t i = 0; i < init.size(); ++i) {
+        CAPTURE(s, i);
+        CHECK(rel_error(fused_params[i].detach(), plain_params[i].detach()) < 1e-6);
+      }
+    }
+    const auto& fs = fused.state();
+    const auto& ps = plain.state();
+    REQUIRE(fs.size() == ps.size());
+    for (const auto& [key, state] : ps) {
+      (void)key;
+      const auto& p = static_cast<const torch::optim::AdamWParamState&>(*state);
+      CHECK((p.step() == 8 || p.step() == 7));  // the bias missed one step
+    }
+    for (size_t i = 0; i < init.size(); ++i) {
+      // Each fused parameter's state holds the same moments as libtorch's.
+      double worst = 0;
+      for (const auto& [fkey, fstate] : fs) {
+        (void)fkey;
+        const auto& f = static_cast<const torch::optim::AdamWParamState&>(*fstate);
+        if (f.exp_avg().sizes() != init[i].sizes()) continue;
+        for (const auto& [pkey, pstate] : ps) {
+          (void)pkey;
+          const auto& p = static_cast<const torch::optim::AdamWParamState&>(*pstate);
+          if (p.exp_avg().sizes() != init[i].sizes() || p.step() != f.step()) continue;
+          worst = std::max({worst, rel_error(f.exp_avg(), p.exp_avg()), rel_error(f.exp_avg_sq(), p.exp_avg_sq())});
+        }
+      }
+      CHECK(worst < 1e-6);
+    }
+  }
+
+  SECTION("a checkpoint of one resumes in the other") {
+    run_steps(fused, fused_params, grads, 0, 4);
+    run_steps(plain, plain_params, grads, 0, 4);
+    torch::serialize::OutputArchive out;
+    fused.save(out);
+    std::ostringstream bytes;
+    out.save_to(bytes);
+    // A fresh libtorch AdamW over the fused run's parameters takes its state.
+    auto resumed_params = leaves(std::vector<at::Tensor>(fused_params.begin(), fused_params.end()));
+    torch::optim::AdamW resumed(groups(resumed_params));
+    torch::serialize::InputArchive in;
+    std::istringstream read(bytes.str());
+    in.load_from(read);
+    resumed.load(in);
+    run_steps(resumed, resumed_params, grads, 4);
+    run_steps(plain, plain_params, grads, 4);
+    for (size_t i = 0; i < init.size(); ++i) {
+      CAPTURE(i);
+      CHECK(rel_error(resumed_params[i].detach(), plain_params[i].detach()) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("FusedAdamW hands float64 parameters to libtorch's step", "[adamw]") {
+  const Hyper h;
+  const auto init = make_params(at::kDouble);
+  const auto grads = make_grads(init, 3);
+  auto fused_params = leaves(init), plain_params = leaves(init);
+  FusedAdamW fused(fused_params, options_of(h));
+  torch::optim::AdamW plain(plain_params, options_of(h));
+  run_steps(fused, fused_params, grads);
+  run_steps(plain, plain_params, grads);
+  CHECK_FALSE(fused.last_step_fused());
+  for (size_t i = 0; i < init.size(); ++i) CHECK(rel_error(fused_params[i].detach(), plain_params[i].detach()) == 0);
+}
