@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <malloc.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -115,6 +116,9 @@ int configure_threads(int requested) {
   int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
   if (n < 1) n = 1;
   at::set_num_threads(n);
+  // The harness's own parallel loops run in the OpenMP runtime it was linked
+  // with; a libtorch that bundles its own copy would not pass the count on.
+  omp_set_num_threads(n);
   return at::get_num_threads();
 }
 

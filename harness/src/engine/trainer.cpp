@@ -248,8 +248,7 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   const Task& task = ctx.task;
   const bool bf16 = t.precision == "bf16";
   TrainResult result;
-  at::set_num_threads(t.threads > 0 ? static_cast<int>(t.threads)
-                                    : static_cast<int>(std::thread::hardware_concurrency()));
+  configure_threads(static_cast<int>(t.threads));
 
   ChiarModel model(ctx.registry, model_options_for(spec, task));
   result.summary.params = model.parameter_count();
