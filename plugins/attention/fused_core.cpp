@@ -119,6 +119,39 @@ struct Problem {
   }
 };
 
+// Runs tasks 0..n-1 over the intra-op threads, each thread a set of them
+// balanced by cost (largest first, each to the least loaded thread).
+// at::parallel_for would hand each thread one contiguous range, and the
+// costs of a causal problem's tiles, or of segments ordered by block end,
+// grow along it: with two threads, one sequence's second half of the query
+// blocks holds three quarters of its work.
+template <class Cost, class Run>
+void run_balanced(int64_t n, const Cost& cost, const Run& run) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  if (threads <= 1 || at::in_parallel_region()) {
+    for (int64_t i = 0; i < n; ++i) run(i);
+    return;
+  }
+  std::vector<double> costs(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) costs[static_cast<size_t>(i)] = cost(i);
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return costs[static_cast<size_t>(a)] > costs[static_cast<size_t>(b)]; });
+  std::vector<std::vector<int64_t>> bins(static_cast<size_t>(threads));
+  std::vector<double> load(static_cast<size_t>(threads), 0.0);
+  for (const int64_t i : order) {
+    const auto least = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    bins[least].push_back(i);
+    load[least] += costs[static_cast<size_t>(i)];
+  }
+  for (auto& bin : bins) std::sort(bin.begin(), bin.end());  // back in memory order
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b)
+      for (const int64_t i : bins[static_cast<size_t>(b)]) run(i);
+  });
+}
+
 // Per-thread scratch for a tile's scores (and their gradient): kept between
 // calls, grown when a longer sequence comes.
 float* scratch(size_t floats) {
@@ -132,8 +165,12 @@ float* scratch(size_t floats) {
 void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
   const int64_t per_seq = p.heads * p.m;
   float* log_sums = stats + p.G * per_seq;
-  at::parallel_for(0, static_cast<int64_t>(p.tiles.size()) * p.heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
+  const auto tile_cost = [&](int64_t task) {
+    const auto& t = p.tiles[static_cast<size_t>(task / p.heads)];
+    return static_cast<double>(t.rows) * static_cast<double>(t.keys);
+  };
+  run_balanced(static_cast<int64_t>(p.tiles.size()) * p.heads, tile_cost, [&](int64_t task) {
+    {
       const auto& t = p.tiles[static_cast<size_t>(task / p.heads)];
       const int64_t head = task % p.heads;
       float* s = scratch(static_cast<size_t>(t.rows * t.keys));  // (rows, keys)
@@ -174,8 +211,11 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
                     const float* vt, float* dq, float* dkt, float* dvt) {
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
-  at::parallel_for(0, p.GK * p.heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
+  std::vector<double> batch_cost(static_cast<size_t>(p.GK), 0.0);  // score elements per key batch
+  for (const auto& t : p.tiles) batch_cost[static_cast<size_t>(t.kg)] += static_cast<double>(t.rows * t.keys);
+  const auto task_cost = [&](int64_t task) { return batch_cost[static_cast<size_t>(task / p.heads)]; };
+  run_balanced(p.GK * p.heads, task_cost, [&](int64_t task) {
+    {
       const int64_t kg = task / p.heads, head = task % p.heads;
       const float* k_gh = k + task * p.L * p.dh;    // (L, dh)
       const float* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
