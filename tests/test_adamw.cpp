@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "chiar/adamw.h"
+#include "chiar/linear.h"
 #include "support/fixtures.h"
 
 using namespace chiar;
@@ -194,4 +195,25 @@ TEST_CASE("FusedAdamW hands float64 parameters to libtorch's step", "[adamw]") {
   run_steps(plain, plain_params, grads);
   CHECK_FALSE(fused.last_step_fused());
   for (size_t i = 0; i < init.size(); ++i) CHECK(rel_error(fused_params[i].detach(), plain_params[i].detach()) == 0);
+}
+
+TEST_CASE("FusedAdamW marks the parameters it updates as changed", "[adamw]") {
+  // linear() keeps a transposed copy of weights with more inputs than
+  // outputs and refreshes it by the weight's version counter: an update
+  // that wrote the weight without bumping it left forward on the old copy.
+  at::manual_seed(13);
+  auto weight = (at::randn({8, 64}) * 0.1).requires_grad_(true);  // (out, in): k > n takes the cached layout
+  const auto x = at::randn({512, 64});
+  FusedAdamW opt(std::vector<at::Tensor>{weight}, torch::optim::AdamWOptions(0.1));
+  for (int step = 0; step < 2; ++step) {
+    const auto before = weight._version();
+    auto y = chiar::linear(x, weight);  // (512, 8)
+    CHECK(rel_error(y.detach(), at::matmul(x, weight.detach().t())) < 1e-5);
+    y.square().sum().backward();
+    opt.step();
+    REQUIRE(opt.last_step_fused());
+    CHECK(weight._version() > before);
+    opt.zero_grad();
+  }
+  CHECK(rel_error(chiar::linear(x, weight).detach(), at::matmul(x, weight.detach().t())) < 1e-5);
 }

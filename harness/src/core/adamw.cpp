@@ -112,6 +112,10 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       at::parallel_for(0, p.numel(), 16384, [&](int64_t begin, int64_t end) {
         adamw_update(pd + begin, gd + begin, md + begin, vd + begin, end - begin, s);
       });
+      // Written through raw pointers: bump the version counters as an
+      // in-place op would, since caches keyed on them (linear's transposed
+      // weights) must see the change.
+      for (const at::Tensor* t : {&p, &st.exp_avg(), &st.exp_avg_sq()}) t->unsafeGetTensorImpl()->bump_version();
     }
   }
   last_step_fused_ = true;

@@ -145,6 +145,7 @@ at::Tensor& bias_gelu_(at::Tensor& u, const at::Tensor& bias) {
   const auto b = bias.contiguous();
   const int64_t n = u.size(-1);
   forward_rows(u.data_ptr<float>(), b.data_ptr<float>(), u.data_ptr<float>(), n > 0 ? u.numel() / n : 0, n);
+  u.unsafeGetTensorImpl()->bump_version();  // written in place, as at::gelu_ would mark it
   return u;
 }
 
