@@ -29,6 +29,7 @@
 #include <sstream>
 
 #include "chiar/error.h"
+#include "chiar/layer_norm.h"
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
@@ -162,7 +163,7 @@ class AttentionOperator final : public Operator {
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }
-    return norm_(project(out_, o.transpose(1, 2).reshape({B, T, d_}), x));
+    return chiar::normalize(norm_, project(out_, o.transpose(1, 2).reshape({B, T, d_}), x));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
@@ -191,9 +192,9 @@ class AttentionOperator final : public Operator {
         for (int64_t j = 0, start = 0; j < g.count; start += n[j], ++j) segments.insert(segments.end(), {start, n[j], j, T});
         auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), ctx.causal ? t : at::Tensor(),
                                                        valid);
-        return norm_(project(out_, o.reshape({N, d_}), xr));
+        return chiar::normalize(norm_, project(out_, o.reshape({N, d_}), xr));
       }
-      return norm_(project(out_, attend_rows(q, kt, v, t, g, T, ctx.causal ? 1 : T, valid, recompute), xr));
+      return chiar::normalize(norm_, project(out_, attend_rows(q, kt, v, t, g, T, ctx.causal ? 1 : T, valid, recompute), xr));
     }
 
     // Each sequence's rows go in query blocks of span(rows, T) positions
@@ -221,7 +222,7 @@ class AttentionOperator final : public Operator {
       for (int64_t p = 0, start = 0; p < gp.count; start += count[p], ++p)
         segments.insert(segments.end(), {start, count[p], key[p] % g.count, key[p] / g.count});
       auto o = chiar_attention::fused_attention_rows(qs, kt, v, as_segments(segments), ts, valid);  // (N, h, dh)
-      return norm_(project(out_, o.reshape({N, d_}).index_select(0, inverse), xr));
+      return chiar::normalize(norm_, project(out_, o.reshape({N, d_}).index_select(0, inverse), xr));
     }
     std::vector<at::Tensor> pieces;  // (n_j, d) per e, in sorted order
     for (int64_t p = 0, r = 0; p < gp.count;) {
@@ -251,7 +252,7 @@ class AttentionOperator final : public Operator {
       r += n;
     }
     auto o = at::cat(pieces).index_select(0, inverse);  // (N, d) in row order
-    return norm_(project(out_, o, xr));
+    return chiar::normalize(norm_, project(out_, o, xr));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "chiar/layer_norm.h"
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
@@ -69,7 +70,7 @@ class DctOperator final : public Operator {
 
   // x: (..., d) and its spectrum c = dct2(x): (..., d) -> (..., d).
   at::Tensor mix(const at::Tensor& x, const at::Tensor& c) {
-    if (impl_ != DctImpl::Gemm) return norm_(x + idct2(c * filter_, impl_));
+    if (impl_ != DctImpl::Gemm) return chiar::normalize(norm_, x + idct2(c * filter_, impl_));
     // idct2(c * w) + x = (c * w) B + x, B the orthonormal basis (dct2(x) =
     // x B^T): the residual rides in the product's pass. Without gradients
     // w is folded into the basis too (d^2 multiplies instead of one per
@@ -78,8 +79,8 @@ class DctOperator final : public Operator {
     // FLOPs are counted per element either way, as the definition has them.
     const auto basis_t = dct_basis(d_, c.scalar_type(), c.device()).t();  // (d, d) = B^T
     if (at::GradMode::is_enabled() && (filter_.requires_grad() || c.requires_grad()))
-      return norm_(chiar::linear(c * filter_, basis_t, {}, x));
-    return norm_(chiar::linear(c, basis_t * filter_, {}, x));
+      return chiar::normalize(norm_, chiar::linear(c * filter_, basis_t, {}, x));
+    return chiar::normalize(norm_, chiar::linear(c, basis_t * filter_, {}, x));
   }
 
   int64_t d_;

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "chiar/error.h"
+#include "chiar/layer_norm.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
 
@@ -25,7 +26,7 @@ class FourierOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     if (ctx.causal) throw UserError("fourier: the operator reads future tokens and cannot run causally");
-    if (!ctx.valid.defined()) return norm_(x + mix(x));
+    if (!ctx.valid.defined()) return chiar::normalize(norm_, x + mix(x));
     // Sequences of different real lengths: transform each over its own length.
     const int64_t B = x.size(0), T = x.size(1);
     auto lengths = ctx.valid.sum(1).to(at::kLong).contiguous();
@@ -37,7 +38,7 @@ class FourierOperator final : public Operator {
       if (L < T) yb = at::cat({yb, at::zeros({T - L, d_}, x.options())});  // padding rows: unspecified, zero
       rows.push_back(yb);
     }
-    return norm_(x + at::stack(rows));
+    return chiar::normalize(norm_, x + at::stack(rows));
   }
 
   // Fourier mixing has no cheaper per-row form: the whole sequences of the

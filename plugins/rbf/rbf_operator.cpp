@@ -19,6 +19,7 @@
 #include <cmath>
 
 #include "chiar/error.h"
+#include "chiar/layer_norm.h"
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
@@ -67,7 +68,7 @@ class RbfOperator final : public Operator {
       den = ((qc * z_prev.unsqueeze(2)).sum(-1) + a.sum(-1)).reshape({B, Tp}).narrow(1, 0, T);
       count = mask.squeeze(-1).cumsum(1);                     // (B, T)
     }
-    return norm_(project(out_, normalise(num, den, count), x));
+    return chiar::normalize(norm_, project(out_, normalise(num, den, count), x));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
@@ -108,7 +109,7 @@ class RbfOperator final : public Operator {
       den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);            // (N,)
       count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, b * T + t);  // (N,)
     }
-    return norm_(project(out_, normalise(num, den, count), xr));
+    return chiar::normalize(norm_, project(out_, normalise(num, den, count), xr));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
