@@ -170,32 +170,30 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
     return static_cast<double>(t.rows) * static_cast<double>(t.keys);
   };
   run_balanced(static_cast<int64_t>(p.tiles.size()) * p.heads, tile_cost, [&](int64_t task) {
-    {
-      const auto& t = p.tiles[static_cast<size_t>(task / p.heads)];
-      const int64_t head = task % p.heads;
-      float* s = scratch(static_cast<size_t>(t.rows * t.keys));  // (rows, keys)
-      p.scores(head, t, s);
-      const int64_t first = t.qg * per_seq + head * p.m + t.r0;
-      for (int64_t i = 0; i < t.rows; ++i) {
-        float* row = s + i * t.keys;
-        bool finite = true;
-        const float top = chiar::row_max(row, t.keys, &finite);
-        // An infinite or NaN score makes the row NaN, as +inf and NaN do in
-        // libtorch's softmax (a lone -inf, which libtorch would weigh 0,
-        // needs q k^T to overflow; it is NaN here too).
-        if (!finite) {
-          std::fill(row, row + t.keys, kNaN);
-          stats[first + i] = log_sums[first + i] = kNaN;
-          continue;
-        }
-        const float sum = chiar::exp_shifted(row, t.keys, top, 0.f);
-        chiar::scale_row(row, t.keys, 1.f / sum);
-        stats[first + i] = top;
-        log_sums[first + i] = std::log(sum);
+    const auto& t = p.tiles[static_cast<size_t>(task / p.heads)];
+    const int64_t head = task % p.heads;
+    float* s = scratch(static_cast<size_t>(t.rows * t.keys));  // (rows, keys)
+    p.scores(head, t, s);
+    const int64_t first = t.qg * per_seq + head * p.m + t.r0;
+    for (int64_t i = 0; i < t.rows; ++i) {
+      float* row = s + i * t.keys;
+      bool finite = true;
+      const float top = chiar::row_max(row, t.keys, &finite);
+      // An infinite or NaN score makes the row NaN, as +inf and NaN do in
+      // libtorch's softmax (a lone -inf, which libtorch would weigh 0,
+      // needs q k^T to overflow; it is NaN here too).
+      if (!finite) {
+        std::fill(row, row + t.keys, kNaN);
+        stats[first + i] = log_sums[first + i] = kNaN;
+        continue;
       }
-      chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, s, t.keys, p.v.at(t.kg, head), p.v.ld, 0.f,
-                   o.row(t.qg, head, t.r0), o.ld);
+      const float sum = chiar::exp_shifted(row, t.keys, top, 0.f);
+      chiar::scale_row(row, t.keys, 1.f / sum);
+      stats[first + i] = top;
+      log_sums[first + i] = std::log(sum);
     }
+    chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, s, t.keys, p.v.at(t.kg, head), p.v.ld, 0.f,
+                 o.row(t.qg, head, t.r0), o.ld);
   });
 }
 
@@ -215,41 +213,39 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
   for (const auto& t : p.tiles) batch_cost[static_cast<size_t>(t.kg)] += static_cast<double>(t.rows * t.keys);
   const auto task_cost = [&](int64_t task) { return batch_cost[static_cast<size_t>(task / p.heads)]; };
   run_balanced(p.GK * p.heads, task_cost, [&](int64_t task) {
-    {
-      const int64_t kg = task / p.heads, head = task % p.heads;
-      const float* k_gh = k + task * p.L * p.dh;    // (L, dh)
-      const float* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
-      float* dkt_gh = dkt + task * p.dh * p.L;      // (dh, L)
-      float* dvt_gh = dvt + task * p.dh * p.L;      // (dh, L)
-      std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
-      std::fill(dvt_gh, dvt_gh + p.dh * p.L, 0.f);
-      for (const size_t index : p.tiles_of[static_cast<size_t>(kg)]) {
-        const auto& t = p.tiles[index];
-        const size_t area = static_cast<size_t>(t.rows * t.keys);
-        float* weights = scratch(2 * area);  // (rows, keys): the weights, then
-        float* grad = weights + area;        // the scores' gradient
-        p.scores(head, t, weights);
-        const int64_t first = t.qg * per_seq + head * p.m + t.r0;
-        for (int64_t i = 0; i < t.rows; ++i) {
-          float* row = weights + i * t.keys;
-          if (std::isnan(stats[first + i]))
-            std::fill(row, row + t.keys, kNaN);
-          else
-            chiar::exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
-        }
-        const float* dout_t = dout.row(t.qg, head, t.r0);  // (rows, dh), leading dimension dout.ld
-        // dvt[:, :keys] += dout^T weights
-        chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, dout_t, dout.ld, weights, t.keys, 1.f, dvt_gh, p.L);
-        // d weights = dout vt[:, :keys], then through the softmax
-        chiar::sgemm(false, false, t.rows, t.keys, p.dh, 1.f, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
-        for (int64_t i = 0; i < t.rows; ++i)
-          chiar::softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
-                                      chiar::dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh));
-        // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
-        chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, grad, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
-        chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.row(t.qg, head, t.r0), p.q.ld, grad, t.keys, 1.f,
-                     dkt_gh, p.L);
+    const int64_t kg = task / p.heads, head = task % p.heads;
+    const float* k_gh = k + task * p.L * p.dh;    // (L, dh)
+    const float* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
+    float* dkt_gh = dkt + task * p.dh * p.L;      // (dh, L)
+    float* dvt_gh = dvt + task * p.dh * p.L;      // (dh, L)
+    std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
+    std::fill(dvt_gh, dvt_gh + p.dh * p.L, 0.f);
+    for (const size_t index : p.tiles_of[static_cast<size_t>(kg)]) {
+      const auto& t = p.tiles[index];
+      const size_t area = static_cast<size_t>(t.rows * t.keys);
+      float* weights = scratch(2 * area);  // (rows, keys): the weights, then
+      float* grad = weights + area;        // the scores' gradient
+      p.scores(head, t, weights);
+      const int64_t first = t.qg * per_seq + head * p.m + t.r0;
+      for (int64_t i = 0; i < t.rows; ++i) {
+        float* row = weights + i * t.keys;
+        if (std::isnan(stats[first + i]))
+          std::fill(row, row + t.keys, kNaN);
+        else
+          chiar::exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
       }
+      const float* dout_t = dout.row(t.qg, head, t.r0);  // (rows, dh), leading dimension dout.ld
+      // dvt[:, :keys] += dout^T weights
+      chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, dout_t, dout.ld, weights, t.keys, 1.f, dvt_gh, p.L);
+      // d weights = dout vt[:, :keys], then through the softmax
+      chiar::sgemm(false, false, t.rows, t.keys, p.dh, 1.f, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
+      for (int64_t i = 0; i < t.rows; ++i)
+        chiar::softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
+                                    chiar::dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh));
+      // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
+      chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, grad, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
+      chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.row(t.qg, head, t.r0), p.q.ld, grad, t.keys, 1.f,
+                   dkt_gh, p.L);
     }
   });
 }
