@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -13,6 +12,8 @@
 #include <torch/utils.h>
 
 #include <sstream>
+
+#include <boost/filesystem.hpp>
 
 #include "../harness/src/core/model.h"
 #include "../harness/src/engine/matrix.h"
@@ -111,7 +112,7 @@ std::vector<double> final_metrics(const std::string& db, const std::string& name
 // Polls the store until a run has recorded `step` (heartbeat) or times out.
 bool wait_for_step(const std::string& db, int64_t step) {
   for (int i = 0; i < 600; ++i) {
-    if (std::filesystem::exists(db)) {
+    if (boost::filesystem::exists(db)) {
       try {
         if (count(db, "SELECT MAX(step) FROM runs") >= step) return true;
       } catch (const UserError&) {
@@ -268,7 +269,7 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   CHECK_THAT(bad_data.output, Catch::Matchers::Contains("missing/wiki.train.tokens: cannot open the file"));
   const auto bad_shard = test::run_chiar(run_args(d, "x.db", {"--shard", "4/3"}));
   CHECK(bad_shard.status == 2);
-  CHECK(!std::filesystem::exists(d.path() + "/x.db"));
+  CHECK(!boost::filesystem::exists(d.path() + "/x.db"));
 }
 
 TEST_CASE("run: a forced divergence is recorded and the matrix goes on", "[engine][diverge]") {
@@ -320,8 +321,8 @@ TEST_CASE("run: checkpoints left by a deleted database are discarded, not resume
   const std::string db = d.path() + "/r.db";
   REQUIRE(test::run_chiar(run_args(d, "r.db", one)).status == 0);
   const auto reference = final_metrics(db, "routed/lm/seed=0");
-  REQUIRE(std::filesystem::exists(db + ".checkpoints"));
-  std::filesystem::remove(db);  // the database goes, its checkpoints stay
+  REQUIRE(boost::filesystem::exists(db + ".checkpoints"));
+  boost::filesystem::remove(db);  // the database goes, its checkpoints stay
   const auto again = test::run_chiar(run_args(d, "r.db", one));
   INFO(again.output);
   REQUIRE(again.status == 0);
@@ -504,5 +505,5 @@ TEST_CASE("run: the fnet and chiar_topk variants run in a matrix; fnet is refuse
   CHECK(refused.status == 2);
   CHECK_THAT(refused.output, Catch::Matchers::Contains(
                                  "variant 'fnet' on task 'lm': layer 1: operator 'fourier' does not support causal language modelling"));
-  CHECK(!std::filesystem::exists(d.path() + "/x.db"));
+  CHECK(!boost::filesystem::exists(d.path() + "/x.db"));
 }

@@ -17,6 +17,8 @@
 #include "support/reference.h"
 #include "support/temp_dir.h"
 #include "chiar/listops.h"
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 
 using namespace chiar;
@@ -39,6 +41,7 @@ Result run_cli(const std::string& args, const std::string& input = "", const std
   std::string command = env + " " + CHIAR_CLI + " " + args + " 2>&1";
   if (!input.empty()) command = "printf '" + input + "' | " + command;
   FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {-1, "popen failed: " + std::string(std::strerror(errno))};
   std::string out;
   std::array<char, 512> buffer{};
   while (fgets(buffer.data(), buffer.size(), pipe)) out += buffer.data();

@@ -2,8 +2,9 @@
 
 #include <array>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
+
+#include <boost/filesystem.hpp>
 
 #include "../harness/src/engine/store.h"
 #include "../harness/src/report/claims.h"
@@ -125,9 +126,9 @@ TEST_CASE("report files: Markdown with charts beside it, HTML that renders offli
   TempDir d("report-files");
   const std::string db = make_store(d);
   const auto files = report::write_report(db, d.path() + "/out/fixture", "baseline");
-  CHECK(std::filesystem::exists(files.markdown));
+  CHECK(boost::filesystem::exists(files.markdown));
   CHECK(files.images.size() >= 4);
-  for (const auto& image : files.images) CHECK(std::filesystem::file_size(image) > 500);
+  for (const auto& image : files.images) CHECK(boost::filesystem::file_size(image) > 500);
   std::ifstream md(files.markdown);
   const std::string text((std::istreambuf_iterator<char>(md)), {});
   CHECK_THAT(text, Catch::Matchers::Contains("| chiar_hard/listops_flat/seed=0 | diverged | diverged at step 7: loss nan at step 7 |"));
@@ -141,7 +142,7 @@ TEST_CASE("report files: Markdown with charts beside it, HTML that renders offli
   // Headless Chromium: the page renders, every chart is in the DOM, no console errors.
   const std::string profile = d.path() + "/chromium-profile";
   const std::string shot = std::string(CHIAR_BINARY_DIR) + "/test-artifacts/report.png";
-  std::filesystem::create_directories(std::filesystem::path(shot).parent_path());
+  boost::filesystem::create_directories(boost::filesystem::path(shot).parent_path());
   const std::string flags = "--headless --no-sandbox --disable-gpu --user-data-dir=" + profile +
                             " --enable-logging=stderr --v=0 --window-size=1280,6000 ";
   auto capture = [](const std::string& cmd) {
@@ -159,5 +160,5 @@ TEST_CASE("report files: Markdown with charts beside it, HTML that renders offli
   CHECK(dom.find("CONSOLE") == std::string::npos);
   CHECK(dom.find("Uncaught") == std::string::npos);
   capture("chromium " + flags + "--screenshot=" + shot + " file://" + files.html);
-  CHECK(std::filesystem::exists(shot));
+  CHECK(boost::filesystem::exists(shot));
 }

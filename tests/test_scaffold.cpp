@@ -3,8 +3,9 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
+
+#include <boost/filesystem.hpp>
 
 #include "../harness/src/engine/sqlite.h"
 #include "support/process.h"
@@ -37,7 +38,7 @@ TEST_CASE("scaffolded plugins build out of tree against an installed harness and
     const std::string name = std::string("my_") + kind, dir = d.path() + "/" + name;
     INFO(kind << "\n" << read(log));
     REQUIRE(sh("'" + chiar + "' new-plugin " + kind + " " + name + " --dir '" + d.path() + "'", log) == 0);
-    for (const char* f : {"CMakeLists.txt", "README.md"}) CHECK(std::filesystem::exists(dir + "/" + f));
+    for (const char* f : {"CMakeLists.txt", "README.md"}) CHECK(boost::filesystem::exists(dir + "/" + f));
     REQUIRE(sh("cmake -S '" + dir + "' -B '" + dir + "/build' -G Ninja -DCMAKE_PREFIX_PATH='" + prefix + "'", log) == 0);
     REQUIRE(sh("cmake --build '" + dir + "/build'", log) == 0);
     CHECK(sh("ctest --test-dir '" + dir + "/build' --output-on-failure", log) == 0);

@@ -2,7 +2,6 @@
 #include <catch2/catch.hpp>
 #include <torch/utils.h>
 
-#include <filesystem>
 
 #include "../harness/src/core/model.h"
 #include "../harness/src/core/sotu.h"

@@ -15,7 +15,8 @@
 #include <fstream>
 #include <sstream>
 
-#include <filesystem>
+
+#include <boost/filesystem.hpp>
 
 #include "chiar/class_data.h"
 #include "chiar/error.h"
@@ -27,7 +28,7 @@
 namespace {
 
 using namespace chiar;
-namespace fs = std::filesystem;
+namespace fs = boost::filesystem;
 
 struct Review {
   std::string text;
@@ -43,7 +44,7 @@ std::vector<Review> read_reviews(const fs::path& folder) {
   std::vector<Review> out;
   for (const auto& [sub, label] : {std::pair<const char*, int64_t>{"neg", 0}, {"pos", 1}}) {
     const fs::path dir = folder / sub;
-    std::error_code ec;
+    boost::system::error_code ec;
     if (!fs::is_directory(dir, ec)) throw UserError("imdb: missing folder '" + dir.string() + "'");
     std::vector<fs::path> files;
     for (const auto& f : fs::directory_iterator(dir))
@@ -74,14 +75,14 @@ fs::path find_root(const TaskSpec& spec) {
   fs::path base;
   if (!archive.empty()) {
     const std::string path = resolve_path(spec.data_root, archive);
-    std::error_code ec;
+    boost::system::error_code ec;
     if (!fs::is_regular_file(path, ec)) throw UserError("imdb: archive '" + path + "' does not exist");
     base = fs::path(spec.cache_dir) / ("imdb-" + std::to_string(fnv1a(fs::canonical(path).string())));
     if (!fs::exists(base / ".extracted")) {
       fs::create_directories(base);
       const std::string command = "tar -xzf '" + path + "' -C '" + base.string() + "'";
       if (std::system(command.c_str()) != 0) throw UserError("imdb: cannot extract '" + path + "'");
-      std::ofstream(base / ".extracted") << path << "\n";
+      std::ofstream((base / ".extracted").string()) << path << "\n";
     }
   } else {
     base = resolve_path(spec.data_root, spec.params.get_string("path", "imdb"));

@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <boost/filesystem.hpp>
+
 #include <random>
 
 namespace chiar::test {
-namespace fs = std::filesystem;
+namespace fs = boost::filesystem;
 
 TempDir::TempDir(const std::string& tag) {
   std::random_device rd;
@@ -16,20 +18,20 @@ TempDir::TempDir(const std::string& tag) {
 }
 
 TempDir::~TempDir() {
-  std::error_code ec;
+  boost::system::error_code ec;
   fs::remove_all(path_, ec);
 }
 
 std::string TempDir::write(const std::string& relative, const std::string& text) const {
   const fs::path p = fs::path(path_) / relative;
   fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary) << text;
+  std::ofstream(p.string(), std::ios::binary) << text;
   return p.string();
 }
 
 std::string shared_data() {
   const fs::path p = fs::path(CHIAR_SOURCE_DIR) / ".." / "shared" / "data";
-  std::error_code ec;
+  boost::system::error_code ec;
   return fs::is_directory(p, ec) ? fs::canonical(p).string() : std::string();
 }
 

@@ -1,6 +1,5 @@
 #pragma once
 // A fresh folder under the system temp folder, removed with its contents.
-#include <filesystem>
 #include <fstream>
 #include <string>
 

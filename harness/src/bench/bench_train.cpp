@@ -8,11 +8,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <chrono>
 #include <fstream>
 #include <memory>
 #include <string>
+
+#include <boost/filesystem.hpp>
 
 #include "../core/model.h"
 #include "../core/runtime.h"
@@ -102,10 +103,10 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   if (o.classes < 0 || o.classes == 1) throw UserError("bench-train: --classes must be 0 (language model) or at least 2");
   configure_threads(o.threads);
   // The variants' definitions, through a one-task matrix over them.
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(o.variants_file, ec))
+  boost::system::error_code ec;
+  if (!boost::filesystem::is_regular_file(o.variants_file, ec))
     throw UserError(o.variants_file + ": cannot open the file");
-  const std::string variants = std::filesystem::absolute(o.variants_file).string();
+  const std::string variants = boost::filesystem::absolute(o.variants_file).string();
   std::string matrix = "include = [\"" + variants + "\"]\n[matrix]\nname = \"bench\"\ntasks = [\"synthetic\"]\nvariants = [";
   for (size_t i = 0; i < o.variants.size(); ++i) matrix += (i ? ", \"" : "\"") + o.variants[i] + "\"";
   matrix += "]\n[tasks.synthetic]\nplugin = \"none\"\n";

@@ -1,8 +1,9 @@
 // chiar new-plugin: writes a ready-to-build plugin folder from templates.
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <regex>
+
+#include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
 #include "commands.h"
@@ -242,9 +243,9 @@ int run_new_plugin(const Global&, const NewPluginArgs& a) {
     throw UserError("new-plugin: kind must be operator, router or task, found '" + a.kind + "'");
   if (!std::regex_match(a.name, std::regex("[a-z][a-z0-9_]*")))
     throw UserError("new-plugin: name must be lower case letters, digits and _, starting with a letter; found '" + a.name + "'");
-  const std::filesystem::path dir = std::filesystem::path(a.dir) / a.name;
-  if (std::filesystem::exists(dir)) throw UserError("new-plugin: '" + dir.string() + "' already exists");
-  std::filesystem::create_directories(dir);
+  const boost::filesystem::path dir = boost::filesystem::path(a.dir) / a.name;
+  if (boost::filesystem::exists(dir)) throw UserError("new-plugin: '" + dir.string() + "' already exists");
+  boost::filesystem::create_directories(dir);
   std::string check, use;
   if (a.kind == "operator") {
     check = "const auto failures = chiar::check_operator([&](int64_t d, int64_t heads) {\n"

@@ -2,8 +2,9 @@
 #include <iomanip>
 #include <iostream>
 
+#include <boost/filesystem.hpp>
+
 #include "../core/registry.h"
-#include <filesystem>
 
 #include "../engine/runner.h"
 #include "../report/report.h"
@@ -61,7 +62,7 @@ int run_run(const Global& g, const RunArgs& a) {
 
 int run_report(const Global&, const ReportArgs& a) {
   std::string out = a.out;
-  if (out.empty()) out = "reports/" + std::filesystem::path(a.db).stem().string();
+  if (out.empty()) out = "reports/" + boost::filesystem::path(a.db).stem().string();
   const auto files = report::write_report(a.db, out, a.baseline);
   std::cout << "wrote " << files.markdown << ", " << files.html << " and " << files.images.size() << " charts\n";
   return 0;

@@ -166,7 +166,7 @@ toml::table load_with_includes(const std::string& file, std::vector<std::string>
   return merged;
 }
 
-const toml::table& table_at(const toml::table& root, const std::string& path) {
+const toml::table& table_at(const toml::table& root, const char* path) {
   static const toml::table empty;
   const toml::node* n = root.at_path(path).node();
   return n && n->is_table() ? *n->as_table() : empty;
