@@ -15,6 +15,7 @@
 #include "chiar/error.h"
 #include "chiar/linear.h"
 #include "chiar/row_kernels.h"
+#include "row_passes.h"
 
 namespace chiar {
 
@@ -117,7 +118,6 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 const at::Tensor& token_weights, int64_t rows_per_pass) {
   RECORD_FUNCTION("chiar::linear_cross_entropy", std::vector<c10::IValue>({hidden, weight}));
   check(hidden, weight, targets, token_weights);
-  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
   if (!fp32_cpu(hidden) || !fp32_cpu(weight) || (token_weights.defined() && !fp32_cpu(token_weights)) ||
       !targets.device().is_cpu() || autocast::any_enabled()) {
     // Reduced-precision logits (autocast) are normalised in fp32; fp64 stays fp64.

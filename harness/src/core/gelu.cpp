@@ -12,6 +12,7 @@
 #include "chiar/error.h"
 #include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
 #include "exp_kernel.h"
+#include "row_passes.h"
 
 namespace chiar {
 
@@ -62,7 +63,6 @@ CHIAR_ROW_KERNEL void bias_gelu_backward_row(const float* __restrict u, const fl
 }
 
 bool fast_path(const at::Tensor& u, const at::Tensor& bias) {
-  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
   return fp32_cpu(u) && fp32_cpu(bias) && !autocast::any_enabled();
 }
 
@@ -73,14 +73,9 @@ void check(const at::Tensor& u, const at::Tensor& bias) {
                     " are not (..., n) and (n)");
 }
 
-// Rows per task: at least 16 K elements each.
-int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
-
 // u, out (rows, n) contiguous (out may be u), bias (n) contiguous.
 void forward_rows(const float* u, const float* bias, float* out, int64_t rows, int64_t n) {
-  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) bias_gelu_row(u + r * n, bias, out + r * n, n);
-  });
+  for_each_row(rows, n, [&](int64_t r) { bias_gelu_row(u + r * n, bias, out + r * n, n); });
 }
 
 struct BiasGelu : public torch::autograd::Function<BiasGelu> {
@@ -105,22 +100,14 @@ struct BiasGelu : public torch::autograd::Function<BiasGelu> {
     const auto g = grads[0].contiguous();  // (..., n)
     const int64_t n = u.size(-1), rows = n > 0 ? u.numel() / n : 0;
     auto gu = at::empty_like(u);
-    // Column sums per part of the rows, added up in float64 afterwards.
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(rows, 4 * at::get_num_threads()));
-    auto partial = at::zeros({parts, n}, u.options());  // (parts, n)
     const float* up = u.data_ptr<float>();
     const float* bp = bias.data_ptr<float>();
     const float* gp = g.data_ptr<float>();
     float* out = gu.data_ptr<float>();
-    float* sums = partial.data_ptr<float>();
-    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p)
-        for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; ++r)
-          bias_gelu_backward_row(up + r * n, bp, gp + r * n, out + r * n, sums + p * n, n);
+    auto gb = for_each_row_with_sums(rows, n, u.options(), [&](int64_t r, float* sums) {  // (n)
+      bias_gelu_backward_row(up + r * n, bp, gp + r * n, out + r * n, sums, n);
     });
-    at::Tensor gb;
-    if (ctx->needs_input_grad(1)) gb = partial.to(at::kDouble).sum(0).to(at::kFloat);
-    return {gu, gb};
+    return {gu, ctx->needs_input_grad(1) ? gb : at::Tensor()};
   }
 };
 

@@ -12,6 +12,7 @@
 #include "autocast_compat.h"
 #include "chiar/error.h"
 #include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
+#include "row_passes.h"
 
 namespace chiar {
 
@@ -62,9 +63,6 @@ CHIAR_ROW_KERNEL void norm_backward_row(const float* __restrict x, const float* 
   }
 }
 
-// Rows per task: at least 16 K elements each.
-int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
-
 // x (..., n), weight (n), bias (n) fp32 contiguous -> y (..., n); *stats
 // (2, rows): each row's mean and 1 / sqrt(var + eps).
 at::Tensor normalize_rows(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
@@ -78,9 +76,8 @@ at::Tensor normalize_rows(const at::Tensor& x, const at::Tensor& weight, const a
   float* yp = y.data_ptr<float>();
   float* mean = stats->data_ptr<float>();
   float* rstd = mean + rows;
-  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      norm_row(xp + r * n, wp, bp, yp + r * n, n, static_cast<float>(eps), mean + r, rstd + r);
+  for_each_row(rows, n, [&](int64_t r) {
+    norm_row(xp + r * n, wp, bp, yp + r * n, n, static_cast<float>(eps), mean + r, rstd + r);
   });
   return y;
 }
@@ -114,24 +111,17 @@ struct FusedLayerNorm : public torch::autograd::Function<FusedLayerNorm> {
     }
     const auto dy = grads[0].contiguous();
     auto dx = at::empty_like(x);
-    // Weight and bias sums per part of the rows, added up in float64 after.
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(rows, 4 * at::get_num_threads()));
-    auto partial = at::zeros({2, parts, n}, x.options());  // (dw, db) per part
     const float* xp = x.data_ptr<float>();
     const float* dyp = dy.data_ptr<float>();
     const float* wp = weight.data_ptr<float>();
     const float* mean = stats.data_ptr<float>();
     const float* rstd = mean + rows;
     float* dxp = dx.data_ptr<float>();
-    float* dw = partial.data_ptr<float>();
-    float* db = dw + parts * n;
-    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p)
-        for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; ++r)
-          norm_backward_row(xp + r * n, dyp + r * n, wp, mean[r], rstd[r], dxp + r * n, dw + p * n, db + p * n, n);
+    // The weight's sums, then the bias's: (2 n).
+    const auto sums = for_each_row_with_sums(rows, 2 * n, x.options(), [&](int64_t r, float* dw_db) {
+      norm_backward_row(xp + r * n, dyp + r * n, wp, mean[r], rstd[r], dxp + r * n, dw_db, dw_db + n, n);
     });
-    const auto sums = partial.to(at::kDouble).sum(1).to(at::kFloat);  // (2, n)
-    return {dx, sums[0], sums[1], at::Tensor()};
+    return {dx, sums.narrow(0, 0, n), sums.narrow(0, n, n), at::Tensor()};
   }
 };
 
@@ -145,7 +135,6 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
                     ", weight " + (weight.defined() ? c10::str(weight.sizes()) : std::string("undefined")) +
                     " and bias " + (bias.defined() ? c10::str(bias.sizes()) : std::string("undefined")) +
                     " are not (..., n), (n) and (n)");
-  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
   if (!fp32_cpu(x) || !fp32_cpu(weight) || !fp32_cpu(bias) || autocast::any_enabled() || x.size(-1) == 0)
     return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
   const bool wants_grad = torch::autograd::GradMode::is_enabled() &&
