@@ -1,5 +1,6 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
+#include <torch/cuda.h>
 
 #include <limits>
 
@@ -57,17 +58,29 @@ struct OpCase {
   const char* name;
   Params params;
 };
+// Whether this build's libtorch has scaled_dot_product_attention (attention's
+// core "sdpa").
+constexpr bool kHasSdpa = CHIAR_TORCH_AT_LEAST(2, 1);
+
+Params chunked() { return Params().set("core", std::string("chunked")); }
+
+// Every operator, with the options that exercise it. The tests run in
+// float64, which attention's default core sends to SDPA where the build has
+// it, else to the chunked core.
 std::vector<OpCase> op_cases() {
-  return {{"dct", Params().set("dct_impl", std::string("gemm"))},
-          {"dct", Params().set("dct_impl", std::string("fft"))},
-          {"attention", {}},
-          {"attention", Params().set("block", int64_t{3})},  // several query blocks, weights kept by autograd
-          {"attention", Params().set("block", int64_t{3}).set("recompute_mib", 0.0)},  // weights recomputed
-          // One sequence and one query row per chunk of work.
-          {"attention", Params().set("block", int64_t{3}).set("chunk_mib", 1e-9)},
-          {"attention", Params().set("block", int64_t{3}).set("chunk_mib", 1e-9).set("recompute_mib", 0.0)},
-          {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
-          {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
+  std::vector<OpCase> cases{
+      {"dct", Params().set("dct_impl", std::string("gemm"))},
+      {"dct", Params().set("dct_impl", std::string("fft"))},
+      {"attention", {}},
+      {"attention", chunked().set("block", int64_t{3})},  // several query blocks, weights kept by autograd
+      {"attention", chunked().set("block", int64_t{3}).set("recompute_mib", 0.0)},  // weights recomputed
+      // One sequence and one query row per chunk of work.
+      {"attention", chunked().set("block", int64_t{3}).set("chunk_mib", 1e-9)},
+      {"attention", chunked().set("block", int64_t{3}).set("chunk_mib", 1e-9).set("recompute_mib", 0.0)},
+      {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
+      {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
+  if (kHasSdpa) cases.push_back({"attention", Params().set("core", std::string("sdpa")).set("block", int64_t{3})});
+  return cases;
 }
 
 }  // namespace
@@ -115,11 +128,15 @@ TEST_CASE("dct operator reads the spectrum a routed layer supplies instead of tr
 TEST_CASE("attention equals a naive float64 implementation", "[operator][attention]") {
   at::manual_seed(11);
   // block 256 is one query block at T 9; blocks 1 and 4 split the causal half.
+  // "auto" is the fused core in fp32 and SDPA or the chunked core in float64.
+  std::vector<std::string> cores{"auto", "chunked"};
+  if (kHasSdpa) cores.push_back("sdpa");
+  for (const auto& core : cores)
   for (bool causal : {true, false})
     for (int64_t heads : {1, 2, 4})
       for (int64_t block : {256, 1, 4}) {
-        INFO("causal " << causal << ", heads " << heads << ", block " << block);
-        const auto params = Params().set("block", block);
+        INFO("core " << core << ", causal " << causal << ", heads " << heads << ", block " << block);
+        const auto params = Params().set("block", block).set("core", core);
         auto op = make_op("attention", 16, heads, params);
         auto x = at::randn({3, 9, 16}, kF64);
         OpContext ctx;
@@ -156,6 +173,12 @@ TEST_CASE("attention: recomputing the weights in backward gives the stored path'
 
 // Forward and gradients of x and every parameter, through forward or
 // forward_rows, with the output's padding rows left out of the loss.
+// ctx with its padding mask on as's device.
+OpContext on(OpContext ctx, const at::TensorOptions& as) {
+  if (ctx.valid.defined()) ctx.valid = ctx.valid.to(as.device());
+  return ctx;
+}
+
 struct Pass {
   at::Tensor out;
   std::vector<at::Tensor> grads;
@@ -172,62 +195,114 @@ Pass run_attention(Operator& op, const at::Tensor& x, const OpContext& ctx, cons
   return p;
 }
 
+// A core in fp32 on the CPU, or another dtype and device (as), against the
+// float64 chunked core on the CPU (itself checked against the definition
+// above and by finite differences) with the same weights: every output row
+// (valid ones where padded) and every gradient, through forward and
+// forward_rows, to relative errors out_tol and grad_tol.
+void check_core(const std::string& core, int64_t T, int64_t block, at::TensorOptions as = at::kFloat,
+                double out_tol = 1e-5, double grad_tol = 1e-4) {
+  for (bool causal : {true, false})
+    for (bool padded : {false, true})
+      for (int64_t heads : {1, 2}) {
+        INFO("core " << core << ", T " << T << ", block " << block << ", causal " << causal << ", padded "
+                     << padded << ", heads " << heads << ", " << as);
+        auto op32 = make_op("attention", 16, heads, Params().set("block", block).set("core", core), false, 21);
+        auto op64 = make_op("attention", 16, heads, chunked().set("block", block), true, 21);
+        {
+          at::NoGradGuard no_grad;
+          auto from = op32->parameters();
+          auto to = op64->parameters();
+          for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+        }
+        op32->to(as.device(), as.dtype().toScalarType());
+        at::manual_seed(22);
+        auto x = at::randn({3, T, 16}, kF64);
+        OpContext ctx;
+        ctx.causal = causal;
+        if (padded) ctx.valid = test::padding_mask(T, {0, T / 3, 1});
+        auto keep = padded ? ctx.valid.unsqueeze(-1).to(at::kDouble) : at::ones({3, T, 1}, kF64);
+        auto probe = at::randn({3, T, 16}, kF64) * keep;
+        auto pick = at::rand({3, T}, kF64) < 0.3;
+        pick[1][T - 1] = true;
+        const auto rows = test::rows_where(pick);
+        auto probe_rows = probe.view({-1, 16}).index_select(0, rows);
+        for (bool sparse : {false, true}) {
+          INFO("forward_rows " << sparse);
+          const auto r = sparse ? rows : at::Tensor();
+          const auto& pr = sparse ? probe_rows : probe;
+          const Pass want = run_attention(*op64, x, ctx, r, pr);
+          const Pass got = run_attention(*op32, x.to(as), on(ctx, as), sparse ? rows.to(as.device()) : r, pr.to(as));
+          const auto mask = sparse ? (padded ? ctx.valid.reshape({-1}).index_select(0, rows) : at::Tensor())
+                                   : (padded ? ctx.valid : at::Tensor());
+          const double out_error = rel_error_valid(got.out.cpu().to(at::kDouble), want.out, mask);
+          CAPTURE(out_error);
+          CHECK(out_error < out_tol);
+          for (size_t i = 0; i < want.grads.size(); ++i) {
+            const double grad_error = rel_error(got.grads[i].cpu().to(at::kDouble), want.grads[i]);
+            CAPTURE(i, grad_error);
+            CHECK(grad_error < grad_tol);
+          }
+        }
+      }
+}
+
 TEST_CASE("attention's fused fp32 core matches the float64 definition, forward and backward",
           "[operator][attention][fused]") {
+  REQUIRE(make_op("attention", 16, 2, {}, false)->describe().find("fused core in fp32") != std::string::npos);
   // T 11 in blocks of 3 and 4 (several causal blocks, one tile each), T 300
   // in blocks of 256 and 1000 (blocks cut into tiles of 128 rows), and T 1100
   // in one block (backward's tiles shrink to 64 rows to keep two 1100-key
   // score arrays within kTileBytes).
-  struct Shape {
-    int64_t T, block;
-  };
-  for (const auto [T, block] : {Shape{11, 3}, Shape{11, 4}, Shape{300, 256}, Shape{300, 1000}, Shape{1100, 2048}})
-    for (bool causal : {true, false})
-      for (bool padded : {false, true})
-        for (int64_t heads : {1, 2}) {
-          INFO("T " << T << ", block " << block << ", causal " << causal << ", padded " << padded << ", heads "
-                    << heads);
-          auto op32 = make_op("attention", 16, heads, Params().set("block", block), /*float64=*/false, 21);
-          REQUIRE(op32->describe().find("fused core") != std::string::npos);
-          // The definition in float64 with the same weights.
-          auto op64 = make_op("attention", 16, heads, Params().set("block", block).set("fused", false), true, 21);
-          {
-            at::NoGradGuard no_grad;
-            auto from = op32->parameters();
-            auto to = op64->parameters();
-            for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-          }
-          at::manual_seed(22);
-          auto x = at::randn({3, T, 16}, kF64);
-          OpContext ctx;
-          ctx.causal = causal;
-          if (padded) ctx.valid = test::padding_mask(T, {0, T / 3, 1});
-          auto keep = padded ? ctx.valid.unsqueeze(-1).to(at::kDouble) : at::ones({3, T, 1}, kF64);
-          auto probe = at::randn({3, T, 16}, kF64) * keep;
-          auto pick = at::rand({3, T}, kF64) < 0.3;
-          pick[1][T - 1] = true;
-          const auto rows = test::rows_where(pick);
-          auto probe_rows = probe.view({-1, 16}).index_select(0, rows);
-          for (bool sparse : {false, true}) {
-            INFO("forward_rows " << sparse);
-            const auto r = sparse ? rows : at::Tensor();
-            const auto& pr = sparse ? probe_rows : probe;
-            const Pass want = run_attention(*op64, x, ctx, r, pr);
-            const Pass got = run_attention(*op32, x.to(at::kFloat), ctx, r, pr.to(at::kFloat));
-            const auto mask = sparse ? (padded ? ctx.valid.reshape({-1}).index_select(0, rows) : at::Tensor())
-                                     : (padded ? ctx.valid : at::Tensor());
-            CHECK(rel_error_valid(got.out.to(at::kDouble), want.out, mask) < 1e-5);
-            for (size_t i = 0; i < want.grads.size(); ++i) {
-              INFO("gradient " << i);
-              CHECK(rel_error(got.grads[i].to(at::kDouble), want.grads[i]) < 1e-4);
-            }
-          }
-        }
+  for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 3}, {11, 4}, {300, 256}, {300, 1000},
+                                                                         {1100, 2048}})
+    check_core("fused", T, block);
+}
+
+TEST_CASE("attention's chunked and SDPA cores in fp32 match the float64 definition, forward and backward",
+          "[operator][attention][sdpa]") {
+  std::vector<std::string> cores{"chunked"};
+  if (kHasSdpa) cores.push_back("sdpa");
+  for (const auto& core : cores)
+    for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 3}, {11, 4}, {300, 256}})
+      check_core(core, T, block);
+}
+
+// Hidden (run it with chiar_tests "[cuda]" on a machine with a CUDA device):
+// the harness trains on the CPU, but the operator is device-agnostic, and on
+// CUDA its default core is libtorch's SDPA (flash or memory-efficient
+// kernels) where the build has it. Fails, rather than passes, without a device.
+TEST_CASE("attention on a CUDA device matches the float64 definition on the CPU", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 4}, {300, 256}}) {
+    check_core("auto", T, block, cuda.dtype(at::kFloat), 1e-5, 1e-4);
+    check_core("chunked", T, block, cuda.dtype(at::kFloat), 1e-5, 1e-4);
+    // bf16 keeps 8 bits of mantissa: errors of a few 1e-3 per value.
+    check_core("auto", T, block, cuda.dtype(at::kBFloat16), 3e-2, 6e-2);
+  }
+}
+
+TEST_CASE("attention's core option: unknown names and SDPA on builds without it are refused", "[operator][attention]") {
+  OperatorSpec spec;
+  spec.d_model = 16;
+  spec.n_heads = 2;
+  spec.params.set("core", std::string("flash"));
+  CHECK_THROWS_WITH(test::plugins().make_operator("attention", spec),
+                    Catch::Matchers::EndsWith("attention: core must be auto, fused, sdpa or chunked, found \"flash\""));
+  spec.params.set("core", std::string("sdpa"));
+  if (kHasSdpa) {
+    CHECK(test::plugins().make_operator("attention", spec)->describe().find("SDPA core") != std::string::npos);
+  } else {
+    CHECK_THROWS_WITH(test::plugins().make_operator("attention", spec),
+                      Catch::Matchers::EndsWith("attention: core \"sdpa\" needs libtorch 2.1 or newer; this build has " +
+                                                std::string(TORCH_VERSION)));
+  }
 }
 
 TEST_CASE("attention's fused core gives NaN exactly where the unfused core does", "[operator][attention][fused]") {
   auto fused = make_op("attention", 16, 2, Params().set("block", int64_t{4}), /*float64=*/false, 23);
-  auto unfused = make_op("attention", 16, 2, Params().set("block", int64_t{4}).set("fused", false), false, 23);
+  auto unfused = make_op("attention", 16, 2, chunked().set("block", int64_t{4}), false, 23);
   at::manual_seed(24);
   auto x = at::randn({2, 11, 16});
   x[0][5][3] = std::numeric_limits<float>::quiet_NaN();  // token 5's keys and values are NaN
@@ -243,7 +318,7 @@ TEST_CASE("attention's fused core gives NaN exactly where the unfused core does"
   }
 }
 
-TEST_CASE("attention under bf16 autocast takes the unfused path and stays close to fp32", "[operator][attention][bf16]") {
+TEST_CASE("attention under bf16 autocast leaves the fused core and stays close to fp32", "[operator][attention][bf16]") {
   auto op = make_op("attention", 16, 2, Params().set("block", int64_t{4}), /*float64=*/false, 25);
   at::manual_seed(26);
   auto x = at::randn({2, 11, 16});
@@ -436,7 +511,7 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
     // The unfused core keeps the weights for backward at these sizes; the
     // fused core (the default) recomputes them, as the unfused one does
     // above recompute_mib.
-    const auto unfused = Params().set("fused", false);
+    const auto unfused = chunked();
     auto blocked = make_op("attention", d, h, Params(unfused).set("block", int64_t{4}), false);
     const auto all = every_position(T);
     const int64_t keys = 4 * 4 + 4 * 8 + 2 * 10;

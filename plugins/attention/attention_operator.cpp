@@ -11,13 +11,19 @@
 // for a sequence whose rows are sparse, so that each product keeps enough
 // query rows to run near the GEMM rate; flops_at() counts exactly the keys
 // each row reads. Without causality (classification) every query reads
-// every key, with the padding mask. In fp32 on the CPU the core
-// softmax(q k^T + mask) v runs fused, tile by tile in cache, recomputing its
-// weights in backward (fused_core.h), with RoPE written straight into the
-// layouts it reads (rotary.h). Otherwise (float64, bf16 autocast, other
-// devices, fused = false) the work goes in chunks of at most chunk_mib of
-// weights, and long sequences recompute the weights in backward instead of
-// storing them (recompute_mib).
+// every key, with the padding mask. Which code computes the core
+// softmax(q k^T + mask) v is the option `core`:
+//   fused    in fp32 on the CPU, tile by tile in cache, recomputing its
+//            weights in backward (fused_core.h), with RoPE written straight
+//            into the layouts it reads (rotary.h); elsewhere as chunked
+//   sdpa     libtorch's scaled_dot_product_attention (sdpa.h), builds with
+//            libtorch 2.1 or newer only
+//   chunked  batched products in chunks of at most chunk_mib of weights,
+//            long sequences recomputing the weights in backward instead of
+//            storing them (recompute_mib)
+//   auto     (default) fused in fp32 on the CPU; elsewhere (float64, bf16
+//            autocast, fp16, other devices) sdpa where the build has it,
+//            else chunked.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
@@ -35,6 +41,7 @@
 #include "chiar/rows.h"
 #include "fused_core.h"
 #include "rotary.h"
+#include "sdpa.h"
 
 namespace {
 
@@ -126,6 +133,21 @@ struct RecomputedAttention : public torch::autograd::Function<RecomputedAttentio
   }
 };
 
+enum class Core { Auto, Fused, Sdpa, Chunked };
+
+Core parse_core(const std::string& name) {
+  if (name == "auto") return Core::Auto;
+  if (name == "fused") return Core::Fused;
+  if (name == "sdpa") {
+    if (!chiar_attention::kHasSdpa)
+      throw UserError("attention: core \"sdpa\" needs libtorch 2.1 or newer; this build has " +
+                      std::string(TORCH_VERSION));
+    return Core::Sdpa;
+  }
+  if (name == "chunked") return Core::Chunked;
+  throw UserError("attention: core must be auto, fused, sdpa or chunked, found \"" + name + "\"");
+}
+
 class AttentionOperator final : public Operator {
  public:
   explicit AttentionOperator(const OperatorSpec& spec)
@@ -136,7 +158,7 @@ class AttentionOperator final : public Operator {
         chunk_mib_(spec.params.get_double("chunk_mib", 32.0)),
         rope_(spec.params.get_bool("rope", true)),
         rope_base_(spec.params.get_double("rope_base", 10000.0)),
-        fused_(spec.params.get_bool("fused", true)) {
+        core_(parse_core(spec.params.get_string("core", "auto"))) {
     if (heads_ < 1 || d_ % heads_ != 0)
       throw UserError("attention: d_model " + std::to_string(d_) + " is not divisible by heads " +
                       std::to_string(heads_));
@@ -157,6 +179,9 @@ class AttentionOperator final : public Operator {
     at::Tensor o;                   // (B, h, T, dh)
     if (fuses(q)) {
       o = chiar_attention::fused_attention(q, kt, v, {}, ctx.valid, ctx.causal ? block_ : 0);
+    } else if (sdpa_for(q)) {
+      // Causal in one call: SDPA's kernels skip the masked half themselves.
+      o = chiar_attention::sdpa_attention(q, kt.transpose(2, 3), v, ctx.causal, {}, ctx.valid);
     } else if (!ctx.causal) {
       const auto k = kt.transpose(2, 3);
       o = attend(q, k, v, at::Tensor(), T, ctx.valid, recompute_for(T, false));
@@ -286,9 +311,17 @@ class AttentionOperator final : public Operator {
   std::string describe() const override {
     std::ostringstream mib;
     mib << recompute_mib_;
-    std::string s = "attention(heads " + std::to_string(heads_) + ", block " + std::to_string(block_) +
-                    (fused_ ? ", fused core" : ", recompute above " + mib.str() + " MiB");
-    return s + (rope_ ? ", rope)" : ")");
+    const std::string chunked = "chunked core, recompute above " + mib.str() + " MiB";
+    const std::string elsewhere = chiar_attention::kHasSdpa ? "SDPA" : chunked;
+    std::string core;
+    switch (core_) {
+      case Core::Auto: core = "fused core in fp32 on the CPU, else " + elsewhere; break;
+      case Core::Fused: core = "fused core in fp32 on the CPU, else " + chunked; break;
+      case Core::Sdpa: core = "SDPA core"; break;
+      case Core::Chunked: core = chunked; break;
+    }
+    return "attention(heads " + std::to_string(heads_) + ", block " + std::to_string(block_) + ", " + core +
+           (rope_ ? ", rope)" : ")");
   }
 
  private:
@@ -350,13 +383,19 @@ class AttentionOperator final : public Operator {
   }
 
   // Whether backward recomputes the weights (FLOP accounting): always with
-  // the fused core, which never keeps them.
-  bool recomputes(int64_t T, bool causal) const { return fused_ || recompute_for(T, causal); }
+  // the fused core, which never keeps them, and with SDPA's flash and
+  // memory-efficient kernels (its plain math path keeps them: libtorch's
+  // choice, not visible here). The count follows the fp32 CPU core the
+  // options give, as it does for the query blocks.
+  bool recomputes(int64_t T, bool causal) const { return core_ != Core::Chunked || recompute_for(T, causal); }
 
-  // The fused core takes fp32 on the CPU; fp64 (the tests' references), bf16
-  // under autocast and other devices take the unfused path.
-  bool fuses(const at::Tensor& q) const {
-    return fused_ && q.scalar_type() == at::kFloat && q.device().is_cpu();
+  // The fused core takes fp32 on the CPU; other dtypes (float64 in the
+  // tests' references, bf16 under autocast) and devices go to SDPA or the
+  // chunked core.
+  static bool fp32_cpu(const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.device().is_cpu(); }
+  bool fuses(const at::Tensor& q) const { return (core_ == Core::Auto || core_ == Core::Fused) && fp32_cpu(q); }
+  bool sdpa_for(const at::Tensor& q) const {
+    return core_ == Core::Sdpa || (core_ == Core::Auto && chiar_attention::kHasSdpa && !fp32_cpu(q));
   }
 
   // Rotated queries scaled by 1/sqrt(dh) (once per query, not per score):
@@ -389,7 +428,10 @@ class AttentionOperator final : public Operator {
       const auto& [cos, sin] = rope_table(T, parts[0]);
       return {chiar_attention::rotary(parts[0], cos, sin, {}, 1.0, /*keys_transposed=*/true), v};
     }
-    return {rotate(parts[0].transpose(1, 2), at::Tensor(), T).transpose(2, 3).contiguous(), v};
+    auto k = rotate(parts[0].transpose(1, 2), at::Tensor(), T);  // (G, h, T, dh)
+    // SDPA reads k row by row (its kernels want a unit last stride): kt as
+    // a view, so that kt.transpose(2, 3) is k again without a copy.
+    return {sdpa_for(k) ? k.contiguous().transpose(2, 3) : k.transpose(2, 3).contiguous(), v};
   }
 
   // x: (G, h, L, dh) rotated (and scaled) at positions pos: (G or 1, 1, L)
@@ -456,9 +498,9 @@ class AttentionOperator final : public Operator {
   }
 
   // q: (G, h, m, dh), already scaled; k, v: (G, h, e, dh); qpos, mask_from,
-  // valid: see masked_scores. Returns (G, h, m, dh). Work goes in chunks of
-  // sequences x query rows whose weights (G', h, rows, e) stay within
-  // chunk_mib (32 MiB):
+  // valid: see masked_scores. Returns (G, h, m, dh). SDPA takes it in one
+  // call. The chunked core works in chunks of sequences x query rows whose
+  // weights (G', h, rows, e) stay within chunk_mib (32 MiB):
   // glibc serves blocks up to that size from its heap and reuses them, where
   // larger ones are mapped and page-faulted afresh each time (or, with mmap
   // off, fragment the heap). Sequences are split before rows, which keeps the
@@ -467,6 +509,8 @@ class AttentionOperator final : public Operator {
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& qpos, int64_t mask_from, const at::Tensor& valid,
                     bool recompute_weights) const {
+    if (sdpa_for(q))
+      return chiar_attention::sdpa_attention(q, k, v, false, mask_from < k.size(2) ? qpos : at::Tensor(), valid);
     const bool recompute = recompute_weights && torch::autograd::GradMode::is_enabled() &&
                            (q.requires_grad() || k.requires_grad() || v.requires_grad());
     const int64_t G = q.size(0), m = q.size(2);
@@ -510,7 +554,7 @@ class AttentionOperator final : public Operator {
   mutable at::Tensor rope_cos_, rope_sin_;  // (L, dh/2) cache of rope_table
   bool rope_;
   double rope_base_;
-  bool fused_;  // attention's core tile by tile in cache (fused_core.h) where it can
+  Core core_;  // which code computes softmax(q k^T + mask) v (see the top of this file)
   torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)
   torch::nn::LayerNorm norm_{nullptr};
 };

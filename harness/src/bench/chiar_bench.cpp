@@ -16,6 +16,7 @@
 #include "../core/mixing_layer.h"
 #include "../core/registry.h"
 #include "../core/runtime.h"
+#include "../core/torch_version.h"
 #include "../engine/accounting.h"
 #include "chiar/linear.h"
 #include "chiar/rows.h"
@@ -39,11 +40,12 @@ double rel_error(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-30);
 }
 
-std::shared_ptr<Operator> make(const std::string& name, int64_t d) {
+std::shared_ptr<Operator> make(const std::string& name, int64_t d, const Params& params = {}) {
   OperatorSpec spec;
   spec.d_model = d;
   spec.n_heads = 4;
   spec.seed = 1;
+  spec.params = params;
   return registry().make_operator(name, spec);
 }
 
@@ -82,6 +84,46 @@ void BM_operator(benchmark::State& state, const std::string& name, bool backward
   const FlopCount f = op->flops_at(T, every_position(T), d, {/*causal=*/true, /*spectrum=*/false}) * kBatch;
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(backward ? f.total() : f.forward) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Attention forward (and forward + backward) on (4, T, d), causal, with one
+// of its cores: the harness's fused core against libtorch's SDPA (builds with
+// libtorch 2.1 or newer) and the chunked batched products, the same weights
+// for each. Checked against the chunked core in float64, with op's weights,
+// before timing.
+void BM_attention_core(benchmark::State& state, const std::string& core, bool backward) {
+  const int64_t T = state.range(0), d = state.range(1);
+  const auto params = Params().set("core", core);
+  auto op = make("attention", d, params);
+  at::manual_seed(0);
+  auto x = at::randn({kBatch, T, d});
+  OpContext ctx;
+  ctx.causal = true;
+  {
+    at::NoGradGuard g;
+    auto reference = make("attention", d, Params().set("core", std::string("chunked")));
+    const auto from = op->parameters();
+    auto to = reference->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+    reference->to(at::kDouble);
+    const double err = rel_error(op->forward(x, ctx).to(at::kDouble), reference->forward(x.to(at::kDouble), ctx));
+    if (err > 1e-4) {
+      state.SkipWithError(("core " + core + " disagrees with float64: " + std::to_string(err)).c_str());
+      return;
+    }
+  }
+  if (backward) x.requires_grad_(true);
+  for (auto _ : state) {
+    if (backward) {
+      op->forward(x, ctx).sum().backward();
+      benchmark::DoNotOptimize(x.grad().data_ptr());
+      x.mutable_grad() = at::Tensor();
+    } else {
+      at::NoGradGuard g;
+      benchmark::DoNotOptimize(op->forward(x, ctx).data_ptr());
+    }
+  }
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -267,6 +309,15 @@ void register_all() {
                                             [op, backward](benchmark::State& s) { BM_operator(s, op, backward); });
       for (int64_t d : {256, 512})
         for (int64_t T : {128, 256, 512, 1024, 2048}) b->Args({T, d});
+      b->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
+  std::vector<std::string> cores{"fused", "chunked"};
+  if (CHIAR_TORCH_AT_LEAST(2, 1)) cores.push_back("sdpa");  // the build has SDPA
+  for (const auto& core : cores)
+    for (bool backward : {false, true}) {
+      auto* b = benchmark::RegisterBenchmark(("attention_core/" + core + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
+                                            [core, backward](benchmark::State& s) { BM_attention_core(s, core, backward); });
+      for (int64_t T : {128, 512, 2048}) b->Args({T, 256});
       b->Unit(benchmark::kMillisecond)->UseRealTime();
     }
   for (auto impl : {DctImpl::Gemm, DctImpl::Fft}) {

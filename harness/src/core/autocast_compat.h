@@ -4,10 +4,8 @@
 // the old. The harness builds warning-free against 1.13 and newer releases
 // through these.
 #include <ATen/autocast_mode.h>
-#include <torch/version.h>
 
-#define CHIAR_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#include "torch_version.h"
 
 namespace chiar::autocast {
 
