@@ -249,7 +249,7 @@ void check_core(const std::string& core, int64_t T, int64_t block, at::TensorOpt
 
 TEST_CASE("attention's fused fp32 core matches the float64 definition, forward and backward",
           "[operator][attention][fused]") {
-  REQUIRE(make_op("attention", 16, 2, {}, false)->describe().find("fused core in fp32") != std::string::npos);
+  REQUIRE(make_op("attention", 16, 2, {}, false)->describe().find("fused core (fp32 CPU)") != std::string::npos);
   // T 11 in blocks of 3 and 4 (several causal blocks, one tile each), T 300
   // in blocks of 256 and 1000 (blocks cut into tiles of 128 rows), and T 1100
   // in one block (backward's tiles shrink to 64 rows to keep two 1100-key

@@ -311,14 +311,14 @@ class AttentionOperator final : public Operator {
   std::string describe() const override {
     std::ostringstream mib;
     mib << recompute_mib_;
-    const std::string chunked = "chunked core, recompute above " + mib.str() + " MiB";
-    const std::string elsewhere = chiar_attention::kHasSdpa ? "SDPA" : chunked;
+    // Where the fused core does not apply (not fp32, not the CPU).
+    const bool sdpa_elsewhere = core_ == Core::Auto && chiar_attention::kHasSdpa;
     std::string core;
     switch (core_) {
-      case Core::Auto: core = "fused core in fp32 on the CPU, else " + elsewhere; break;
-      case Core::Fused: core = "fused core in fp32 on the CPU, else " + chunked; break;
+      case Core::Auto:
+      case Core::Fused: core = std::string("fused core (fp32 CPU), else ") + (sdpa_elsewhere ? "SDPA" : "chunked"); break;
       case Core::Sdpa: core = "SDPA core"; break;
-      case Core::Chunked: core = chunked; break;
+      case Core::Chunked: core = "chunked core, recompute above " + mib.str() + " MiB"; break;
     }
     return "attention(heads " + std::to_string(heads_) + ", block " + std::to_string(block_) + ", " + core +
            (rope_ ? ", rope)" : ")");
