@@ -137,6 +137,17 @@ std::string detect_blas() {
       found += " (" + std::string(config()) + ")";
     dlclose(lib);
   }
+  // Wheels of libtorch (the pip builds users bring via Torch_DIR) link their
+  // BLAS into libtorch_cpu itself: the path then says nothing, the build
+  // configuration names it (BLAS_INFO=mkl, say).
+  if (found.find("libtorch") != std::string::npos) {
+    const std::string config = at::show_config(), key = "BLAS_INFO=";
+    const auto at_key = config.find(key);
+    if (at_key != std::string::npos) {
+      const auto from = at_key + key.size();
+      found += " (libtorch's own BLAS: " + config.substr(from, config.find_first_of(", \n", from) - from) + ")";
+    }
+  }
   // OpenBLAS's kernels depend on it, so the figures do: some machines set it
   // because an older OpenBLAS misbehaves on their CPU with its own choice.
   if (const char* core = std::getenv("OPENBLAS_CORETYPE")) found += "; OPENBLAS_CORETYPE=" + std::string(core);
