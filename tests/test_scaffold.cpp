@@ -31,17 +31,23 @@ TEST_CASE("scaffolded plugins build out of tree against an installed harness and
           "[scaffold][slow]") {
   test::TempDir d("scaffold");
   const std::string prefix = d.path() + "/prefix", log = d.path() + "/log.txt";
-  REQUIRE(sh("cmake --install '" + std::string(CHIAR_BINARY_DIR) + "' --prefix '" + prefix + "'", log) == 0);
+  // A failing step reports the log as it stands after that step.
+  const auto step = [&](const std::string& command) {
+    const int rc = sh(command, log);
+    INFO(command << "\n" << read(log));
+    REQUIRE(rc == 0);
+  };
+  step("cmake --install '" + std::string(CHIAR_BINARY_DIR) + "' --prefix '" + prefix + "'");
   const std::string chiar = prefix + "/bin/chiar";
   std::string plugin_dirs;
   for (const char* kind : {"operator", "router", "task"}) {
     const std::string name = std::string("my_") + kind, dir = d.path() + "/" + name;
-    INFO(kind << "\n" << read(log));
-    REQUIRE(sh("'" + chiar + "' new-plugin " + kind + " " + name + " --dir '" + d.path() + "'", log) == 0);
+    INFO(kind);
+    step("'" + chiar + "' new-plugin " + kind + " " + name + " --dir '" + d.path() + "'");
     for (const char* f : {"CMakeLists.txt", "README.md"}) CHECK(boost::filesystem::exists(dir + "/" + f));
-    REQUIRE(sh("cmake -S '" + dir + "' -B '" + dir + "/build' -G Ninja -DCMAKE_PREFIX_PATH='" + prefix + "'", log) == 0);
-    REQUIRE(sh("cmake --build '" + dir + "/build'", log) == 0);
-    CHECK(sh("ctest --test-dir '" + dir + "/build' --output-on-failure", log) == 0);
+    step("cmake -S '" + dir + "' -B '" + dir + "/build' -G Ninja -DCMAKE_PREFIX_PATH='" + prefix + "'");
+    step("cmake --build '" + dir + "/build'");
+    step("ctest --test-dir '" + dir + "/build' --output-on-failure");
     plugin_dirs += " --plugin-dir '" + dir + "/build/plugins'";
   }
   std::ofstream(d.path() + "/m.toml") << R"([matrix]
