@@ -235,12 +235,33 @@ class AttentionOperator final : public Operator {
 
     // Each sequence's rows go in query blocks of span(rows, T) positions
     // (block, or a multiple of it when its rows are sparse); a block's rows
-    // read keys [0, e), e the block's end. Rows sorted by e, then sequence
-    // (stable, so then by position): the rows of one e are one slice, each of
-    // its sequences one run, and run as one batched product.
+    // read keys [0, e), e the block's end.
     const auto per_sequence = rows_per_group(g.group, g.count);
     std::vector<int64_t> spans(static_cast<size_t>(g.count));
     for (int64_t j = 0; j < g.count; ++j) spans[static_cast<size_t>(j)] = span(per_sequence[static_cast<size_t>(j)], T);
+    if (fused) {
+      // One fused call with a segment per (sequence, e) pair, reading that
+      // sequence's keys [0, e) in place; no padding, no copies of keys. Rows
+      // ascend, so each pair's rows are already one run: no reordering.
+      const auto host_rows = rows.cpu().contiguous();
+      const auto host_group = g.group.cpu().contiguous();
+      const int64_t* row = host_rows.data_ptr<int64_t>();
+      const int64_t* group = host_group.data_ptr<int64_t>();
+      std::vector<int64_t> segments;
+      for (int64_t i = 0; i < N;) {
+        const int64_t sequence = row[i] / T, width = spans[static_cast<size_t>(group[i])];
+        const int64_t e = std::min(T, (row[i] % T / width + 1) * width);
+        int64_t n = 1;
+        while (i + n < N && row[i + n] < sequence * T + e) ++n;
+        segments.insert(segments.end(), {i, n, group[i], e});
+        i += n;
+      }
+      auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), t, valid);  // (N, h, dh)
+      return chiar::normalize(norm_, project(out_, o.reshape({N, d_}), xr));
+    }
+    // The chunked core and SDPA: rows sorted by e, then sequence (stable, so
+    // then by position): the rows of one e are one slice, each of its
+    // sequences one run, and run as one batched product.
     auto row_span = at::tensor(spans, t.options()).index_select(0, g.group);      // (N,)
     auto end = ((at::div(t, row_span, "floor") + 1) * row_span).clamp_max(T);    // (N,) e of each row
     auto [sorted, order] = at::sort(end * g.count + g.group, c10::optional<bool>(true), /*dim=*/0);  // stable
@@ -251,15 +272,6 @@ class AttentionOperator final : public Operator {
     const int64_t* count = counts.data();
     auto qs = q.index_select(0, order), ts = t.index_select(0, order);  // (N, h, dh), (N,)
     auto inverse = at::empty_like(order).scatter_(0, order, at::arange(N, order.options()));
-    if (fused) {
-      // One fused call: a segment per (e, sequence) pair, reading that
-      // sequence's keys [0, e) in place; no padding, no copies of keys.
-      std::vector<int64_t> segments;
-      for (int64_t p = 0, start = 0; p < gp.count; start += count[p], ++p)
-        segments.insert(segments.end(), {start, count[p], key[p] % g.count, key[p] / g.count});
-      auto o = chiar_attention::fused_attention_rows(qs, kt, v, as_segments(segments), ts, valid);  // (N, h, dh)
-      return chiar::normalize(norm_, project(out_, o.reshape({N, d_}).index_select(0, inverse), xr));
-    }
     std::vector<at::Tensor> pieces;  // (n_j, d) per e, in sorted order
     for (int64_t p = 0, r = 0; p < gp.count;) {
       const int64_t e = key[p] / g.count;
