@@ -8,6 +8,7 @@
 
 #include "chiar/error.h"
 #include "chiar/spectral.h"
+#include "route_mix.h"
 
 namespace chiar {
 
@@ -80,23 +81,28 @@ at::Tensor MixingLayer::dense(const at::Tensor& x, const OpContext& ctx,
                               const RouteResult& r) const {
   std::vector<at::Tensor> outputs;  // K x (B, T, d)
   for (const auto& op : operators_) outputs.push_back(op->forward(x, ctx));
-  if (r.mode == RouteMode::Soft) {
-    auto y = outputs[0] * r.weights.select(-1, 0).unsqueeze(-1);
-    for (size_t k = 1; k < outputs.size(); ++k)
-      y = y + outputs[k] * r.weights.select(-1, static_cast<int64_t>(k)).unsqueeze(-1);
-    return y;
+  if (r.mode == RouteMode::Soft) return blend_outputs(outputs, r.weights);
+  check_choices(r.choice.reshape({-1}));
+  // Hard decisions: the chosen output, selected exactly (no 1.0 * y rounding);
+  // straight-through, the gate gets the soft blend's gradient.
+  const bool straight_through = r.mode == RouteMode::HardSTE && r.weights.requires_grad();
+  return choose_outputs(outputs, r.choice, straight_through ? r.weights : at::Tensor());
+}
+
+void MixingLayer::check_choices(const at::Tensor& flat_choice) const {
+  const auto K = static_cast<int64_t>(operators_.size());
+  int64_t outside = 0;
+  if (flat_choice.device().is_cpu() && flat_choice.scalar_type() == at::kLong) {
+    const auto c = flat_choice.contiguous();
+    const int64_t* in = c.data_ptr<int64_t>();
+    for (int64_t i = 0; i < c.numel(); ++i) outside += in[i] < 0 || in[i] >= K;
+  } else {
+    outside = flat_choice.lt(0).logical_or(flat_choice.ge(K)).sum().item<int64_t>();
   }
-  // Hard decisions: the chosen output, selected exactly (no 1.0 * y rounding).
-  auto stacked = at::stack(outputs, -1);  // (B, T, d, K)
-  auto index = r.choice.unsqueeze(-1).unsqueeze(-1).expand({x.size(0), x.size(1), x.size(2), 1});
-  auto y = stacked.gather(-1, index).squeeze(-1);
-  if (r.mode == RouteMode::HardSTE && r.weights.requires_grad()) {
-    // Straight-through: (w - w.detach()) is exactly 0 forward, so the value is
-    // the chosen output; backward, the gate gets the soft blend's gradient.
-    auto delta = r.weights - r.weights.detach();  // (B, T, K)
-    y = y + (stacked * delta.unsqueeze(2)).sum(-1);
-  }
-  return y;
+  if (outside > 0)
+    throw UserError("layer " + std::to_string(index_ + 1) + ": the router chose an operator outside 0.." +
+                    std::to_string(K - 1) + " for " + std::to_string(outside) + " of " +
+                    std::to_string(flat_choice.numel()) + " tokens");
 }
 
 namespace {
@@ -166,10 +172,7 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
     else
       y.index_copy_(0, rows, out);
   }
-  if (written != flat_choice.numel())
-    throw UserError("layer " + std::to_string(index_ + 1) + ": the router chose an operator outside 0.." +
-                    std::to_string(operators_.size() - 1) + " for " + std::to_string(flat_choice.numel() - written) +
-                    " of " + std::to_string(flat_choice.numel()) + " tokens");
+  if (written != flat_choice.numel()) check_choices(flat_choice);
   return y.view_as(x);
 }
 

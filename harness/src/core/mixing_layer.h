@@ -53,6 +53,8 @@ class CHIAR_API MixingLayer : public torch::nn::Module {
  private:
   at::Tensor dense(const at::Tensor& x, const OpContext& ctx, const RouteResult& r) const;
   at::Tensor sparse(const at::Tensor& x, const OpContext& ctx, const at::Tensor& choice) const;
+  // Throws naming the layer when a choice (N,) lies outside 0 .. K-1.
+  void check_choices(const at::Tensor& flat_choice) const;
 
   int64_t index_;
   std::vector<std::string> names_;
