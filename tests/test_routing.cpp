@@ -109,7 +109,7 @@ class FixedRouter final : public Router {
   int64_t pick_;
 };
 
-TEST_CASE("sparse execution: one operator for every token, and a choice out of range", "[routing][sparse]") {
+TEST_CASE("sparse execution: one operator for every token, and a choice out of range (dense too)", "[routing][sparse]") {
   at::manual_seed(40);
   const std::vector<std::string> names{"dct", "attention"};
   auto x = at::randn({2, 7, 16});
@@ -126,6 +126,9 @@ TEST_CASE("sparse execution: one operator for every token, and a choice out of r
   std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false), test::make_op("attention", 16, 2, {}, false)};
   MixingLayer bad(0, names, ops, std::make_shared<FixedRouter>(2));
   bad.set_execution(Execution::Sparse);
+  CHECK_THROWS_WITH(bad.forward(x, ctx),
+                    "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
+  bad.set_execution(Execution::Dense);
   CHECK_THROWS_WITH(bad.forward(x, ctx),
                     "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
 }
