@@ -13,6 +13,9 @@
 // division bounded. Causal sums run chunk by chunk: quadratic inside a chunk of
 // C positions, a running (F, d) state across chunks: O(T (C + d) F) overall.
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -27,6 +30,58 @@
 namespace {
 
 using namespace chiar;
+
+// Exclusive running sums along dim 1 of s (B, n, ...): out[:, c] is the sum
+// of s[:, c'] over c' < c (forward) or c' > c (reverse), zero at the end it
+// starts from. One pass each way on the CPU; the cat of a zero slice, cumsum
+// and narrow took four, and cumsum's backward flips twice more. Backward is
+// the other direction's scan, so it stays differentiable.
+struct ExclusiveScan : public torch::autograd::Function<ExclusiveScan> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& s, bool reverse) {
+    ctx->saved_data["reverse"] = reverse;
+    return scan(s, reverse);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {ExclusiveScan::apply(grads[0], !ctx->saved_data["reverse"].toBool()), at::Tensor()};
+  }
+
+  static at::Tensor scan(const at::Tensor& s, bool reverse) {
+    if (!s.device().is_cpu() || (s.scalar_type() != at::kFloat && s.scalar_type() != at::kDouble)) {
+      const auto ordered = reverse ? s.flip(1) : s;
+      const int64_t n = s.size(1);
+      auto out = at::cat({at::zeros_like(ordered.narrow(1, 0, 1)), ordered.cumsum(1).narrow(1, 0, n - 1)}, 1);
+      return reverse ? out.flip(1) : out;
+    }
+    const auto in = s.contiguous();
+    auto out = at::empty_like(in);
+    const int64_t B = in.size(0), n = in.size(1), inner = n > 0 ? in.numel() / (B * n) : 0;
+    AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "exclusive_scan", [&] {
+      const scalar_t* src = in.data_ptr<scalar_t>();
+      scalar_t* dst = out.data_ptr<scalar_t>();
+      // Work items: (sequence, stretch of 1024 inner elements), each
+      // scanned along the n slices.
+      const int64_t stretch = 1024, per_b = (inner + stretch - 1) / stretch;
+      at::parallel_for(0, B * per_b, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item) {
+          const int64_t b = item / per_b, j0 = item % per_b * stretch, j1 = std::min(inner, j0 + stretch);
+          const scalar_t* from = src + b * n * inner;
+          scalar_t* to = dst + b * n * inner;
+          const int64_t first = reverse ? n - 1 : 0, step = reverse ? -1 : 1;
+          for (int64_t j = j0; j < j1; ++j) to[first * inner + j] = 0;
+          for (int64_t c = first + step; c >= 0 && c < n; c += step) {
+            const scalar_t* prev_in = from + (c - step) * inner;
+            const scalar_t* prev_out = to + (c - step) * inner;
+            scalar_t* cur = to + c * inner;
+            for (int64_t j = j0; j < j1; ++j) cur[j] = prev_out[j] + prev_in[j];
+          }
+        }
+      });
+    });
+    return out;
+  }
+};
 
 class RbfOperator final : public Operator {
  public:
@@ -97,10 +152,14 @@ class RbfOperator final : public Operator {
       auto [s_prev, z_prev] = prefix_states(kc, vc);
       const RowGroups g = group_rows(b * n_chunks + at::div(t, C, "floor"));  // one group per chunk
       const int64_t F = 2 * features_;
-      auto sg = s_prev.reshape({B * n_chunks, F, d_}).index_select(0, g.keys);  // (G, F, d)
-      auto zg = z_prev.reshape({B * n_chunks, F}).index_select(0, g.keys);      // (G, F)
-      auto kg = kc.reshape({B * n_chunks, C, F}).index_select(0, g.keys);       // (G, C, F)
-      auto vg = vc.reshape({B * n_chunks, C, d_}).index_select(0, g.keys);               // (G, C, d)
+      // Every chunk has rows (g.keys = 0 .. B nC - 1): no gathers.
+      const auto of_groups = [&](const at::Tensor& u) {
+        return g.count == B * n_chunks ? u : u.index_select(0, g.keys);
+      };
+      auto sg = of_groups(s_prev.reshape({B * n_chunks, F, d_}));  // (G, F, d)
+      auto zg = of_groups(z_prev.reshape({B * n_chunks, F}));      // (G, F)
+      auto kg = of_groups(kc.reshape({B * n_chunks, C, F}));       // (G, C, F)
+      auto vg = of_groups(vc.reshape({B * n_chunks, C, d_}));      // (G, C, d)
       auto qp = pack_rows(q, g);                                                         // (G, m, F)
       auto within = pack_rows(at::remainder(t, C), g).unsqueeze(-1);                    // (G, m, 1)
       auto a = chiar::batch_matmul(qp, kg.transpose(1, 2)) *
@@ -139,10 +198,12 @@ class RbfOperator final : public Operator {
   // Keys as features and values, zeroed at padding; mask (B, T, 1) of real tokens.
   std::tuple<at::Tensor, at::Tensor, at::Tensor> keys_values(const at::Tensor& x,
                                                              const at::Tensor& valid) {
-    auto kv = project(kv_, x);  // (B, T, 2d)
+    // split, not two narrows: backward concatenates the two gradients once
+    // instead of zero-filling a (B, T, 2d) tensor for each and adding them.
+    const auto kv = project(kv_, x).split(d_, -1);  // (B, T, d) x 2
     auto mask = valid.defined() ? valid.to(x.scalar_type()).unsqueeze(-1)
                                 : at::ones({x.size(0), x.size(1), 1}, x.options());
-    return {phi(kv.narrow(-1, 0, d_)) * mask, kv.narrow(-1, d_, d_) * mask, mask};
+    return {phi(kv[0]) * mask, kv[1] * mask, mask};
   }
 
   // (B, T, c) -> (B, Tp / C, C, c), zero-padded at the end.
@@ -156,10 +217,7 @@ class RbfOperator final : public Operator {
   static std::pair<at::Tensor, at::Tensor> prefix_states(const at::Tensor& kc, const at::Tensor& vc) {
     auto per_chunk = chiar::batch_matmul(kc.transpose(-1, -2), vc);  // (B, nC, F, d)
     auto z = kc.sum(2);                                     // (B, nC, F)
-    auto exclusive = [](const at::Tensor& s) {
-      return at::cat({at::zeros_like(s.narrow(1, 0, 1)), s.cumsum(1).narrow(1, 0, s.size(1) - 1)}, 1);
-    };
-    return {exclusive(per_chunk), exclusive(z)};
+    return {ExclusiveScan::apply(per_chunk, false), ExclusiveScan::apply(z, false)};
   }
 
   at::Tensor normalise(const at::Tensor& num, const at::Tensor& den, const at::Tensor& count) const {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 
 namespace chiar {
 
@@ -62,8 +63,34 @@ at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g) {
   return packed.index_put({g.group, g.slot}, values);
 }
 
+namespace {
+
+// packed[group, slot], whose backward writes each row's gradient into its
+// slot: every (group, slot) pair is distinct, so plain stores do, where
+// index's own backward accumulates (a serial pass on the CPU: 0.56 ms for
+// 707 rows of 256 in a routed RBF layer's backward).
+struct UnpackRows : public torch::autograd::Function<UnpackRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& packed, const at::Tensor& group,
+                            const at::Tensor& slot) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["slot"] = slot;
+    ctx->saved_data["sizes"] = packed.sizes().vec();
+    return packed.index({group, slot});
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto group = ctx->saved_data["group"].toTensor(), slot = ctx->saved_data["slot"].toTensor();
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    auto packed = at::zeros(sizes, grads[0].options()).index_put({group, slot}, grads[0]);
+    return {packed, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor unpack_rows(const at::Tensor& packed, const RowGroups& g) {
-  return packed.index({g.group, g.slot});
+  return UnpackRows::apply(packed, g.group, g.slot);
 }
 
 }  // namespace chiar
