@@ -24,11 +24,14 @@ struct Case {
   at::Tensor probe;                 // (B, T, d): the loss is <y, probe>
 };
 
-Case make_case(at::ScalarType dtype, uint64_t seed) {
+// strided: the outputs are transposed views, not contiguous tensors.
+Case make_case(at::ScalarType dtype, uint64_t seed, bool strided = false) {
   at::manual_seed(seed);
   const auto options = at::TensorOptions().dtype(dtype);
   Case c;
-  for (int64_t k = 0; k < kK; ++k) c.outputs.push_back(at::randn({kB, kT, kD}, options).requires_grad_(true));
+  for (int64_t k = 0; k < kK; ++k)
+    c.outputs.push_back(strided ? at::randn({kB, kD, kT}, options).requires_grad_(true).transpose(1, 2)
+                                : at::randn({kB, kT, kD}, options).requires_grad_(true));
   c.logits = at::randn({kB, kT, kK}, options).requires_grad_(true);
   c.choice = at::randint(kK, {kB, kT}, at::TensorOptions().dtype(at::kLong));
   c.choice[0][0] = 0, c.choice[0][1] = 1, c.choice[0][2] = 2;  // every operator chosen somewhere
@@ -94,6 +97,14 @@ TEST_CASE("blend_outputs: the weighted sum and its gradients, per token", "[rout
     const auto w = c.logits.softmax(-1);
     check(c, w, blend_outputs(c.outputs, w), /*chosen=*/false, tol);
   }
+}
+
+TEST_CASE("blend_outputs and choose_outputs take strided outputs", "[route_mix]") {
+  const auto c = make_case(at::kDouble, 5, /*strided=*/true);
+  REQUIRE_FALSE(c.outputs[0].is_contiguous());
+  const auto w = c.logits.softmax(-1);
+  check(c, w, blend_outputs(c.outputs, w), /*chosen=*/false, 1e-14);
+  check(c, w, choose_outputs(c.outputs, c.choice, w), /*chosen=*/true, 1e-14);
 }
 
 TEST_CASE("choose_outputs: exactly the chosen output; straight-through gradients", "[route_mix]") {

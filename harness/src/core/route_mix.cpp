@@ -129,8 +129,11 @@ struct MixFunction : public torch::autograd::Function<MixFunction> {
       mix_forward<scalar_t>(y.data_ptr<scalar_t>(), in, w.defined() ? w.data_ptr<scalar_t>() : nullptr,
                             chosen ? choice.data_ptr<int64_t>() : nullptr, rows, d);
     });
-    outs.push_back(weights_or_empty);
-    ctx->save_for_backward(outs);
+    // The inputs themselves, not contiguous copies: a create_graph backward
+    // differentiates through them.
+    variable_list saved(outputs.begin(), outputs.end());
+    saved.push_back(weights_or_empty);
+    ctx->save_for_backward(saved);
     ctx->saved_data["choice"] = choice_or_empty;
     return y;
   }
@@ -156,11 +159,13 @@ struct MixFunction : public torch::autograd::Function<MixFunction> {
       for (int64_t k = 0; k < K; ++k)
         if (need_out[static_cast<size_t>(k)]) result[static_cast<size_t>(k)] = at::empty_like(g);
       if (need_w) result.back() = at::empty_like(w);
+      variable_list dense;  // the saved outputs, contiguous, alive while the kernel reads them
+      for (const auto& o : saved) dense.push_back(o.contiguous());
       AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "mix_outputs_backward", [&] {
         std::vector<const scalar_t*> outs;
         std::vector<scalar_t*> gouts;
         for (int64_t k = 0; k < K; ++k) {
-          outs.push_back(saved[static_cast<size_t>(k)].contiguous().data_ptr<scalar_t>());
+          outs.push_back(dense[static_cast<size_t>(k)].data_ptr<scalar_t>());
           const auto& go = result[static_cast<size_t>(k)];
           gouts.push_back(go.defined() ? go.data_ptr<scalar_t>() : nullptr);
         }
