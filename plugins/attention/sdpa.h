@@ -4,8 +4,9 @@
 // operator needs because its queries come scaled already. libtorch picks the
 // kernel: flash or memory-efficient ones on CUDA, a flash kernel on the CPU
 // (2.2 on), the plain math otherwise. The operator runs it where its own fused
-// core does not apply (bf16 autocast, fp16, other devices) or when asked to
-// (core = "sdpa"); builds on 1.13 compile none of it.
+// core does not apply (float64, bf16 autocast, fp16, other devices) or when
+// asked to (core = "sdpa"); builds on 1.13 compile all but the call itself,
+// and the operator refuses core = "sdpa" there.
 #include <ATen/core/Tensor.h>
 #include <torch/version.h>
 
