@@ -3,7 +3,7 @@
 #include <torch/utils.h>
 
 #include "../harness/src/core/model.h"
-#include "../harness/src/core/torch_version.h"
+#include "../plugins/attention/sdpa.h"
 #include "chiar/error.h"
 #include "support/fixtures.h"
 
@@ -145,7 +145,7 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn));
   CHECK(routed.describe() ==
         std::string("ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, layers [dct(filter, gemm) | "
-                    "attention(heads 2, block 128, fused core (fp32 CPU), else ") + (CHIAR_TORCH_AT_LEAST(2, 1) ? "SDPA" : "chunked") +
+                    "attention(heads 2, block 128, fused core (fp32 CPU), else ") + (chiar_attention::kHasSdpa ? "SDPA" : "chunked") +
             ", rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
             std::to_string(routed.parameter_count()) + " parameters)");
   ChiarModel again(test::plugins(), small({"dct|attn", "dct"}));

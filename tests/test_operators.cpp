@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "../harness/src/core/autocast_compat.h"
+#include "../plugins/attention/sdpa.h"
 #include "chiar/error.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
@@ -59,8 +60,8 @@ struct OpCase {
   Params params;
 };
 // Whether this build's libtorch has scaled_dot_product_attention (attention's
-// core "sdpa").
-constexpr bool kHasSdpa = CHIAR_TORCH_AT_LEAST(2, 1);
+// core "sdpa"), as the plugin decides it.
+using chiar_attention::kHasSdpa;
 
 Params chunked() { return Params().set("core", std::string("chunked")); }
 

@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 
 #include "../harness/src/core/registry.h"
-#include "../harness/src/core/torch_version.h"
+#include "../plugins/attention/sdpa.h"
 #include "../harness/src/core/runtime.h"
 #include "chiar/error.h"
 #include "chiar/plugin.h"
@@ -136,7 +136,7 @@ TEST_CASE("an object keeps its plugin library loaded after the registry is gone"
   auto y = op->forward(at::randn({1, 4, 8}), {});
   CHECK(y.sizes() == at::IntArrayRef({1, 4, 8}));
   CHECK(op->describe() == std::string("attention(heads 2, block 128, fused core (fp32 CPU), else ") +
-                              (CHIAR_TORCH_AT_LEAST(2, 1) ? "SDPA" : "chunked") + ", rope)");
+                              (chiar_attention::kHasSdpa ? "SDPA" : "chunked") + ", rope)");
   // The interface type is shared across the boundary.
   std::shared_ptr<torch::nn::Module> as_module = op;
   CHECK(std::dynamic_pointer_cast<Operator>(as_module) != nullptr);

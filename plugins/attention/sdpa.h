@@ -8,11 +8,12 @@
 // asked to (core = "sdpa"); builds on 1.13 compile all but the call itself,
 // and the operator refuses core = "sdpa" there.
 #include <ATen/core/Tensor.h>
-#include <torch/version.h>
+
+#include "chiar/torch_version.h"
 
 namespace chiar_attention {
 
-#define CHIAR_HAS_SDPA (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
+#define CHIAR_HAS_SDPA CHIAR_TORCH_AT_LEAST(2, 1)
 constexpr bool kHasSdpa = CHIAR_HAS_SDPA;
 
 // softmax(q k^T + mask) v through SDPA, differentiable in q, k and v.

@@ -16,8 +16,8 @@
 #include "../core/mixing_layer.h"
 #include "../core/registry.h"
 #include "../core/runtime.h"
-#include "../core/torch_version.h"
 #include "../engine/accounting.h"
+#include "chiar/error.h"
 #include "chiar/linear.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
@@ -312,7 +312,11 @@ void register_all() {
       b->Unit(benchmark::kMillisecond)->UseRealTime();
     }
   std::vector<std::string> cores{"fused", "chunked"};
-  if (CHIAR_TORCH_AT_LEAST(2, 1)) cores.push_back("sdpa");  // the build has SDPA
+  try {  // the plugin refuses SDPA on builds whose libtorch lacks it
+    make("attention", 64, Params().set("core", std::string("sdpa")));
+    cores.push_back("sdpa");
+  } catch (const UserError&) {
+  }
   for (const auto& core : cores)
     for (bool backward : {false, true}) {
       auto* b = benchmark::RegisterBenchmark(("attention_core/" + core + (backward ? "/fwd+bwd" : "/fwd")).c_str(),

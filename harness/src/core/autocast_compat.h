@@ -5,7 +5,7 @@
 // through these.
 #include <ATen/autocast_mode.h>
 
-#include "torch_version.h"
+#include "chiar/torch_version.h"
 
 namespace chiar::autocast {
 
