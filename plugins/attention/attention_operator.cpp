@@ -73,8 +73,8 @@ at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 // How many rows each group holds, on the host: group (N,) int64 in
-// 0..count-1 (group_rows's labels). at::bincount plus the copy to the host
-// took 45 us here, 4% of a routed layer at T 128.
+// 0..count-1 (group_rows's labels), cheaper than at::bincount plus a copy to
+// the host (chiar_bench: routed_dct_attn/sparse/128/256/*).
 std::vector<int64_t> rows_per_group(const at::Tensor& group, int64_t count) {
   const auto labels = group.cpu().contiguous();
   const int64_t* label = labels.data_ptr<int64_t>();
@@ -199,7 +199,7 @@ class AttentionOperator final : public Operator {
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }
-    return chiar::normalize(norm_, project(out_, o.transpose(1, 2).reshape({B, T, d_}), x));
+    return chiar::apply_layer_norm(norm_, project(out_, o.transpose(1, 2).reshape({B, T, d_}), x));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
@@ -228,9 +228,9 @@ class AttentionOperator final : public Operator {
         for (int64_t j = 0, start = 0; j < g.count; start += n[j], ++j) segments.insert(segments.end(), {start, n[j], j, T});
         auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), ctx.causal ? t : at::Tensor(),
                                                        valid);
-        return chiar::normalize(norm_, project(out_, o.reshape({N, d_}), xr));
+        return chiar::apply_layer_norm(norm_, project(out_, o.reshape({N, d_}), xr));
       }
-      return chiar::normalize(norm_, project(out_, attend_rows(q, kt, v, t, g, T, ctx.causal ? 1 : T, valid, recompute), xr));
+      return chiar::apply_layer_norm(norm_, project(out_, attend_rows(q, kt, v, t, g, T, ctx.causal ? 1 : T, valid, recompute), xr));
     }
 
     // Each sequence's rows go in query blocks of span(rows, T) positions
@@ -257,7 +257,7 @@ class AttentionOperator final : public Operator {
         i += n;
       }
       auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), t, valid);  // (N, h, dh)
-      return chiar::normalize(norm_, project(out_, o.reshape({N, d_}), xr));
+      return chiar::apply_layer_norm(norm_, project(out_, o.reshape({N, d_}), xr));
     }
     // The chunked core and SDPA: rows sorted by e, then sequence (stable, so
     // then by position): the rows of one e are one slice, each of its
@@ -300,7 +300,7 @@ class AttentionOperator final : public Operator {
       r += n;
     }
     auto o = at::cat(pieces).index_select(0, inverse);  // (N, d) in row order
-    return chiar::normalize(norm_, project(out_, o, xr));
+    return chiar::apply_layer_norm(norm_, project(out_, o, xr));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
@@ -318,7 +318,14 @@ class AttentionOperator final : public Operator {
     return cost(T, n, keys, d, recomputes(T, true));
   }
 
-  OperatorTraits traits() const override { return {true, true, true}; }
+  OperatorTraits traits() const override {
+    OperatorTraits t;
+    t.display_name = "Attention";
+    t.colour = "#f7c9c0";
+    t.role = OperatorRole::GlobalMixing;
+    t.attention_flops = true;
+    return t;
+  }
 
   std::string describe() const override {
     std::ostringstream mib;
@@ -426,8 +433,9 @@ class AttentionOperator final : public Operator {
   // Rotated keys transposed, kt (G, h, dh, T), and values (G, h, T, dh), of
   // x (G, T, d). The keys contiguous once, as the (dh, e) operand of q k^T
   // that every query block reads in place (row-major: oneDNN's sgemm runs it
-  // ~20% faster than k read transposed at dh 64); the values a view of the
-  // projection, whose rows (stride 2d) the products read in place too.
+  // faster than k read transposed; docs/performance.md, 'The fused attention
+  // core'); the values a view of the projection, whose rows (stride 2d) the
+  // products read in place too.
   std::pair<at::Tensor, at::Tensor> keys_values(const at::Tensor& x) {
     const int64_t G = x.size(0), T = x.size(1);
     // unbind, not select: backward stacks the two gradients once instead of

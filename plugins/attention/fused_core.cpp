@@ -200,11 +200,11 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
 // Gradients of q, kt and v from dout and the forward's o and stats, given
 // k = kt^T (G, h, L, dh) and vt = v^T (G, h, dh, L) contiguous: with them
 // every product of a tile reads row-major operands or transposes only its
-// short side (oneDNN ran the q and weights gradients at 115 and 200 GFLOP/s
-// reading kt and v against the grain, 241 and 236 this way, one core, 4096
-// keys). dq (G, h, m, dh), dkt (GK, h, dh, L) and dvt (GK, h, dh, L)
-// contiguous. One task per (key batch, head), so that the tiles adding into
-// its keys' and values' gradients run one after another.
+// short side (oneDNN runs the q and weights gradients well below its rate
+// reading kt and v against the grain; chiar_bench:
+// attention_core/fused/fwd+bwd/*). dq (G, h, m, dh), dkt (GK, h, dh, L) and
+// dvt (GK, h, dh, L) contiguous. One task per (key batch, head), so that the
+// tiles adding into its keys' and values' gradients run one after another.
 void backward_tiles(const Problem& p, const Matrices& o, const float* stats, const Matrices& dout, const float* k,
                     const float* vt, float* dq, float* dkt, float* dvt) {
   const int64_t per_seq = p.heads * p.m;

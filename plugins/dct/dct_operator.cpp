@@ -49,7 +49,14 @@ class DctOperator final : public Operator {
     return flops(T, n, d) - (ctx.spectrum ? transform_flops(n, d) : FlopCount{});
   }
 
-  OperatorTraits traits() const override { return {true, true, false}; }
+  OperatorTraits traits() const override {
+    OperatorTraits t;
+    t.mixes_tokens = false;
+    t.display_name = "DCT";
+    t.colour = "#cfe3f7";
+    t.role = OperatorRole::CheapMixing;
+    return t;
+  }
 
   std::string describe() const override {
     return std::string("dct(filter, ") + to_string(impl_) + ")";
@@ -70,17 +77,17 @@ class DctOperator final : public Operator {
 
   // x: (..., d) and its spectrum c = dct2(x): (..., d) -> (..., d).
   at::Tensor mix(const at::Tensor& x, const at::Tensor& c) {
-    if (impl_ != DctImpl::Gemm) return chiar::normalize(norm_, x + idct2(c * filter_, impl_));
+    if (impl_ != DctImpl::Gemm) return chiar::apply_layer_norm(norm_, x + idct2(c * filter_, impl_));
     // idct2(c * w) + x = (c * w) B + x, B the orthonormal basis (dct2(x) =
     // x B^T): the residual rides in the product's pass. Without gradients
-    // w is folded into the basis too (d^2 multiplies instead of one per
-    // element, ~1.4 ms of a 8 ms layer at 8192 tokens); with them that would
+    // w is folded into the basis too (d^2 multiplies instead of a pass over
+    // every element; chiar_bench: dct/fwd/*); with them that would
     // cost a weight-gradient product, so the filter stays elementwise.
     // FLOPs are counted per element either way, as the definition has them.
     const auto basis_t = dct_basis(d_, c.scalar_type(), c.device()).t();  // (d, d) = B^T
     if (at::GradMode::is_enabled() && (filter_.requires_grad() || c.requires_grad()))
-      return chiar::normalize(norm_, chiar::linear(c * filter_, basis_t, {}, x));
-    return chiar::normalize(norm_, chiar::linear(c, basis_t * filter_, {}, x));
+      return chiar::apply_layer_norm(norm_, chiar::linear(c * filter_, basis_t, {}, x));
+    return chiar::apply_layer_norm(norm_, chiar::linear(c, basis_t * filter_, {}, x));
   }
 
   int64_t d_;

@@ -26,7 +26,7 @@ class FourierOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     if (ctx.causal) throw UserError("fourier: the operator reads future tokens and cannot run causally");
-    if (!ctx.valid.defined()) return chiar::normalize(norm_, x + mix(x));
+    if (!ctx.valid.defined()) return chiar::apply_layer_norm(norm_, x + mix(x));
     // Sequences of different real lengths: transform each over its own length.
     const int64_t B = x.size(0), T = x.size(1);
     auto lengths = ctx.valid.sum(1).to(at::kLong).contiguous();
@@ -38,7 +38,7 @@ class FourierOperator final : public Operator {
       if (L < T) yb = at::cat({yb, at::zeros({T - L, d_}, x.options())});  // padding rows: unspecified, zero
       rows.push_back(yb);
     }
-    return chiar::normalize(norm_, x + at::stack(rows));
+    return chiar::apply_layer_norm(norm_, x + at::stack(rows));
   }
 
   // Fourier mixing has no cheaper per-row form: the whole sequences of the
@@ -54,7 +54,14 @@ class FourierOperator final : public Operator {
     return FlopCount{fft, fft} + elementwise_flops(n, d) + layernorm_flops(n, d);
   }
 
-  OperatorTraits traits() const override { return {/*causal=*/false, /*padded=*/true, /*mixes_tokens=*/true}; }
+  OperatorTraits traits() const override {
+    OperatorTraits t;
+    t.causal = false;
+    t.display_name = "Fourier";
+    t.colour = "#e7d3ee";
+    t.role = OperatorRole::IntermediateMixing;
+    return t;
+  }
   std::string describe() const override { return "fourier(FNet)"; }
 
  private:

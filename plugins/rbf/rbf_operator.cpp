@@ -123,7 +123,7 @@ class RbfOperator final : public Operator {
       den = ((qc * z_prev.unsqueeze(2)).sum(-1) + a.sum(-1)).reshape({B, Tp}).narrow(1, 0, T);
       count = mask.squeeze(-1).cumsum(1);                     // (B, T)
     }
-    return chiar::normalize(norm_, project(out_, normalise(num, den, count), x));
+    return chiar::apply_layer_norm(norm_, project(out_, kernel_average(num, den, count), x));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
@@ -168,7 +168,7 @@ class RbfOperator final : public Operator {
       den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);            // (N,)
       count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, b * T + t);  // (N,)
     }
-    return chiar::normalize(norm_, project(out_, normalise(num, den, count), xr));
+    return chiar::apply_layer_norm(norm_, project(out_, kernel_average(num, den, count), xr));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
@@ -182,7 +182,13 @@ class RbfOperator final : public Operator {
     return f + elementwise_flops(n, d, 2) + layernorm_flops(n, d);
   }
 
-  OperatorTraits traits() const override { return {true, true, true}; }
+  OperatorTraits traits() const override {
+    OperatorTraits t;
+    t.display_name = "RBF";
+    t.colour = "#cdeccf";
+    t.role = OperatorRole::IntermediateMixing;
+    return t;
+  }
 
   std::string describe() const override {
     return "rbf(features " + std::to_string(features_) + ", gamma " + std::to_string(gamma_) +
@@ -220,7 +226,9 @@ class RbfOperator final : public Operator {
     return {ExclusiveScan::apply(per_chunk, false), ExclusiveScan::apply(z, false)};
   }
 
-  at::Tensor normalise(const at::Tensor& num, const at::Tensor& den, const at::Tensor& count) const {
+  // Kernel attention's weighted average: num / den, with den floored at
+  // eps per key read so a row with (almost) no kernel mass stays finite.
+  at::Tensor kernel_average(const at::Tensor& num, const at::Tensor& den, const at::Tensor& count) const {
     auto floor = count.clamp_min(1.0) * eps_;
     return num / at::maximum(den, floor).unsqueeze(-1);
   }

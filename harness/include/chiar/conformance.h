@@ -14,7 +14,8 @@
 
 namespace chiar {
 
-// make(d_model, n_heads) builds a fresh operator. Checked in float64: shape and
+// make(d_model, n_heads) builds a fresh operator. Checked: a colour in its
+// traits of the form #rrggbb; in float64: shape and
 // dtype, finite outputs, causality (when traits().causal), padding invariance
 // (when traits().padded), forward_rows == rows of forward, flops() non-negative
 // and increasing in T, and a finite-difference gradient check.
@@ -22,7 +23,9 @@ CHIAR_API std::vector<std::string> check_operator(
     const std::function<std::shared_ptr<Operator>(int64_t d_model, int64_t n_heads)>& make);
 
 // make(operators) builds a router over that many operators (2 and 3 are tried;
-// a factory that refuses a count is skipped). Checked: weights (B, T, K) are
+// a factory that refuses a count is skipped). The names stand for operator
+// roles, cheapest first ("cheap_mixing", "intermediate_mixing",
+// "global_mixing"); no operator is made. Checked: weights (B, T, K) are
 // non-negative and sum to 1, choice is the argmax of the weights, hard routers
 // give one-hot weights, and causal decisions never depend on later tokens.
 CHIAR_API std::vector<std::string> check_router(

@@ -28,11 +28,43 @@ struct FlopContext {
   bool spectrum = false;  // OpContext::spectrum is supplied
 };
 
-// What an operator supports; the harness refuses variants that need more.
+// Which part an operator plays among the operators of a routed layer, which
+// are ordered cheapest first (RouterSpec::operators). The harness groups and
+// presents operators by role (what a chart leaves out as "the rest", what
+// `chiar inspect --corpus` counts, which operators the shared router checks
+// stand in for); it never computes with it.
+enum class OperatorRole {
+  // Per-token or linear-time mixing that tokens of low spectral entropy take,
+  // e.g. dct. The tokens a routed layer does not spend more on.
+  CheapMixing,
+  // Mixing across positions at less than quadratic cost that approximates
+  // global mixing, e.g. rbf (kernel features) or fourier (FFT); in a 3-operator
+  // layer, the tokens between cheap and global.
+  IntermediateMixing,
+  // Quadratic, attention-like mixing over every position that tokens of high
+  // spectral entropy take, e.g. attention.
+  GlobalMixing,
+};
+
+// What an operator supports, and how the harness presents it. The harness
+// refuses variants that need more than the first three allow. The defaults
+// here are the only ones: an operator states what differs from them.
 struct OperatorTraits {
   bool causal = true;        // usable for causal language modelling
   bool padded = true;        // honours OpContext::valid (classification with padding)
   bool mixes_tokens = true;  // output at t depends on other positions
+
+  // How reports, charts and `chiar inspect` name it, e.g. "Attention"; empty:
+  // the name it is registered under.
+  std::string display_name = {};
+  // "#rrggbb", a light shade that dark text reads on: the background of its
+  // tokens in HTML; terminals get the nearest ANSI colour. The default is a
+  // neutral lilac.
+  std::string colour = "#e7d3ee";
+  OperatorRole role = OperatorRole::IntermediateMixing;
+  // Its FLOPs are "attention FLOPs": the accounting's reference formula, the
+  // reports' attention GFLOPs column and the paper's FLOP claims count them.
+  bool attention_flops = false;
 };
 
 // Everything a factory needs to build one operator instance.

@@ -17,10 +17,13 @@
 #include "chiar/router.h"
 #include "chiar/task.h"
 
-// Bumped whenever a type a plugin sees (Operator, Router, Registrar, specs)
-// changes layout or meaning.
+// Bumped whenever a type a plugin sees changes layout or meaning: the
+// interfaces (Operator, Router, Task, Registrar), their specs and traits, and
+// the base classes plugins inherit from (chiar::GatedRouter in chiar/gate.h,
+// chiar::ClassificationTask in chiar/class_data.h).
 // 2: Router::route takes the OpContext. 3: Operator::flops_at (FLOPs by row position and context), OpContext::spectrum.
-#define CHIAR_PLUGIN_API_VERSION 3
+// 4: OperatorTraits layout: display name, colour, role and attention FLOPs.
+#define CHIAR_PLUGIN_API_VERSION 4
 
 #define CHIAR_STRINGIFY_IMPL(x) #x
 #define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)

@@ -13,10 +13,10 @@
 #include <iostream>
 #include <memory>
 
-#include "../core/mixing_layer.h"
-#include "../core/registry.h"
-#include "../core/runtime.h"
-#include "../engine/accounting.h"
+#include "model/mixing_layer.h"
+#include "chiar/registry.h"
+#include "engine/runtime.h"
+#include "engine/accounting.h"
 #include "chiar/error.h"
 #include "chiar/linear.h"
 #include "chiar/rows.h"
@@ -27,10 +27,15 @@ namespace {
 
 using namespace chiar;
 
+std::vector<std::string>& plugin_dirs() {
+  static std::vector<std::string> dirs;  // --plugin-dir, before the registry is first used
+  return dirs;
+}
+
 PluginRegistry& registry() {
   static PluginRegistry* r = [] {
     auto* p = new PluginRegistry();
-    p->load_default();
+    p->load_default(plugin_dirs());
     return p;
   }();
   return *r;
@@ -51,14 +56,15 @@ std::shared_ptr<Operator> make(const std::string& name, int64_t d, const Params&
 
 constexpr int64_t kBatch = 4;
 
-// Operator forward (and forward + backward) on (4, T, d), causal.
+// Operator forward (and forward + backward) on (4, T, d), causal where the
+// operator can be.
 void BM_operator(benchmark::State& state, const std::string& name, bool backward) {
   const int64_t T = state.range(0), d = state.range(1);
   at::manual_seed(0);
   auto op = make(name, d);
   auto x = at::randn({kBatch, T, d});
   OpContext ctx;
-  ctx.causal = true;
+  ctx.causal = op->traits().causal;
   {
     at::NoGradGuard g;
     auto rows = at::arange(kBatch * T, at::TensorOptions().dtype(at::kLong));
@@ -81,28 +87,28 @@ void BM_operator(benchmark::State& state, const std::string& name, bool backward
       benchmark::DoNotOptimize(y.data_ptr());
     }
   }
-  const FlopCount f = op->flops_at(T, every_position(T), d, {/*causal=*/true, /*spectrum=*/false}) * kBatch;
+  const FlopCount f = op->flops_at(T, every_position(T), d, {ctx.causal, /*spectrum=*/false}) * kBatch;
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(backward ? f.total() : f.forward) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Attention forward (and forward + backward) on (4, T, d), causal, with one
-// of its cores: the harness's fused core against libtorch's SDPA (builds with
-// libtorch 2.1 or newer) and the chunked batched products, the same weights
-// for each. Checked against the chunked core in float64, with op's weights,
-// before timing.
-void BM_attention_core(benchmark::State& state, const std::string& core, bool backward) {
+// An operator with a "core" option (attention) forward (and forward +
+// backward) on (4, T, d), causal, with one of its cores: the harness's fused
+// core against libtorch's SDPA (builds with libtorch 2.1 or newer) and the
+// chunked batched products, the same weights for each. Checked against the
+// chunked core in float64, with op's weights, before timing.
+void BM_attention_core(benchmark::State& state, const std::string& name, const std::string& core, bool backward) {
   const int64_t T = state.range(0), d = state.range(1);
   const auto params = Params().set("core", core);
-  auto op = make("attention", d, params);
   at::manual_seed(0);
+  auto op = make(name, d, params);
   auto x = at::randn({kBatch, T, d});
   OpContext ctx;
   ctx.causal = true;
   {
     at::NoGradGuard g;
-    auto reference = make("attention", d, Params().set("core", std::string("chunked")));
+    auto reference = make(name, d, Params().set("core", std::string("chunked")));
     const auto from = op->parameters();
     auto to = reference->parameters();
     for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
@@ -201,11 +207,51 @@ void BM_batched(benchmark::State& state, GemmBackend backend) {
   time_product(state, backend, run, expected, 2.0 * 32 * 128 * 64 * static_cast<double>(e));
 }
 
-// A dct|attn layer under threshold routing with a given attention share of
-// the rows of (4, T, d) (inference, causal), and its executed forward FLOPs
-// relative to a full-attention layer on the same input: each operator on its
-// rows per sequence (sparse) or on all (dense), plus the router's entropy
-// transform. Checks sparse == dense first; an empty layer means it failed.
+// The routed-layer cases' plugins: the registry's first CheapMixing and
+// first GlobalMixing operator (dct and attention in-tree), each with the
+// shortest of its names for case names ("dct", "attn"), and its first router
+// that takes fixed entropy thresholds ("tau"; threshold in-tree). All empty
+// when the registry lacks any of them.
+struct RoutedPair {
+  std::string cheap, global, cheap_short, global_short, router;
+};
+
+const RoutedPair& routed_pair() {
+  static const RoutedPair pair = [] {
+    RoutedPair p;
+    for (const auto& e : registry().entries()) {
+      std::string shortest = e.name;
+      for (const auto& alias : e.aliases)
+        if (alias.size() < shortest.size()) shortest = alias;
+      if (e.kind == "operator") {
+        const OperatorRole role = registry().operator_traits(e.name).role;
+        if (role == OperatorRole::CheapMixing && p.cheap.empty()) p.cheap = e.name, p.cheap_short = shortest;
+        if (role == OperatorRole::GlobalMixing && p.global.empty()) p.global = e.name, p.global_short = shortest;
+      }
+      if (e.kind == "router" && p.router.empty()) {
+        RouterSpec rs;
+        rs.d_model = 16;
+        rs.operators = {"cheap_mixing", "global_mixing"};
+        rs.params.set("tau", 0.5);
+        try {
+          registry().make_router(e.name, rs);
+          p.router = e.name;
+        } catch (const UserError&) {
+        }
+      }
+    }
+    if (p.cheap.empty() || p.global.empty() || p.router.empty()) p = RoutedPair{};
+    return p;
+  }();
+  return pair;
+}
+
+// A cheap|global layer (dct|attn) under threshold routing with a given share
+// of the rows of (4, T, d) to the global operator (inference, causal), and its
+// executed forward FLOPs relative to a global-operator layer on the same
+// input: each operator on its rows per sequence (sparse) or on all (dense),
+// plus the router's entropy transform. Checks sparse == dense first; an empty
+// layer means it failed.
 struct RoutedCase {
   std::shared_ptr<MixingLayer> layer;
   at::Tensor x;  // (4, T, d)
@@ -222,11 +268,12 @@ RoutedCase routed_case(benchmark::State& state, bool sparse) {
   const double tau = share <= 0 ? 2.0 : share >= 1 ? -1.0 : at::quantile(h, 1.0 - share).item<double>();
   RouterSpec rs;
   rs.d_model = d;
-  rs.operators = {"dct", "attention"};
+  const RoutedPair& pair = routed_pair();
+  rs.operators = {pair.cheap, pair.global};
   rs.params.set("tau", tau);
   auto layer = std::make_shared<MixingLayer>(1, rs.operators,
-                                             std::vector<std::shared_ptr<Operator>>{make("dct", d), make("attention", d)},
-                                             registry().make_router("threshold", rs));
+                                             std::vector<std::shared_ptr<Operator>>{make(pair.cheap, d), make(pair.global, d)},
+                                             registry().make_router(pair.router, rs));
   layer->eval();
   OpContext ctx;
   ctx.causal = true;
@@ -277,7 +324,7 @@ void BM_routed(benchmark::State& state, bool sparse) {
 void BM_tracking(benchmark::State& state) {
   const auto c = routed_case(state, /*sparse=*/true);
   if (!c.layer) return;
-  auto full = make("attention", state.range(1));
+  auto full = make(routed_pair().global, state.range(1));
   OpContext ctx;
   ctx.causal = true;
   at::NoGradGuard g;
@@ -302,28 +349,44 @@ void BM_tracking(benchmark::State& state) {
   state.counters["full_ms"] = 1e3 * median(full_s);
 }
 
+// Whether an operator accepts these options: asked of the plugin itself.
+bool accepts(const std::string& name, const Params& params) {
+  try {
+    make(name, 64, params);
+    return true;
+  } catch (const UserError&) {
+    return false;
+  }
+}
+
 void register_all() {
-  for (const char* op : {"dct", "attention", "rbf"})
+  std::vector<std::string> operators;  // registry order
+  for (const auto& e : registry().entries())
+    if (e.kind == "operator") operators.push_back(e.name);
+  for (const auto& op : operators)
     for (bool backward : {false, true}) {
-      auto* b = benchmark::RegisterBenchmark((std::string(op) + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
+      auto* b = benchmark::RegisterBenchmark((op + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
                                             [op, backward](benchmark::State& s) { BM_operator(s, op, backward); });
       for (int64_t d : {256, 512})
         for (int64_t T : {128, 256, 512, 1024, 2048}) b->Args({T, d});
       b->Unit(benchmark::kMillisecond)->UseRealTime();
     }
-  std::vector<std::string> cores{"fused", "chunked"};
-  try {  // the plugin refuses SDPA on builds whose libtorch lacks it
-    make("attention", 64, Params().set("core", std::string("sdpa")));
-    cores.push_back("sdpa");
-  } catch (const UserError&) {
+  // Operators with cores (attention): the chunked core is every case's
+  // reference; SDPA is refused on builds whose libtorch lacks it.
+  for (const auto& op : operators) {
+    const auto with_core = [&](const char* core) { return accepts(op, Params().set("core", std::string(core))); };
+    if (!with_core("chunked")) continue;
+    std::vector<std::string> cores;
+    for (const char* core : {"fused", "chunked", "sdpa"})
+      if (with_core(core)) cores.push_back(core);
+    for (const auto& core : cores)
+      for (bool backward : {false, true}) {
+        auto* b = benchmark::RegisterBenchmark((op + "_core/" + core + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
+                                              [op, core, backward](benchmark::State& s) { BM_attention_core(s, op, core, backward); });
+        for (int64_t T : {128, 512, 2048}) b->Args({T, 256});
+        b->Unit(benchmark::kMillisecond)->UseRealTime();
+      }
   }
-  for (const auto& core : cores)
-    for (bool backward : {false, true}) {
-      auto* b = benchmark::RegisterBenchmark(("attention_core/" + core + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
-                                            [core, backward](benchmark::State& s) { BM_attention_core(s, core, backward); });
-      for (int64_t T : {128, 512, 2048}) b->Args({T, 256});
-      b->Unit(benchmark::kMillisecond)->UseRealTime();
-    }
   for (auto impl : {DctImpl::Gemm, DctImpl::Fft}) {
     auto* b = benchmark::RegisterBenchmark((std::string("dct2/") + to_string(impl)).c_str(),
                                           [impl](benchmark::State& s) { BM_dct(s, impl); });
@@ -333,24 +396,31 @@ void register_all() {
   auto* e = benchmark::RegisterBenchmark("router/entropy", BM_router_entropy);
   for (int64_t T : {256, 1024}) e->Args({T, 256});
   e->Unit(benchmark::kMillisecond)->UseRealTime();
-  // The denominator of the routed cases: a full-attention layer, same shapes.
-  auto* full = benchmark::RegisterBenchmark("routed_baseline/attention", [](benchmark::State& s) {
-    at::manual_seed(0);
-    auto op = make("attention", s.range(1));
-    auto x = at::randn({kBatch, s.range(0), s.range(1)});
-    OpContext ctx;
-    ctx.causal = true;
-    at::NoGradGuard g;
-    for (auto _ : s) benchmark::DoNotOptimize(op->forward(x, ctx).data_ptr());
-  });
-  for (int64_t T : {128, 512, 2048}) full->Args({T, 256});
-  full->Unit(benchmark::kMillisecond)->UseRealTime();
-  for (bool sparse : {false, true}) {
-    auto* b = benchmark::RegisterBenchmark(sparse ? "routed_dct_attn/sparse" : "routed_dct_attn/dense",
-                                          [sparse](benchmark::State& s) { BM_routed(s, sparse); });
-    for (int64_t T : {128, 512, 2048})
-      for (int64_t share : {0, 25, 50, 100}) b->Args({T, 256, share});
-    b->Unit(benchmark::kMillisecond)->UseRealTime();
+  // The routed cases, when the registry has a cheap and a global operator and
+  // a threshold router.
+  const RoutedPair& pair = routed_pair();
+  const bool routed_cases = !pair.cheap.empty();
+  const std::string routed = pair.cheap_short + "_" + pair.global_short;  // "dct_attn"
+  if (routed_cases) {
+    // The denominator of the routed cases: a global-operator layer, same shapes.
+    auto* full = benchmark::RegisterBenchmark(("routed_baseline/" + pair.global).c_str(), [](benchmark::State& s) {
+      at::manual_seed(0);
+      auto op = make(routed_pair().global, s.range(1));
+      auto x = at::randn({kBatch, s.range(0), s.range(1)});
+      OpContext ctx;
+      ctx.causal = true;
+      at::NoGradGuard g;
+      for (auto _ : s) benchmark::DoNotOptimize(op->forward(x, ctx).data_ptr());
+    });
+    for (int64_t T : {128, 512, 2048}) full->Args({T, 256});
+    full->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (bool sparse : {false, true}) {
+      auto* b = benchmark::RegisterBenchmark(("routed_" + routed + (sparse ? "/sparse" : "/dense")).c_str(),
+                                            [sparse](benchmark::State& s) { BM_routed(s, sparse); });
+      for (int64_t T : {128, 512, 2048})
+        for (int64_t share : {0, 25, 50, 100}) b->Args({T, 256, share});
+      b->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
   }
   std::vector<GemmBackend> libraries{GemmBackend::Blas};
   if (onednn_available()) libraries.push_back(GemmBackend::OneDnn);
@@ -369,17 +439,33 @@ void register_all() {
       for (int64_t which : {0, 1}) bb->Args({e, which});
     bb->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  auto* t = benchmark::RegisterBenchmark("tracking/dct_attn", BM_tracking);
-  for (int64_t T : {128, 256, 512, 1024, 2048})
-    for (int64_t share : {0, 25, 50, 100}) t->Args({T, 256, share});
-  t->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(15);
+  if (routed_cases) {
+    auto* t = benchmark::RegisterBenchmark(("tracking/" + routed).c_str(), BM_tracking);
+    for (int64_t T : {128, 256, 512, 1024, 2048})
+      for (int64_t share : {0, 25, 50, 100}) t->Args({T, 256, share});
+    t->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(15);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   bool allow_debug = false;
-  for (int i = 1; i < argc; ++i) allow_debug |= std::strcmp(argv[i], "--allow-debug") == 0;
+  // --plugin-dir D (or =D), repeatable: taken out before Google Benchmark
+  // reads the rest.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--plugin-dir" && i + 1 < argc) {
+      plugin_dirs().push_back(argv[++i]);
+    } else if (arg.rfind("--plugin-dir=", 0) == 0) {
+      plugin_dirs().push_back(arg.substr(std::strlen("--plugin-dir=")));
+    } else {
+      allow_debug |= arg == "--allow-debug";
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
   if (std::string(CHIAR_BUILD_TYPE) != "Release" && !allow_debug) {
     std::cerr << "chiar_bench: this is a " << CHIAR_BUILD_TYPE
               << " build; timings of non-Release builds mislead (pass --allow-debug to run anyway)\n";

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
@@ -7,9 +8,9 @@
 #include <map>
 #include <sstream>
 
-#include "../core/registry.h"
-#include "../report/html.h"
-#include "../report/inspect.h"
+#include "chiar/registry.h"
+#include "report/html.h"
+#include "report/inspect.h"
 #include "chiar/error.h"
 #include "chiar/text_io.h"
 #include "commands.h"
@@ -17,18 +18,20 @@
 namespace chiar::cli {
 namespace {
 
-const char* ansi(const std::string& op) {
-  if (op == "dct") return "\033[34m";
-  if (op == "rbf") return "\033[32m";
-  if (op == "attention") return "\033[31m";
-  return "\033[35m";
-}
-
-const char* css(const std::string& op) {
-  if (op == "dct") return "#cfe3f7";
-  if (op == "rbf") return "#cdeccf";
-  if (op == "attention") return "#f7c9c0";
-  return "#e7d3ee";
+// The terminal colour of an operator's "#rrggbb": the ANSI hue (red, yellow,
+// green, cyan, blue, magenta) nearest to its hue, a hue midway between two
+// going to the later; a grey gets the terminal's own colour. Integer
+// arithmetic, so a colour maps the same way on every machine.
+std::string ansi(const std::string& colour) {
+  const auto channel = [&](size_t at) { return std::stol(colour.substr(at, 2), nullptr, 16); };
+  const long r = channel(1), g = channel(3), b = channel(5);
+  const long hi = std::max({r, g, b}), delta = hi - std::min({r, g, b});
+  if (delta < 8) return "\033[39m";
+  // Hue in degrees times delta, shifted by half a sector.
+  const long h = (hi == r ? 60 * (g - b) : hi == g ? 120 * delta + 60 * (b - r) : 240 * delta + 60 * (r - g)) + 30 * delta;
+  const long sector = ((h >= 0 ? h / (60 * delta) : -((-h + 60 * delta - 1) / (60 * delta))) % 6 + 6) % 6;
+  static const char* const kCodes[] = {"\033[31m", "\033[33m", "\033[32m", "\033[36m", "\033[34m", "\033[35m"};
+  return kCodes[sector];
 }
 
 }  // namespace
@@ -43,6 +46,12 @@ int run_inspect(const Global& g, const InspectArgs& a) {
   o.data_root = a.data_root;
   o.cache_dir = a.cache_dir;
   report::Inspector inspector(registry, o);
+  std::map<std::string, OperatorTraits> traits;  // by registered name, as the routes name them
+  const auto traits_of = [&](const std::string& op) -> const OperatorTraits& {
+    auto it = traits.find(op);
+    if (it == traits.end()) it = traits.emplace(op, registry.operator_traits(op)).first;
+    return it->second;
+  };
 
   std::string text = a.text;
   if (text.empty() && a.corpus.empty()) {
@@ -75,7 +84,7 @@ int run_inspect(const Global& g, const InspectArgs& a) {
         std::cout << std::setw(18) << t.text.substr(0, 17);
         for (size_t l = 0; l < ins.layers.size(); ++l) {
           const std::string& op = ins.operators[l][t.route[l]];
-          std::cout << report::fixed(t.entropy[l], 4) << "  " << (color ? ansi(op) : "") << std::setw(14) << op
+          std::cout << report::fixed(t.entropy[l], 4) << "  " << (color ? ansi(traits_of(op).colour) : "") << std::setw(14) << op
                     << (color ? "\033[0m" : "");
         }
         std::cout << "\n";
@@ -97,8 +106,13 @@ int run_inspect(const Global& g, const InspectArgs& a) {
            << "</title><style>body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em auto;line-height:2}"
               "span.t{padding:2px 3px;margin:1px;border-radius:3px}.legend span{padding:2px 8px;margin-right:8px}</style></head><body>\n<h1>Routes of "
            << report::html_escape(inspector.spec().name()) << "</h1>\n<p class=\"legend\">";
-      for (const char* op : {"dct", "rbf", "attention"})
-        html << "<span style=\"background:" << css(op) << "\">" << op << "</span>";
+      std::vector<std::string> legend;  // every routed layer's operators, in order of appearance
+      for (const auto& ops : ins.operators)
+        for (const auto& op : ops)
+          if (std::find(legend.begin(), legend.end(), op) == legend.end()) legend.push_back(op);
+      for (const auto& op : legend)
+        html << "<span style=\"background:" << traits_of(op).colour << "\">" << report::html_escape(traits_of(op).display_name)
+             << "</span>";
       html << " Hover a token for its spectral entropy H and route in every routed layer.</p>\n";
       for (size_t l = 0; l < ins.layers.size(); ++l) {
         html << "<h2>Layer " << ins.layers[l] + 1 << "</h2>\n<p>";
@@ -106,7 +120,7 @@ int run_inspect(const Global& g, const InspectArgs& a) {
           std::string tip;
           for (size_t k = 0; k < ins.layers.size(); ++k)
             tip += "layer " + std::to_string(ins.layers[k] + 1) + ": H " + report::fixed(t.entropy[k], 4) + " " + ins.operators[k][t.route[k]] + "\n";
-          html << "<span class=\"t\" style=\"background:" << css(ins.operators[l][t.route[l]]) << "\" title=\"" << report::html_escape(tip)
+          html << "<span class=\"t\" style=\"background:" << traits_of(ins.operators[l][t.route[l]]).colour << "\" title=\"" << report::html_escape(tip)
                << "\">" << report::html_escape(t.text) << "</span> ";
         }
         html << "</p>\n";
@@ -117,14 +131,17 @@ int run_inspect(const Global& g, const InspectArgs& a) {
   }
   if (!a.corpus.empty()) {
     const auto [most, least] = inspector.corpus(read_lines(a.corpus), a.max_tokens, a.top, a.min_count);
-    auto print = [&](const char* title, const std::vector<report::TokenRate>& rows) {
+    std::string global;
+    for (const auto& op : inspector.global_mixing()) global += (global.empty() ? "" : " or ") + op;
+    if (global.empty()) global = "global mixing";
+    auto print = [&](const std::string& title, const std::vector<report::TokenRate>& rows) {
       std::cout << "\n" << title << " (tokens seen at least " << a.min_count << " times)\n";
       for (const auto& r : rows)
         std::cout << "  " << std::left << std::setw(18) << r.text.substr(0, 17) << std::right << std::setw(7)
-                  << report::fixed(100 * r.attention, 1) << "%  of " << r.count << "\n";
+                  << report::fixed(100 * r.global, 1) << "%  of " << r.count << "\n";
     };
-    print("most often sent to attention", most);
-    print("least often sent to attention", least);
+    print("most often sent to " + global, most);
+    print("least often sent to " + global, least);
   }
   return 0;
 }

@@ -75,8 +75,22 @@ class Op final : public Operator {
     return matmul_flops(n, d, d) + elementwise_flops(n, d) + layernorm_flops(n, d);
   }
 
-  // Per token, so causal and indifferent to padding.
-  OperatorTraits traits() const override { return {/*causal=*/true, /*padded=*/true, /*mixes_tokens=*/false}; }
+  // What the harness may ask of it, and how it presents it; every field not
+  // set keeps the default in chiar/operator.h.
+  OperatorTraits traits() const override {
+    OperatorTraits t;
+    t.causal = true;         // per token, so causal
+    t.padded = true;         // and indifferent to padding
+    t.mixes_tokens = false;
+    t.display_name = "@NAME@";  // reports, charts and `chiar inspect` show this
+    t.colour = "#e7d3ee";    // "#rrggbb": its tokens' background in HTML; terminals get the nearest ANSI colour
+    // CheapMixing (per token or linear time, low-entropy tokens),
+    // IntermediateMixing (sub-quadratic mixing across positions) or
+    // GlobalMixing (quadratic, attention-like).
+    t.role = OperatorRole::CheapMixing;
+    t.attention_flops = false;  // true: its FLOPs count as attention FLOPs in reports and claims
+    return t;
+  }
   std::string describe() const override { return "@NAME@"; }
 
  private:

@@ -4,6 +4,7 @@
 #include <torch/utils.h>
 
 #include <cmath>
+#include <regex>
 #include <sstream>
 
 #include "chiar/error.h"
@@ -61,6 +62,8 @@ std::vector<std::string> check_operator(
   op->to(at::kDouble);
   op->eval();
   const OperatorTraits traits = op->traits();
+  if (!traits.colour.empty() && !std::regex_match(traits.colour, std::regex("#[0-9a-fA-F]{6}")))
+    fail.push_back("traits: colour '" + traits.colour + "' is not of the form #rrggbb");
   OpContext ctx;
   ctx.causal = traits.causal;
   auto x = at::randn({B, T, d}, kF64);
@@ -110,7 +113,10 @@ std::vector<std::string> check_router(
     const std::function<std::shared_ptr<Router>(const std::vector<std::string>&)>& make) {
   std::vector<std::string> fail;
   int tried = 0;
-  for (const auto& ops : {std::vector<std::string>{"dct", "attention"}, std::vector<std::string>{"dct", "rbf", "attention"}}) {
+  // A router sees its operators' names and count only, never the operators:
+  // the names stand for the roles, cheapest first.
+  for (const auto& ops : {std::vector<std::string>{"cheap_mixing", "global_mixing"},
+                          std::vector<std::string>{"cheap_mixing", "intermediate_mixing", "global_mixing"}}) {
     std::shared_ptr<Router> router;
     try {
       router = make(ops);

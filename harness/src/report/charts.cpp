@@ -11,7 +11,7 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../engine/sqlite.h"
+#include "engine/sqlite.h"
 #include "chiar/error.h"
 
 namespace chiar::report {
@@ -52,7 +52,24 @@ std::vector<double> numbers_after(const std::string& json, const std::string& ke
   return out;
 }
 
+// "a", "a and b", "a, b and c".
+std::string listed(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  return out;
+}
+
 }  // namespace
+
+OperatorPoint operator_point(const OperatorCatalog& operators, const std::string& op) {
+  // gnuplot's svg point types, filled shapes first.
+  static const OperatorPoint kPoints[] = {{7, "circles"},          {5, "squares"},       {9, "triangles"},
+                                          {11, "down triangles"},  {13, "diamonds"},     {6, "open circles"},
+                                          {4, "open squares"},     {8, "open triangles"}, {10, "open down triangles"},
+                                          {12, "open diamonds"}};
+  return kPoints[operators.order(op) % (sizeof kPoints / sizeof *kPoints)];
+}
 
 std::string variant_colour(const Summary& s, const std::string& variant) {
   const auto it = std::find(s.variant_order.begin(), s.variant_order.end(), variant);
@@ -60,230 +77,288 @@ std::string variant_colour(const Summary& s, const std::string& variant) {
   return kPalette[i % (sizeof kPalette / sizeof *kPalette)];
 }
 
+namespace {
+
+// Where one report's charts go: names, paths, the store, the charts made.
+struct ChartSite {
+  const Summary& s;
+  engine::Database& db;
+  const std::string& out_dir;
+  const std::string& prefix;
+  std::vector<Chart>& charts;
+
+  std::string file(const std::string& what) const { return prefix + "-" + what + ".svg"; }
+  std::string path(const std::string& name) const { return out_dir + "/" + name; }
+
+  // Writes NAME.gp (the shared header, the output file, then `script`), runs
+  // gnuplot on it and records the chart. The data file must be closed.
+  void render(const std::string& name, const std::string& script, Chart chart) const {
+    std::ofstream g(path(name + ".gp"));
+    g << kHeader << "set output " << quote(path(name)) << script;
+    g.close();
+    run_gnuplot(path(name + ".gp"));
+    charts.push_back(std::move(chart));
+  }
+};
+
+// Metric against FLOPs, one point per run.
+void pareto_chart(const ChartSite& site, const TaskSummary& t) {
+  const std::string metric = t.language_model ? "token_ppl" : "accuracy";
+  const std::string ylabel = t.language_model ? "test perplexity (per token)" : "test accuracy (%)";
+  const double scale = t.language_model ? 1.0 : 100.0;
+  const std::string name = site.file("pareto-" + t.task), data = site.path(name + ".dat");
+  std::ofstream d(data);
+  int points = 0, block = 0;
+  std::ostringstream plot;
+  for (const auto& v : t.variants) {
+    for (const RunRow* r : v.runs)
+      if (r->test_best.count(metric)) {
+        d << r->total_fwd / 1e9 << ' ' << r->test_best.at(metric) * scale << '\n';
+        ++points;
+      }
+    d << "\n\n";
+    const int index = block++;
+    plot << (index ? ", " : "") << quote(data) << " index " << index << " with points pt 7 ps 1.3 lc rgb '"
+         << variant_colour(site.s, v.variant) << "' title " << quote(v.variant);
+  }
+  d.close();
+  if (points == 0) return;
+  site.render(name,
+              "\nset title " + quote(t.task + ": quality against compute") +
+                  "\nset xlabel 'forward GFLOPs per sequence (executed)'\nset ylabel " + quote(ylabel) + "\nplot " +
+                  plot.str() + "\n",
+              {t.task + ": quality against compute", name,
+               "One point per run; lower-left is better for perplexity, upper-left for accuracy."});
+}
+
+// Validation loss per evaluation of one run: the stored loss, or nll / tokens.
+std::map<int64_t, double> validation_losses(engine::Database& db, int64_t run_id) {
+  auto val = db.prepare(
+      "SELECT step, name, value FROM metrics WHERE run_id = ? AND split = 'valid' AND checkpoint = 'current' "
+      "AND name IN ('nll', 'tokens', 'loss') ORDER BY step");
+  val.bind(1, run_id);
+  std::map<int64_t, std::map<std::string, double>> by_step;
+  while (val.step()) by_step[val.integer(0)][val.text(1)] = val.real(2);
+  std::map<int64_t, double> out;
+  for (const auto& [step, m] : by_step)
+    out[step] = m.count("loss") ? m.at("loss") : m.at("nll") / std::max(1.0, m.at("tokens"));
+  return out;
+}
+
+// Training loss (lines) and validation loss (circles) over steps.
+void curves_chart(const ChartSite& site, const TaskSummary& t) {
+  const std::string name = site.file("curves-" + t.task), data = site.path(name + ".dat");
+  std::ofstream d(data);
+  int points = 0, block = 0;
+  std::ostringstream plot;
+  for (const auto& v : t.variants) {
+    bool titled = false;
+    for (const RunRow* r : v.runs) {
+      auto q = site.db.prepare("SELECT step, loss FROM train_log WHERE run_id = ? ORDER BY step");
+      q.bind(1, r->id);
+      while (q.step()) {
+        d << q.integer(0) << ' ' << q.real(1) << '\n';
+        ++points;
+      }
+      d << "\n\n";
+      const int index = block++;
+      plot << (index ? ", " : "") << quote(data) << " index " << index << " with lines lw 1.5 lc rgb '"
+           << variant_colour(site.s, v.variant) << "' " << (titled ? "notitle" : "title " + quote(v.variant));
+      titled = true;
+      for (const auto& [step, loss] : validation_losses(site.db, r->id)) d << step << ' ' << loss << '\n';
+      d << "\n\n";
+      const int val_index = block++;
+      plot << ", " << quote(data) << " index " << val_index << " with points pt 6 ps 1.1 lc rgb '"
+           << variant_colour(site.s, v.variant) << "' notitle";
+    }
+  }
+  d.close();
+  if (points == 0) return;
+  site.render(name,
+              "\nset title " + quote(t.task + ": training (lines) and validation (circles) loss") +
+                  "\nset xlabel 'step'\nset ylabel 'loss (nats per token or example)'\nplot " + plot.str() + "\n",
+              {t.task + ": learning curves", name, "Training loss of every run (lines) and validation loss (circles)."});
+}
+
+// The routing chart's caption: the plotted operators with their point shapes,
+// and the cheap ones that take the rest, in registry order.
+std::string routing_caption(const Summary& s, std::vector<std::string> plotted, std::vector<std::string> cheap) {
+  const auto by_order = [&](const std::string& a, const std::string& b) {
+    return s.operators.order(a) != s.operators.order(b) ? s.operators.order(a) < s.operators.order(b) : a < b;
+  };
+  std::sort(plotted.begin(), plotted.end(), by_order);
+  std::sort(cheap.begin(), cheap.end(), by_order);
+  std::vector<std::string> shown, rest;
+  for (const auto& op : plotted)
+    shown.push_back(s.operators.traits(op).display_name + " (" + operator_point(s.operators, op).shape + ")");
+  for (const auto& op : cheap) rest.push_back(s.operators.traits(op).display_name);
+  return "Share of tokens sent to " + listed(shown) + " per routed layer (L2, L4, ... solid; L3, L5, ... dashed)" +
+         (rest.empty() ? std::string() : "; the rest go to " + listed(rest)) +
+         ". A share falling to 0 is routing collapse.";
+}
+
+// Operator shares per routed layer over training (first seed of each routed
+// variant): every operator but the cheap ones, which take the rest.
+void routing_chart(const ChartSite& site, const TaskSummary& t) {
+  const std::string name = site.file("routing-" + t.task), data = site.path(name + ".dat");
+  std::ofstream d(data);
+  std::ostringstream plot;
+  int block = 0;
+  std::vector<std::string> plotted, cheap;
+  for (const auto& v : t.variants) {
+    if (v.runs.empty()) continue;
+    const RunRow* r = v.runs.front();
+    auto layers = site.db.prepare("SELECT DISTINCT layer, operator FROM routing WHERE run_id = ? ORDER BY layer, operator");
+    layers.bind(1, r->id);
+    while (layers.step()) {
+      const int64_t layer = layers.integer(0);
+      const std::string op = layers.text(1);
+      const OperatorTraits traits = site.s.operators.traits(op);
+      if (traits.role == OperatorRole::CheapMixing) {
+        if (std::find(cheap.begin(), cheap.end(), op) == cheap.end()) cheap.push_back(op);
+        continue;
+      }
+      if (std::find(plotted.begin(), plotted.end(), op) == plotted.end()) plotted.push_back(op);
+      auto q = site.db.prepare("SELECT step, share FROM routing WHERE run_id = ? AND layer = ? AND operator = ? ORDER BY step");
+      q.bind(1, r->id).bind(2, layer).bind(3, op);
+      while (q.step()) d << q.integer(0) << ' ' << 100 * q.real(1) << '\n';
+      d << "\n\n";
+      const int index = block++;
+      plot << (index ? ", " : "") << quote(data) << " index " << index << " with linespoints lw 1.5 pt "
+           << operator_point(site.s.operators, op).type << " dt " << (layer % 2 ? 1 : 2) << " lc rgb '"
+           << variant_colour(site.s, v.variant) << "' title "
+           << quote(v.variant + " L" + std::to_string(layer + 1) + " " + traits.display_name);
+    }
+  }
+  d.close();
+  if (block == 0) return;
+  site.render(name,
+              "\nset title " + quote(t.task + ": operator share per routed layer") +
+                  "\nset xlabel 'step'\nset ylabel 'share of tokens (%)'\nset yrange [0:100]\nplot " + plot.str() + "\n",
+              {t.task + ": routing over training", name, routing_caption(site.s, plotted, cheap)});
+}
+
+// The first run with data-derived thresholds: tau holds a bracket with a digit.
+const RunRow* first_calibrated_run(const VariantSummary& v) {
+  if (v.runs.empty() || v.runs.front()->tau.find('[') == std::string::npos) return nullptr;
+  const RunRow* r = v.runs.front();
+  for (char c : r->tau.substr(r->tau.find('[')))
+    if (c >= '0' && c <= '9') return r;
+  return nullptr;
+}
+
+// Spectral entropy histograms with the thresholds in force (first variant
+// with thresholds).
+void entropy_chart(const ChartSite& site, const TaskSummary& t) {
+  for (const auto& v : t.variants) {
+    const RunRow* r = first_calibrated_run(v);
+    if (!r) continue;
+    const std::string name = site.file("entropy-" + t.task), data = site.path(name + ".dat");
+    std::ofstream d(data);
+    std::ostringstream plot, arrows;
+    int block = 0;
+    auto layers = site.db.prepare("SELECT DISTINCT layer FROM histograms WHERE run_id = ? ORDER BY layer");
+    layers.bind(1, r->id);
+    while (layers.step()) {
+      const int64_t layer = layers.integer(0);
+      auto q = site.db.prepare(
+          "SELECT lo, hi, count FROM histograms WHERE run_id = ? AND layer = ? AND "
+          "step = (SELECT MAX(step) FROM histograms WHERE run_id = ?) ORDER BY bin");
+      q.bind(1, r->id).bind(2, layer).bind(3, r->id);
+      while (q.step()) d << (q.real(0) + q.real(1)) / 2 << ' ' << q.integer(2) << '\n';
+      d << "\n\n";
+      const char* colour = kPalette[(block + 1) % 7];
+      const int index = block++;
+      plot << (index ? ", " : "") << quote(data) << " index " << index << " with histeps lw 2 lc rgb '" << colour
+           << "' title " << quote("layer " + std::to_string(layer + 1));
+      for (double tau : numbers_after(r->tau, "layer" + std::to_string(layer + 1)))
+        arrows << "set arrow from " << tau << ", graph 0 to " << tau << ", graph 1 nohead dt 2 lw 1.5 lc rgb '" << colour << "'\n";
+    }
+    d.close();
+    site.render(name,
+                "\nset title " + quote(t.task + ", " + v.variant + ": spectral entropy of routed-layer inputs") +
+                    "\nset xlabel 'spectral entropy H'\nset ylabel 'tokens'\nset xrange [0:1]\n" + arrows.str() + "plot " +
+                    plot.str() + "\n",
+                {t.task + ": spectral entropy and thresholds", name,
+                 "Histogram of H at the last evaluation (" + v.variant + ", seed " + std::to_string(r->seed) +
+                     "); dashed lines are the thresholds tau in force."});
+    return;
+  }
+}
+
+// Measured training speed-up against training-FLOP reduction, every task.
+void speedup_chart(const ChartSite& site, const std::string& baseline) {
+  const Summary& s = site.s;
+  const std::string name = site.file("speedup"), data = site.path(name + ".dat");
+  std::ofstream d(data);
+  std::ostringstream plot;
+  int block = 0, points = 0;
+  double top = 1.5;
+  for (const auto& variant : s.variant_order) {
+    if (variant == baseline) continue;
+    bool any = false;
+    for (const auto& t : s.tasks) {
+      const VariantSummary *b = nullptr, *v = nullptr;
+      for (const auto& x : t.variants) {
+        if (x.variant == baseline) b = &x;
+        if (x.variant == variant) v = &x;
+      }
+      if (!b || !v || v->runs.empty() || b->runs.empty()) continue;
+      double bf = 0, vf = 0;
+      for (const RunRow* r : b->runs) bf += r->total_train / static_cast<double>(b->runs.size());
+      for (const RunRow* r : v->runs) vf += r->total_train / static_cast<double>(v->runs.size());
+      if (vf <= 0 || b->train_tps.mean <= 0) continue;
+      const double x = bf / vf, y = v->train_tps.mean / b->train_tps.mean;
+      top = std::max({top, x * 1.1, y * 1.1});
+      d << x << ' ' << y << " \"" << t.task << "\"\n";
+      any = true;
+      ++points;
+    }
+    d << "\n\n";
+    if (any)
+      plot << ", " << quote(data) << " index " << block << " using 1:2 with points pt 7 ps 1.5 lc rgb '" << variant_colour(s, variant)
+           << "' title " << quote(variant) << ", " << quote(data) << " index " << block
+           << " using 1:2:3 with labels offset 1,0.6 font ',9' tc rgb '#555555' notitle";
+    ++block;
+  }
+  d.close();
+  if (points == 0) return;
+  std::ostringstream script;
+  script << "\nset title 'Training speed-up against training-FLOP reduction (vs " << baseline << ")'"
+         << "\nset xlabel 'baseline FLOPs / variant FLOPs (training step, executed)'\nset ylabel 'variant tokens/s / baseline tokens/s'"
+         << "\nset xrange [0:" << top << "]\nset yrange [0:" << top << "]\nplot x with lines dt 2 lc rgb '#888888' title 'wall-clock tracks FLOPs'"
+         << plot.str() << "\n";
+  site.render(name, script.str(),
+              {"Speed-up against FLOP reduction", name,
+               "Points on the dashed line turn FLOP savings into equal wall-clock savings; below it, savings are lost to overheads."});
+}
+
+// The .dat/.gp files are gnuplot's inputs, not report content.
+void remove_gnuplot_inputs(const std::string& out_dir, const std::string& prefix) {
+  for (const auto& entry : boost::filesystem::directory_iterator(out_dir)) {
+    const std::string f = entry.path().filename().string();
+    if (f.rfind(prefix + "-", 0) == 0 && (entry.path().extension() == ".dat" || entry.path().extension() == ".gp"))
+      boost::filesystem::remove(entry.path());
+  }
+}
+
+}  // namespace
+
 std::vector<Chart> draw_charts(const Summary& s, const std::string& out_dir, const std::string& prefix,
                                const std::string& baseline) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0)
     throw UserError("gnuplot is not installed (apt-get install gnuplot-nox); reports need it for charts");
   engine::Database db(s.db);
   std::vector<Chart> charts;
-  auto file = [&](const std::string& what) { return prefix + "-" + what + ".svg"; };
-  auto path = [&](const std::string& name) { return out_dir + "/" + name; };
-
+  const ChartSite site{s, db, out_dir, prefix, charts};
   for (const auto& t : s.tasks) {
-    const std::string metric = t.language_model ? "token_ppl" : "accuracy";
-    const std::string ylabel = t.language_model ? "test perplexity (per token)" : "test accuracy (%)";
-    const double scale = t.language_model ? 1.0 : 100.0;
-
-    // 1. Metric against FLOPs, one point per run.
-    {
-      const std::string name = file("pareto-" + t.task), data = path(name + ".dat");
-      std::ofstream d(data);
-      int points = 0;
-      std::ostringstream plot;
-      int block = 0;
-      for (const auto& v : t.variants) {
-        for (const RunRow* r : v.runs)
-          if (r->test_best.count(metric)) {
-            d << r->total_fwd / 1e9 << ' ' << r->test_best.at(metric) * scale << '\n';
-            ++points;
-          }
-        d << "\n\n";
-        const int index = block++;
-        plot << (index ? ", " : "") << quote(data) << " index " << index << " with points pt 7 ps 1.3 lc rgb '"
-             << variant_colour(s, v.variant) << "' title " << quote(v.variant);
-      }
-      if (points > 0) {
-      std::ofstream g(path(name + ".gp"));
-      g << kHeader << "set output " << quote(path(name)) << "\nset title " << quote(t.task + ": quality against compute")
-        << "\nset xlabel 'forward GFLOPs per sequence (executed)'\nset ylabel " << quote(ylabel) << "\nplot " << plot.str() << "\n";
-      g.close();
-      d.close();
-      run_gnuplot(path(name + ".gp"));
-      charts.push_back({t.task + ": quality against compute", name,
-                        "One point per run; lower-left is better for perplexity, upper-left for accuracy."});
-      }
-    }
-
-    // 2. Training loss and validation loss over steps.
-    {
-      const std::string name = file("curves-" + t.task), data = path(name + ".dat");
-      std::ofstream d(data);
-      int points = 0;
-      std::ostringstream plot;
-      int block = 0;
-      for (const auto& v : t.variants) {
-        bool titled = false;
-        for (const RunRow* r : v.runs) {
-          auto q = db.prepare("SELECT step, loss FROM train_log WHERE run_id = ? ORDER BY step");
-          q.bind(1, r->id);
-          while (q.step()) {
-            d << q.integer(0) << ' ' << q.real(1) << '\n';
-            ++points;
-          }
-          d << "\n\n";
-          const int index = block++;
-          plot << (index ? ", " : "") << quote(data) << " index " << index << " with lines lw 1.5 lc rgb '"
-               << variant_colour(s, v.variant) << "' " << (titled ? "notitle" : "title " + quote(v.variant));
-          titled = true;
-          auto val = db.prepare(
-              "SELECT step, name, value FROM metrics WHERE run_id = ? AND split = 'valid' AND checkpoint = 'current' "
-              "AND name IN ('nll', 'tokens', 'loss') ORDER BY step");
-          val.bind(1, r->id);
-          std::map<int64_t, std::map<std::string, double>> by_step;
-          while (val.step()) by_step[val.integer(0)][val.text(1)] = val.real(2);
-          for (const auto& [step, m] : by_step) {
-            const double loss = m.count("loss") ? m.at("loss") : m.at("nll") / std::max(1.0, m.at("tokens"));
-            d << step << ' ' << loss << '\n';
-          }
-          d << "\n\n";
-          const int val_index = block++;
-          plot << ", " << quote(data) << " index " << val_index << " with points pt 6 ps 1.1 lc rgb '"
-               << variant_colour(s, v.variant) << "' notitle";
-        }
-      }
-      if (points > 0) {
-      std::ofstream g(path(name + ".gp"));
-      g << kHeader << "set output " << quote(path(name)) << "\nset title " << quote(t.task + ": training (lines) and validation (circles) loss")
-        << "\nset xlabel 'step'\nset ylabel 'loss (nats per token or example)'\nplot " << plot.str() << "\n";
-      g.close();
-      d.close();
-      run_gnuplot(path(name + ".gp"));
-      charts.push_back({t.task + ": learning curves", name, "Training loss of every run (lines) and validation loss (circles)."});
-      }
-    }
-
-    // 3. Operator shares per routed layer over training (first seed of each routed variant).
-    {
-      const std::string name = file("routing-" + t.task), data = path(name + ".dat");
-      std::ofstream d(data);
-      std::ostringstream plot;
-      int block = 0;
-      for (const auto& v : t.variants) {
-        if (v.runs.empty()) continue;
-        const RunRow* r = v.runs.front();
-        auto layers = db.prepare("SELECT DISTINCT layer, operator FROM routing WHERE run_id = ? AND operator != 'dct' ORDER BY layer, operator");
-        layers.bind(1, r->id);
-        while (layers.step()) {
-          const int64_t layer = layers.integer(0);
-          const std::string op = layers.text(1);
-          auto q = db.prepare("SELECT step, share FROM routing WHERE run_id = ? AND layer = ? AND operator = ? ORDER BY step");
-          q.bind(1, r->id).bind(2, layer).bind(3, op);
-          while (q.step()) d << q.integer(0) << ' ' << 100 * q.real(1) << '\n';
-          d << "\n\n";
-          const int index = block++;
-          plot << (index ? ", " : "") << quote(data) << " index " << index << " with linespoints lw 1.5 pt "
-               << (op == "rbf" ? 4 : 7) << " dt " << (layer % 2 ? 1 : 2) << " lc rgb '" << variant_colour(s, v.variant)
-               << "' title " << quote(v.variant + " L" + std::to_string(layer + 1) + " " + op);
-        }
-      }
-      if (block > 0) {
-        std::ofstream g(path(name + ".gp"));
-        g << kHeader << "set output " << quote(path(name)) << "\nset title " << quote(t.task + ": operator share per routed layer")
-          << "\nset xlabel 'step'\nset ylabel 'share of tokens (%)'\nset yrange [0:100]\nplot " << plot.str() << "\n";
-        g.close();
-        d.close();
-        run_gnuplot(path(name + ".gp"));
-        charts.push_back({t.task + ": routing over training", name,
-                          "Share of tokens sent to attention (circles) and RBF (squares) per routed layer (L2 solid, "
-                          "L3 dashed); the rest go to DCT. A share falling to 0 is routing collapse."});
-      }
-    }
-
-    // 4. Spectral entropy histograms with the thresholds in force (first threshold variant).
-    for (const auto& v : t.variants) {
-      if (v.runs.empty() || v.runs.front()->tau.find('[') == std::string::npos) continue;
-      const RunRow* r = v.runs.front();
-      bool has_tau = false;
-      for (char c : r->tau.substr(r->tau.find('['))) has_tau |= (c >= '0' && c <= '9');
-      if (!has_tau) continue;
-      const std::string name = file("entropy-" + t.task), data = path(name + ".dat");
-      std::ofstream d(data);
-      std::ostringstream plot, arrows;
-      int block = 0;
-      auto layers = db.prepare("SELECT DISTINCT layer FROM histograms WHERE run_id = ? ORDER BY layer");
-      layers.bind(1, r->id);
-      while (layers.step()) {
-        const int64_t layer = layers.integer(0);
-        auto q = db.prepare(
-            "SELECT lo, hi, count FROM histograms WHERE run_id = ? AND layer = ? AND "
-            "step = (SELECT MAX(step) FROM histograms WHERE run_id = ?) ORDER BY bin");
-        q.bind(1, r->id).bind(2, layer).bind(3, r->id);
-        while (q.step()) d << (q.real(0) + q.real(1)) / 2 << ' ' << q.integer(2) << '\n';
-        d << "\n\n";
-        const char* colour = kPalette[(block + 1) % 7];
-        const int index = block++;
-        plot << (index ? ", " : "") << quote(data) << " index " << index << " with histeps lw 2 lc rgb '" << colour
-             << "' title " << quote("layer " + std::to_string(layer + 1));
-        for (double tau : numbers_after(r->tau, "layer" + std::to_string(layer + 1)))
-          arrows << "set arrow from " << tau << ", graph 0 to " << tau << ", graph 1 nohead dt 2 lw 1.5 lc rgb '" << colour << "'\n";
-      }
-      std::ofstream g(path(name + ".gp"));
-      g << kHeader << "set output " << quote(path(name)) << "\nset title " << quote(t.task + ", " + v.variant + ": spectral entropy of routed-layer inputs")
-        << "\nset xlabel 'spectral entropy H'\nset ylabel 'tokens'\nset xrange [0:1]\n" << arrows.str() << "plot " << plot.str() << "\n";
-      g.close();
-      d.close();
-      run_gnuplot(path(name + ".gp"));
-      charts.push_back({t.task + ": spectral entropy and thresholds", name,
-                        "Histogram of H at the last evaluation (" + v.variant + ", seed " + std::to_string(r->seed) +
-                            "); dashed lines are the thresholds tau in force."});
-      break;
-    }
+    pareto_chart(site, t);
+    curves_chart(site, t);
+    routing_chart(site, t);
+    entropy_chart(site, t);
   }
-
-  // 5. Measured speedup against FLOP reduction, every task.
-  {
-    const std::string name = file("speedup"), data = path(name + ".dat");
-    std::ofstream d(data);
-    std::ostringstream plot;
-    int block = 0;
-    double top = 1.5;
-    int points = 0;
-    for (const auto& variant : s.variant_order) {
-      if (variant == baseline) continue;
-      bool any = false;
-      for (const auto& t : s.tasks) {
-        const VariantSummary *b = nullptr, *v = nullptr;
-        for (const auto& x : t.variants) {
-          if (x.variant == baseline) b = &x;
-          if (x.variant == variant) v = &x;
-        }
-        if (!b || !v || v->runs.empty() || b->runs.empty()) continue;
-        double bf = 0, vf = 0;
-        for (const RunRow* r : b->runs) bf += r->total_train / static_cast<double>(b->runs.size());
-        for (const RunRow* r : v->runs) vf += r->total_train / static_cast<double>(v->runs.size());
-        if (vf <= 0 || b->train_tps.mean <= 0) continue;
-        const double x = bf / vf, y = v->train_tps.mean / b->train_tps.mean;
-        top = std::max({top, x * 1.1, y * 1.1});
-        d << x << ' ' << y << " \"" << t.task << "\"\n";
-        any = true;
-        ++points;
-      }
-      d << "\n\n";
-      if (any)
-        plot << ", " << quote(data) << " index " << block << " using 1:2 with points pt 7 ps 1.5 lc rgb '" << variant_colour(s, variant)
-             << "' title " << quote(variant) << ", " << quote(data) << " index " << block
-             << " using 1:2:3 with labels offset 1,0.6 font ',9' tc rgb '#555555' notitle";
-      ++block;
-    }
-    if (points > 0) {
-    std::ofstream g(path(name + ".gp"));
-    g << kHeader << "set output " << quote(path(name)) << "\nset title 'Training speed-up against training-FLOP reduction (vs " << baseline << ")'"
-      << "\nset xlabel 'baseline FLOPs / variant FLOPs (training step, executed)'\nset ylabel 'variant tokens/s / baseline tokens/s'"
-      << "\nset xrange [0:" << top << "]\nset yrange [0:" << top << "]\nplot x with lines dt 2 lc rgb '#888888' title 'wall-clock tracks FLOPs'"
-      << plot.str() << "\n";
-    g.close();
-    d.close();
-    run_gnuplot(path(name + ".gp"));
-    charts.push_back({"Speed-up against FLOP reduction", name,
-                      "Points on the dashed line turn FLOP savings into equal wall-clock savings; below it, savings are lost to overheads."});
-    }
-  }
-  // The .dat/.gp files are gnuplot's inputs, not report content.
-  for (const auto& entry : boost::filesystem::directory_iterator(out_dir)) {
-    const std::string f = entry.path().filename().string();
-    if (f.rfind(prefix + "-", 0) == 0 && (entry.path().extension() == ".dat" || entry.path().extension() == ".gp"))
-      boost::filesystem::remove(entry.path());
-  }
+  speedup_chart(site, baseline);
+  remove_gnuplot_inputs(out_dir, prefix);
   return charts;
 }
 

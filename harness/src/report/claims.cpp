@@ -1,10 +1,198 @@
 #include "claims.h"
 
+#include <fnmatch.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <set>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/filesystem.hpp>
+
+#include "chiar/error.h"
+#include "engine/suggest.h"
+#include "engine/toml_values.h"
 
 namespace chiar::report {
 namespace {
+
+// What a claim may measure, and how the report writes it.
+struct MetricInfo {
+  const char* name;
+  double scale;      // stored value -> shown value
+  const char* format;  // printf format of the shown value
+  const char* unit;    // after a reduction's values
+};
+
+const MetricInfo kMetrics[] = {
+    {"token_ppl", 1, "%.2f", ""},
+    {"word_ppl", 1, "%.2f", ""},
+    {"bits_per_byte", 1, "%.4f", ""},
+    {"accuracy", 100, "%.2f%%", ""},
+    {"attention_gflops", 1, "%.4f", " GFLOPs per sequence"},
+    {"total_gflops", 1, "%.4f", " GFLOPs per sequence"},
+    {"share", 100, "%.1f%%", ""},
+};
+
+const MetricInfo* metric_info(const std::string& name) {
+  for (const auto& m : kMetrics)
+    if (name == m.name) return &m;
+  return nullptr;
+}
+
+const char* const kKinds[] = {"compare", "reduction", "share"};
+const char* const kRoles[] = {"cheap_mixing", "intermediate_mixing", "global_mixing"};
+const char* const kKeys[] = {"id",     "text",  "kind",      "task",      "variants", "metric",  "better",
+                             "paper",  "reduction", "tolerance", "operator", "role",     "threshold"};
+constexpr const char* kBaseline = "$baseline";
+
+OperatorRole role_of(const std::string& name) {
+  if (name == "cheap_mixing") return OperatorRole::CheapMixing;
+  if (name == "global_mixing") return OperatorRole::GlobalMixing;
+  return OperatorRole::IntermediateMixing;
+}
+
+template <class Names>
+std::vector<std::string> names_of(const Names& names) {
+  return std::vector<std::string>(std::begin(names), std::end(names));
+}
+
+[[noreturn]] void fail(const toml::node& at, const std::string& key, const std::string& what) {
+  throw UserError(toml_where(at) + ": key '" + key + "': " + what);
+}
+
+// Variant names defined by the files `file` includes, and theirs.
+void collect_variants(const std::string& file, const toml::table& root, std::set<std::string>& variants,
+                      std::vector<std::string>& chain) {
+  if (const toml::node* v = root.get("variants"); v && v->is_table())
+    for (const auto& [name, value] : *v->as_table()) variants.insert(std::string(name.str()));
+  const toml::node* inc = root.get("include");
+  if (!inc) return;
+  const toml::array* list = inc->as_array();
+  if (!list) fail(*inc, "include", "expected a list of file names");
+  const auto dir = boost::filesystem::path(file).parent_path();
+  for (const auto& item : *list) {
+    if (!item.is_string()) fail(item, "include", "expected a list of file names");
+    const boost::filesystem::path name = item.as_string()->get();  // absolute, or relative to this file
+    const std::string path = (name.is_absolute() ? name : dir / name).string();
+    boost::system::error_code ec;
+    if (!boost::filesystem::is_regular_file(path, ec)) fail(item, "include", "cannot open '" + path + "'");
+    const std::string canonical = boost::filesystem::weakly_canonical(path).string();
+    if (std::find(chain.begin(), chain.end(), canonical) != chain.end()) fail(item, "include", "include cycle");
+    chain.push_back(canonical);
+    collect_variants(path, toml_parse_file(path), variants, chain);
+    chain.pop_back();
+  }
+}
+
+std::vector<std::string> strings(const toml::node& n, const std::string& key) {
+  std::vector<std::string> out;
+  if (n.is_string()) return {n.as_string()->get()};
+  const toml::array* a = n.as_array();
+  if (!a || a->empty()) fail(n, key, "expected a string or a non-empty list of strings");
+  for (const auto& item : *a) {
+    if (!item.is_string()) fail(item, key, "expected a string or a non-empty list of strings");
+    out.push_back(item.as_string()->get());
+  }
+  return out;
+}
+
+double number(const toml::node& n, const std::string& key) {
+  if (const auto i = n.as_integer()) return static_cast<double>(i->get());
+  if (const auto f = n.as_floating_point()) return f->get();
+  fail(n, key, "expected a number");
+}
+
+std::string text(const toml::node& n, const std::string& key) {
+  if (!n.is_string()) fail(n, key, "expected a string");
+  return n.as_string()->get();
+}
+
+ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::set<std::string>& variants) {
+  ClaimSpec c;
+  c.where = toml_where(t);
+  c.task = "*";
+  const auto key = [&](const std::string& k) { return path + "." + k; };
+  for (const auto& [k, v] : t)
+    if (std::find(std::begin(kKeys), std::end(kKeys), k.str()) == std::end(kKeys))
+      fail(v, key(std::string(k.str())), "unknown key" + engine::did_you_mean(std::string(k.str()), names_of(kKeys)));
+  const auto required = [&](const char* k) -> const toml::node& {
+    const toml::node* n = t.get(k);
+    if (!n) throw UserError(c.where + ": key '" + key(k) + "': missing");
+    return *n;
+  };
+  c.id = text(required("id"), key("id"));
+  c.text = text(required("text"), key("text"));
+  const toml::node& kind = required("kind");
+  c.kind = text(kind, key("kind"));
+  if (std::find(std::begin(kKinds), std::end(kKinds), c.kind) == std::end(kKinds))
+    fail(kind, key("kind"), "unknown kind '" + c.kind + "'" + engine::did_you_mean(c.kind, names_of(kKinds)));
+  if (const toml::node* n = t.get("task")) c.task = text(*n, key("task"));
+
+  const toml::node& vs = required("variants");
+  c.variants = strings(vs, key("variants"));
+  const size_t want = c.kind == "share" ? 1 : 2;
+  if (c.variants.size() != want)
+    fail(vs, key("variants"), "a " + c.kind + " claim names " + std::to_string(want) + " variant" +
+                                  (want > 1 ? "s" : "") + ", found " + std::to_string(c.variants.size()));
+  const std::vector<std::string> known(variants.begin(), variants.end());
+  for (const auto& v : c.variants)
+    if (v != kBaseline && !variants.count(v))
+      fail(vs, key("variants"), "unknown variant '" + v + "'" +
+                                    (known.empty() ? std::string(" (the file and its includes define no [variants])")
+                                                   : engine::did_you_mean(v, known)));
+
+  const toml::node& ms = required("metric");
+  c.metrics = strings(ms, key("metric"));
+  for (const auto& m : c.metrics) {
+    if (!metric_info(m)) {
+      std::vector<std::string> all;
+      for (const auto& info : kMetrics) all.push_back(info.name);
+      fail(ms, key("metric"), "unknown metric '" + m + "'" + engine::did_you_mean(m, all));
+    }
+    if ((m == "share") != (c.kind == "share"))
+      fail(ms, key("metric"), c.kind == "share" ? "a share claim measures 'share'" : "only a share claim measures 'share'");
+  }
+  const toml::node& bs = required("better");
+  c.better = strings(bs, key("better"));
+  if (c.better.size() != c.metrics.size())
+    fail(bs, key("better"), "expected one direction per metric (" + std::to_string(c.metrics.size()) + "), found " +
+                                std::to_string(c.better.size()));
+  for (const auto& b : c.better)
+    if (b != "lower" && b != "higher") fail(bs, key("better"), "expected \"lower\" or \"higher\", found '" + b + "'");
+
+  if (const toml::node* p = t.get("paper")) {
+    const toml::array* a = p->as_array();
+    if (!a) fail(*p, key("paper"), "expected a list of numbers");
+    for (const auto& item : *a) c.paper.push_back(number(item, key("paper")));
+  }
+  // Keys that belong to one kind only.
+  const auto only = [&](const char* k, const std::string& kind_of_key) {
+    if (const toml::node* n = t.get(k); n && c.kind != kind_of_key)
+      fail(*n, key(k), "only a " + kind_of_key + " claim takes it");
+  };
+  for (const char* k : {"reduction", "tolerance"}) only(k, "reduction");
+  for (const char* k : {"operator", "role", "threshold"}) only(k, "share");
+  if (c.kind == "reduction") {
+    c.reduction = number(required("reduction"), key("reduction"));
+    c.tolerance = number(required("tolerance"), key("tolerance"));
+  }
+  if (c.kind == "share") {
+    const toml::node* op = t.get("operator");
+    const toml::node* role = t.get("role");
+    if (!op == !role) throw UserError(c.where + ": key '" + key("operator") + "': a share claim names an operator or a role");
+    if (op) c.op = text(*op, key("operator"));
+    if (role) {
+      c.role = text(*role, key("role"));
+      if (std::find(std::begin(kRoles), std::end(kRoles), c.role) == std::end(kRoles))
+        fail(*role, key("role"), "unknown role '" + c.role + "'" + engine::did_you_mean(c.role, names_of(kRoles)));
+    }
+    c.threshold = number(required("threshold"), key("threshold"));
+  }
+  return c;
+}
 
 const VariantSummary* find(const Summary& s, const std::string& task, const std::string& variant) {
   for (const auto& t : s.tasks)
@@ -14,104 +202,181 @@ const VariantSummary* find(const Summary& s, const std::string& task, const std:
   return nullptr;
 }
 
+std::optional<Stat> value_of(const VariantSummary& v, const std::string& metric) {
+  if (metric == "attention_gflops") return v.attn_gflops;
+  if (metric == "total_gflops") return v.total_gflops;
+  const auto it = v.metric.find(metric);
+  if (it == v.metric.end()) return std::nullopt;
+  return it->second;
+}
+
 std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   char buf[256];
   std::snprintf(buf, sizeof buf, f, a, b, c);
   return buf;
 }
 
-// "a beats b" on one task by the main metric's mean.
-Claim compare(const Summary& s, const std::string& claim, const std::string& task, const std::string& winner,
-              const std::string& loser) {
-  const VariantSummary* w = find(s, task, winner);
-  const VariantSummary* l = find(s, task, loser);
-  Claim c{claim, "", "not enough runs"};
+std::string shown(const MetricInfo& m, double value) { return fmt(m.format, value * m.scale); }
+
+bool is_pattern(const std::string& task) { return task.find_first_of("*?[") != std::string::npos; }
+
+bool matches(const std::string& pattern, const std::string& task) {
+  return fnmatch(pattern.c_str(), task.c_str(), 0) == 0;
+}
+
+// "a beats b" on one task by the mean of the first listed metric a reports.
+Claim compare_on(const Summary& s, const ClaimSpec& c, const std::string& task, const std::string& a,
+                 const std::string& b) {
+  Claim out{c.id, c.text, "", "", "not enough runs"};
+  const VariantSummary* w = find(s, task, a);
+  const VariantSummary* l = find(s, task, b);
   if (!w || !l) {
-    c.measured = "needs " + winner + " and " + loser + " on task " + task;
-    return c;
+    out.measured = "needs " + a + " and " + b + " on task " + task;
+    return out;
   }
-  const bool lm = w->metric.count("token_ppl");
-  const std::string key = lm ? "token_ppl" : "accuracy";
-  if (!w->metric.count(key) || !l->metric.count(key)) return c;
-  const Stat a = w->metric.at(key), b = l->metric.at(key);
-  const double scale = lm ? 1.0 : 100.0;
-  c.measured = task + ": " + winner + " " + fmt(lm ? "%.2f" : "%.2f%%", a.mean * scale) + " vs " + loser + " " +
-               fmt(lm ? "%.2f" : "%.2f%%", b.mean * scale) + fmt(" (%.0f and %.0f seeds)", a.n, b.n);
-  const bool better = lm ? a.mean < b.mean : a.mean > b.mean;
-  c.verdict = better ? "holds" : "does not hold";
-  return c;
+  for (size_t i = 0; i < c.metrics.size(); ++i) {
+    const auto x = value_of(*w, c.metrics[i]);
+    if (!x) continue;
+    const auto y = value_of(*l, c.metrics[i]);
+    if (!y) return out;
+    const MetricInfo& m = *metric_info(c.metrics[i]);
+    out.measured = task + ": " + a + " " + shown(m, x->mean) + " vs " + b + " " + shown(m, y->mean) +
+                   fmt(" (%.0f and %.0f seeds)", x->n, y->n);
+    const bool better = c.better[i] == "lower" ? x->mean < y->mean : x->mean > y->mean;
+    out.verdict = better ? "holds" : "does not hold";
+    return out;
+  }
+  return out;
 }
 
 }  // namespace
 
-std::vector<Claim> evaluate_claims(const Summary& s, const std::string& base) {
-  std::vector<Claim> out;
-  out.push_back(compare(s, "WikiText-103: DCT+Attn beats full attention (val PPL 36.54 vs 66.62)", "wikitext103",
-                        "chiar_dct_attn", base));
-  out.push_back(compare(s, "WikiText-2: full attention beats DCT+Attn (PPL 75.19 vs 83.81)", "wikitext2", base,
-                        "chiar_dct_attn"));
-  out.push_back(compare(s, "IMDB: full attention edges DCT+Attn (84.96% vs 83.72%)", "imdb", base, "chiar_dct_attn"));
-  out.push_back(compare(s, "Flat ListOps: full attention beats DCT+Attn by far (98.85% vs 63.35%)", "listops_flat",
-                        base, "chiar_dct_attn"));
-
-  // Attention FLOPs -62.5%: measured executed forward attention FLOPs.
-  {
-    Claim c{"DCT+Attn cuts attention FLOPs by 62.5% (1.879 -> 0.705 GFLOPs)", "", "not enough runs"};
-    std::string measured;
-    int holds = 0, total = 0;
-    for (const auto& t : s.tasks) {
-      const VariantSummary* d = find(s, t.task, "chiar_dct_attn");
-      const VariantSummary* b = find(s, t.task, base);
-      if (!d || !b || b->attn_gflops.mean <= 0) continue;
-      const double cut = 100.0 * (1.0 - d->attn_gflops.mean / b->attn_gflops.mean);
-      measured += (measured.empty() ? "" : "; ") + t.task + fmt(": %.1f%% (%.4f -> %.4f GFLOPs per sequence)", cut,
-                                                                b->attn_gflops.mean, d->attn_gflops.mean);
-      ++total;
-      holds += std::abs(cut - 62.5) <= 5.0;
-    }
-    if (total) {
-      c.measured = measured;
-      c.verdict = holds == total ? "holds" : "does not hold";
-    } else {
-      c.measured = "needs chiar_dct_attn and " + base + " on one task";
-    }
-    out.push_back(c);
+std::vector<ClaimSpec> load_claims(const std::string& file) {
+  boost::system::error_code ec;
+  if (!boost::filesystem::is_regular_file(file, ec))
+    throw UserError(file + ": no such claims file (chiar report takes one with --claims FILE)");
+  const toml::table root = toml_parse_file(file);
+  for (const auto& [k, v] : root)
+    if (k.str() != "include" && k.str() != "claims")
+      fail(v, std::string(k.str()), "unknown key" + engine::did_you_mean(std::string(k.str()), {"claims", "include"}));
+  std::set<std::string> variants;
+  std::vector<std::string> chain{boost::filesystem::weakly_canonical(file).string()};
+  collect_variants(file, root, variants, chain);
+  std::vector<ClaimSpec> out;
+  const toml::node* claims = root.get("claims");
+  if (!claims) return out;
+  const toml::array* list = claims->as_array();
+  if (!list || !list->is_array_of_tables()) fail(*claims, "claims", "expected [[claims]] tables");
+  std::set<std::string> ids;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string path = "claims[" + std::to_string(i) + "]";
+    out.push_back(read_claim(*list->get(i)->as_table(), path, variants));
+    if (!ids.insert(out.back().id).second)
+      fail(*list->get(i)->as_table()->get("id"), path + ".id", "claim '" + out.back().id + "' appears twice");
   }
+  return out;
+}
 
-  // Hard beats soft; DCT+Attn beats 3-operator hard: by majority over tasks.
-  for (const auto& [claim, a, b] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"Hard (STE) routing beats soft routing", "chiar_hard", "chiar_soft"},
-           {"DCT+Attn beats the 3-operator hard model", "chiar_dct_attn", "chiar_hard"}}) {
-    Claim c{claim, "", "not enough runs"};
+std::string default_claims_file() {
+  const std::string relative = "configs/claims.toml";
+  boost::system::error_code ec;
+  if (boost::filesystem::is_regular_file(relative, ec)) return relative;
+  const auto prefix = boost::dll::program_location(ec).parent_path().parent_path();
+  if (ec) return relative;
+  // build/chiar in the source tree; <prefix>/bin/chiar once installed.
+  for (const auto& candidate : {prefix / relative, prefix / "share/chiar" / relative})
+    if (boost::filesystem::is_regular_file(candidate, ec)) return candidate.string();
+  return relative;
+}
+
+Claim evaluate_claim(const ClaimSpec& c, const Summary& s, const std::string& baseline) {
+  const auto variant = [&](size_t i) { return c.variants[i] == kBaseline ? baseline : c.variants[i]; };
+  const std::string a = variant(0);
+  Claim out{c.id, c.text, "", "", "not enough runs"};
+  for (double p : c.paper) out.paper += (out.paper.empty() ? "" : " vs ") + fmt("%g", p);
+
+  if (c.kind == "compare") {
+    const std::string b = variant(1);
+    if (!is_pattern(c.task)) {
+      Claim one = compare_on(s, c, c.task, a, b);
+      one.paper = out.paper;
+      return one;
+    }
+    // By majority over the tasks that can speak to it.
     int wins = 0, total = 0;
     for (const auto& t : s.tasks) {
-      Claim one = compare(s, claim, t.task, a, b);
+      if (!matches(c.task, t.task)) continue;
+      const Claim one = compare_on(s, c, t.task, a, b);
       if (one.verdict == "not enough runs") continue;
       ++total;
       wins += one.verdict == "holds";
-      c.measured += (c.measured.empty() ? "" : "; ") + one.measured;
+      out.measured += (out.measured.empty() ? "" : "; ") + one.measured;
     }
-    if (total) c.verdict = 2 * wins > total ? "holds" : "does not hold";
-    else c.measured = "needs " + a + " and " + b + " on one task";
-    out.push_back(c);
+    if (total) out.verdict = 2 * wins > total ? "holds" : "does not hold";
+    else out.measured = "needs " + a + " and " + b + " on one task";
+    return out;
   }
 
-  // Routing collapse: the learned hard router sends (almost) nothing to RBF.
-  {
-    Claim c{"Routing collapse: the hard router rejects RBF", "", "not enough runs"};
-    std::vector<double> shares;
-    for (const auto& r : s.runs)
-      if (r.variant == "chiar_hard" && r.status == "done" && r.final_share.count("rbf"))
-        shares.push_back(r.final_share.at("rbf"));
-    if (!shares.empty()) {
-      const Stat st = stat_of(shares);
-      c.measured = fmt("mean RBF share in routed layers at the end of training: %.1f%% over %.0f runs", 100 * st.mean, st.n);
-      c.verdict = st.mean < 0.10 ? "holds" : "does not hold";
-    } else {
-      c.measured = "needs finished chiar_hard runs";
+  if (c.kind == "reduction") {
+    const std::string b = variant(1);
+    const MetricInfo& m = *metric_info(c.metrics.front());
+    int holds = 0, total = 0;
+    for (const auto& t : s.tasks) {
+      if (!matches(c.task, t.task)) continue;
+      const VariantSummary* x = find(s, t.task, a);
+      const VariantSummary* y = find(s, t.task, b);
+      if (!x || !y) continue;
+      const auto vx = value_of(*x, c.metrics.front()), vy = value_of(*y, c.metrics.front());
+      if (!vx || !vy || vy->mean <= 0) continue;
+      const double cut = 100.0 * (1.0 - vx->mean / vy->mean);
+      out.measured += (out.measured.empty() ? "" : "; ") + t.task + fmt(": %.1f%% (", cut) + shown(m, vy->mean) +
+                      " -> " + shown(m, vx->mean) + m.unit + ")";
+      ++total;
+      holds += std::abs(cut - c.reduction) <= c.tolerance;
     }
-    out.push_back(c);
+    if (total) out.verdict = holds == total ? "holds" : "does not hold";
+    else out.measured = "needs " + a + " and " + b + " on one task";
+    return out;
   }
+
+  // "share": the operator's (or role's) share over the routed layers at the
+  // end of training, averaged over the variant's finished runs.
+  std::vector<double> shares;
+  std::vector<std::string> seen;  // operators counted, for the text
+  for (const auto& r : s.runs) {
+    if (r.variant != a || r.status != engine::RunStatus::Done || !matches(c.task, r.task)) continue;
+    double share = 0;
+    bool any = false;
+    for (const auto& [op, value] : r.final_share) {
+      const bool counted = c.op.empty() ? s.operators.traits(op).role == role_of(c.role) : op == c.op;
+      if (!counted) continue;
+      share += value;
+      any = true;
+      if (std::find(seen.begin(), seen.end(), op) == seen.end()) seen.push_back(op);
+    }
+    if (any) shares.push_back(share);
+  }
+  if (shares.empty()) {
+    out.measured = "needs finished " + a + " runs";
+    return out;
+  }
+  std::sort(seen.begin(), seen.end(), [&](const std::string& x, const std::string& y) {
+    return s.operators.order(x) != s.operators.order(y) ? s.operators.order(x) < s.operators.order(y) : x < y;
+  });
+  std::string who;
+  for (const auto& op : seen) who += (who.empty() ? "" : " + ") + s.operators.traits(op).display_name;
+  const Stat st = stat_of(shares);
+  out.measured = "mean " + who + " share in routed layers at the end of training: " +
+                 shown(*metric_info("share"), st.mean) + fmt(" over %.0f runs", st.n);
+  const bool better = c.better.front() == "lower" ? st.mean < c.threshold : st.mean > c.threshold;
+  out.verdict = better ? "holds" : "does not hold";
+  return out;
+}
+
+std::vector<Claim> evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s,
+                                   const std::string& baseline) {
+  std::vector<Claim> out;
+  for (const auto& c : claims) out.push_back(evaluate_claim(c, s, baseline));
   return out;
 }
 

@@ -9,9 +9,9 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../engine/matrix.h"
-#include "../engine/sqlite.h"
-#include "../engine/trainer.h"
+#include "engine/matrix.h"
+#include "engine/sqlite.h"
+#include "engine/trainer.h"
 #include "chiar/error.h"
 
 namespace chiar::report {
@@ -62,6 +62,20 @@ void Inspector::load_from_store(const InspectOptions& o) {
 
 Inspector::~Inspector() = default;
 
+std::vector<std::string> Inspector::global_mixing() const {
+  std::vector<std::string> out;
+  for (const auto& layer : model_->mixing_layers()) {
+    if (!layer->routed()) continue;
+    for (size_t k = 0; k < layer->operators().size(); ++k) {
+      const std::string& name = layer->operator_names()[k];
+      if (layer->operators()[k]->traits().role == OperatorRole::GlobalMixing &&
+          std::find(out.begin(), out.end(), name) == out.end())
+        out.push_back(name);
+    }
+  }
+  return out;
+}
+
 Inspection Inspector::inspect(const std::string& text) {
   at::NoGradGuard no_grad;
   Inspection out;
@@ -69,6 +83,8 @@ Inspection Inspector::inspect(const std::string& text) {
     if (layer->routed()) {
       out.layers.push_back(static_cast<int64_t>(&layer - &model_->mixing_layers()[0]));
       out.operators.push_back(layer->operator_names());
+      out.roles.emplace_back();
+      for (const auto& op : layer->operators()) out.roles.back().push_back(op->traits().role);
     }
   const auto ids = task_->encode(text);
   const auto T = static_cast<size_t>(task_->seq_len());
@@ -107,19 +123,19 @@ std::pair<std::vector<TokenRate>, std::vector<TokenRate>> Inspector::corpus(cons
     auto& r = rates[t.id];
     r.text = t.text;
     ++r.count;
-    double to_attention = 0;
+    double to_global = 0;
     for (size_t l = 0; l < t.route.size(); ++l)
-      to_attention += all.operators[l][t.route[l]] == "attention";
-    r.attention += t.route.empty() ? 0 : to_attention / static_cast<double>(t.route.size());
+      to_global += all.roles[l][t.route[l]] == OperatorRole::GlobalMixing;
+    r.global += t.route.empty() ? 0 : to_global / static_cast<double>(t.route.size());
   }
   std::vector<TokenRate> frequent;
   for (auto& [id, r] : rates)
     if (r.count >= min_count) {
-      r.attention /= static_cast<double>(r.count);
+      r.global /= static_cast<double>(r.count);
       frequent.push_back(r);
     }
   std::sort(frequent.begin(), frequent.end(), [](const TokenRate& a, const TokenRate& b) {
-    return a.attention != b.attention ? a.attention > b.attention : a.count > b.count;
+    return a.global != b.global ? a.global > b.global : a.count > b.count;
   });
   const auto k = static_cast<size_t>(std::min<int64_t>(top, static_cast<int64_t>(frequent.size())));
   std::vector<TokenRate> most(frequent.begin(), frequent.begin() + k);

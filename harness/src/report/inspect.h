@@ -6,10 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "../core/model.h"
-#include "../core/registry.h"
-#include "../engine/run_spec.h"
-#include "chiar/export.h"
+#include "model/model.h"
+#include "chiar/registry.h"
+#include "engine/run_spec.h"
 #include "chiar/task.h"
 
 namespace chiar::report {
@@ -31,26 +30,29 @@ struct TokenRoute {
 struct Inspection {
   std::vector<int64_t> layers;                   // routed layer indices (0-based)
   std::vector<std::vector<std::string>> operators;  // per routed layer, by index
+  std::vector<std::vector<OperatorRole>> roles;     // the same, their traits' roles
   std::vector<TokenRoute> tokens;
 };
 
 struct TokenRate {
   std::string text;
   int64_t count = 0;
-  double attention = 0;  // share of its occurrences sent to attention, over routed layers
+  double global = 0;  // share of its occurrences sent to a GlobalMixing operator, over routed layers
 };
 
-class CHIAR_API Inspector {
+class Inspector {
  public:
   Inspector(const PluginRegistry& registry, const InspectOptions& options);
   ~Inspector();
   // Routes of every token of text, in windows of the task's sequence length.
   Inspection inspect(const std::string& text);
-  // Over a corpus sample: the tokens most and least often sent to attention
-  // (tokens seen at least min_count times).
+  // Over a corpus sample: the tokens most and least often sent to a
+  // GlobalMixing operator (tokens seen at least min_count times).
   std::pair<std::vector<TokenRate>, std::vector<TokenRate>> corpus(const std::vector<std::string>& lines,
                                                                    int64_t max_tokens, int64_t top,
                                                                    int64_t min_count);
+  // The registered names of the routed layers' GlobalMixing operators, once each.
+  std::vector<std::string> global_mixing() const;
   const engine::RunSpec& spec() const { return spec_; }
   const std::string& checkpoint_file() const { return checkpoint_; }
 
