@@ -14,12 +14,15 @@ struct Global {
   std::vector<std::string> plugin_dirs;
 };
 
-// Sets the threads and checks the BLAS once (a 512^3 GEMM, ~30 ms); warns on
-// stderr when libtorch is on the reference BLAS. Commands that compute call it.
+// Sets the threads and checks the BLAS once (a 512^3 GEMM, a small one-off
+// cost: docs/performance.md, 'GEMM libraries'); warns on stderr when libtorch
+// is on the reference BLAS. Commands that compute call it.
 void start_compute(const Global& g);
 
 int run_info(const Global& g);
 int run_plugins(const Global& g);
+// Prints the options reference that docs/options.md holds.
+int run_options();
 int run_entropy(const Global& g, const std::string& input, const std::string& dct_impl);
 
 struct ModelArgs {
@@ -73,6 +76,7 @@ int run_export(const Global& g, const ShowArgs& a);
 
 struct ReportArgs {
   std::string db, out, baseline = "baseline";
+  std::string claims;  // empty: report::default_claims_file()
 };
 int run_report(const Global& g, const ReportArgs& a);
 

@@ -3,7 +3,6 @@
 #include <string>
 #include <vector>
 
-#include "chiar/export.h"
 #include "run_spec.h"
 
 namespace chiar::engine {
@@ -24,10 +23,14 @@ struct Matrix {
 // Reads a matrix file (and its includes), expands and resolves every run.
 // Every error is a UserError at file:line:column naming the key path, with a
 // suggestion for a misspelt key.
-CHIAR_API Matrix load_matrix(const std::string& file, const MatrixOptions& options = {});
+Matrix load_matrix(const std::string& file, const MatrixOptions& options = {});
+
+// Every [model] and [train] option a matrix may set: key, kind, default and
+// meaning, as Markdown tables (`chiar options`, docs/options.md).
+std::string options_reference();
 
 // A run back from its resolved TOML (as the store keeps it), e.g. to rebuild
 // its model for inspection.
-CHIAR_API RunSpec run_spec_from_toml(const std::string& text);
+RunSpec run_spec_from_toml(const std::string& text);
 
 }  // namespace chiar::engine

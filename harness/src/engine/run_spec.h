@@ -6,34 +6,36 @@
 #include <utility>
 #include <vector>
 
-#include "../core/model.h"
-#include "../core/task_config.h"
-#include "chiar/export.h"
+#include "model/model.h"
+#include "engine/task_config.h"
 
 namespace chiar::engine {
 
+// A run's [train] options, with their defaults. What each means, the values
+// it accepts and its TOML key live in one table, train_option_fields()
+// (option_table.cpp); `chiar options` prints it.
 struct TrainOptions {
   int64_t steps = 200;
   int64_t batch_size = 16;
-  int64_t grad_accum = 1;        // micro-batches per optimizer step
+  int64_t grad_accum = 1;
   double lr = 1e-3;
-  double min_lr_ratio = 0.1;     // cosine decays to lr * min_lr_ratio
-  int64_t warmup = 20;           // linear warm-up steps
-  double weight_decay = 0.1;     // AdamW, on matrices only
+  double min_lr_ratio = 0.1;
+  int64_t warmup = 20;
+  double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95;
-  double clip = 1.0;             // global gradient norm; 0 = off
-  int64_t eval_every = 100;      // steps between validation evaluations (and at the end)
-  int64_t eval_batches = 0;      // batches per intermediate evaluation; 0 = the whole split
+  double clip = 1.0;
+  int64_t eval_every = 100;
+  int64_t eval_batches = 0;
   int64_t eval_batch_size = 16;
   int64_t checkpoint_every = 100;
-  int64_t calibration_batches = 4;  // training batches whose entropies calibrate routers
-  int64_t threads = 0;           // intra-op threads; 0 = all cores
-  int64_t log_every = 10;        // steps between training-loss records
-  std::string precision = "fp32";  // "fp32" | "bf16" (autocast, fp32 master weights)
-  double fail_loss_above = 0;    // testing aid: a loss above this counts as divergence; 0 = off
+  int64_t calibration_batches = 4;
+  int64_t threads = 0;
+  int64_t log_every = 10;
+  std::string precision = "fp32";
+  double fail_loss_above = 0;
 };
 
-struct CHIAR_API RunSpec {
+struct RunSpec {
   std::string matrix, variant, task;
   int64_t seed = 0;
   std::vector<std::pair<std::string, std::string>> sweep;  // axis, value
