@@ -15,10 +15,10 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../harness/src/core/model.h"
-#include "../harness/src/engine/matrix.h"
-#include "../harness/src/engine/sqlite.h"
-#include "../harness/src/engine/store.h"
+#include "model/model.h"
+#include "engine/matrix.h"
+#include "engine/sqlite.h"
+#include "engine/store.h"
 #include "chiar/error.h"
 #include "chiar/random.h"
 #include "support/fixtures.h"
@@ -92,6 +92,15 @@ std::vector<std::string> run_args(const TempDir& d, const std::string& db, std::
   return args;
 }
 
+// For runs whose metrics are compared bit for bit across processes (a run
+// and its resumption): with "auto" each process times both product libraries
+// at start-up and, on a busy machine, two of them may pick different ones.
+std::vector<std::string> pinned_run_args(const TempDir& d, const std::string& db, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = run_args(d, db, std::move(extra));
+  args.insert(args.begin(), {"--gemm", "blas"});
+  return args;
+}
+
 int64_t count(const std::string& db, const std::string& sql) {
   engine::Database con(db);
   auto q = con.prepare(sql);
@@ -125,6 +134,82 @@ bool wait_for_step(const std::string& db, int64_t step) {
 
 }  // namespace
 
+// Run hashes name finished runs in every store: a change to how specs are
+// read, defaulted or serialised must leave them as they were. These values
+// were computed before the option tables replaced the hand-written readers.
+TEST_CASE("matrix: run hashes of existing specs are pinned", "[engine][matrix]") {
+  TempDir d("pinned");
+  std::ofstream(d.path() + "/pinned.toml") << R"(
+[matrix]
+name = "pinned"
+variants = ["base", "routed", "three"]
+tasks = ["lm", "cls"]
+seeds = [0, 3]
+[model]
+d_model = 32
+n_heads = 2
+[train]
+steps = 12
+lr = 2e-3
+precision = "fp32"
+[variants.base]
+layers = ["attn", "attn"]
+[variants.routed]
+layers = ["dct", "dct|attn"]
+router = "hard_ste"
+router_params = { temperature = 0.5 }
+meta_router = "causal"
+[variants.routed.train]
+warmup = 3
+[variants.three]
+layers = ["dct|rbf|attn"]
+execution = "dense"
+operators = { rbf = { features = 16 }, attention = { core = "chunked" } }
+[tasks.lm]
+plugin = "wikitext"
+source = "synthetic"
+seq_len = 16
+[tasks.cls]
+plugin = "listops"
+seq_len = 24
+[tasks.cls.train]
+batch_size = 4
+[sweep]
+train.clip = [0.5, 1]
+)";
+  engine::MatrixOptions o;
+  o.set = {"train.eval_every=4", "model.dropout=0.1"};
+  const auto m = engine::load_matrix(d.path() + "/pinned.toml", o);
+  REQUIRE(m.runs.size() == 24);
+  const std::vector<std::pair<size_t, std::string>> pinned = {
+      {0, "8fa7768bc9a69b2f"}, {5, "15f039b041759106"}, {11, "5ff2e811b1d36561"}, {17, "08ee06325994c9cc"}, {23, "d291b0af9811029a"}};
+  for (const auto& [index, hash] : pinned) {
+    INFO(m.runs[index].name());
+    CHECK(m.runs[index].hash == hash);
+  }
+  // The shipped quickstart's first run, as its stores hold it.
+  const auto quickstart = engine::load_matrix(CHIAR_SOURCE_DIR "/configs/quickstart.toml");
+  REQUIRE(!quickstart.runs.empty());
+  INFO(quickstart.runs[0].name());
+  CHECK(quickstart.runs[0].hash == "df3f979c7ab83125");
+}
+
+// The options reference is generated from the option tables, and the copy in
+// docs/ must be what the build prints: the doc cannot drift from the code.
+TEST_CASE("matrix: docs/options.md is what `chiar options` prints", "[engine][matrix]") {
+  const auto printed = test::run_chiar({"options"});
+  REQUIRE(printed.status == 0);
+  std::ifstream in(CHIAR_SOURCE_DIR "/docs/options.md");
+  REQUIRE(in.good());
+  std::stringstream doc;
+  doc << in.rdbuf();
+  INFO("regenerate it: build/chiar options > docs/options.md");
+  CHECK(doc.str() == printed.output);
+  // Every [train] key appears in it, from the same table the reader uses.
+  for (const char* key : {"steps", "batch_size", "precision", "fail_loss_above"})
+    CHECK(printed.output.find(std::string("| `") + key + "` |") != std::string::npos);
+}
+
 TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[engine][matrix]") {
   TempDir d("matrix");
   write_fixture(d);
@@ -134,7 +219,7 @@ TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[
   CHECK(m.runs[7].name() == "routed/flat/seed=1");
   CHECK(m.runs[0].train.steps == 6);
   CHECK(m.runs[0].train.lr == Approx(1e-3));  // a built-in default, resolved into the spec
-  CHECK(m.runs[4].model.layers_ == std::vector<std::string>{"dct", "dct|attn"});
+  CHECK(m.runs[4].model.layers() == std::vector<std::string>{"dct", "dct|attn"});
   CHECK(m.runs[0].canonical.find("\"weight_decay\"") != std::string::npos);
   CHECK(engine::load_matrix(d.path() + "/m.toml").runs[3].hash == m.runs[3].hash);
   std::set<std::string> hashes;
@@ -145,7 +230,7 @@ TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[
   o.set = {"train.steps=9", "model.d_model=32"};
   const auto set = engine::load_matrix(d.path() + "/m.toml", o);
   CHECK(set.runs[0].train.steps == 9);
-  CHECK(set.runs[0].model.d_model_ == 32);
+  CHECK(set.runs[0].model.d_model() == 32);
   CHECK(set.runs[0].hash != m.runs[0].hash);
   o = {};
   o.only = "routed/*";
@@ -286,7 +371,7 @@ TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an unint
   write_fixture(d, "log_every = 1\n");
   const std::vector<std::string> one = {"--only", "routed/lm/seed=1", "--set", "train.steps=120", "--set",
                                         "train.checkpoint_every=7", "--set", "train.eval_every=40"};
-  REQUIRE(test::run_chiar(run_args(d, "ref.db", one)).status == 0);
+  REQUIRE(test::run_chiar(pinned_run_args(d, "ref.db", one)).status == 0);
   const auto reference = final_metrics(d.path() + "/ref.db", "routed/lm/seed=1");
   REQUIRE(reference.size() > 4);
 
@@ -294,7 +379,7 @@ TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an unint
     INFO("signal " << sig);
     const std::string name = sig == SIGINT ? "int.db" : "kill.db";
     const std::string db = d.path() + "/" + name;
-    const pid_t pid = test::spawn_chiar(run_args(d, name, one), d.path() + "/log.txt");
+    const pid_t pid = test::spawn_chiar(pinned_run_args(d, name, one), d.path() + "/log.txt");
     REQUIRE(wait_for_step(db, 30));
     kill(pid, sig);
     const int status = test::wait_chiar(pid);
@@ -305,7 +390,7 @@ TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an unint
       CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'running'") == 1);  // its process is dead
     }
     CHECK(count(db, "SELECT MAX(step) FROM runs") < 120);
-    const auto resumed = test::run_chiar(run_args(d, name, one));
+    const auto resumed = test::run_chiar(pinned_run_args(d, name, one));
     INFO(resumed.output);
     CHECK(resumed.status == 0);
     CHECK_THAT(resumed.output, Catch::Matchers::Contains("resuming"));
@@ -319,11 +404,11 @@ TEST_CASE("run: checkpoints left by a deleted database are discarded, not resume
   write_fixture(d);
   const std::vector<std::string> one = {"--only", "routed/lm/seed=0"};
   const std::string db = d.path() + "/r.db";
-  REQUIRE(test::run_chiar(run_args(d, "r.db", one)).status == 0);
+  REQUIRE(test::run_chiar(pinned_run_args(d, "r.db", one)).status == 0);
   const auto reference = final_metrics(db, "routed/lm/seed=0");
   REQUIRE(boost::filesystem::exists(db + ".checkpoints"));
   boost::filesystem::remove(db);  // the database goes, its checkpoints stay
-  const auto again = test::run_chiar(run_args(d, "r.db", one));
+  const auto again = test::run_chiar(pinned_run_args(d, "r.db", one));
   INFO(again.output);
   REQUIRE(again.status == 0);
   CHECK_THAT(again.output, Catch::Matchers::Contains("that this database has no record of"));
@@ -416,7 +501,7 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
   ts.cache_dir = d.path() + "/cache";
   auto task = test::plugins().make_task(spec.task_config.plugin, ts);
   ModelOptions mo = spec.model;
-  mo.vocab_size(task->vocab_size()).head(HeadKind::LanguageModel);
+  mo.vocab_size(task->vocab_size()).head(TaskHead::LanguageModel);
   ChiarModel model(test::plugins(), mo);
   torch::serialize::InputArchive archive;
   archive.load_from(db + ".checkpoints/" + q.text(1) + "/best.pt");

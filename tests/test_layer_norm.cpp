@@ -105,13 +105,13 @@ TEST_CASE("layer_norm: a constant row, create_graph, the module wrapper, bad sha
     };
     CHECK(rel_error(second(true), second(false)) < 1e-4);
   }
-  SECTION("normalize() runs a module's parameters, or the module itself without an affine part") {
+  SECTION("apply_layer_norm() runs a module's parameters, or the module itself without an affine part") {
     at::manual_seed(33);
     torch::nn::LayerNorm affine(torch::nn::LayerNormOptions({12}));
     const auto x = at::randn({5, 12});
-    CHECK(rel_error(normalize(affine, x), affine->forward(x)) < 1e-5);
+    CHECK(rel_error(apply_layer_norm(affine, x), affine->forward(x)) < 1e-5);
     torch::nn::LayerNorm plain(torch::nn::LayerNormOptions({12}).elementwise_affine(false));
-    CHECK(rel_error(normalize(plain, x), plain->forward(x)) == 0);
+    CHECK(rel_error(apply_layer_norm(plain, x), plain->forward(x)) == 0);
   }
   SECTION("shapes") {
     CHECK_THROWS_WITH(layer_norm(at::zeros({2, 3}), at::ones({4}), at::zeros({3}), 1e-5),

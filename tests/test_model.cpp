@@ -2,8 +2,7 @@
 #include <catch2/catch.hpp>
 #include <torch/utils.h>
 
-#include "../harness/src/core/model.h"
-#include "../plugins/attention/sdpa.h"
+#include "model/model.h"
 #include "chiar/error.h"
 #include "support/fixtures.h"
 
@@ -82,7 +81,7 @@ TEST_CASE("classifier: padding never reaches pooling or attention", "[model][pad
   at::manual_seed(33);
   for (const char* router : {"threshold", "hard_ste"}) {
     INFO(router);
-    auto options = small({"dct", "dct|rbf|attn", "attn"}, router).head(HeadKind::Classifier).n_classes(3);
+    auto options = small({"dct", "dct|rbf|attn", "attn"}, router).head(TaskHead::Classifier).n_classes(3);
     ChiarModel model(test::plugins(), options);
     model.to(at::kDouble);
     model.eval();
@@ -145,7 +144,7 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn));
   CHECK(routed.describe() ==
         std::string("ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, layers [dct(filter, gemm) | "
-                    "attention(heads 2, block 128, fused core (fp32 CPU), else ") + (chiar_attention::kHasSdpa ? "SDPA" : "chunked") +
+                    "attention(heads 2, block 128, fused core (fp32 CPU), else ") + (test::attention_has_sdpa() ? "SDPA" : "chunked") +
             ", rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
             std::to_string(routed.parameter_count()) + " parameters)");
   ChiarModel again(test::plugins(), small({"dct|attn", "dct"}));

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "../harness/src/core/model.h"
+#include "model/model.h"
 #include "chiar/error.h"
 #include "chiar/spectral.h"
 #include "support/fixtures.h"
@@ -69,7 +69,7 @@ TEST_CASE("a non-causal operator is refused for language modelling, accepted for
   auto options = ModelOptions().vocab_size(30).d_model(8).n_heads(2).layers({"fourier", "fourier|attn"}).router("topk_entropy");
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), options),
                     "layer 1: operator 'fourier' does not support causal language modelling (it reads future tokens)");
-  options.head(HeadKind::Classifier).n_classes(3);
+  options.head(TaskHead::Classifier).n_classes(3);
   ChiarModel model(test::plugins(), options);
   auto tokens = at::randint(30, {2, 9}, at::TensorOptions().dtype(at::kLong));
   CHECK(model.forward(tokens, test::padding_mask(9, {0, 4})).logits.sizes() == at::IntArrayRef({2, 3}));

@@ -4,8 +4,7 @@
 
 #include <limits>
 
-#include "../harness/src/core/autocast_compat.h"
-#include "../plugins/attention/sdpa.h"
+#include "core/autocast_compat.h"
 #include "chiar/error.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
@@ -59,9 +58,6 @@ struct OpCase {
   const char* name;
   Params params;
 };
-// Whether this build's libtorch has scaled_dot_product_attention (attention's
-// core "sdpa"), as the plugin decides it.
-using chiar_attention::kHasSdpa;
 
 Params chunked() { return Params().set("core", std::string("chunked")); }
 
@@ -80,7 +76,7 @@ std::vector<OpCase> op_cases() {
       {"attention", chunked().set("block", int64_t{3}).set("chunk_mib", 1e-9).set("recompute_mib", 0.0)},
       {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
       {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
-  if (kHasSdpa) cases.push_back({"attention", Params().set("core", std::string("sdpa")).set("block", int64_t{3})});
+  if (test::attention_has_sdpa()) cases.push_back({"attention", Params().set("core", std::string("sdpa")).set("block", int64_t{3})});
   return cases;
 }
 
@@ -131,7 +127,7 @@ TEST_CASE("attention equals a naive float64 implementation", "[operator][attenti
   // block 256 is one query block at T 9; blocks 1 and 4 split the causal half.
   // "auto" is the fused core in fp32 and SDPA or the chunked core in float64.
   std::vector<std::string> cores{"auto", "chunked"};
-  if (kHasSdpa) cores.push_back("sdpa");
+  if (test::attention_has_sdpa()) cores.push_back("sdpa");
   for (const auto& core : cores)
   for (bool causal : {true, false})
     for (int64_t heads : {1, 2, 4})
@@ -263,7 +259,7 @@ TEST_CASE("attention's fused fp32 core matches the float64 definition, forward a
 TEST_CASE("attention's chunked and SDPA cores in fp32 match the float64 definition, forward and backward",
           "[operator][attention][sdpa]") {
   std::vector<std::string> cores{"chunked"};
-  if (kHasSdpa) cores.push_back("sdpa");
+  if (test::attention_has_sdpa()) cores.push_back("sdpa");
   for (const auto& core : cores)
     for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 3}, {11, 4}, {300, 256}})
       check_core(core, T, block);
@@ -292,7 +288,7 @@ TEST_CASE("attention's core option: unknown names and SDPA on builds without it 
   CHECK_THROWS_WITH(test::plugins().make_operator("attention", spec),
                     Catch::Matchers::EndsWith("attention: core must be auto, fused, sdpa or chunked, found \"flash\""));
   spec.params.set("core", std::string("sdpa"));
-  if (kHasSdpa) {
+  if (test::attention_has_sdpa()) {
     CHECK(test::plugins().make_operator("attention", spec)->describe().find("SDPA core") != std::string::npos);
   } else {
     CHECK_THROWS_WITH(test::plugins().make_operator("attention", spec),

@@ -6,15 +6,22 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../harness/src/engine/store.h"
-#include "../harness/src/report/claims.h"
-#include "../harness/src/report/report.h"
+#include "engine/store.h"
+#include "report/claims.h"
+#include "report/report.h"
+#include "support/fixtures.h"
 #include "support/temp_dir.h"
 
 using namespace chiar;
 using test::TempDir;
 
 namespace {
+
+const std::string kClaims = std::string(CHIAR_SOURCE_DIR) + "/configs/claims.toml";
+
+report::Summary summary_of(const std::string& db) {
+  return report::summarize(db, report::OperatorCatalog(test::plugins()));
+}
 
 engine::RunSpec spec(const std::string& variant, const std::string& task, int64_t seed) {
   engine::RunSpec r;
@@ -47,11 +54,11 @@ std::string make_store(const TempDir& d) {
   for (const auto& r : runs) {
     store.claim(r, p);
     if (r.task == "listops_flat" && r.variant == "chiar_soft") {
-      store.finish(r.hash, "failed", "out of memory", -1, {});
+      store.finish(r.hash, engine::RunStatus::Failed, "out of memory", -1, {});
       continue;
     }
     if (r.task == "listops_flat" && r.variant == "chiar_hard") {
-      store.finish(r.hash, "diverged", "loss nan at step 7", 7, {});
+      store.finish(r.hash, engine::RunStatus::Diverged, "loss nan at step 7", 7, {});
       continue;
     }
     const double s = static_cast<double>(r.seed);
@@ -72,7 +79,7 @@ std::string make_store(const TempDir& d) {
     const double attn = r.variant == "baseline" ? 8e9 : 3e9;
     store.add_flops(r.hash, 10, {{1, "attention", 64, attn, attn, 3 * attn, 3 * attn}, {1, "ffn", 64, 2e9, 2e9, 6e9, 6e9}}, 5e9);
     if (r.variant == "chiar_hard") store.add_routing(r.hash, 10, 1, {{"dct", 0.6}, {"rbf", 0.02}, {"attention", 0.38}}, std::vector<int64_t>(20, 1));
-    store.finish(r.hash, "done", "", -1, sum);
+    store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
   }
   return db;
 }
@@ -81,7 +88,7 @@ std::string make_store(const TempDir& d) {
 
 TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[report]") {
   TempDir d("report");
-  const auto s = report::summarize(make_store(d));
+  const auto s = summary_of(make_store(d));
   const auto tables = report::task_tables(s, "baseline");
   REQUIRE(tables.size() == 2);
   const auto& lm = tables[0].second;
@@ -100,7 +107,7 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   CHECK(cls.rows[0][2] == "91.00 ± 1.41");        // 90 and 92: two seeds, no CI
   CHECK(cls.best[0][2]);
   REQUIRE(s.problems.size() == 2);
-  CHECK(s.problems[0]->status == "failed");
+  CHECK(s.problems[0]->status == engine::RunStatus::Failed);
   CHECK(s.problems[1]->diverged_step == 7);
   const auto st = report::stat_of({1, 2, 3, 4});
   CHECK(st.mean == Approx(2.5));
@@ -110,7 +117,8 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
 
 TEST_CASE("report claims: verdicts from the numbers", "[report]") {
   TempDir d("claims");
-  const auto claims = report::evaluate_claims(report::summarize(make_store(d)), "baseline");
+  const std::string db = make_store(d);
+  const auto claims = report::evaluate_claims(report::load_claims(kClaims), summary_of(db), "baseline");
   std::map<std::string, std::string> verdict;
   for (const auto& c : claims) verdict[c.claim.substr(0, 20)] = c.verdict;
   CHECK(verdict["WikiText-103: DCT+At"] == "holds");                  // 32 < 62
@@ -120,12 +128,25 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
   CHECK(verdict["Hard (STE) routing b"] == "holds");                  // 42 < 52
   CHECK(verdict["Routing collapse: th"] == "holds");                  // RBF 2%
   CHECK(claims[4].measured.find("62.5%") != std::string::npos);
+  // The same sentences the claims produced when they were written in C++.
+  CHECK(claims[0].measured == "wikitext103: chiar_dct_attn 32.00 vs baseline 62.00 (3 and 3 seeds)");
+  CHECK(claims[0].paper == "36.54 vs 66.62");
+  CHECK(claims[1].measured == "needs baseline and chiar_dct_attn on task wikitext2");
+  CHECK(claims[3].measured == "listops_flat: baseline 91.00% vs chiar_dct_attn 60.00% (2 and 2 seeds)");
+  CHECK(claims[4].measured ==
+        "wikitext103: 62.5% (8.0000 -> 3.0000 GFLOPs per sequence); listops_flat: 62.5% (8.0000 -> 3.0000 GFLOPs per sequence)");
+  CHECK(claims[5].measured == "wikitext103: chiar_hard 42.00 vs chiar_soft 52.00 (3 and 3 seeds)");
+  CHECK(claims[6].verdict == "holds");  // 32 < 42 on the one task both finished
+  CHECK(claims[7].measured == "mean RBF share in routed layers at the end of training: 2.0% over 3 runs");
+  // --baseline moves every "$baseline" of the file.
+  const auto other = report::evaluate_claims(report::load_claims(kClaims), summary_of(db), "chiar_soft");
+  CHECK(other[0].measured == "wikitext103: chiar_dct_attn 32.00 vs chiar_soft 52.00 (3 and 3 seeds)");
 }
 
 TEST_CASE("report files: Markdown with charts beside it, HTML that renders offline", "[report][html]") {
   TempDir d("report-files");
   const std::string db = make_store(d);
-  const auto files = report::write_report(db, d.path() + "/out/fixture", "baseline");
+  const auto files = report::write_report(db, d.path() + "/out/fixture", "baseline", kClaims, test::plugins());
   CHECK(boost::filesystem::exists(files.markdown));
   CHECK(files.images.size() >= 4);
   for (const auto& image : files.images) CHECK(boost::filesystem::file_size(image) > 500);

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "../harness/src/core/route_mix.h"
+#include "model/route_mix.h"
 #include "support/fixtures.h"
 
 using namespace chiar;

@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 #include <torch/autograd.h>
 
-#include "../harness/src/core/mixing_layer.h"
+#include "model/mixing_layer.h"
 #include "chiar/gate.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"

@@ -7,7 +7,7 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../harness/src/engine/sqlite.h"
+#include "engine/sqlite.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 

@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "../harness/src/core/vector_text.h"
+#include "engine/vector_text.h"
 #include "chiar/error.h"
 #include "chiar/spectral.h"
 #include "support/fixtures.h"

@@ -1,5 +1,7 @@
 #include "fixtures.h"
 
+#include "chiar/error.h"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -18,6 +20,22 @@ std::vector<GemmBackend> gemm_backends() {
   std::vector<GemmBackend> out{GemmBackend::Blas};
   if (onednn_available()) out.push_back(GemmBackend::OneDnn);
   return out;
+}
+
+bool attention_has_sdpa() {
+  static const bool has = [] {
+    OperatorSpec spec;
+    spec.d_model = 8;
+    spec.n_heads = 2;
+    spec.params.set("core", std::string("sdpa"));
+    try {
+      plugins().make_operator("attention", spec);
+      return true;
+    } catch (const UserError&) {
+      return false;  // "core \"sdpa\" needs libtorch 2.1 or newer", checked in [operator]
+    }
+  }();
+  return has;
 }
 
 double rel_error(const at::Tensor& a, const at::Tensor& b) {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "../../harness/src/core/registry.h"
+#include "chiar/registry.h"
 #include "chiar/linear.h"
 #include "chiar/operator.h"
 
@@ -42,6 +42,11 @@ double gradcheck(const std::function<at::Tensor()>& loss, const std::vector<at::
 std::shared_ptr<Operator> make_op(const std::string& name, int64_t d, int64_t heads,
                                   const Params& params = {}, bool float64 = true,
                                   uint64_t seed = 7);
+
+// Whether the attention plugin accepts core = "sdpa" (libtorch's fused
+// attention, which it offers from libtorch 2.1 on): asked of the plugin itself,
+// so the tests never read its private headers.
+bool attention_has_sdpa();
 
 // (B, T) bool with the last `pad[b]` positions of sequence b padding.
 at::Tensor padding_mask(int64_t T, const std::vector<int64_t>& pad);

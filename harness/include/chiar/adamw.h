@@ -2,9 +2,8 @@
 // AdamW in one pass per parameter: the same update, state and checkpoints as
 // torch::optim::AdamW (it is one), but fp32 CPU parameters are updated by a
 // single vectorised loop over (param, grad, exp_avg, exp_avg_sq) instead of
-// the seven whole-tensor ops libtorch's step runs per parameter. At the
-// anchor model (5.3 M parameters) libtorch's step took ~5.5 ms of a ~200 ms
-// training step, all of it memory traffic.
+// the seven whole-tensor ops libtorch's step runs per parameter, all of them
+// memory traffic (docs/performance.md, 'What moved it').
 //
 // Falls back to torch::optim::AdamW::step for the whole call when any
 // parameter with a gradient is not fp32, not on the CPU, not contiguous, has

@@ -2,10 +2,10 @@
 // The model's dense products. libtorch 1.13 sends every fp32 CPU matrix
 // product to the system BLAS; oneDNN (which libtorch links anyway) has its own
 // JIT sgemm that picks the widest vector ISA the CPU has, and on the 2-core
-// AVX-512 machines here it runs 2x OpenBLAS's Haswell kernels on the model's
-// shapes (README "Performance"). Operators and the core call linear() for
-// their projections; which library runs it is one process-wide choice, made
-// once at start-up and recorded with every run.
+// AVX-512 machines here it outruns OpenBLAS's Haswell kernels on the model's
+// shapes (chiar_bench: product/blas/*, product/onednn/*). Operators and the
+// core call linear() for their projections; which library runs it is one
+// process-wide choice, made once at start-up and recorded with every run.
 #include <string>
 
 #include <ATen/core/Tensor.h>

@@ -42,6 +42,14 @@ class CHIAR_API PluginRegistry {
   std::shared_ptr<Router> make_router(const std::string& name, const RouterSpec& spec) const;
   std::shared_ptr<Task> make_task(const std::string& name, const TaskSpec& spec) const;
 
+  // An operator's traits without a model: asked of an instance made once
+  // (d_model 8, 2 heads, default options) and remembered. An empty display
+  // name or colour comes back as the registered name or the default colour.
+  // Making the instance leaves the global random generator as it was. Throws
+  // a UserError for an unknown name, a failing factory or a colour that is
+  // not "#rrggbb".
+  OperatorTraits operator_traits(const std::string& name) const;
+
   bool has(const std::string& kind, const std::string& name) const;
   // The registered name behind a name or alias; throws for an unknown name.
   std::string canonical(const std::string& kind, const std::string& name) const;

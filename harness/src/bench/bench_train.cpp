@@ -15,10 +15,10 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../core/model.h"
-#include "../core/runtime.h"
-#include "../engine/accounting.h"
-#include "../engine/matrix.h"
+#include "model/model.h"
+#include "engine/runtime.h"
+#include "engine/accounting.h"
+#include "engine/matrix.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
 
@@ -96,13 +96,13 @@ class Variant {
   ModelOutput last_;
 };
 
-}  // namespace
-
-std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o) {
+void check_options(const TrainBenchOptions& o) {
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) throw UserError("bench-train: steps, batch and seq must be positive");
   if (o.classes < 0 || o.classes == 1) throw UserError("bench-train: --classes must be 0 (language model) or at least 2");
-  configure_threads(o.threads);
-  // The variants' definitions, through a one-task matrix over them.
+}
+
+// The variants' definitions, through a one-task matrix over them.
+engine::Matrix load_variants(const TrainBenchOptions& o) {
   boost::system::error_code ec;
   if (!boost::filesystem::is_regular_file(o.variants_file, ec))
     throw UserError(o.variants_file + ": cannot open the file");
@@ -120,49 +120,67 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
     throw;
   }
   std::remove(tmp.c_str());
-  // Every variant's model from the same seed and the same synthetic batch.
+  return m;
+}
+
+// The one synthetic batch every variant trains and infers on.
+struct Synthetic {
+  at::Tensor tokens;   // (B, T)
+  at::Tensor targets;  // (B, T) for a language model, (B,) for a classifier
+  int64_t outputs;     // classes, or the vocabulary
+};
+
+Synthetic synthetic_batch(const TrainBenchOptions& o) {
   const auto longs = at::TensorOptions().dtype(at::kLong);
   at::manual_seed(0);
-  const auto tokens = at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
-  const auto targets = o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)           // (B,)
-                                     : at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
-  const int64_t outputs = o.classes > 0 ? o.classes : o.vocab;
-  const auto options_for = [&](const engine::RunSpec& run) {
-    ModelOptions mo = run.model;
-    mo.vocab_size(o.vocab).d_model(o.d_model).n_heads(o.heads).layers(stretch(run.model.layers_, o.layers)).seed(0);
-    if (o.classes > 0) mo.head(HeadKind::Classifier).n_classes(o.classes);
-    else mo.head(HeadKind::LanguageModel);
-    return mo;
-  };
-  int64_t ffn_mult = 1;
-  for (const auto& run : m.runs) ffn_mult = std::max(ffn_mult, run.model.ffn_mult_);
-  const std::string allocator = configure_allocator(
-      estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model, o.classes > 0 ? 0 : o.vocab));
+  Synthetic s;
+  s.tokens = at::randint(o.vocab, {o.batch, o.seq}, longs);        // (B, T)
+  s.targets = o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)           // (B,)
+                            : at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
+  s.outputs = o.classes > 0 ? o.classes : o.vocab;
+  return s;
+}
 
-  // Every step sets its entry's library; the process's choice comes back
-  // however this ends.
-  struct RestoreBackend {
-    GemmBackend saved = gemm_backend();
-    ~RestoreBackend() { set_gemm_backend(saved); }
-  } restore;
-  const GemmBackend configured = restore.saved;
-  const std::vector<GemmBackend> backends =
-      o.gemm_backends.empty() ? std::vector<GemmBackend>{configured} : o.gemm_backends;
-  struct Entry {
-    const engine::RunSpec* run;
-    GemmBackend gemm;
-    std::string label;
-  };
+// Every variant's model from the same seed, in the benchmark's shape.
+ModelOptions options_for(const engine::RunSpec& run, const TrainBenchOptions& o) {
+  ModelOptions mo = run.model;
+  mo.vocab_size(o.vocab).d_model(o.d_model).n_heads(o.heads).layers(stretch(run.model.layers(), o.layers)).seed(0);
+  if (o.classes > 0) mo.head(TaskHead::Classifier).n_classes(o.classes);
+  else mo.head(TaskHead::LanguageModel);
+  return mo;
+}
+
+// The allocator behaviour for these shapes, sized by the widest feed-forward.
+std::string configure_allocator_for(const engine::Matrix& m, const TrainBenchOptions& o) {
+  int64_t ffn_mult = 1;
+  for (const auto& run : m.runs) ffn_mult = std::max(ffn_mult, run.model.ffn_mult());
+  return configure_allocator(
+      estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model, o.classes > 0 ? 0 : o.vocab));
+}
+
+// One measured configuration: a variant on a GEMM library.
+struct Entry {
+  const engine::RunSpec* run;
+  GemmBackend gemm;
+  std::string label;
+};
+
+std::vector<Entry> entries_for(const engine::Matrix& m, const std::vector<GemmBackend>& backends) {
   std::vector<Entry> entries;
   for (const auto& run : m.runs)
     for (const auto b : backends) {
       set_gemm_backend(b);  // refuses onednn in a build without it, before any work
       entries.push_back({&run, b, backends.size() > 1 ? run.variant + "@" + to_string(b) : run.variant});
     }
+  return entries;
+}
 
-  // Pass 1, one variant at a time: peak memory (the kernel's high-water mark
-  // is per process, and freed memory is handed back between variants so that
-  // none inherits another's) and the FLOPs of a training step as executed.
+// Pass 1, one variant at a time: peak memory (the kernel's high-water mark
+// is per process, and freed memory is handed back between variants so that
+// none inherits another's) and the FLOPs of a training step as executed.
+std::vector<TrainBenchResult> measure_alone(const PluginRegistry& registry, const std::vector<Entry>& entries,
+                                            const TrainBenchOptions& o, const Synthetic& s,
+                                            const std::string& allocator) {
   std::vector<TrainBenchResult> out;
   for (const auto& entry : entries) {
     TrainBenchResult r;
@@ -173,65 +191,106 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
     malloc_trim(0);
     reset_peak_rss();
     {
-      Variant v(registry, options_for(*entry.run), tokens);
+      Variant v(registry, options_for(*entry.run, o), s.tokens);
       // At least two steps: the first creates the optimiser's state after its
       // activations are gone, the second holds both, as every later one does.
-      for (int64_t i = 0; i < std::max<int64_t>(2, o.warmup); ++i) v.train_step(tokens, targets, outputs);
-      v.infer(tokens);
-      r.step_flops = v.step_flops(tokens, o.batch, o.seq);
+      for (int64_t i = 0; i < std::max<int64_t>(2, o.warmup); ++i) v.train_step(s.tokens, s.targets, s.outputs);
+      v.infer(s.tokens);
+      r.step_flops = v.step_flops(s.tokens, o.batch, o.seq);
       r.peak_rss_mb = peak_rss_mb();
     }
     malloc_trim(0);
     out.push_back(r);
   }
+  return out;
+}
 
-  // Pass 2, all variants alive: each round times one training step of every
-  // variant (on every compared library) and one 2048^3 GEMM per library, so
-  // that ratios between variants and against the GEMM rate compare the same
-  // minutes of a machine whose speed drifts.
+// Seconds per timed step, and GEMM rates per timed training round.
+struct Timings {
+  std::vector<std::vector<double>> train_s, infer_s;  // per entry
+  std::vector<std::vector<double>> gemm;              // per compared library
+  std::vector<double> blas;
+};
+
+// Pass 2, all variants alive: each round times one training step of every
+// variant (on every compared library) and one 2048^3 GEMM per library, so
+// that ratios between variants and against the GEMM rate compare the same
+// minutes of a machine whose speed drifts.
+Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry>& entries,
+                         const std::vector<GemmBackend>& backends, const TrainBenchOptions& o, const Synthetic& s) {
   std::vector<std::unique_ptr<Variant>> models;
   for (const auto& entry : entries) {
     set_gemm_backend(entry.gemm);
-    models.push_back(std::make_unique<Variant>(registry, options_for(*entry.run), tokens));
+    models.push_back(std::make_unique<Variant>(registry, options_for(*entry.run, o), s.tokens));
   }
   const int64_t n = static_cast<int64_t>(models.size());
-  std::vector<std::vector<double>> train_s(n), infer_s(n);
+  Timings t;
+  t.train_s.resize(static_cast<size_t>(n));
+  t.infer_s.resize(static_cast<size_t>(n));
   // One probe per compared library, plus the BLAS's for the records.
-  std::vector<std::vector<double>> gemm(backends.size());
-  std::vector<double> blas;
+  t.gemm.resize(backends.size());
   GemmProbe probe(2048), blas_probe(2048, /*blas_only=*/true);
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     for (int64_t k = 0; k < n; ++k) {
       set_gemm_backend(entries[k].gemm);
       const auto t0 = Clock::now();
-      models[k]->train_step(tokens, targets, outputs);
-      if (i >= o.warmup) train_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      models[k]->train_step(s.tokens, s.targets, s.outputs);
+      if (i >= o.warmup) t.train_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (i < o.warmup) continue;
     for (size_t b = 0; b < backends.size(); ++b) {
       set_gemm_backend(backends[b]);
-      gemm[b].push_back(probe.gflops());
+      t.gemm[b].push_back(probe.gflops());
     }
-    blas.push_back(blas_probe.gflops());
+    t.blas.push_back(blas_probe.gflops());
   }
   for (int64_t i = 0; i < o.warmup + o.steps; ++i)
     for (int64_t k = 0; k < n; ++k) {
       set_gemm_backend(entries[k].gemm);
       const auto t0 = Clock::now();
-      models[k]->infer(tokens);
-      if (i >= o.warmup) infer_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      models[k]->infer(s.tokens);
+      if (i >= o.warmup) t.infer_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-  for (int64_t k = 0; k < n; ++k) {
+  return t;
+}
+
+void add_rates(std::vector<TrainBenchResult>& out, const Timings& t, const std::vector<Entry>& entries,
+               const std::vector<GemmBackend>& backends, const TrainBenchOptions& o) {
+  for (size_t k = 0; k < out.size(); ++k) {
     auto& r = out[k];
     const auto b = std::find(backends.begin(), backends.end(), entries[k].gemm) - backends.begin();
-    r.gemm_gflops = median(gemm[static_cast<size_t>(b)]);
-    r.blas_gflops = median(blas);
-    r.train_ms = 1e3 * median(train_s[k]);
-    r.infer_ms = 1e3 * median(infer_s[k]);
-    r.train_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(train_s[k]);
-    r.infer_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(infer_s[k]);
-    r.achieved_gflops = r.step_flops / median(train_s[k]) / 1e9;
+    r.gemm_gflops = median(t.gemm[static_cast<size_t>(b)]);
+    r.blas_gflops = median(t.blas);
+    r.train_ms = 1e3 * median(t.train_s[k]);
+    r.infer_ms = 1e3 * median(t.infer_s[k]);
+    r.train_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(t.train_s[k]);
+    r.infer_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(t.infer_s[k]);
+    r.achieved_gflops = r.step_flops / median(t.train_s[k]) / 1e9;
   }
+}
+
+}  // namespace
+
+std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o) {
+  check_options(o);
+  configure_threads(o.threads);
+  const engine::Matrix m = load_variants(o);
+  const Synthetic batch = synthetic_batch(o);
+  const std::string allocator = configure_allocator_for(m, o);
+
+  // Every step sets its entry's library; the process's choice comes back
+  // however this ends.
+  struct RestoreBackend {
+    GemmBackend saved = gemm_backend();
+    ~RestoreBackend() { set_gemm_backend(saved); }
+  } restore;
+  const GemmBackend configured = restore.saved;
+  const std::vector<GemmBackend> backends =
+      o.gemm_backends.empty() ? std::vector<GemmBackend>{configured} : o.gemm_backends;
+  const std::vector<Entry> entries = entries_for(m, backends);
+
+  std::vector<TrainBenchResult> out = measure_alone(registry, entries, o, batch, allocator);
+  add_rates(out, time_interleaved(registry, entries, backends, o, batch), entries, backends, o);
   return out;
 }
 

@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/registry.h"
-#include "chiar/export.h"
+#include "chiar/registry.h"
 #include "chiar/linear.h"
 
 namespace chiar::bench {
@@ -41,6 +40,6 @@ struct TrainBenchResult {
   std::string allocator;              // the allocator behaviour chosen for these shapes
 };
 
-CHIAR_API std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o);
+std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o);
 
 }  // namespace chiar::bench

@@ -4,9 +4,9 @@
 #include <iostream>
 #include <set>
 
-#include "../bench/bench_train.h"
-#include "../core/registry.h"
-#include "../core/runtime.h"
+#include "bench/bench_train.h"
+#include "chiar/registry.h"
+#include "engine/runtime.h"
 #include "chiar/error.h"
 #include "commands.h"
 

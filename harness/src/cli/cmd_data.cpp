@@ -4,10 +4,10 @@
 #include <iostream>
 #include <sstream>
 
-#include "../core/registry.h"
-#include "../core/runtime.h"
-#include "../core/sotu.h"
-#include "../core/task_config.h"
+#include "chiar/registry.h"
+#include "engine/runtime.h"
+#include "engine/sotu.h"
+#include "engine/task_config.h"
 #include "chiar/error.h"
 #include "chiar/listops.h"
 #include "commands.h"

@@ -4,8 +4,8 @@
 #include <iomanip>
 #include <iostream>
 
-#include "../core/model.h"
-#include "../core/registry.h"
+#include "model/model.h"
+#include "chiar/registry.h"
 #include "chiar/error.h"
 #include "commands.h"
 
@@ -39,7 +39,7 @@ int run_model(const Global& g, const ModelArgs& a) {
       .d_model(a.d_model)
       .n_heads(a.heads)
       .n_classes(a.classes)
-      .head(a.head == "lm" ? HeadKind::LanguageModel : HeadKind::Classifier)
+      .head(a.head == "lm" ? TaskHead::LanguageModel : TaskHead::Classifier)
       .router(a.router)
       .router_params(Params::from_assignments(a.router_set))
       .operator_params(parse_operator_set(a.operator_set))

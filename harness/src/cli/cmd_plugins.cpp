@@ -2,7 +2,7 @@
 #include <iomanip>
 #include <iostream>
 
-#include "../core/registry.h"
+#include "chiar/registry.h"
 #include "commands.h"
 
 namespace chiar::cli {

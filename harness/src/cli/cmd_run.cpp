@@ -4,10 +4,11 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../core/registry.h"
+#include "chiar/registry.h"
 
-#include "../engine/runner.h"
-#include "../report/report.h"
+#include "engine/runner.h"
+#include "report/claims.h"
+#include "report/report.h"
 #include "chiar/error.h"
 #include "commands.h"
 
@@ -60,10 +61,13 @@ int run_run(const Global& g, const RunArgs& a) {
   return engine::run_matrix(matrix, registry, o);
 }
 
-int run_report(const Global&, const ReportArgs& a) {
+int run_report(const Global& g, const ReportArgs& a) {
   std::string out = a.out;
   if (out.empty()) out = "reports/" + boost::filesystem::path(a.db).stem().string();
-  const auto files = report::write_report(a.db, out, a.baseline);
+  PluginRegistry registry;  // operators' names, colours and roles
+  registry.load_default(g.plugin_dirs);
+  const auto files = report::write_report(a.db, out, a.baseline,
+                                          a.claims.empty() ? report::default_claims_file() : a.claims, registry);
   std::cout << "wrote " << files.markdown << ", " << files.html << " and " << files.images.size() << " charts\n";
   return 0;
 }

@@ -4,32 +4,58 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "../core/runtime.h"
+#include "engine/runtime.h"
 #include "chiar/error.h"
 #include "commands.h"
 
-int main(int argc, char** argv) {
-  using namespace chiar::cli;
-  chiar::configure_allocator();
-  CLI::App app{"chiar: benchmark and ablation harness for spectral-entropy routed transformers"};
-  app.require_subcommand(1);
+namespace {
+
+using namespace chiar::cli;
+
+// Every command's arguments, as parsing fills them in.
+struct Args {
   Global g;
+  std::string input = "-", dct_impl = "auto";  // entropy
+  ModelArgs m;
+  DataArgs d;
+  ListOpsArgs l;
+  SotuArgs so;
+  RunArgs r;
+  ShowArgs sh, ex;
+  ReportArgs rep;
+  InspectArgs ins;
+  BenchTrainArgs bt;
+  NewPluginArgs np;
+};
+
+// The subcommands, to tell which one was given.
+struct Commands {
+  CLI::App *info = nullptr, *plugins = nullptr, *options = nullptr, *entropy = nullptr, *model = nullptr;
+  CLI::App *stats = nullptr, *listops = nullptr, *sotu = nullptr;
+  CLI::App *run = nullptr, *show = nullptr, *exp = nullptr, *report = nullptr, *inspect = nullptr;
+  CLI::App *bench = nullptr, *newp = nullptr;
+};
+
+void add_global_options(CLI::App& app, Global& g) {
   app.add_option("--threads", g.threads, "intra-op threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--gemm", g.gemm, "library for the model's products: auto (the faster, measured), blas, onednn")
       ->check(CLI::IsMember({"auto", "blas", "onednn"}));
   app.add_option("--plugin-dir", g.plugin_dirs, "extra plugin folder (repeatable)");
+}
 
-  auto* info = app.add_subcommand("info", "libtorch, threads, BLAS and the measured GEMM rate");
-  auto* plugins = app.add_subcommand("plugins", "list every plugin: name, kind, description, file, API");
-
-  std::string input = "-", dct_impl = "auto";
-  auto* entropy = app.add_subcommand(
+void add_info_commands(CLI::App& app, Args& a, Commands& c) {
+  c.info = app.add_subcommand("info", "libtorch, threads, BLAS and the measured GEMM rate");
+  c.plugins = app.add_subcommand("plugins", "list every plugin: name, kind, description, file, API");
+  c.options = app.add_subcommand("options", "every [model] and [train] option: key, kind, default, meaning (Markdown)");
+  c.entropy = app.add_subcommand(
       "entropy", "spectral entropy of each line's vector (float64, 12 significant digits)");
-  entropy->add_option("file", input, "input file, or - for stdin");
-  entropy->add_option("--dct", dct_impl, "DCT implementation: auto, gemm, fft");
+  c.entropy->add_option("file", a.input, "input file, or - for stdin");
+  c.entropy->add_option("--dct", a.dct_impl, "DCT implementation: auto, gemm, fft");
+}
 
-  ModelArgs m;
-  auto* model = app.add_subcommand("model", "build a model from a layer plan; print it and its size");
+void add_model_command(CLI::App& app, Args& a, Commands& c) {
+  ModelArgs& m = a.m;
+  auto* model = c.model = app.add_subcommand("model", "build a model from a layer plan; print it and its size");
   model->add_option("--layers", m.layers, "layer plan, e.g. dct 'dct|attn' 'dct|attn' attn")
       ->delimiter(',');
   model->add_option("--router", m.router, "router plugin for routed layers");
@@ -44,12 +70,15 @@ int main(int argc, char** argv) {
   model->add_option("--seed", m.seed, "seed");
   model->add_option("--batch", m.batch, "with --seq: run one forward pass and print routing shares");
   model->add_option("--seq", m.seq, "sequence length of that forward pass");
+}
 
+// Also sets the data and cache folders' defaults, which run and inspect share.
+void add_data_commands(CLI::App& app, Args& a, Commands& c) {
   auto* data = app.add_subcommand("data", "inspect and prepare task data")->require_subcommand(1);
-  DataArgs d;
+  DataArgs& d = a.d;
   d.data_root = std::getenv("CHIAR_DATA_ROOT") ? std::getenv("CHIAR_DATA_ROOT") : "../shared/data";
   d.cache_dir = ".cache";
-  auto* stats = data->add_subcommand("stats", "per split: examples, tokens, vocabulary, <unk> rate, labels, lengths");
+  auto* stats = c.stats = data->add_subcommand("stats", "per split: examples, tokens, vocabulary, <unk> rate, labels, lengths");
   stats->add_option("file", d.config_file, "TOML file holding the task table");
   stats->add_option("--table", d.table, "the task's table in that file, e.g. tasks.wikitext2");
   stats->add_option("--task", d.task, "a task plugin, instead of a TOML table");
@@ -57,8 +86,8 @@ int main(int argc, char** argv) {
   stats->add_option("--data-root", d.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
   stats->add_option("--cache-dir", d.cache_dir, "folder for trained tokenisers and extracted archives");
 
-  ListOpsArgs l;
-  auto* listops = data->add_subcommand("listops", "generate ListOps (LRA's generator) as LRA TSV");
+  ListOpsArgs& l = a.l;
+  auto* listops = c.listops = data->add_subcommand("listops", "generate ListOps (LRA's generator) as LRA TSV");
   listops->add_option("--n", l.n, "examples")->required();
   listops->add_option("--seed", l.seed, "seed (same seed, same bytes)");
   listops->add_option("--min-len", l.min_len, "keep length > this (default 500)");
@@ -69,17 +98,19 @@ int main(int argc, char** argv) {
   listops->add_flag("--flat", l.flat, "the paper's flat variant: one operator over digits");
   listops->add_option("--out", l.out, "output TSV")->required();
 
-  SotuArgs so;
-  auto* sotu = data->add_subcommand("sotu", "State of the Union speeches -> WikiText layout, split by year");
+  SotuArgs& so = a.so;
+  auto* sotu = c.sotu = data->add_subcommand("sotu", "State of the Union speeches -> WikiText layout, split by year");
   sotu->add_option("--from", so.from, "folder of <year>_<name>_<party>.txt files")->required();
   sotu->add_option("--out", so.out, "output folder")->required();
   sotu->add_option("--valid-from", so.valid_from, "first validation year (default 1981)");
   sotu->add_option("--test-from", so.test_from, "first test year (default 2001)");
+}
 
-  RunArgs r;
-  r.data_root = d.data_root;
-  r.cache_dir = d.cache_dir;
-  auto* run = app.add_subcommand("run", "run an ablation matrix: every unfinished run, recorded in SQLite");
+void add_run_command(CLI::App& app, Args& a, Commands& c) {
+  RunArgs& r = a.r;
+  r.data_root = a.d.data_root;
+  r.cache_dir = a.d.cache_dir;
+  auto* run = c.run = app.add_subcommand("run", "run an ablation matrix: every unfinished run, recorded in SQLite");
   run->add_option("config", r.config, "matrix TOML file")->required();
   run->add_option("--db", r.db, "results database (default results/<matrix>.db)");
   run->add_option("--set", r.set, "override model.KEY, train.KEY, task.KEY or router.KEY (repeatable)");
@@ -88,27 +119,33 @@ int main(int argc, char** argv) {
   run->add_flag("--dry-run", r.dry_run, "print the runs, their hashes and what would be skipped");
   run->add_option("--data-root", r.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
   run->add_option("--cache-dir", r.cache_dir, "folder for trained tokenisers and extracted archives");
+}
 
-  ShowArgs sh;
-  auto* show = app.add_subcommand("show", "print the results table of a database");
+// show, export and report: the results of a database.
+void add_result_commands(CLI::App& app, Args& a, Commands& c) {
+  ShowArgs& sh = a.sh;
+  auto* show = c.show = app.add_subcommand("show", "print the results table of a database");
   show->add_option("db", sh.db, "results database")->required();
-  ShowArgs ex;
-  auto* exp = app.add_subcommand("export", "write the results as CSV or JSON");
+  ShowArgs& ex = a.ex;
+  auto* exp = c.exp = app.add_subcommand("export", "write the results as CSV or JSON");
   exp->add_option("db", ex.db, "results database")->required();
   exp->add_flag("--csv", ex.csv, "CSV");
   exp->add_flag("--json", ex.json, "JSON");
   exp->add_option("--out", ex.out, "output file (default: standard output)");
 
-  ReportArgs rep;
-  auto* report = app.add_subcommand("report", "write a Markdown and a self-contained HTML report with charts");
+  ReportArgs& rep = a.rep;
+  auto* report = c.report = app.add_subcommand("report", "write a Markdown and a self-contained HTML report with charts");
   report->add_option("db", rep.db, "results database")->required();
   report->add_option("--out", rep.out, "output path without extension (default reports/<db name>)");
   report->add_option("--baseline", rep.baseline, "the variant reductions and speed-ups compare with");
+  report->add_option("--claims", rep.claims, "the paper's claims to check (default configs/claims.toml)");
+}
 
-  InspectArgs ins;
-  ins.data_root = d.data_root;
-  ins.cache_dir = d.cache_dir;
-  auto* inspect = app.add_subcommand("inspect", "per-token spectral entropy and route of a finished run");
+void add_inspect_command(CLI::App& app, Args& a, Commands& c) {
+  InspectArgs& ins = a.ins;
+  ins.data_root = a.d.data_root;
+  ins.cache_dir = a.d.cache_dir;
+  auto* inspect = c.inspect = app.add_subcommand("inspect", "per-token spectral entropy and route of a finished run");
   inspect->add_option("source", ins.db, "results database, or a run's checkpoint folder or .pt file")->required();
   inspect->add_option("--run", ins.run, "with a database: run id, name or hash (see chiar show)");
   inspect->add_option("--checkpoint", ins.checkpoint, "best (default) or last");
@@ -123,9 +160,11 @@ int main(int argc, char** argv) {
   inspect->add_option("--color", ins.color, "auto, always or never");
   inspect->add_option("--data-root", ins.data_root, "folder relative data paths start from");
   inspect->add_option("--cache-dir", ins.cache_dir, "folder for trained tokenisers and extracted archives");
+}
 
-  BenchTrainArgs bt;
-  auto* bench = app.add_subcommand("bench-train", "training and inference tokens/s per variant, against the GEMM rate");
+void add_bench_command(CLI::App& app, Args& a, Commands& c) {
+  BenchTrainArgs& bt = a.bt;
+  auto* bench = c.bench = app.add_subcommand("bench-train", "training and inference tokens/s per variant, against the GEMM rate");
   bench->add_option("--variants", bt.variants, "variants (default baseline,chiar_dct_attn)")->delimiter(',');
   bench->add_option("--variants-file", bt.variants_file, "where the variants are defined");
   bench->add_option("--vocab", bt.vocab, "vocabulary (8192)");
@@ -143,12 +182,58 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"blas", "onednn"}));
   bench->add_option("--json", bt.json, "also write the results as JSON");
+}
 
-  NewPluginArgs np;
-  auto* newp = app.add_subcommand("new-plugin", "write a ready-to-build plugin folder (operator, router or task)");
+void add_new_plugin_command(CLI::App& app, Args& a, Commands& c) {
+  NewPluginArgs& np = a.np;
+  auto* newp = c.newp = app.add_subcommand("new-plugin", "write a ready-to-build plugin folder (operator, router or task)");
   newp->add_option("kind", np.kind, "operator, router or task")->required();
   newp->add_option("name", np.name, "plugin name (lower case, digits, _)")->required();
   newp->add_option("--dir", np.dir, "parent folder (default .)");
+}
+
+// Runs the command that was given.
+int dispatch(Args& a, const Commands& c) {
+  const Global& g = a.g;
+  if (*c.info) return run_info(g);
+  if (*c.plugins) return run_plugins(g);
+  if (*c.options) return run_options();
+  if (*c.entropy) return run_entropy(g, a.input, a.dct_impl);
+  if (*c.model) return run_model(g, a.m);
+  if (*c.stats) return run_data_stats(g, a.d);
+  if (*c.listops) {
+    if (a.l.flat && !c.listops->count("--max-args")) a.l.max_args = 8;
+    return run_data_listops(g, a.l);
+  }
+  if (*c.sotu) return run_data_sotu(g, a.so);
+  if (*c.run) return run_run(g, a.r);
+  if (*c.show) return run_show(g, a.sh);
+  if (*c.exp) return run_export(g, a.ex);
+  if (*c.report) return run_report(g, a.rep);
+  if (*c.inspect) return run_inspect(g, a.ins);
+  if (*c.bench) return run_bench_train(g, a.bt);
+  if (*c.newp) return run_new_plugin(g, a.np);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  chiar::configure_allocator();
+  CLI::App app{"chiar: benchmark and ablation harness for spectral-entropy routed transformers"};
+  app.require_subcommand(1);
+  Args a;
+  Commands c;
+  add_global_options(app, a.g);
+  // In this order in the help.
+  add_info_commands(app, a, c);
+  add_model_command(app, a, c);
+  add_data_commands(app, a, c);
+  add_run_command(app, a, c);
+  add_result_commands(app, a, c);
+  add_inspect_command(app, a, c);
+  add_bench_command(app, a, c);
+  add_new_plugin_command(app, a, c);
 
   try {
     app.parse(argc, argv);
@@ -162,26 +247,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*info) return run_info(g);
-    if (*plugins) return run_plugins(g);
-    if (*entropy) return run_entropy(g, input, dct_impl);
-    if (*model) return run_model(g, m);
-    if (*stats) return run_data_stats(g, d);
-    if (*listops) {
-      if (l.flat && !listops->count("--max-args")) l.max_args = 8;
-      return run_data_listops(g, l);
-    }
-    if (*sotu) return run_data_sotu(g, so);
-    if (*run) return run_run(g, r);
-    if (*show) return run_show(g, sh);
-    if (*exp) return run_export(g, ex);
-    if (*report) return run_report(g, rep);
-    if (*inspect) return run_inspect(g, ins);
-    if (*bench) return run_bench_train(g, bt);
-    if (*newp) return run_new_plugin(g, np);
+    return dispatch(a, c);
   } catch (const chiar::UserError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 2;
   }
-  return 0;
 }

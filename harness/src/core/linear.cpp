@@ -133,10 +133,11 @@ void gemm_checked(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float
 
 // Row-major copies of W^T for weights whose product x W^T reads W in the
 // slow layout: with k > n (the FFN's down projection, 1024 -> 256) oneDNN
-// ran x W^T at 349 GFLOP/s and x (W^T as its own row-major matrix) at 499
-// here. One copy per weight, refreshed when the weight changes (its version
-// counter, storage or shape), so training copies each such weight once per
-// step (1 MB for the anchor FFN) and inference never again.
+// runs x W^T well below the rate of x (W^T as its own row-major matrix)
+// (chiar_bench: product/onednn/2048/1024/256/0; docs/performance.md, 'GEMM
+// libraries'). One copy per weight, refreshed when the weight changes (its
+// version counter, storage or shape), so training copies each such weight
+// once per step (1 MB for the anchor FFN) and inference never again.
 class TransposedWeights {
  public:
   // weight (n, k) contiguous -> (k, n) contiguous
@@ -191,8 +192,8 @@ at::Tensor forward_product(const at::Tensor& x2, const at::Tensor& weight, const
   if (addend2.defined())
     y = (bias.defined() ? at::add(addend2, bias) : addend2.clone()).contiguous();
   else if (bias.defined())
-    // copy_ of the broadcast row, not expand().contiguous(): the latter took
-    // 1.5 ms for a (4096, 512) output here, copy_ 0.05.
+    // copy_ of the broadcast row, not expand().contiguous(), which was many
+    // times slower (docs/performance.md, 'GEMM libraries').
     (y = at::empty({rows, n}, x2.options())).copy_(bias.expand({rows, n}));
   else
     y = at::empty({rows, n}, x2.options());

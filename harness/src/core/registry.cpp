@@ -1,9 +1,13 @@
-#include "registry.h"
+#include "chiar/registry.h"
+
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <regex>
 #include <sstream>
 
 #include <boost/dll/runtime_symbol_info.hpp>
@@ -78,6 +82,8 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 struct PluginRegistry::Impl {
   std::vector<Factory> factories;
   std::vector<std::string> loaded_files;  // canonical paths, to skip repeats
+  std::mutex traits_mutex;
+  std::map<std::string, OperatorTraits> traits;  // by registered name, once asked
 
   const Factory* find(const std::string& kind, const std::string& name) const {
     for (const auto& f : factories) {
@@ -239,6 +245,46 @@ std::shared_ptr<Router> PluginRegistry::make_router(const std::string& name,
 
 std::shared_ptr<Task> PluginRegistry::make_task(const std::string& name, const TaskSpec& spec) const {
   return impl_->make<Task>(impl_->require("task", name), spec);
+}
+
+OperatorTraits PluginRegistry::operator_traits(const std::string& name) const {
+  const Factory& f = impl_->require("operator", name);
+  {
+    std::lock_guard<std::mutex> lock(impl_->traits_mutex);
+    const auto known = impl_->traits.find(f.entry.name);
+    if (known != impl_->traits.end()) return known->second;
+  }
+  OperatorSpec spec;
+  spec.d_model = 8;
+  spec.n_heads = 2;
+  // Parameter initialisation draws from the global generator; asking for
+  // traits must not shift what a later model or test draws.
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  at::Tensor saved;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    saved = generator.get_state();
+  }
+  OperatorTraits t;
+  try {
+    t = impl_->make<Operator>(f, spec)->traits();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved);
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved);
+  }
+  if (t.display_name.empty()) t.display_name = f.entry.name;
+  if (t.colour.empty()) t.colour = OperatorTraits().colour;
+  if (!std::regex_match(t.colour, std::regex("#[0-9a-fA-F]{6}")))
+    throw UserError("operator '" + f.entry.name + "' (" + f.entry.file + "): colour '" + t.colour +
+                    "' is not of the form #rrggbb");
+  std::lock_guard<std::mutex> lock(impl_->traits_mutex);
+  impl_->traits.emplace(f.entry.name, t);
+  return t;
 }
 
 bool PluginRegistry::has(const std::string& kind, const std::string& name) const {

@@ -11,8 +11,8 @@ namespace chiar {
 namespace {
 
 // The same groups by one pass on the host: the tensor path's five ops and
-// its host sync cost a routed layer ~40 us per call at T 128, a tenth of
-// what its rows compute.
+// its host sync are a fixed cost per call that weighs on a routed layer at
+// small T (chiar_bench: routed_dct_attn/sparse/128/256/*).
 RowGroups group_rows_host(const at::Tensor& key) {
   const auto k = key.contiguous();
   const int64_t n = k.numel();
@@ -67,8 +67,8 @@ namespace {
 
 // packed[group, slot], whose backward writes each row's gradient into its
 // slot: every (group, slot) pair is distinct, so plain stores do, where
-// index's own backward accumulates (a serial pass on the CPU: 0.56 ms for
-// 707 rows of 256 in a routed RBF layer's backward).
+// index's own backward accumulates (a serial pass on the CPU;
+// docs/performance.md, 'Reading it').
 struct UnpackRows : public torch::autograd::Function<UnpackRows> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& packed, const at::Tensor& group,
                             const at::Tensor& slot) {

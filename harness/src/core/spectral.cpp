@@ -16,8 +16,9 @@
 namespace chiar {
 namespace {
 
-// Measured on 2 cores (OpenBLAS, fp32, 4096 rows): FFT/GEMM time is 1.9x at
-// d 64, 1.8x at 256, 1.1x at 512, 0.95x at 1024, 0.65x at 2048, 0.34x at 4096.
+// The auto choice's crossover: the DCT by GEMM is faster below this width
+// and the FFT from it on, on either GEMM library (chiar_bench: dct2/gemm/*,
+// dct2/fft/*).
 constexpr int64_t kFftFromD = 1024;
 
 at::TensorOptions real_options(const at::Tensor& x) {

@@ -12,7 +12,7 @@
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
-#include "../spm/spm_bridge.h"
+#include "spm/spm_bridge.h"
 
 namespace chiar {
 

@@ -20,8 +20,8 @@ std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::T
 Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Tensor& valid, int64_t T) {
   Accounting a;
   const auto& o = model.options();
-  const int64_t d = o.d_model_;
-  const bool causal = o.head_ == HeadKind::LanguageModel;
+  const int64_t d = o.d_model();
+  const bool causal = o.head() == TaskHead::LanguageModel;
   const auto every = every_position(T);
   size_t routed = 0;
   for (const auto& layer : model.mixing_layers()) {
@@ -34,7 +34,8 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
                          static_cast<double>(f.forward), static_cast<double>(f.total()),
                          static_cast<double>(f.total())});
       // The reference counts full T x T attention whatever the mask.
-      if (names[0] == "attention") a.reference_attention_fwd += static_cast<double>(ops[0]->flops(T, T, d).forward);
+      if (ops[0]->traits().attention_flops)
+        a.reference_attention_fwd += static_cast<double>(ops[0]->flops(T, T, d).forward);
     } else {
       const LayerRouting& r = out.routing.at(routed++);
       const int64_t B = r.choice.size(0), K = static_cast<int64_t>(ops.size());
@@ -58,7 +59,7 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
         if (!r.sparse) row.fwd_executed = static_cast<double>(dense.forward);
         if (r.mode != RouteMode::Hard) row.train_executed = static_cast<double>(dense.total());
         a.flops.push_back(row);
-        if (names[k] == "attention")
+        if (ops[k]->traits().attention_flops)
           a.reference_attention_fwd += 0.5 * static_cast<double>(ops[k]->flops(T, T, d).forward);
         const double share = (r.choice.eq(k).logical_and(mask)).sum().item<double>() / std::max(real, 1.0);
         stats.shares.emplace_back(names[k], share);
@@ -75,16 +76,16 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
       stats.histogram.assign(hist.data_ptr<int64_t>(), hist.data_ptr<int64_t>() + 20);
       a.routing.push_back(std::move(stats));
     }
-    const int64_t m = o.ffn_mult_ * d;
+    const int64_t m = o.ffn_mult() * d;
     const FlopCount ffn = matmul_flops(T, d, m) + matmul_flops(T, m, d) + elementwise_flops(T, m, 8) +
                           elementwise_flops(T, d) + layernorm_flops(T, d);
     a.flops.push_back({li, "ffn", static_cast<double>(T), static_cast<double>(ffn.forward),
                        static_cast<double>(ffn.forward), static_cast<double>(ffn.total()),
                        static_cast<double>(ffn.total())});
   }
-  const FlopCount head = o.head_ == HeadKind::LanguageModel
-                             ? matmul_flops(T, d, o.vocab_size_)
-                             : matmul_flops(1, d, d) + matmul_flops(1, d, o.n_classes_) + elementwise_flops(T, d);
+  const FlopCount head = o.head() == TaskHead::LanguageModel
+                             ? matmul_flops(T, d, o.vocab_size())
+                             : matmul_flops(1, d, d) + matmul_flops(1, d, o.n_classes()) + elementwise_flops(T, d);
   a.flops.push_back({-1, "head", static_cast<double>(T), static_cast<double>(head.forward),
                      static_cast<double>(head.forward), static_cast<double>(head.total()),
                      static_cast<double>(head.total())});

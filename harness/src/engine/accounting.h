@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "../core/model.h"
+#include "model/model.h"
 #include "store.h"
 
 namespace chiar::engine {
@@ -24,14 +24,15 @@ struct Accounting {
 
 // Row positions per sequence and operator of a routing choice (B, T):
 // positions[b][k] ascending, what Operator::flops_at takes.
-CHIAR_API std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::Tensor& choice, int64_t K);
+std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::Tensor& choice, int64_t K);
 
 // From a forward pass over a batch (B, T) with `out.routing` filled:
 // per layer and operator the tokens routed and FLOPs per sequence, as
 // executed and as a sparse execution needs them, for the forward pass and a
 // training step (forward + backward; learned gates train densely). Also the
-// FFN, router and head rows, and the reference code's own formula: attention
-// sub-layer forward only, a fixed 50% share in routed layers.
+// FFN, router and head rows, and the reference code's own formula: forward
+// FLOPs of the operators whose traits count attention FLOPs only, a fixed 50%
+// share in routed layers.
 Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Tensor& valid,
                    int64_t T);
 

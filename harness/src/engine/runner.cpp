@@ -9,13 +9,14 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 #include <boost/filesystem.hpp>
 
 #include <c10/util/Exception.h>
 
-#include "../core/model.h"
-#include "../core/runtime.h"
+#include "model/model.h"
+#include "engine/runtime.h"
 #include "chiar/error.h"
 #include "trainer.h"
 
@@ -49,44 +50,43 @@ std::string format_eta(double seconds) {
   return buf;
 }
 
-}  // namespace
+using Tasks = std::map<std::string, std::shared_ptr<Task>>;  // by task_key
 
-int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options) {
-  const std::string db = options.db.empty() ? "results/" + matrix.name + ".db" : options.db;
-  if (options.dry_run) {
-    std::map<std::string, std::string> status;
-    if (boost::filesystem::exists(db)) {
-      Store store(db);
-      auto q = store.db().prepare("SELECT hash, status FROM runs");
-      while (q.step()) status[q.text(0)] = q.text(1);
-    }
-    std::cout << matrix.runs.size() << " runs in matrix '" << matrix.name << "' (" << matrix.file << "), store " << db << "\n";
-    for (const auto& r : matrix.runs) {
-      auto it = status.find(r.hash);
-      const std::string s = it == status.end() ? "new" : it->second;
-      const bool skip = s == "done" || s == "failed" || s == "diverged";
-      std::cout << "  " << r.hash << "  " << std::left << std::setw(10) << (skip ? "skip" : "run") << std::setw(12) << s
-                << r.name() << "\n";
-    }
-    return 0;
-  }
-
-  // A matrix whose every run is finished has nothing to do: no data is loaded.
+// Prints the runs, their hashes and whether each would run or be skipped.
+int list_runs(const Matrix& matrix, const std::string& db) {
+  std::map<std::string, RunStatus> status;
   if (boost::filesystem::exists(db)) {
     Store store(db);
-    size_t finished = 0;
-    for (const auto& r : matrix.runs) {
-      const std::string s = store.status(r.hash);
-      finished += s == "done" || s == "failed" || s == "diverged";
-    }
-    if (finished == matrix.runs.size()) {
-      std::cout << "matrix '" << matrix.name << "': all " << finished << " runs finished before; results in " << db << "\n";
-      return 0;
-    }
+    auto q = store.db().prepare("SELECT hash, status FROM runs");
+    while (q.step()) status[q.text(0)] = run_status_from_string(q.text(1));
   }
+  std::cout << matrix.runs.size() << " runs in matrix '" << matrix.name << "' (" << matrix.file << "), store " << db << "\n";
+  for (const auto& r : matrix.runs) {
+    auto it = status.find(r.hash);
+    const std::string s = it == status.end() ? "new" : to_string(it->second);
+    const bool skip = it != status.end() && is_final(it->second);
+    std::cout << "  " << r.hash << "  " << std::left << std::setw(10) << (skip ? "skip" : "run") << std::setw(12) << s
+              << r.name() << "\n";
+  }
+  return 0;
+}
 
-  // Validate everything before anything runs: each task once, each model once.
-  std::map<std::string, std::shared_ptr<Task>> tasks;
+// A matrix whose every run is finished has nothing to do: no data is loaded.
+bool all_finished(const Matrix& matrix, const std::string& db) {
+  if (!boost::filesystem::exists(db)) return false;
+  Store store(db);
+  size_t finished = 0;
+  for (const auto& r : matrix.runs) {
+    finished += is_final(store.status(r.hash));
+  }
+  if (finished != matrix.runs.size()) return false;
+  std::cout << "matrix '" << matrix.name << "': all " << finished << " runs finished before; results in " << db << "\n";
+  return true;
+}
+
+// Validate everything before anything runs: each task once, each model once.
+Tasks load_tasks_and_check_models(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options) {
+  Tasks tasks;
   for (const auto& r : matrix.runs) {
     const std::string key = task_key(r.task_config);
     if (!tasks.count(key)) {
@@ -107,12 +107,10 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
                       "': " + e.what());
     }
   }
+  return tasks;
+}
 
-  boost::filesystem::create_directories(boost::filesystem::absolute(db).parent_path());
-  Store store(db);
-  store.register_runs(matrix.runs);
-  const RuntimeInfo runtime = probe_runtime(options.threads, options.gemm);
-  std::cerr << describe(runtime) << "\n";
+Provenance provenance_of(const RuntimeInfo& runtime) {
   Provenance prov;
   std::tie(prov.git_commit, prov.git_dirty) = git_state(".");
   prov.torch_version = runtime.torch_version;
@@ -125,95 +123,168 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   prov.allocator = runtime.allocator;
   prov.device = "cpu";
   prov.pid = getpid();
+  return prov;
+}
+
+// What the runs of one matrix share.
+struct Session {
+  const PluginRegistry& registry;
+  const Tasks& tasks;
+  Store& store;
+  Provenance prov;          // threads and allocator set per run
+  int runtime_threads;      // what the runtime uses when a run sets none
+  int threads;              // RunnerOptions::threads
+  std::string checkpoints;  // <db>.checkpoints
+  bool tty;
+  size_t total;             // runs in the matrix
+
+  const Task& task_of(const RunSpec& spec) const { return *tasks.at(task_key(spec.task_config)); }
+};
+
+// The run's spec with the command line's thread count, and the provenance
+// (threads, allocator) it is claimed with.
+RunSpec prepare_run(Session& s, const RunSpec& run) {
+  RunSpec spec = run;
+  if (s.threads > 0) spec.train.threads = s.threads;
+  s.prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : s.runtime_threads;
+  const Task& task = s.task_of(spec);
+  const ModelOptions mo = model_options_for(spec, task);
+  s.prov.allocator = configure_allocator(estimate_activation_bytes(
+      spec.train.batch_size, task.seq_len(), mo.d_model(), static_cast<int64_t>(mo.layers().size()),
+      mo.ffn_mult() * mo.d_model(), mo.head() == TaskHead::LanguageModel ? mo.vocab_size() : 0));
+  return spec;
+}
+
+// A checkpoint of a run this database never started belongs to an
+// earlier database of the same name (deleted or replaced): resuming
+// from it would record a run without its training (a final-step
+// checkpoint "finishes" at once, at 0 tokens/s).
+void discard_stale_checkpoints(const std::string& run_checkpoints, const std::string& tag) {
+  bool stale = false;
+  for (const char* file : {"state.pt", "best.pt"})
+    stale |= boost::filesystem::remove(run_checkpoints + "/" + file);
+  if (stale)
+    std::cout << tag << ": discarded checkpoints in " << run_checkpoints
+              << " that this database has no record of\n" << std::flush;
+}
+
+// Step, loss, tokens/s and ETA: one line rewritten in place on a terminal,
+// otherwise a line per log interval.
+std::function<void(int64_t, double, double)> progress_printer(const std::string& tag, const TrainOptions& train,
+                                                              bool tty) {
+  return [tag, steps = train.steps, log_every = train.log_every, tty, t0 = std::chrono::steady_clock::now(),
+          last_print = int64_t{0}](int64_t step, double loss, double tps) mutable {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double eta = elapsed / static_cast<double>(step) * static_cast<double>(steps - step);
+    std::ostringstream line;
+    line << tag << "  step " << step << "/" << steps << "  loss " << std::fixed << std::setprecision(4) << loss
+         << "  " << std::setprecision(0) << tps << " tok/s  ETA " << format_eta(eta);
+    if (tty) {
+      std::cout << "\r" << line.str() << "\033[K" << std::flush;
+    } else if (step - last_print >= log_every || step == steps) {
+      std::cout << line.str() << "\n" << std::flush;
+      last_print = step;
+    }
+  };
+}
+
+// How a run the matrix reached ended, for the tallies and the exit status.
+enum class RunEnd { Skipped, Finished, Failed, Interrupted };
+
+// Records a finished training's outcome in the store and on the console.
+RunEnd record_outcome(Store& store, const RunSpec& spec, const TrainResult& result, const std::string& tag) {
+  switch (result.outcome) {
+    case RunStatus::Done:
+      store.finish(spec.hash, RunStatus::Done, "", -1, result.summary);
+      std::cout << tag << ": done in " << std::fixed << std::setprecision(1) << result.summary.train_seconds << " s\n";
+      return RunEnd::Finished;
+    case RunStatus::Diverged:
+      store.finish(spec.hash, RunStatus::Diverged, result.error, result.diverged_step, result.summary);
+      std::cout << tag << ": diverged (" << result.error << ")\n";
+      return RunEnd::Finished;
+    case RunStatus::Interrupted:
+      store.finish(spec.hash, RunStatus::Interrupted, "interrupted by a signal", -1, result.summary);
+      std::cout << tag << ": interrupted; checkpoint saved, rerun to resume\n";
+      return RunEnd::Interrupted;
+    case RunStatus::Pending:
+    case RunStatus::Running:
+    case RunStatus::Failed:  // train_run throws instead
+      break;
+  }
+  throw std::logic_error(std::string("train_run ended a run as ") + to_string(result.outcome));
+}
+
+// Trains a claimed run; a run that throws is recorded as failed.
+RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag, const std::string& run_checkpoints) {
+  TrainContext ctx{s.registry, s.task_of(spec), s.store, run_checkpoints, &g_stop,
+                   progress_printer(tag, spec.train, s.tty)};
+  TrainResult result;
+  try {
+    result = train_run(spec, ctx);
+  } catch (const std::exception& e) {
+    // libtorch errors carry a backtrace; the record keeps the message.
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
+    if (s.tty) std::cout << "\n";
+    std::cout << tag << ": failed: " << message << "\n";
+    s.store.finish(spec.hash, RunStatus::Failed, message, -1, {});
+    return RunEnd::Failed;
+  }
+  if (s.tty) std::cout << "\n";
+  return record_outcome(s.store, spec, result, tag);
+}
+
+// Claims the index-th run (1-based), then trains it unless it is finished or
+// another process holds it.
+RunEnd claim_and_train(Session& s, const RunSpec& run, int64_t index) {
+  const RunSpec spec = prepare_run(s, run);
+  bool resumed = false;
+  const ClaimOutcome claim = s.store.claim(spec, s.prov, &resumed);
+  const std::string tag = "[" + std::to_string(index) + "/" + std::to_string(s.total) + "] " + spec.name();
+  if (claim != ClaimOutcome::Claimed) {
+    std::cout << tag << ": " << (claim == ClaimOutcome::Done ? "finished before, skipped" : "running in another process, skipped") << "\n";
+    return RunEnd::Skipped;
+  }
+  std::cout << tag << (resumed ? ": resuming" : ": starting") << " (" << spec.hash << ")\n" << std::flush;
+  const std::string run_checkpoints = s.checkpoints + "/" + spec.hash;
+  if (!resumed) discard_stale_checkpoints(run_checkpoints, tag);
+  return train_and_record(s, spec, tag, run_checkpoints);
+}
+
+}  // namespace
+
+int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options) {
+  const std::string db = options.db.empty() ? "results/" + matrix.name + ".db" : options.db;
+  if (options.dry_run) return list_runs(matrix, db);
+  if (all_finished(matrix, db)) return 0;
+  const Tasks tasks = load_tasks_and_check_models(matrix, registry, options);
+
+  boost::filesystem::create_directories(boost::filesystem::absolute(db).parent_path());
+  Store store(db);
+  store.register_runs(matrix.runs);
+  const RuntimeInfo runtime = probe_runtime(options.threads, options.gemm);
+  std::cerr << describe(runtime) << "\n";
+  Provenance prov = provenance_of(runtime);
 
   SignalScope signals;
   g_stop.store(false);
-  const bool tty = isatty(STDOUT_FILENO);
   // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
-  const std::string checkpoints = boost::filesystem::absolute(db).string() + ".checkpoints";
+  Session session{registry, tasks, store, std::move(prov), runtime.threads, options.threads,
+                  boost::filesystem::absolute(db).string() + ".checkpoints", isatty(STDOUT_FILENO) != 0,
+                  matrix.runs.size()};
   int64_t index = 0, ran = 0, skipped = 0, failed = 0;
   for (const auto& run : matrix.runs) {
-    ++index;
-    RunSpec spec = run;
-    if (options.threads > 0) spec.train.threads = options.threads;
-    prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : runtime.threads;
-    {
-      const Task& task = *tasks.at(task_key(spec.task_config));
-      const ModelOptions mo = model_options_for(spec, task);
-      prov.allocator = configure_allocator(estimate_activation_bytes(
-          spec.train.batch_size, task.seq_len(), mo.d_model_, static_cast<int64_t>(mo.layers_.size()),
-          mo.ffn_mult_ * mo.d_model_, mo.head_ == HeadKind::LanguageModel ? mo.vocab_size_ : 0));
-    }
-    bool resumed = false;
-    const Claim claim = store.claim(spec, prov, &resumed);
-    const std::string tag = "[" + std::to_string(index) + "/" + std::to_string(matrix.runs.size()) + "] " + spec.name();
-    if (claim != Claim::Claimed) {
+    const RunEnd end = claim_and_train(session, run, ++index);
+    if (end == RunEnd::Skipped) {
       ++skipped;
-      std::cout << tag << ": " << (claim == Claim::Done ? "finished before, skipped" : "running in another process, skipped") << "\n";
       continue;
     }
     ++ran;
-    std::cout << tag << (resumed ? ": resuming" : ": starting") << " (" << spec.hash << ")\n" << std::flush;
-    const std::string run_checkpoints = checkpoints + "/" + spec.hash;
-    if (!resumed) {
-      // A checkpoint of a run this database never started belongs to an
-      // earlier database of the same name (deleted or replaced): resuming
-      // from it would record a run without its training (a final-step
-      // checkpoint "finishes" at once, at 0 tokens/s).
-      bool stale = false;
-      for (const char* file : {"state.pt", "best.pt"})
-        stale |= boost::filesystem::remove(run_checkpoints + "/" + file);
-      if (stale)
-        std::cout << tag << ": discarded checkpoints in " << run_checkpoints
-                  << " that this database has no record of\n" << std::flush;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    int64_t last_print = 0;
-    TrainContext ctx{registry, *tasks.at(task_key(spec.task_config)), store,
-                     run_checkpoints, &g_stop,
-                     [&](int64_t step, double loss, double tps) {
-                       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-                       const double eta = elapsed / static_cast<double>(step) * static_cast<double>(spec.train.steps - step);
-                       std::ostringstream line;
-                       line << tag << "  step " << step << "/" << spec.train.steps << "  loss " << std::fixed
-                            << std::setprecision(4) << loss << "  " << std::setprecision(0) << tps << " tok/s  ETA "
-                            << format_eta(eta);
-                       if (tty) {
-                         std::cout << "\r" << line.str() << "\033[K" << std::flush;
-                       } else if (step - last_print >= spec.train.log_every || step == spec.train.steps) {
-                         std::cout << line.str() << "\n" << std::flush;
-                         last_print = step;
-                       }
-                     }};
-    TrainResult result;
-    try {
-      result = train_run(spec, ctx);
-    } catch (const std::exception& e) {
-      // libtorch errors carry a backtrace; the record keeps the message.
-      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-      const std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
-      if (tty) std::cout << "\n";
-      std::cout << tag << ": failed: " << message << "\n";
-      store.finish(spec.hash, "failed", message, -1, {});
+    if (end == RunEnd::Failed) {
       ++failed;
       continue;
     }
-    if (tty) std::cout << "\n";
-    switch (result.outcome) {
-      case Outcome::Done:
-        store.finish(spec.hash, "done", "", -1, result.summary);
-        std::cout << tag << ": done in " << std::fixed << std::setprecision(1) << result.summary.train_seconds << " s\n";
-        break;
-      case Outcome::Diverged:
-        store.finish(spec.hash, "diverged", result.error, result.diverged_step, result.summary);
-        std::cout << tag << ": diverged (" << result.error << ")\n";
-        break;
-      case Outcome::Interrupted:
-        store.finish(spec.hash, "interrupted", "interrupted by a signal", -1, result.summary);
-        std::cout << tag << ": interrupted; checkpoint saved, rerun to resume\n";
-        return 130;
-    }
-    if (g_stop.load()) return 130;
+    if (end == RunEnd::Interrupted || g_stop.load()) return 130;
   }
   std::cout << "matrix '" << matrix.name << "': " << ran << " run, " << skipped << " skipped";
   if (failed > 0) std::cout << ", " << failed << " failed (the error of each is above and in runs.error)";

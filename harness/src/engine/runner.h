@@ -2,8 +2,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/registry.h"
-#include "chiar/export.h"
+#include "chiar/registry.h"
 #include "matrix.h"
 
 namespace chiar::engine {
@@ -20,13 +19,13 @@ struct RunnerOptions {
 // Runs every run of the matrix that is not finished. Returns the exit status:
 // 0 when every run ended (done, failed or diverged), 130 when interrupted.
 // Configuration and plugin errors are thrown before the store is touched.
-CHIAR_API int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options);
+int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options);
 
 // The store's results, one row per run: for `chiar show` and `chiar export`.
 struct ResultRow {
   std::vector<std::string> cells;
 };
-CHIAR_API std::vector<std::string> result_columns();
-CHIAR_API std::vector<ResultRow> read_results(const std::string& db);
+std::vector<std::string> result_columns();
+std::vector<ResultRow> read_results(const std::string& db);
 
 }  // namespace chiar::engine

@@ -5,12 +5,11 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "chiar/export.h"
 
 namespace chiar {
 
-// Below this a 512x512 fp32 GEMM means libtorch runs on the reference BLAS
-// (~6 GFLOP/s) rather than OpenBLAS (~90 per core).
+// Below this a 512x512 fp32 GEMM means libtorch runs on the reference BLAS,
+// many times slower than OpenBLAS (docs/performance.md, 'GEMM libraries').
 constexpr double kSlowGemmGflops = 20.0;
 
 // What every run records about the machine it ran on.
@@ -31,30 +30,30 @@ struct RuntimeInfo {
 // Rough bytes a training step keeps alive for backward: per token and layer
 // about 16 d floats of mixing, residual and norms plus 3 of the FFN's m-wide
 // ones, plus 3 vocabulary-wide ones per token for a language-model head.
-CHIAR_API int64_t estimate_activation_bytes(int64_t batch, int64_t seq, int64_t d_model, int64_t layers,
+int64_t estimate_activation_bytes(int64_t batch, int64_t seq, int64_t d_model, int64_t layers,
                                             int64_t ffn_width, int64_t lm_vocab);
 
 // Sets glibc's treatment of large blocks for a run whose training step keeps
 // about expected_bytes alive (0: small), and returns a description for the
 // records. glibc serves every block above 32 MiB with mmap and returns it on
 // free, so each step page-faults its large tensors afresh; keeping freed
-// memory in the process instead (mmap off) measured 1.8x training and 2.2x
-// evaluation throughput on a small LM here, and 2x at T 4096 byte-level
-// classification (batch 8). The price is heap fragmentation: that run peaks
-// at 3.6 GB against glibc's 2.5 GB (10.5 GB before attention capped its
-// transient blocks at 32 MiB). So freed memory is kept unless the step's
-// activations alone would take 3/4 of physical memory, where fragmentation
-// could exhaust it. CHIAR_MALLOC=default always leaves glibc as it is,
+// memory in the process instead (mmap off) speeds up training and evaluation
+// of small LMs and T 4096 byte-level classification alike. The price is heap
+// fragmentation, a higher peak (far higher before attention capped its
+// transient blocks at 32 MiB; docs/performance.md, 'Allocator'). So freed
+// memory is kept unless the step's activations alone would take 3/4 of
+// physical memory, where fragmentation could exhaust it.
+// CHIAR_MALLOC=default always leaves glibc as it is,
 // CHIAR_MALLOC=retain always keeps freed memory.
-CHIAR_API std::string configure_allocator(int64_t expected_bytes = 0);
+std::string configure_allocator(int64_t expected_bytes = 0);
 
 // Sets libtorch's intra-op threads: requested > 0 as given, 0 = all cores.
 // Returns the number in force.
-CHIAR_API int configure_threads(int requested);
+int configure_threads(int requested);
 
 // The BLAS library whose sgemm_ this process binds to (resolved through the
 // Debian alternatives symlink), plus OpenBLAS's own configuration when present.
-CHIAR_API std::string detect_blas();
+std::string detect_blas();
 
 // Chooses the library behind chiar::linear and gemm_into (chiar/linear.h):
 // "blas", "onednn", or "auto", the faster of the two on a product of the
@@ -62,17 +61,17 @@ CHIAR_API std::string detect_blas();
 // oneDNN. CHIAR_GEMM in the environment, when set, replaces "auto". The same
 // choice again returns the first answer without measuring. Returns the
 // description runs record.
-CHIAR_API std::string configure_gemm(const std::string& choice = "auto");
+std::string configure_gemm(const std::string& choice = "auto");
 
 // The middle value (upper middle for an even count); 0 for none.
-CHIAR_API double median(std::vector<double> values);
+double median(std::vector<double> values);
 
 // An (m, k) x (k, n) fp32 matrix product (n x n x n by default) into a kept
 // output, warmed up twice on construction; each gflops() call times one
 // product on the library the model's products use now (gemm_into), or on the
 // BLAS when blas_only. Cheap enough to probe the GEMM rate between other work
 // (bench-train does, once per round).
-class CHIAR_API GemmProbe {
+class GemmProbe {
  public:
   explicit GemmProbe(int64_t n, bool blas_only = false) : GemmProbe(n, n, n, blas_only) {}
   GemmProbe(int64_t m, int64_t k, int64_t n, bool blas_only = false);
@@ -88,13 +87,13 @@ class CHIAR_API GemmProbe {
 
 // Median GFLOP/s of an n x n fp32 matrix product over `repeats` timed runs
 // after two warm-up runs (on the BLAS when blas_only).
-CHIAR_API double measure_gemm_gflops(int64_t n = 512, int repeats = 10, bool blas_only = false);
+double measure_gemm_gflops(int64_t n = 512, int repeats = 10, bool blas_only = false);
 
 // Threads, GEMM library (configure_gemm(gemm)), BLAS, GEMM rates and machine
 // facts in one call.
-CHIAR_API RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm = "auto");
+RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm = "auto");
 
 // One-line summary, e.g. for a log header; warns when the GEMM rate is slow.
-CHIAR_API std::string describe(const RuntimeInfo& info);
+std::string describe(const RuntimeInfo& info);
 
 }  // namespace chiar

@@ -2,14 +2,13 @@
 #include <cstdint>
 #include <string>
 
-#include "chiar/export.h"
 
 namespace chiar {
 
 // Splits punctuation off words so a whitespace word-level tokeniser sees it as
 // separate tokens (as WikiText's tokenised form does): ".,;:!?()[]{}\"" and
 // dashes become their own tokens; apostrophes and in-word hyphens stay.
-CHIAR_API std::string split_punctuation(const std::string& text);
+std::string split_punctuation(const std::string& text);
 
 struct SotuSummary {
   int64_t speeches[3] = {0, 0, 0};  // train, valid, test
@@ -21,7 +20,7 @@ struct SotuSummary {
 // WikiText layout: sotu.{train,valid,test}.tokens (punctuation split) and
 // .raw (original text), one speech per line, in year order. Speeches before
 // valid_from train, before test_from validate, the rest test.
-CHIAR_API SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir,
+SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir,
                                    int valid_from = 1981, int test_from = 2001);
 
 }  // namespace chiar

@@ -7,11 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "chiar/export.h"
 
 namespace chiar::engine {
 
-class CHIAR_API Statement {
+class Statement {
  public:
   Statement(sqlite3* db, const std::string& sql, const std::string& file);
   ~Statement();
@@ -39,7 +38,7 @@ class CHIAR_API Statement {
   std::string file_;
 };
 
-class CHIAR_API Database {
+class Database {
  public:
   explicit Database(const std::string& file);  // creates the file; WAL; 60 s busy timeout
   ~Database();

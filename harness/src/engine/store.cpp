@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <stdexcept>
 
 #include "chiar/error.h"
 
@@ -138,19 +139,19 @@ void Store::register_runs(const std::vector<RunSpec>& runs) {
   });
 }
 
-Claim Store::claim(const RunSpec& run, const Provenance& p, bool* resumed) {
-  Claim result = Claim::Busy;
+ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed) {
+  ClaimOutcome result = ClaimOutcome::Busy;
   db_.transaction([&] {
     auto q = db_.prepare("SELECT status, host, pid, heartbeat, started_at FROM runs WHERE hash = ?");
     q.bind(1, run.hash);
     if (!q.step()) throw UserError(db_.file() + ": run " + run.hash + " is not registered");
-    const std::string status = q.text(0);
-    if (status == "done" || status == "failed" || status == "diverged") {
-      result = Claim::Done;
+    const RunStatus status = run_status_from_string(q.text(0));
+    if (is_final(status)) {
+      result = ClaimOutcome::Done;
       return;
     }
-    if (status == "running" && !is_dead(q.text(1), q.integer(2), q.real(3))) {
-      result = Claim::Busy;
+    if (status == RunStatus::Running && !is_dead(q.text(1), q.integer(2), q.real(3))) {
+      result = ClaimOutcome::Busy;
       return;
     }
     if (resumed) *resumed = !q.is_null(4);
@@ -164,7 +165,7 @@ Claim Store::claim(const RunSpec& run, const Provenance& p, bool* resumed) {
         .bind(10, int64_t{p.threads}).bind(11, p.device).bind(12, p.cpu).bind(13, p.build_type)
         .bind(14, p.allocator).bind(15, p.gemm).bind(16, run.hash)
         .run();
-    result = Claim::Claimed;
+    result = ClaimOutcome::Claimed;
   });
   return result;
 }
@@ -176,7 +177,7 @@ void Store::heartbeat(const std::string& hash, int64_t step) {
   });
 }
 
-void Store::finish(const std::string& hash, const std::string& status, const std::string& error,
+void Store::finish(const std::string& hash, RunStatus status, const std::string& error,
                    int64_t diverged_step, const RunSummary& s) {
   db_.transaction([&] {
     auto u = db_.prepare(
@@ -184,7 +185,7 @@ void Store::finish(const std::string& hash, const std::string& status, const std
         "train_seconds = ?, train_tokens_per_s = ?, eval_tokens_per_s = ?, step_ms = ?, "
         "peak_rss_mb = ?, tau = ?, calibration = COALESCE(NULLIF(?, ''), calibration), "
         "overhead_fraction = ?, overhead = ? WHERE hash = ?");
-    u.bind(1, status);
+    u.bind(1, to_string(status));
     if (error.empty()) u.bind_null(2); else u.bind(2, error);
     if (diverged_step < 0) u.bind_null(3); else u.bind(3, diverged_step);
     u.bind(4, now_iso()).bind(5, s.params).bind(6, s.train_seconds).bind(7, s.train_tokens_per_s)
@@ -194,10 +195,29 @@ void Store::finish(const std::string& hash, const std::string& status, const std
   });
 }
 
-std::string Store::status(const std::string& hash) {
+RunStatus Store::status(const std::string& hash) {
   auto q = db_.prepare("SELECT status FROM runs WHERE hash = ?");
   q.bind(1, hash);
-  return q.step() ? q.text(0) : "";
+  return q.step() ? run_status_from_string(q.text(0)) : RunStatus::Pending;
+}
+
+const char* to_string(RunStatus s) {
+  switch (s) {
+    case RunStatus::Pending: return "pending";
+    case RunStatus::Running: return "running";
+    case RunStatus::Done: return "done";
+    case RunStatus::Failed: return "failed";
+    case RunStatus::Diverged: return "diverged";
+    case RunStatus::Interrupted: return "interrupted";
+  }
+  return "?";
+}
+
+RunStatus run_status_from_string(const std::string& text) {
+  for (RunStatus s : {RunStatus::Pending, RunStatus::Running, RunStatus::Done, RunStatus::Failed,
+                      RunStatus::Diverged, RunStatus::Interrupted})
+    if (text == to_string(s)) return s;
+  throw std::logic_error("runs.status holds '" + text + "', which the store's CHECK constraint forbids");
 }
 
 int64_t Store::run_id(const std::string& hash) {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "chiar/export.h"
 #include "run_spec.h"
+#include "run_status.h"
 #include "sqlite.h"
 
 namespace chiar::engine {
@@ -27,7 +27,7 @@ struct Provenance {
   int64_t pid = 0;
 };
 
-enum class Claim {
+enum class ClaimOutcome {
   Claimed,  // this process runs it now (fresh, or resuming a dead or interrupted run)
   Done,     // finished before (done, failed or diverged): skip
   Busy,     // a live process is running it: skip
@@ -56,19 +56,20 @@ struct FlopRow {
   double train_sparse = 0;
 };
 
-class CHIAR_API Store {
+class Store {
  public:
   explicit Store(const std::string& file);
 
   // Adds a pending row for every spec not yet in the database.
   void register_runs(const std::vector<RunSpec>& runs);
   // Claims a run; `resumed` tells whether it had started before.
-  Claim claim(const RunSpec& run, const Provenance& p, bool* resumed = nullptr);
+  ClaimOutcome claim(const RunSpec& run, const Provenance& p, bool* resumed = nullptr);
   void heartbeat(const std::string& hash, int64_t step);
-  // status: done | failed | diverged | interrupted.
-  void finish(const std::string& hash, const std::string& status, const std::string& error,
+  // status: Done, Failed, Diverged or Interrupted.
+  void finish(const std::string& hash, RunStatus status, const std::string& error,
               int64_t diverged_step, const RunSummary& summary);
-  std::string status(const std::string& hash);
+  // The run's status; Pending for a hash the store does not hold.
+  RunStatus status(const std::string& hash);
 
   void add_metrics(const std::string& hash, int64_t step, const std::string& split,
                    const std::string& checkpoint, const std::map<std::string, double>& values);
@@ -89,6 +90,6 @@ class CHIAR_API Store {
 
 // The project's commit and whether the tree differs from it ("" when not a
 // git checkout).
-CHIAR_API std::pair<std::string, bool> git_state(const std::string& dir);
+std::pair<std::string, bool> git_state(const std::string& dir);
 
 }  // namespace chiar::engine

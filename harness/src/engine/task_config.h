@@ -2,7 +2,6 @@
 #include <string>
 #include <vector>
 
-#include "chiar/export.h"
 #include "chiar/params.h"
 
 namespace chiar {
@@ -17,10 +16,10 @@ struct TaskConfig {
 // Reads table `table` (dotted, e.g. "tasks.wikitext2") of a TOML file. Values
 // must be booleans, integers, floats, strings or arrays of numbers; errors
 // give file:line:column and the key.
-CHIAR_API TaskConfig load_task_config(const std::string& file, const std::string& table);
+TaskConfig load_task_config(const std::string& file, const std::string& table);
 
 // A task from --task NAME and --set key=value assignments.
-CHIAR_API TaskConfig task_config_from_assignments(const std::string& plugin,
+TaskConfig task_config_from_assignments(const std::string& plugin,
                                                   const std::vector<std::string>& assignments);
 
 }  // namespace chiar

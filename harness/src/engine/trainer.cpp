@@ -15,9 +15,9 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../core/autocast_compat.h"
-#include "../core/model.h"
-#include "../core/runtime.h"
+#include "core/autocast_compat.h"
+#include "model/model.h"
+#include "engine/runtime.h"
 #include "accounting.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
@@ -108,6 +108,31 @@ void timed(double& into, F&& f) {
   into += seconds_since(t0);
 }
 
+void add_lm_metrics(std::map<std::string, double>& metrics, const Task& task, const std::string& split, double nll,
+                    int64_t scored, bool full_split) {
+  metrics["nll"] = nll;
+  metrics["tokens"] = static_cast<double>(scored);
+  metrics["token_ppl"] = std::exp(nll / std::max<int64_t>(scored, 1));
+  if (full_split) {  // words and bytes describe the whole split only
+    const SplitStats s = task.stats(split);
+    const LmMetrics m = lm_metrics(nll, scored, s.words, s.bytes);
+    metrics["word_ppl"] = m.word_ppl;
+    metrics["bits_per_byte"] = m.bits_per_byte;
+  }
+}
+
+void add_class_metrics(std::map<std::string, double>& metrics, double loss_sum, const std::vector<int64_t>& correct,
+                       const std::vector<int64_t>& count) {
+  const ClassMetrics m = class_metrics(loss_sum, correct, count);
+  metrics["accuracy"] = m.accuracy;
+  metrics["loss"] = m.mean_loss;
+  metrics["examples"] = 0;
+  for (size_t c = 0; c < count.size(); ++c) {
+    metrics["examples"] += static_cast<double>(count[c]);
+    if (count[c]) metrics["accuracy_class_" + std::to_string(c)] = static_cast<double>(correct[c]) / static_cast<double>(count[c]);
+  }
+}
+
 EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
                     int64_t batch_size, bool bf16) {
   at::NoGradGuard no_grad;
@@ -153,26 +178,8 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
     }
   }
   r.tokens_per_s = static_cast<double>(real_tokens) / std::max(seconds_since(t0) - r.accounting_seconds, 1e-9);
-  if (task.head() == TaskHead::LanguageModel) {
-    r.metrics["nll"] = nll;
-    r.metrics["tokens"] = static_cast<double>(scored);
-    r.metrics["token_ppl"] = std::exp(nll / std::max<int64_t>(scored, 1));
-    if (n == total) {  // words and bytes describe the whole split only
-      const SplitStats s = task.stats(split);
-      const LmMetrics m = lm_metrics(nll, scored, s.words, s.bytes);
-      r.metrics["word_ppl"] = m.word_ppl;
-      r.metrics["bits_per_byte"] = m.bits_per_byte;
-    }
-  } else {
-    const ClassMetrics m = class_metrics(loss_sum, correct, count);
-    r.metrics["accuracy"] = m.accuracy;
-    r.metrics["loss"] = m.mean_loss;
-    r.metrics["examples"] = 0;
-    for (size_t c = 0; c < count.size(); ++c) {
-      r.metrics["examples"] += static_cast<double>(count[c]);
-      if (count[c]) r.metrics["accuracy_class_" + std::to_string(c)] = static_cast<double>(correct[c]) / static_cast<double>(count[c]);
-    }
-  }
+  if (task.head() == TaskHead::LanguageModel) add_lm_metrics(r.metrics, task, split, nll, scored, n == total);
+  else add_class_metrics(r.metrics, loss_sum, correct, count);
   r.metrics["full_split"] = n == total ? 1.0 : 0.0;
   model.train(was_training);
   return r;
@@ -230,28 +237,7 @@ void save_state(const std::string& path, ChiarModel& model, torch::optim::AdamW&
   fs::rename(tmp, path);  // a crash mid-write never leaves a torn checkpoint
 }
 
-}  // namespace
-
-ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
-  ModelOptions o = spec.model;
-  o.vocab_size(task.vocab_size());
-  if (task.head() == TaskHead::LanguageModel) {
-    o.head(HeadKind::LanguageModel);
-  } else {
-    o.head(HeadKind::Classifier).n_classes(task.n_classes());
-  }
-  return o;
-}
-
-TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
-  const TrainOptions& t = spec.train;
-  const Task& task = ctx.task;
-  const bool bf16 = t.precision == "bf16";
-  TrainResult result;
-  configure_threads(static_cast<int>(t.threads));
-
-  ChiarModel model(ctx.registry, model_options_for(spec, task));
-  result.summary.params = model.parameter_count();
+std::vector<torch::optim::OptimizerParamGroup> param_groups(ChiarModel& model, const TrainOptions& t) {
   std::vector<at::Tensor> decay, no_decay;
   for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -259,156 +245,264 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
                                  torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(t.weight_decay)));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(0.0)));
-  FusedAdamW optimizer(groups);
+  return groups;
+}
 
-  fs::create_directories(ctx.checkpoint_dir);
-  // The resolved spec beside the checkpoints: a checkpoint folder alone
-  // suffices to rebuild the model (chiar inspect).
-  if (!spec.resolved_toml.empty()) std::ofstream(ctx.checkpoint_dir + "/spec.toml") << spec.resolved_toml;
-  const std::string state_path = ctx.checkpoint_dir + "/state.pt";
-  const std::string best_path = ctx.checkpoint_dir + "/best.pt";
-  int64_t start = 0;
-  double best = -INFINITY, prior_seconds = 0;
-  bool has_best = false;
-  if (fs::exists(state_path)) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(state_path);
-    model.load(archive);
-    torch::serialize::InputArchive opt_archive;
-    archive.read("optimizer", opt_archive);
-    optimizer.load(opt_archive);
-    auto read = [&](const char* key) {
-      at::Tensor v;  // a fresh tensor per read: read() swaps in the stored storage
-      archive.read(key, v);
-      return v;
-    };
-    start = read("step").item<int64_t>();
-    best = read("best").item<double>();
-    has_best = read("has_best").item<int64_t>() != 0;
-    prior_seconds = read("train_seconds").item<double>();
-    const at::Tensor rng = read("rng");
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng);
-  } else {
-    // Calibrate data-derived router settings on the first training batches.
-    std::vector<at::Tensor> tokens, valid;
-    int64_t longest = 0;
-    std::vector<Batch> sample;
-    for (int64_t i = 0; i < t.calibration_batches; ++i) {
-      sample.push_back(task.train_batch(static_cast<uint64_t>(spec.seed), i, t.batch_size));
-      longest = std::max(longest, sample.back().tokens.size(1));
-    }
-    for (auto& b : sample) {
-      const int64_t pad = longest - b.tokens.size(1);
-      auto v = b.valid.defined() ? b.valid : at::ones_like(b.tokens, at::kBool);
-      tokens.push_back(at::constant_pad_nd(b.tokens, {0, pad}, task.pad_id()));
-      valid.push_back(at::constant_pad_nd(v, {0, pad}, 0));
-    }
-    if (!sample.empty()) {
-      auto all_valid = at::cat(valid);
-      model.calibrate_routers(at::cat(tokens), all_valid);
-      result.summary.calibration = "{\"batches\": " + std::to_string(t.calibration_batches) +
-                                   ", \"tokens\": " + std::to_string(all_valid.sum().item<int64_t>()) + "}";
-    }
-  }
-  model.train();
+// One run in training: its model and optimiser, and what its phases share.
+// The optimiser is a member, not a reference, so that its step stays a
+// direct call.
+struct Run {
+  Run(const RunSpec& s, const TrainContext& c)
+      : spec(s),
+        ctx(c),
+        t(s.train),
+        bf16(s.train.precision == "bf16"),
+        model(c.registry, model_options_for(s, c.task)),
+        optimizer(param_groups(model, s.train)),
+        state_path(c.checkpoint_dir + "/state.pt"),
+        best_path(c.checkpoint_dir + "/best.pt") {}
 
-  const auto run_start = Clock::now();
+  const RunSpec& spec;
+  const TrainContext& ctx;
+  const TrainOptions& t;
+  const bool bf16;
+  ChiarModel model;
+  FusedAdamW optimizer;
+  const std::string state_path, best_path;
+  int64_t start = 0;         // the first step this process trains
+  double best = -INFINITY;   // the best validation score so far
+  bool has_best = false;     // whether best.pt holds it
+  double prior_seconds = 0;  // training seconds of earlier processes
+  Clock::time_point started;
   std::vector<double> step_ms, step_tps;
   Overhead overhead;
-  for (int64_t step = start; step < t.steps; ++step) {
+};
+
+// The resolved spec beside the checkpoints: a checkpoint folder alone
+// suffices to rebuild the model (chiar inspect).
+void prepare_checkpoint_dir(const RunSpec& spec, const std::string& dir) {
+  fs::create_directories(dir);
+  if (!spec.resolved_toml.empty()) std::ofstream(dir + "/spec.toml") << spec.resolved_toml;
+}
+
+// Resumes from state.pt: model, optimiser, step, best score, training
+// seconds and the RNG, so that the run goes on exactly as if never stopped.
+void restore(Run& run) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(run.state_path);
+  run.model.load(archive);
+  torch::serialize::InputArchive opt_archive;
+  archive.read("optimizer", opt_archive);
+  run.optimizer.load(opt_archive);
+  auto read = [&](const char* key) {
+    at::Tensor v;  // a fresh tensor per read: read() swaps in the stored storage
+    archive.read(key, v);
+    return v;
+  };
+  run.start = read("step").item<int64_t>();
+  run.best = read("best").item<double>();
+  run.has_best = read("has_best").item<int64_t>() != 0;
+  run.prior_seconds = read("train_seconds").item<double>();
+  const at::Tensor rng = read("rng");
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(rng);
+}
+
+// Calibrates data-derived router settings on the first training batches.
+// Returns what calibrated them (JSON), or "" when there were none.
+std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec& spec) {
+  const TrainOptions& t = spec.train;
+  std::vector<at::Tensor> tokens, valid;
+  int64_t longest = 0;
+  std::vector<Batch> sample;
+  for (int64_t i = 0; i < t.calibration_batches; ++i) {
+    sample.push_back(task.train_batch(static_cast<uint64_t>(spec.seed), i, t.batch_size));
+    longest = std::max(longest, sample.back().tokens.size(1));
+  }
+  for (auto& b : sample) {
+    const int64_t pad = longest - b.tokens.size(1);
+    auto v = b.valid.defined() ? b.valid : at::ones_like(b.tokens, at::kBool);
+    tokens.push_back(at::constant_pad_nd(b.tokens, {0, pad}, task.pad_id()));
+    valid.push_back(at::constant_pad_nd(v, {0, pad}, 0));
+  }
+  if (sample.empty()) return "";
+  auto all_valid = at::cat(valid);
+  model.calibrate_routers(at::cat(tokens), all_valid);
+  return "{\"batches\": " + std::to_string(t.calibration_batches) +
+         ", \"tokens\": " + std::to_string(all_valid.sum().item<int64_t>()) + "}";
+}
+
+// Warm-up, then cosine decay to lr * min_lr_ratio.
+double learning_rate(const TrainOptions& t, int64_t step) {
+  const double progress = t.steps > t.warmup ? static_cast<double>(step - t.warmup) / static_cast<double>(t.steps - t.warmup) : 1.0;
+  return step < t.warmup ? t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup)
+                         : t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
+}
+
+void set_learning_rate(FusedAdamW& optimizer, double lr) {
+  for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+}
+
+struct StepLoss {
+  double loss = 0;     // mean over the micro-batches
+  int64_t tokens = 0;  // real tokens trained on
+};
+
+// Forward and backward over the step's micro-batches into fresh gradients.
+StepLoss accumulate_gradients(Run& run, int64_t step) {
+  const TrainOptions& t = run.t;
+  run.optimizer.zero_grad();
+  StepLoss s;
+  for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
+    const Batch b = run.ctx.task.train_batch(static_cast<uint64_t>(run.spec.seed), step * t.grad_accum + micro, t.batch_size);
+    at::Tensor loss;
+    {
+      Autocast cast(run.bf16);
+      loss = loss_of(run.model, run.model.forward(b.tokens, b.valid, /*logits=*/false), b, run.ctx.task.head());
+    }
+    (loss / static_cast<double>(t.grad_accum)).backward();
+    s.loss += loss.item<double>() / static_cast<double>(t.grad_accum);
+    s.tokens += b.valid.defined() ? b.valid.sum().item<int64_t>() : b.tokens.numel();
+  }
+  return s;
+}
+
+bool diverged(const TrainOptions& t, double loss) {
+  return !std::isfinite(loss) || (t.fail_loss_above > 0 && loss > t.fail_loss_above);
+}
+
+void apply_gradients(Run& run) {
+  if (run.t.clip > 0) torch::nn::utils::clip_grad_norm_(run.model.parameters(), run.t.clip);
+  run.optimizer.step();
+}
+
+// The training log and heartbeat when due, and the progress callback.
+void report_step(Run& run, int64_t done, double loss, double lr) {
+  const TrainOptions& t = run.t;
+  if (done % t.log_every == 0 || done == t.steps)
+    timed(run.overhead.store, [&] {
+      run.ctx.store.add_train_log(run.spec.hash, done, loss, lr, run.step_tps.back());
+      run.ctx.store.heartbeat(run.spec.hash, done);
+    });
+  if (run.ctx.progress) timed(run.overhead.progress, [&] { run.ctx.progress(done, loss, run.step_tps.back()); });
+}
+
+void save_best(Run& run) {
+  torch::serialize::OutputArchive archive;
+  run.model.save(archive);
+  archive.save_to(run.best_path + ".tmp");
+  fs::rename(run.best_path + ".tmp", run.best_path);
+}
+
+// Scores the validation split (all of it after the last step), records the
+// metrics and the FLOP / routing accounting, and keeps a new best model.
+void validate(Run& run, int64_t done) {
+  const bool final_eval = done == run.t.steps;
+  EvalResult e;
+  timed(run.overhead.evaluation, [&] {
+    e = evaluate(run.model, run.ctx.task, "valid", final_eval ? 0 : run.t.eval_batches, run.t.eval_batch_size, run.bf16);
+  });
+  run.overhead.evaluation -= e.accounting_seconds;
+  run.overhead.accounting += e.accounting_seconds;
+  timed(run.overhead.store, [&] {
+    run.ctx.store.add_metrics(run.spec.hash, done, "valid", "current", e.metrics);
+    record_accounting(run.ctx.store, run.spec.hash, done, e.accounting);
+  });
+  if (score(e.metrics) > run.best) {
+    run.best = score(e.metrics);
+    run.has_best = true;
+    timed(run.overhead.checkpoints, [&] { save_best(run); });
+  }
+}
+
+void save_checkpoint(Run& run, int64_t done) {
+  timed(run.overhead.checkpoints, [&] {
+    save_state(run.state_path, run.model, run.optimizer, done, run.best, run.has_best,
+               run.prior_seconds + seconds_since(run.started));
+  });
+}
+
+// Trains from run.start to the last step; stops early on divergence, or
+// after a checkpoint when a stop is requested.
+void train_steps(Run& run, TrainResult& result) {
+  const TrainOptions& t = run.t;
+  for (int64_t step = run.start; step < t.steps; ++step) {
     const auto t0 = Clock::now();
-    // Warm-up, then cosine decay to lr * min_lr_ratio.
-    const double progress = t.steps > t.warmup ? static_cast<double>(step - t.warmup) / static_cast<double>(t.steps - t.warmup) : 1.0;
-    const double lr = step < t.warmup ? t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup)
-                                      : t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
-    for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-    optimizer.zero_grad();
-    double loss_value = 0;
-    int64_t tokens = 0;
-    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-      const Batch b = task.train_batch(static_cast<uint64_t>(spec.seed), step * t.grad_accum + micro, t.batch_size);
-      at::Tensor loss;
-      {
-        Autocast cast(bf16);
-        loss = loss_of(model, model.forward(b.tokens, b.valid, /*logits=*/false), b, task.head());
-      }
-      (loss / static_cast<double>(t.grad_accum)).backward();
-      loss_value += loss.item<double>() / static_cast<double>(t.grad_accum);
-      tokens += b.valid.defined() ? b.valid.sum().item<int64_t>() : b.tokens.numel();
-    }
-    if (!std::isfinite(loss_value) || (t.fail_loss_above > 0 && loss_value > t.fail_loss_above)) {
-      result.outcome = Outcome::Diverged;
+    const double lr = learning_rate(t, step);
+    set_learning_rate(run.optimizer, lr);
+    const StepLoss s = accumulate_gradients(run, step);
+    if (diverged(t, s.loss)) {
+      result.outcome = RunStatus::Diverged;
       result.diverged_step = step + 1;
-      result.error = "loss " + std::to_string(loss_value) + " at step " + std::to_string(step + 1);
+      result.error = "loss " + std::to_string(s.loss) + " at step " + std::to_string(step + 1);
       break;
     }
-    if (t.clip > 0) torch::nn::utils::clip_grad_norm_(model.parameters(), t.clip);
-    optimizer.step();
+    apply_gradients(run);
     const double seconds = seconds_since(t0);
-    overhead.steps += seconds;
-    step_ms.push_back(seconds * 1e3);
-    step_tps.push_back(static_cast<double>(tokens) / seconds);
+    run.overhead.steps += seconds;
+    run.step_ms.push_back(seconds * 1e3);
+    run.step_tps.push_back(static_cast<double>(s.tokens) / seconds);
     const int64_t done = step + 1;
-    if (done % t.log_every == 0 || done == t.steps)
-      timed(overhead.store, [&] {
-        ctx.store.add_train_log(spec.hash, done, loss_value, lr, step_tps.back());
-        ctx.store.heartbeat(spec.hash, done);
-      });
-    if (ctx.progress) timed(overhead.progress, [&] { ctx.progress(done, loss_value, step_tps.back()); });
-    if (done % t.eval_every == 0 || done == t.steps) {
-      const bool final_eval = done == t.steps;
-      EvalResult e;
-      timed(overhead.evaluation, [&] {
-        e = evaluate(model, task, "valid", final_eval ? 0 : t.eval_batches, t.eval_batch_size, bf16);
-      });
-      overhead.evaluation -= e.accounting_seconds;
-      overhead.accounting += e.accounting_seconds;
-      timed(overhead.store, [&] {
-        ctx.store.add_metrics(spec.hash, done, "valid", "current", e.metrics);
-        record_accounting(ctx.store, spec.hash, done, e.accounting);
-      });
-      if (score(e.metrics) > best) {
-        best = score(e.metrics);
-        has_best = true;
-        timed(overhead.checkpoints, [&] {
-          torch::serialize::OutputArchive archive;
-          model.save(archive);
-          archive.save_to(best_path + ".tmp");
-          fs::rename(best_path + ".tmp", best_path);
-        });
-      }
-    }
-    const bool stopping = ctx.stop && ctx.stop->load();
-    if (done % t.checkpoint_every == 0 || done == t.steps || stopping)
-      timed(overhead.checkpoints, [&] {
-        save_state(state_path, model, optimizer, done, best, has_best, prior_seconds + seconds_since(run_start));
-      });
+    report_step(run, done, s.loss, lr);
+    if (done % t.eval_every == 0 || done == t.steps) validate(run, done);
+    const bool stopping = run.ctx.stop && run.ctx.stop->load();
+    if (done % t.checkpoint_every == 0 || done == t.steps || stopping) save_checkpoint(run, done);
     if (stopping && done < t.steps) {
-      result.outcome = Outcome::Interrupted;
+      result.outcome = RunStatus::Interrupted;
       break;
     }
   }
-  result.summary.train_seconds = prior_seconds + seconds_since(run_start);
-  result.summary.step_ms = median(step_ms);
-  result.summary.train_tokens_per_s = median(step_tps);
-  result.summary.tau = thresholds_json(model);
-  result.summary.overhead_fraction = overhead.fraction();
-  result.summary.overhead = overhead.json();
-  if (result.outcome == Outcome::Done) {
-    // The test split, scored by the last and by the best-validation model.
-    EvalResult last = evaluate(model, task, "test", 0, t.eval_batch_size, bf16);
-    ctx.store.add_metrics(spec.hash, t.steps, "test", "last", last.metrics);
-    result.summary.eval_tokens_per_s = last.tokens_per_s;
-    if (has_best) {
-      torch::serialize::InputArchive archive;
-      archive.load_from(best_path);
-      model.load(archive);
-    }
-    EvalResult best_eval = evaluate(model, task, "test", 0, t.eval_batch_size, bf16);
-    ctx.store.add_metrics(spec.hash, t.steps, "test", "best", best_eval.metrics);
+}
+
+void summarise_training(const Run& run, RunSummary& summary) {
+  summary.train_seconds = run.prior_seconds + seconds_since(run.started);
+  summary.step_ms = median(run.step_ms);
+  summary.train_tokens_per_s = median(run.step_tps);
+  summary.tau = thresholds_json(run.model);
+  summary.overhead_fraction = run.overhead.fraction();
+  summary.overhead = run.overhead.json();
+}
+
+// The test split, scored by the last and by the best-validation model.
+void score_test_split(Run& run, RunSummary& summary) {
+  const TrainOptions& t = run.t;
+  EvalResult last = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16);
+  run.ctx.store.add_metrics(run.spec.hash, t.steps, "test", "last", last.metrics);
+  summary.eval_tokens_per_s = last.tokens_per_s;
+  if (run.has_best) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(run.best_path);
+    run.model.load(archive);
   }
+  EvalResult best_eval = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16);
+  run.ctx.store.add_metrics(run.spec.hash, t.steps, "test", "best", best_eval.metrics);
+}
+
+}  // namespace
+
+ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
+  ModelOptions o = spec.model;
+  o.vocab_size(task.vocab_size());
+  o.head(task.head());
+  if (task.head() == TaskHead::Classifier) o.n_classes(task.n_classes());
+  return o;
+}
+
+TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
+  TrainResult result;
+  configure_threads(static_cast<int>(spec.train.threads));
+  Run run(spec, ctx);
+  result.summary.params = run.model.parameter_count();
+  prepare_checkpoint_dir(spec, ctx.checkpoint_dir);
+  if (fs::exists(run.state_path)) restore(run);
+  else result.summary.calibration = calibrate_routers(run.model, ctx.task, spec);
+  run.model.train();
+
+  run.started = Clock::now();
+  train_steps(run, result);
+  summarise_training(run, result.summary);
+  if (result.outcome == RunStatus::Done) score_test_split(run, result.summary);
   result.summary.peak_rss_mb = peak_rss_mb();
   return result;
 }

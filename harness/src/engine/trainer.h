@@ -7,17 +7,15 @@
 #include <functional>
 #include <string>
 
-#include "../core/registry.h"
+#include "chiar/registry.h"
 #include "chiar/task.h"
 #include "run_spec.h"
 #include "store.h"
 
 namespace chiar::engine {
 
-enum class Outcome { Done, Diverged, Interrupted };
-
 struct TrainResult {
-  Outcome outcome = Outcome::Done;
+  RunStatus outcome = RunStatus::Done;  // Done, Diverged or Interrupted
   int64_t diverged_step = -1;
   std::string error;
   RunSummary summary;

@@ -4,13 +4,12 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "chiar/export.h"
 
 namespace chiar {
 
 // Reads one vector per line (whitespace-separated numbers, every line the same
 // length) into an (N, d) float64 tensor. `source` names the input in errors,
 // which give the line: ragged lines, non-numbers, blank lines, empty input.
-CHIAR_API at::Tensor read_vectors(std::istream& in, const std::string& source);
+at::Tensor read_vectors(std::istream& in, const std::string& source);
 
 }  // namespace chiar

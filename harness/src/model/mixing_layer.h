@@ -5,7 +5,6 @@
 
 #include <torch/nn/module.h>
 
-#include "chiar/export.h"
 #include "chiar/operator.h"
 #include "chiar/router.h"
 
@@ -17,8 +16,8 @@ enum class Execution {
   Dense,   // every operator on every token, outputs blended by the weights
   Sparse,  // rows gathered per operator, each operator runs on its rows only
 };
-CHIAR_API const char* to_string(Execution e);
-CHIAR_API Execution execution_from_string(const std::string& name);
+const char* to_string(Execution e);
+Execution execution_from_string(const std::string& name);
 
 // What a routed layer decided in one forward pass (detached).
 struct LayerRouting {
@@ -32,7 +31,7 @@ struct LayerRouting {
 
 // The operator sub-layer of one block: a single operator, or K operators with a
 // router choosing per token. Operators include their own residual + LayerNorm.
-class CHIAR_API MixingLayer : public torch::nn::Module {
+class MixingLayer : public torch::nn::Module {
  public:
   MixingLayer(int64_t index, std::vector<std::string> names,
               std::vector<std::shared_ptr<Operator>> operators, std::shared_ptr<Router> router);

@@ -12,12 +12,12 @@
 #include "chiar/gelu.h"
 #include "chiar/layer_norm.h"
 #include "chiar/linear.h"
-#include "registry.h"
+#include "chiar/registry.h"
 
 namespace chiar {
 
-const char* to_string(HeadKind h) {
-  return h == HeadKind::LanguageModel ? "language-model" : "classifier";
+const char* to_string(TaskHead h) {
+  return h == TaskHead::LanguageModel ? "language-model" : "classifier";
 }
 
 const char* to_string(MetaRouterKind m) {
@@ -65,43 +65,42 @@ at::Tensor FeedForward::forward(const at::Tensor& x) {
   auto h = chiar::linear(x, up_->weight);  // (B, T, m d)
   // Without grad mode nothing keeps the pre-activation for backward.
   h = torch::autograd::GradMode::is_enabled() ? bias_gelu(h, up_->bias) : bias_gelu_(h, up_->bias);
-  if (is_training() && drop_->options.p() > 0) return chiar::normalize(norm_, x + drop_(project(down_, h)));
+  if (is_training() && drop_->options.p() > 0) return chiar::apply_layer_norm(norm_, x + drop_(project(down_, h)));
   // The residual as the product's addend: one pass over (B, T, d) fewer than
-  // adding it afterwards (with the in-place GELU, -0.6 ms of 10 per FFN at
-  // 2048 tokens, d 256, here).
-  return chiar::normalize(norm_, project(down_, h, x));
+  // adding it afterwards (docs/performance.md, 'FFN').
+  return chiar::apply_layer_norm(norm_, project(down_, h, x));
 }
 
 ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
     : options_(std::move(options)) {
   const auto& o = options_;
-  if (o.layers_.empty()) throw UserError("model: the layer plan is empty");
-  if (o.d_model_ < 1 || o.n_heads_ < 1 || o.d_model_ % o.n_heads_ != 0)
-    throw UserError("model: d_model (" + std::to_string(o.d_model_) +
-                    ") must be a positive multiple of n_heads (" + std::to_string(o.n_heads_) + ")");
-  if (o.vocab_size_ < 1) throw UserError("model: vocab_size must be positive");
-  if (o.head_ == HeadKind::Classifier && o.n_classes_ < 2)
+  if (o.layers().empty()) throw UserError("model: the layer plan is empty");
+  if (o.d_model() < 1 || o.n_heads() < 1 || o.d_model() % o.n_heads() != 0)
+    throw UserError("model: d_model (" + std::to_string(o.d_model()) +
+                    ") must be a positive multiple of n_heads (" + std::to_string(o.n_heads()) + ")");
+  if (o.vocab_size() < 1) throw UserError("model: vocab_size must be positive");
+  if (o.head() == TaskHead::Classifier && o.n_classes() < 2)
     throw UserError("model: a classifier needs n_classes >= 2");
-  torch::manual_seed(o.seed_);
+  torch::manual_seed(o.seed());
 
-  const bool causal = o.head_ == HeadKind::LanguageModel;
-  embed_ = register_module("embed", torch::nn::Embedding(o.vocab_size_, o.d_model_));
+  const bool causal = o.head() == TaskHead::LanguageModel;
+  embed_ = register_module("embed", torch::nn::Embedding(o.vocab_size(), o.d_model()));
   torch::NoGradGuard no_grad;
   embed_->weight.normal_(0.0, 0.02);
-  embed_drop_ = register_module("embed_drop", torch::nn::Dropout(o.dropout_));
+  embed_drop_ = register_module("embed_drop", torch::nn::Dropout(o.dropout()));
 
-  for (size_t i = 0; i < o.layers_.size(); ++i) {
+  for (size_t i = 0; i < o.layers().size(); ++i) {
     std::vector<std::string> names;
     std::vector<std::shared_ptr<Operator>> ops;
-    for (const auto& requested : split_layer_spec(o.layers_[i])) {
+    for (const auto& requested : split_layer_spec(o.layers()[i])) {
       const std::string name = registry.canonical("operator", requested);
       OperatorSpec spec;
-      spec.d_model = o.d_model_;
-      spec.n_heads = o.n_heads_;
-      spec.seed = o.seed_ * 1000003ULL + i * 101ULL + names.size();
-      auto params = o.operator_params_.find(name);
-      if (params == o.operator_params_.end()) params = o.operator_params_.find(requested);
-      if (params != o.operator_params_.end()) spec.params = params->second;
+      spec.d_model = o.d_model();
+      spec.n_heads = o.n_heads();
+      spec.seed = o.seed() * 1000003ULL + i * 101ULL + names.size();
+      auto params = o.operator_params().find(name);
+      if (params == o.operator_params().end()) params = o.operator_params().find(requested);
+      if (params != o.operator_params().end()) spec.params = params->second;
       auto op = registry.make_operator(name, spec);
       const auto traits = op->traits();
       if (causal && !traits.causal)
@@ -116,33 +115,33 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
     std::shared_ptr<Router> router;
     if (ops.size() > 1) {
       RouterSpec spec;
-      spec.d_model = o.d_model_;
+      spec.d_model = o.d_model();
       spec.operators = names;
-      spec.seed = o.seed_ * 1000003ULL + i * 101ULL + 77ULL;
-      spec.params = o.router_params_;
-      router = registry.make_router(o.router_, spec);
+      spec.seed = o.seed() * 1000003ULL + i * 101ULL + 77ULL;
+      spec.params = o.router_params();
+      router = registry.make_router(o.router(), spec);
     }
     auto layer = std::make_shared<MixingLayer>(static_cast<int64_t>(i), names, ops, router);
-    layer->set_execution(o.execution_);
+    layer->set_execution(o.execution());
     mixing_.push_back(register_module("mix" + std::to_string(i), layer));
     ffn_.push_back(register_module(
-        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model_, o.ffn_mult_, o.dropout_)));
+        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout())));
   }
 
-  if (o.meta_router_ != MetaRouterKind::None) {
-    meta_ = register_module("meta", torch::nn::Linear(o.d_model_, 1));
+  if (o.meta_router() != MetaRouterKind::None) {
+    meta_ = register_module("meta", torch::nn::Linear(o.d_model(), 1));
     // Start with the gate near 0.88: layer 1's mixing mostly on, as v2 intends.
     meta_->weight.zero_();
     meta_->bias.fill_(std::log(0.88 / 0.12));
   }
-  if (o.head_ == HeadKind::Classifier) {
-    cls_hidden_ = register_module("cls_hidden", torch::nn::Linear(o.d_model_, o.d_model_));
-    cls_out_ = register_module("cls_out", torch::nn::Linear(o.d_model_, o.n_classes_));
+  if (o.head() == TaskHead::Classifier) {
+    cls_hidden_ = register_module("cls_hidden", torch::nn::Linear(o.d_model(), o.d_model()));
+    cls_out_ = register_module("cls_out", torch::nn::Linear(o.d_model(), o.n_classes()));
   }
 }
 
 at::Tensor ChiarModel::meta_gate(const at::Tensor& x) {
-  if (options_.meta_router_ == MetaRouterKind::BatchMean)
+  if (options_.meta_router() == MetaRouterKind::BatchMean)
     return at::sigmoid(meta_->forward(x.mean(at::IntArrayRef{0, 1}, /*keepdim=*/true)));  // (1, 1, 1)
   // Prefix mean over positions <= t: no information from the future.
   auto counts = at::arange(1, x.size(1) + 1, x.options()).view({1, -1, 1});
@@ -159,7 +158,7 @@ ModelOutput ChiarModel::forward(const at::Tensor& tokens, const at::Tensor& vali
   TORCH_CHECK(tokens.dim() == 2, "tokens must be (B, T)");
   ModelOutput out;
   OpContext ctx;
-  ctx.causal = options_.head_ == HeadKind::LanguageModel;
+  ctx.causal = options_.head() == TaskHead::LanguageModel;
   ctx.valid = valid;
   auto h = embed_drop_(embed_(tokens));  // (B, T, d)
   for (size_t i = 0; i < mixing_.size(); ++i) {
@@ -172,7 +171,7 @@ ModelOutput ChiarModel::forward(const at::Tensor& tokens, const at::Tensor& vali
     if (mixing_[i]->routed()) out.routing.push_back(routing);
     h = ffn_[i]->forward(mixed);
   }
-  if (options_.head_ == HeadKind::LanguageModel) {
+  if (options_.head() == TaskHead::LanguageModel) {
     out.hidden = h;
     if (logits) out.logits = chiar::linear(h, embed_->weight);  // tied head: (B, T, V)
   } else {
@@ -182,7 +181,7 @@ ModelOutput ChiarModel::forward(const at::Tensor& tokens, const at::Tensor& vali
 }
 
 at::Tensor ChiarModel::lm_loss(const ModelOutput& out, const at::Tensor& targets, const at::Tensor& weights) const {
-  if (options_.head_ != HeadKind::LanguageModel || !out.hidden.defined())
+  if (options_.head() != TaskHead::LanguageModel || !out.hidden.defined())
     throw UserError("lm_loss: needs a language model's output");
   const int64_t d = out.hidden.size(-1);
   return linear_cross_entropy(out.hidden.reshape({-1, d}), embed_->weight, targets.reshape({-1}),
@@ -206,7 +205,7 @@ void ChiarModel::calibrate_routers(const at::Tensor& tokens, const at::Tensor& v
 }
 
 void ChiarModel::set_execution(Execution e) {
-  options_.execution_ = e;
+  options_.execution(e);
   for (auto& layer : mixing_) layer->set_execution(e);
 }
 
@@ -218,11 +217,11 @@ int64_t ChiarModel::parameter_count() const {
 
 std::string ChiarModel::describe() const {
   std::ostringstream out;
-  out << "ChiarModel(" << to_string(options_.head_) << ", vocab " << options_.vocab_size_ << ", d "
-      << options_.d_model_ << ", heads " << options_.n_heads_ << ", ffn x" << options_.ffn_mult_;
-  if (options_.head_ == HeadKind::Classifier) out << ", classes " << options_.n_classes_;
-  if (options_.meta_router_ != MetaRouterKind::None)
-    out << ", meta_router " << to_string(options_.meta_router_);
+  out << "ChiarModel(" << to_string(options_.head()) << ", vocab " << options_.vocab_size() << ", d "
+      << options_.d_model() << ", heads " << options_.n_heads() << ", ffn x" << options_.ffn_mult();
+  if (options_.head() == TaskHead::Classifier) out << ", classes " << options_.n_classes();
+  if (options_.meta_router() != MetaRouterKind::None)
+    out << ", meta_router " << to_string(options_.meta_router());
   out << ", layers [";
   for (size_t i = 0; i < mixing_.size(); ++i) out << (i ? "; " : "") << mixing_[i]->describe();
   out << "], " << parameter_count() << " parameters)";

@@ -11,43 +11,45 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
-#include "chiar/export.h"
 #include "chiar/params.h"
+#include "chiar/task.h"
 #include "mixing_layer.h"
 
 namespace chiar {
 
 class PluginRegistry;
 
-enum class HeadKind { LanguageModel, Classifier };
-CHIAR_API const char* to_string(HeadKind h);
+// "language-model" or "classifier", as descriptions print it.
+const char* to_string(TaskHead h);
 
 // The paper's v2 task-level gate on layer 1: y = g * mix(x) + (1 - g) * x with
 // g = sigmoid(Linear(mean x)). "causal" averages positions <= t (no look-ahead);
 // "batch_mean" is the reference's form: one gate from the mean over the batch.
 enum class MetaRouterKind { None, Causal, BatchMean };
-CHIAR_API const char* to_string(MetaRouterKind m);
-CHIAR_API MetaRouterKind meta_router_from_string(const std::string& name);
+const char* to_string(MetaRouterKind m);
+MetaRouterKind meta_router_from_string(const std::string& name);
 
 using OperatorParams = std::map<std::string, Params>;  // operator name -> its options
 
-#define CHIAR_OPTION(type, name)   \
-  ModelOptions& name(type value) { \
-    name##_ = std::move(value);    \
-    return *this;                  \
-  }                                \
+// A chained setter, a getter and the member (NAME_) for one option.
+#define CHIAR_OPTION(type, name)                     \
+  ModelOptions& name(type value) {                   \
+    name##_ = std::move(value);                      \
+    return *this;                                    \
+  }                                                  \
+  const type& name() const { return name##_; }       \
   type name##_
 
 // Everything that defines a model; the defaults give the paper's v1 DCT+Attn
 // model (4 layers, d 256, 4 heads). Setters chain: ModelOptions().d_model(128).
-struct CHIAR_API ModelOptions {
+struct ModelOptions {
   CHIAR_OPTION(int64_t, vocab_size) = 8192;
   CHIAR_OPTION(int64_t, d_model) = 256;
   CHIAR_OPTION(int64_t, n_heads) = 4;
   CHIAR_OPTION(int64_t, ffn_mult) = 4;
   CHIAR_OPTION(int64_t, n_classes) = 2;
   CHIAR_OPTION(double, dropout) = 0.0;
-  CHIAR_OPTION(HeadKind, head) = HeadKind::LanguageModel;
+  CHIAR_OPTION(TaskHead, head) = TaskHead::LanguageModel;
   // One entry per block: an operator name, or names joined by '|' for a routed
   // layer, cheapest first ("dct|attn", "dct|rbf|attn").
   CHIAR_OPTION(std::vector<std::string>, layers) = {"dct", "dct|attn", "dct|attn", "attn"};
@@ -62,7 +64,7 @@ struct CHIAR_API ModelOptions {
 
 // The block's second half: y = LN(x + W2 GELU(W1 x)), d -> ffn_mult*d -> d.
 // Identical whichever operator a token took, so variants match in size.
-class CHIAR_API FeedForward : public torch::nn::Module {
+class FeedForward : public torch::nn::Module {
  public:
   FeedForward(int64_t d, int64_t mult, double dropout);
   at::Tensor forward(const at::Tensor& x);  // (B, T, d) -> (B, T, d)
@@ -81,7 +83,7 @@ struct ModelOutput {
   std::vector<LayerRouting> routing;  // one per routed layer, in order
 };
 
-class CHIAR_API ChiarModel : public torch::nn::Module {
+class ChiarModel : public torch::nn::Module {
  public:
   // Builds every operator and router through the registry. Seeds libtorch's
   // generator with options.seed first, so the same options give the same model.
@@ -124,6 +126,6 @@ class CHIAR_API ChiarModel : public torch::nn::Module {
 };
 
 // "dct|attn" -> {"dct", "attn"}; whitespace trimmed; empty parts are an error.
-CHIAR_API std::vector<std::string> split_layer_spec(const std::string& spec);
+std::vector<std::string> split_layer_spec(const std::string& spec);
 
 }  // namespace chiar

@@ -4,7 +4,7 @@
 #include <ATen/Dispatch.h>
 #include <torch/autograd.h>
 
-#include "row_passes.h"
+#include "core/row_passes.h"
 
 namespace chiar {
 namespace {

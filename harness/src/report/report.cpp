@@ -37,6 +37,148 @@ std::string today() {
   return buf;
 }
 
+// Marks the best value of each column, when there is more than one row to
+// compare.
+void mark_best(Table& table, const std::vector<std::vector<double>>& rank, const std::vector<bool>& lower) {
+  table.best.assign(table.rows.size(), std::vector<bool>(table.header.size(), false));
+  for (size_t c = 0; c < table.header.size(); ++c) {
+    int best = -1;
+    for (size_t r = 0; r < rank[c].size(); ++r) {
+      if (std::isnan(rank[c][r])) continue;
+      if (best < 0 || (lower[c] ? rank[c][r] < rank[c][best] : rank[c][r] > rank[c][best])) best = static_cast<int>(r);
+    }
+    if (best >= 0 && table.rows.size() > 1) table.best[best][c] = true;
+  }
+}
+
+// The report in Markdown and in HTML, written side by side.
+struct Pages {
+  std::ostringstream md, html;
+};
+
+void write_intro(Pages& p, const std::string& title, const std::string& db, const std::string& baseline) {
+  p.md << "# " << title << "\n\nGenerated " << today() << " from `" << db << "` by `chiar report`. "
+       << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation "
+          "over seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence: as "
+          "executed, and as a sparse execution needs them. Best value per column in **bold**; reductions and "
+          "speed-ups are against `" << baseline << "`.\n\n";
+  p.html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << html_escape(title)
+         << "</title>\n<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+            "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:4px 8px;"
+            "text-align:right}th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}"
+            ".holds{color:#007a3d}.fails{color:#b00020}.unknown{color:#777}figure{margin:1.5em 0}"
+            "figcaption{color:#555;font-size:0.9em}.swatch{display:inline-block;width:0.8em;height:0.8em;margin-right:4px}"
+            "footer{margin-top:3em;font-size:0.85em;color:#555}</style></head><body>\n<h1>" << html_escape(title)
+         << "</h1>\n<p>Generated " << today() << " from <code>" << html_escape(db) << "</code> by <code>chiar report</code>. "
+         << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation over "
+            "seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence, as executed "
+            "and as a sparse execution needs them. Best value per column in bold; reductions and speed-ups are against <code>"
+         << html_escape(baseline) << "</code>.</p>\n";
+}
+
+void write_table(Pages& p, const Summary& s, const std::string& task, const Table& table) {
+  p.md << "## " << task << "\n\n|";
+  p.html << "<h2>" << html_escape(task) << "</h2>\n<table class=\"results\"><tr>";
+  for (const auto& h : table.header) {
+    p.md << " " << h << " |";
+    p.html << "<th>" << html_escape(h) << "</th>";
+  }
+  p.md << "\n|";
+  for (size_t c = 0; c < table.header.size(); ++c) p.md << (c == 0 ? "---|" : "---:|");
+  p.md << "\n";
+  p.html << "</tr>\n";
+  for (size_t r = 0; r < table.rows.size(); ++r) {
+    p.md << "|";
+    p.html << "<tr>";
+    for (size_t c = 0; c < table.rows[r].size(); ++c) {
+      const std::string& cell = table.rows[r][c];
+      const bool best = table.best[r][c];
+      p.md << " " << (best ? "**" + md_escape(cell) + "**" : md_escape(cell)) << " |";
+      p.html << "<td>";
+      if (c == 0)
+        p.html << "<span class=\"swatch\" style=\"background:" << variant_colour(s, cell) << "\"></span>";
+      p.html << (best ? "<strong>" + html_escape(cell) + "</strong>" : html_escape(cell)) << "</td>";
+    }
+    p.md << "\n";
+    p.html << "</tr>\n";
+  }
+  p.html << "</table>\n";
+  p.md << "\n";
+}
+
+// The chart's <svg> element, inlined so that the HTML needs no other file.
+std::string inline_svg(const std::string& file) {
+  std::ifstream svg(file);
+  std::string content((std::istreambuf_iterator<char>(svg)), {});
+  const auto start = content.find("<svg");
+  return start == std::string::npos ? "" : content.substr(start);
+}
+
+bool is_task_chart(const Chart& c, const std::string& task) { return c.title.rfind(task + ":", 0) == 0; }
+
+// The task's charts, under its table.
+void write_task_charts(Pages& p, const std::vector<Chart>& charts, const std::string& dir, const std::string& task) {
+  for (const auto& c : charts) {
+    if (!is_task_chart(c, task)) continue;
+    p.md << "![" << c.title << "](" << c.file << ")\n\n*" << c.caption << "*\n\n";
+    p.html << "<figure class=\"chart\">" << inline_svg(dir + "/" + c.file) << "<figcaption>" << html_escape(c.caption)
+           << "</figcaption></figure>\n";
+  }
+}
+
+// The charts of no single task, each under its own heading.
+void write_other_charts(Pages& p, const std::vector<Chart>& charts, const std::string& dir,
+                        const std::vector<std::pair<std::string, Table>>& tables) {
+  for (const auto& c : charts) {
+    bool per_task = false;
+    for (const auto& [task, table] : tables) per_task |= is_task_chart(c, task);
+    if (per_task) continue;
+    p.md << "## " << c.title << "\n\n![" << c.title << "](" << c.file << ")\n\n*" << c.caption << "*\n\n";
+    p.html << "<h2>" << html_escape(c.title) << "</h2>\n<figure class=\"chart\">" << inline_svg(dir + "/" + c.file)
+           << "<figcaption>" << html_escape(c.caption) << "</figcaption></figure>\n";
+  }
+}
+
+void write_claims(Pages& p, const std::vector<Claim>& claims) {
+  p.md << "## The paper's claims against this database\n\n| claim | measured | verdict |\n|---|---|---|\n";
+  p.html << "<h2>The paper's claims against this database</h2>\n<table class=\"claims\"><tr><th>claim</th><th>measured</th><th>verdict</th></tr>\n";
+  for (const auto& c : claims) {
+    p.md << "| " << md_escape(c.claim) << " | " << md_escape(c.measured) << " | " << c.verdict << " |\n";
+    const char* cls = c.verdict == "holds" ? "holds" : c.verdict == "does not hold" ? "fails" : "unknown";
+    p.html << "<tr><td style=\"text-align:left\">" << html_escape(c.claim) << "</td><td style=\"text-align:left\">"
+           << html_escape(c.measured) << "</td><td class=\"" << cls << "\">" << c.verdict << "</td></tr>\n";
+  }
+  p.html << "</table>\n";
+}
+
+void write_problems(Pages& p, const Summary& s) {
+  p.md << "\n## Runs that did not finish\n\n";
+  p.html << "<h2>Runs that did not finish</h2>\n";
+  if (s.problems.empty()) {
+    p.md << "None: every run finished.\n";
+    p.html << "<p>None: every run finished.</p>\n";
+    return;
+  }
+  p.md << "| run | status | detail |\n|---|---|---|\n";
+  p.html << "<table class=\"problems\"><tr><th>run</th><th>status</th><th>detail</th></tr>\n";
+  for (const RunRow* r : s.problems) {
+    std::string detail = r->error;
+    if (r->diverged_step >= 0) detail = "diverged at step " + std::to_string(r->diverged_step) + ": " + detail;
+    p.md << "| " << r->name << " | " << engine::to_string(r->status) << " | " << md_escape(detail) << " |\n";
+    p.html << "<tr><td>" << html_escape(r->name) << "</td><td>" << engine::to_string(r->status) << "</td><td style=\"text-align:left\">"
+           << html_escape(detail) << "</td></tr>\n";
+  }
+  p.html << "</table>\n";
+}
+
+void write_provenance(Pages& pages, const Provenance& p) {
+  const std::string footer = "harness commit " + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " +
+                             p.threads + "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus +
+                             "); runs from " + p.first + " to " + p.last + "; matrix " + p.matrices + ".";
+  pages.md << "\n---\n\nProvenance: " << footer << "\n";
+  pages.html << "<footer>Provenance: " << html_escape(footer) << "</footer>\n</body></html>\n";
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const std::string& baseline) {
@@ -96,139 +238,38 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       for (size_t c = 0; c < values.size(); ++c) rank[c].push_back(values[c]);
       table.rows.push_back(row);
     }
-    table.best.assign(table.rows.size(), std::vector<bool>(table.header.size(), false));
-    for (size_t c = 0; c < table.header.size(); ++c) {
-      int best = -1;
-      for (size_t r = 0; r < rank[c].size(); ++r) {
-        if (std::isnan(rank[c][r])) continue;
-        if (best < 0 || (lower[c] ? rank[c][r] < rank[c][best] : rank[c][r] > rank[c][best])) best = static_cast<int>(r);
-      }
-      if (best >= 0 && table.rows.size() > 1) table.best[best][c] = true;
-    }
+    mark_best(table, rank, lower);
     out.emplace_back(t.task, std::move(table));
   }
   return out;
 }
 
-ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline) {
-  const Summary s = summarize(db);
+ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,
+                         const std::string& claims_file, const PluginRegistry& registry) {
+  const auto claim_specs = load_claims(claims_file);
+  const Summary s = summarize(db, OperatorCatalog(registry));
   const boost::filesystem::path base(out);
   const std::string dir = base.parent_path().empty() ? "." : base.parent_path().string();
   const std::string prefix = base.filename().string();
   boost::filesystem::create_directories(dir);
   const auto charts = draw_charts(s, dir, prefix, baseline);
   const auto tables = task_tables(s, baseline);
-  const auto claims = evaluate_claims(s, baseline);
+  const auto claims = evaluate_claims(claim_specs, s, baseline);
 
-  std::ostringstream md, html;
-  const std::string title = "Results: " + s.provenance.matrices;
-  md << "# " << title << "\n\nGenerated " << today() << " from `" << db << "` by `chiar report`. "
-     << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation "
-        "over seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence: as "
-        "executed, and as a sparse execution needs them. Best value per column in **bold**; reductions and "
-        "speed-ups are against `" << baseline << "`.\n\n";
-  html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << html_escape(title)
-       << "</title>\n<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;color:#222}"
-          "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:4px 8px;"
-          "text-align:right}th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}"
-          ".holds{color:#007a3d}.fails{color:#b00020}.unknown{color:#777}figure{margin:1.5em 0}"
-          "figcaption{color:#555;font-size:0.9em}.swatch{display:inline-block;width:0.8em;height:0.8em;margin-right:4px}"
-          "footer{margin-top:3em;font-size:0.85em;color:#555}</style></head><body>\n<h1>" << html_escape(title)
-       << "</h1>\n<p>Generated " << today() << " from <code>" << html_escape(db) << "</code> by <code>chiar report</code>. "
-       << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation over "
-          "seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence, as executed "
-          "and as a sparse execution needs them. Best value per column in bold; reductions and speed-ups are against <code>"
-       << html_escape(baseline) << "</code>.</p>\n";
-
+  Pages pages;
+  write_intro(pages, "Results: " + s.provenance.matrices, db, baseline);
   for (const auto& [task, table] : tables) {
-    md << "## " << task << "\n\n|";
-    html << "<h2>" << html_escape(task) << "</h2>\n<table class=\"results\"><tr>";
-    for (const auto& h : table.header) {
-      md << " " << h << " |";
-      html << "<th>" << html_escape(h) << "</th>";
-    }
-    md << "\n|";
-    for (size_t c = 0; c < table.header.size(); ++c) md << (c == 0 ? "---|" : "---:|");
-    md << "\n";
-    html << "</tr>\n";
-    for (size_t r = 0; r < table.rows.size(); ++r) {
-      md << "|";
-      html << "<tr>";
-      for (size_t c = 0; c < table.rows[r].size(); ++c) {
-        const std::string& cell = table.rows[r][c];
-        const bool best = table.best[r][c];
-        md << " " << (best ? "**" + md_escape(cell) + "**" : md_escape(cell)) << " |";
-        html << "<td>";
-        if (c == 0)
-          html << "<span class=\"swatch\" style=\"background:" << variant_colour(s, cell) << "\"></span>";
-        html << (best ? "<strong>" + html_escape(cell) + "</strong>" : html_escape(cell)) << "</td>";
-      }
-      md << "\n";
-      html << "</tr>\n";
-    }
-    html << "</table>\n";
-    md << "\n";
-    for (const auto& c : charts) {
-      if (c.title.rfind(task + ":", 0) != 0) continue;
-      md << "![" << c.title << "](" << c.file << ")\n\n*" << c.caption << "*\n\n";
-      std::ifstream svg(dir + "/" + c.file);
-      std::string content((std::istreambuf_iterator<char>(svg)), {});
-      const auto start = content.find("<svg");
-      html << "<figure class=\"chart\">" << (start == std::string::npos ? "" : content.substr(start))
-           << "<figcaption>" << html_escape(c.caption) << "</figcaption></figure>\n";
-    }
+    write_table(pages, s, task, table);
+    write_task_charts(pages, charts, dir, task);
   }
-  for (const auto& c : charts) {
-    bool per_task = false;
-    for (const auto& [task, table] : tables) per_task |= c.title.rfind(task + ":", 0) == 0;
-    if (per_task) continue;
-    md << "## " << c.title << "\n\n![" << c.title << "](" << c.file << ")\n\n*" << c.caption << "*\n\n";
-    std::ifstream svg(dir + "/" + c.file);
-    std::string content((std::istreambuf_iterator<char>(svg)), {});
-    const auto start = content.find("<svg");
-    html << "<h2>" << html_escape(c.title) << "</h2>\n<figure class=\"chart\">"
-         << (start == std::string::npos ? "" : content.substr(start)) << "<figcaption>" << html_escape(c.caption)
-         << "</figcaption></figure>\n";
-  }
-
-  md << "## The paper's claims against this database\n\n| claim | measured | verdict |\n|---|---|---|\n";
-  html << "<h2>The paper's claims against this database</h2>\n<table class=\"claims\"><tr><th>claim</th><th>measured</th><th>verdict</th></tr>\n";
-  for (const auto& c : claims) {
-    md << "| " << md_escape(c.claim) << " | " << md_escape(c.measured) << " | " << c.verdict << " |\n";
-    const char* cls = c.verdict == "holds" ? "holds" : c.verdict == "does not hold" ? "fails" : "unknown";
-    html << "<tr><td style=\"text-align:left\">" << html_escape(c.claim) << "</td><td style=\"text-align:left\">"
-         << html_escape(c.measured) << "</td><td class=\"" << cls << "\">" << c.verdict << "</td></tr>\n";
-  }
-  html << "</table>\n";
-
-  md << "\n## Runs that did not finish\n\n";
-  html << "<h2>Runs that did not finish</h2>\n";
-  if (s.problems.empty()) {
-    md << "None: every run finished.\n";
-    html << "<p>None: every run finished.</p>\n";
-  } else {
-    md << "| run | status | detail |\n|---|---|---|\n";
-    html << "<table class=\"problems\"><tr><th>run</th><th>status</th><th>detail</th></tr>\n";
-    for (const RunRow* r : s.problems) {
-      std::string detail = r->error;
-      if (r->diverged_step >= 0) detail = "diverged at step " + std::to_string(r->diverged_step) + ": " + detail;
-      md << "| " << r->name << " | " << r->status << " | " << md_escape(detail) << " |\n";
-      html << "<tr><td>" << html_escape(r->name) << "</td><td>" << r->status << "</td><td style=\"text-align:left\">"
-           << html_escape(detail) << "</td></tr>\n";
-    }
-    html << "</table>\n";
-  }
-
-  const auto& p = s.provenance;
-  const std::string footer = "harness commit " + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " +
-                             p.threads + "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus +
-                             "); runs from " + p.first + " to " + p.last + "; matrix " + p.matrices + ".";
-  md << "\n---\n\nProvenance: " << footer << "\n";
-  html << "<footer>Provenance: " << html_escape(footer) << "</footer>\n</body></html>\n";
+  write_other_charts(pages, charts, dir, tables);
+  write_claims(pages, claims);
+  write_problems(pages, s);
+  write_provenance(pages, s.provenance);
 
   ReportFiles files{out + ".md", out + ".html", {}};
-  std::ofstream(files.markdown) << md.str();
-  std::ofstream(files.html) << html.str();
+  std::ofstream(files.markdown) << pages.md.str();
+  std::ofstream(files.html) << pages.html.str();
   for (const auto& c : charts) files.images.push_back(dir + "/" + c.file);
   return files;
 }

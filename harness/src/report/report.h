@@ -3,7 +3,6 @@
 #include <utility>
 #include <vector>
 
-#include "chiar/export.h"
 #include "summary.h"
 
 namespace chiar::report {
@@ -15,7 +14,7 @@ struct Table {
 };
 
 // One table per task, in the paper's shape (rows = variants).
-CHIAR_API std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const std::string& baseline);
+std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const std::string& baseline);
 
 struct ReportFiles {
   std::string markdown, html;
@@ -23,7 +22,9 @@ struct ReportFiles {
 };
 
 // Writes <out>.md (images beside it) and <out>.html (self-contained: the
-// charts inlined, no network fetches) from the store alone.
-CHIAR_API ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline);
+// charts inlined, no network fetches) from the store, the claims file
+// (claims.h) and the registry's operator traits.
+ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,
+                         const std::string& claims_file, const PluginRegistry& registry);
 
 }  // namespace chiar::report

@@ -6,10 +6,27 @@
 
 #include <boost/filesystem.hpp>
 
-#include "../engine/sqlite.h"
+#include "engine/sqlite.h"
 #include "chiar/error.h"
+#include "chiar/registry.h"
 
 namespace chiar::report {
+
+OperatorCatalog::OperatorCatalog(const PluginRegistry& registry) : registry_(&registry) {
+  for (const auto& e : registry.entries())
+    if (e.kind == "operator") names_.push_back(e.name);
+}
+
+OperatorTraits OperatorCatalog::traits(const std::string& name) const {
+  if (std::find(names_.begin(), names_.end(), name) != names_.end()) return registry_->operator_traits(name);
+  OperatorTraits t;
+  t.display_name = name;
+  return t;
+}
+
+size_t OperatorCatalog::order(const std::string& name) const {
+  return static_cast<size_t>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+}
 
 Stat stat_of(const std::vector<double>& v) {
   Stat s;
@@ -48,11 +65,12 @@ std::string joined(engine::Database& db, const std::string& column) {
 
 }  // namespace
 
-Summary summarize(const std::string& file) {
+Summary summarize(const std::string& file, const OperatorCatalog& operators) {
   if (!boost::filesystem::exists(file)) throw UserError(file + ": no such database");
   engine::Database db(file);
   Summary s;
   s.db = file;
+  s.operators = operators;
   {
     auto q = db.prepare(
         "SELECT id, name, variant, task, seed, status, COALESCE(error, ''), COALESCE(diverged_step, -1), "
@@ -65,7 +83,7 @@ Summary summarize(const std::string& file) {
       r.variant = q.text(2);
       r.task = q.text(3);
       r.seed = q.integer(4);
-      r.status = q.text(5);
+      r.status = engine::run_status_from_string(q.text(5));
       r.error = q.text(6);
       r.diverged_step = q.integer(7);
       r.params = q.integer(8);
@@ -84,7 +102,7 @@ Summary summarize(const std::string& file) {
         "step = (SELECT MAX(step) FROM flops WHERE run_id = ?) GROUP BY operator");
     f.bind(1, r.id).bind(2, r.id);
     while (f.step()) {
-      if (f.text(0) == "attention") r.attn_fwd = f.real(1), r.attn_fwd_sparse = f.real(2);
+      if (operators.traits(f.text(0)).attention_flops) r.attn_fwd += f.real(1), r.attn_fwd_sparse += f.real(2);
       r.total_fwd += f.real(1);
       r.total_fwd_sparse += f.real(2);
       r.total_train += f.real(3);
@@ -101,7 +119,7 @@ Summary summarize(const std::string& file) {
   for (const auto& r : s.runs) {
     if (std::find(s.variant_order.begin(), s.variant_order.end(), r.variant) == s.variant_order.end())
       s.variant_order.push_back(r.variant);
-    if (r.status != "done") s.problems.push_back(&r);
+    if (r.status != engine::RunStatus::Done) s.problems.push_back(&r);
   }
   std::vector<std::string> tasks;
   for (const auto& r : s.runs)
@@ -113,7 +131,7 @@ Summary summarize(const std::string& file) {
       VariantSummary v;
       v.variant = variant;
       for (const auto& r : s.runs)
-        if (r.task == task && r.variant == variant && r.status == "done") v.runs.push_back(&r);
+        if (r.task == task && r.variant == variant && r.status == engine::RunStatus::Done) v.runs.push_back(&r);
       if (v.runs.empty()) continue;
       std::map<std::string, std::vector<double>> metrics;
       std::vector<double> attn, attn_sp, total, total_sp, ttps, etps;

@@ -5,9 +5,32 @@
 #include <string>
 #include <vector>
 
-#include "chiar/export.h"
+#include "chiar/operator.h"
+#include "engine/run_status.h"
+
+namespace chiar {
+class PluginRegistry;
+}
 
 namespace chiar::report {
+
+// How reports present the operators a store names: each one's traits from
+// the plugin registry (asked when first needed, so a plugin the store never
+// names is never built), and its place among the registry's operators. An
+// operator the registry lacks (its plugin is not loaded) gets the default
+// traits under its stored name and comes after every registered one.
+class OperatorCatalog {
+ public:
+  OperatorCatalog() = default;  // no registry: the defaults for every operator
+  explicit OperatorCatalog(const PluginRegistry& registry);  // the registry must outlive it
+  OperatorTraits traits(const std::string& name) const;
+  // Position in registry order (kind, then name); unknown names after all.
+  size_t order(const std::string& name) const;
+
+ private:
+  const PluginRegistry* registry_ = nullptr;
+  std::vector<std::string> names_;  // the registry's operators, in its order
+};
 
 // Mean, sample standard deviation and the half-width of a 95% confidence
 // interval (Student's t; only for n >= 3, else 0).
@@ -15,15 +38,17 @@ struct Stat {
   int n = 0;
   double mean = 0, std = 0, ci95 = 0;
 };
-CHIAR_API Stat stat_of(const std::vector<double>& values);
+Stat stat_of(const std::vector<double>& values);
 
 struct RunRow {
   int64_t id = 0;
-  std::string name, variant, task, status, error;
+  std::string name, variant, task, error;
+  engine::RunStatus status = engine::RunStatus::Pending;
   int64_t seed = 0, diverged_step = -1, params = 0;
   double train_tps = 0, eval_tps = 0;
   std::map<std::string, double> test_best, test_last;  // metric -> value
-  double attn_fwd = 0, attn_fwd_sparse = 0, total_fwd = 0, total_fwd_sparse = 0;  // per sequence
+  // Per sequence; attention: the operators whose traits count attention FLOPs.
+  double attn_fwd = 0, attn_fwd_sparse = 0, total_fwd = 0, total_fwd_sparse = 0;
   double reference_attn_fwd = 0;
   double total_train = 0;  // forward + backward FLOPs of a training step, per sequence, executed
   std::map<std::string, double> final_share;  // operator -> mean share over routed layers
@@ -55,11 +80,12 @@ struct Summary {
   std::vector<const RunRow*> problems;  // failed, diverged, interrupted, never finished
   Provenance provenance;
   std::vector<std::string> variant_order;  // fixes colours across charts
+  OperatorCatalog operators;
 };
 
-CHIAR_API Summary summarize(const std::string& db);
+Summary summarize(const std::string& db, const OperatorCatalog& operators);
 
 // Lower is better for perplexities, bits per byte and FLOPs; higher for accuracy and speed.
-CHIAR_API bool lower_is_better(const std::string& column);
+bool lower_is_better(const std::string& column);
 
 }  // namespace chiar::report
