@@ -132,6 +132,25 @@ ModelOptions model_options(const toml::table& m, const std::string& where) {
   }
 }
 
+// What a resolved run table says of its run: names, seed, task, options
+// (unchecked). `model_where` prefixes a refused model value; `task_path`
+// locates the task's options in errors.
+RunSpec read_run_table(const toml::table& run, const std::string& model_where, const std::string& task_path) {
+  RunSpec spec;
+  spec.matrix = string(run, "matrix");
+  spec.variant = string(run, "variant");
+  spec.seed = integer(run, "seed");
+  const toml::table& task = *run.get("task")->as_table();
+  spec.task = string(task, "name");
+  spec.task_config.name = spec.task;
+  spec.task_config.plugin = string(task, "plugin");
+  spec.task_config.params = toml_params(*task.get("params")->as_table(), task_path);
+  spec.model = model_options(*run.get("model")->as_table(), model_where);
+  spec.model.seed(static_cast<uint64_t>(spec.seed));
+  spec.train = read_options(*run.get("train")->as_table(), train_option_fields(), "train", kLocate);
+  return spec;
+}
+
 std::string value_text(const toml::node& v) {
   std::ostringstream s;
   if (v.is_string()) s << v.as_string()->get();
@@ -180,18 +199,7 @@ RunSpec run_spec_from_toml(const std::string& text) {
   } catch (const toml::parse_error& e) {
     throw UserError(std::string("stored run spec: ") + std::string(e.description()));
   }
-  RunSpec spec;
-  spec.matrix = string(run, "matrix");
-  spec.variant = string(run, "variant");
-  spec.seed = integer(run, "seed");
-  const toml::table& task = *run.get("task")->as_table();
-  spec.task = string(task, "name");
-  spec.task_config.name = spec.task;
-  spec.task_config.plugin = string(task, "plugin");
-  spec.task_config.params = toml_params(*task.get("params")->as_table(), "task");
-  spec.model = model_options(*run.get("model")->as_table(), "stored run spec");
-  spec.model.seed(static_cast<uint64_t>(spec.seed));
-  spec.train = read_options(*run.get("train")->as_table(), train_option_fields(), "train", kLocate);
+  RunSpec spec = read_run_table(run, "stored run spec", "task");
   spec.resolved_toml = text;
   return spec;
 }
@@ -315,20 +323,10 @@ toml::table resolve_run(const toml::table& root, const Matrix& out, const std::s
 // The spec of a fully resolved run table: options read and checked, the
 // canonical JSON and its hash. `vwhere` locates the variant for errors.
 RunSpec spec_of(const toml::table& run, const std::string& vwhere) {
-  RunSpec spec;
-  spec.matrix = string(run, "matrix");
-  spec.variant = string(run, "variant");
-  spec.seed = integer(run, "seed");
-  const toml::table& task = *run.get("task")->as_table();
-  spec.task = string(task, "name");
-  spec.model = model_options(*run.get("model")->as_table(), vwhere + ": variant '" + spec.variant + "'");
-  spec.model.seed(static_cast<uint64_t>(spec.seed));
-  spec.train = read_options(*run.get("train")->as_table(), train_option_fields(), "train", kLocate);
+  const std::string variant = string(run, "variant"), task = string(*run.get("task")->as_table(), "name");
+  RunSpec spec = read_run_table(run, vwhere + ": variant '" + variant + "'", "tasks." + task);
   if (const std::string bad = check_options(spec.train, train_option_fields(), "train"); !bad.empty())
-    throw UserError(vwhere + ": variant '" + spec.variant + "' on task '" + spec.task + "': " + bad);
-  spec.task_config.name = spec.task;
-  spec.task_config.plugin = string(task, "plugin");
-  spec.task_config.params = toml_params(*task.get("params")->as_table(), "tasks." + spec.task);
+    throw UserError(vwhere + ": variant '" + variant + "' on task '" + task + "': " + bad);
   std::ostringstream json, text;
   json << toml::json_formatter{run};
   text << toml::toml_formatter{run};
