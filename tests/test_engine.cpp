@@ -32,16 +32,8 @@ namespace {
 
 // A word-level corpus and a matrix of 2 variants x 2 tasks x 2 seeds of tiny runs.
 void write_fixture(const TempDir& d, const std::string& train_extra = "") {
-  SplitMix64 rng(9);
-  const char* words[] = {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"};
-  for (const char* split : {"train", "valid", "test"}) {
-    std::string text;
-    for (int line = 0; line < (std::string(split) == "train" ? 300 : 60); ++line) {
-      for (int w = 0; w < 8; ++w) text += std::string(w ? " " : "") + words[rng.below(12)];
-      text += "\n";
-    }
-    d.write(std::string("corpus/wiki.") + split + ".tokens", text);
-  }
+  test::write_word_corpus(
+      d, {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"}, 9, 300, 60);
   d.write("m.toml", R"(
 [matrix]
 name = "e2e"

@@ -35,19 +35,7 @@ std::string read(const std::string& file) {
 
 // A tiny word corpus and a matrix with one routed variant, dct|shade.
 void write_shade_matrix(const TempDir& d) {
-  const char* words[] = {"the", "light", "falls", "on", "a", "shade", "of", "grey", "and", "blue"};
-  uint64_t state = 11;
-  for (const char* split : {"train", "valid", "test"}) {
-    std::string text;
-    for (int line = 0; line < (std::string(split) == "train" ? 200 : 40); ++line) {
-      for (int w = 0; w < 8; ++w) {
-        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-        text += std::string(w ? " " : "") + words[(state >> 33) % 10];
-      }
-      text += "\n";
-    }
-    d.write(std::string("corpus/wiki.") + split + ".tokens", text);
-  }
+  test::write_word_corpus(d, {"the", "light", "falls", "on", "a", "shade", "of", "grey", "and", "blue"}, 11, 200, 40);
   d.write("m.toml", R"([matrix]
 name = "shade"
 variants = ["routed"]

@@ -1,5 +1,7 @@
 #include "temp_dir.h"
 
+#include "chiar/random.h"
+
 #include <unistd.h>
 
 #include <boost/filesystem.hpp>
@@ -33,6 +35,19 @@ std::string shared_data() {
   const fs::path p = fs::path(CHIAR_SOURCE_DIR) / ".." / "shared" / "data";
   boost::system::error_code ec;
   return fs::is_directory(p, ec) ? fs::canonical(p).string() : std::string();
+}
+
+void write_word_corpus(const TempDir& d, const std::vector<std::string>& words, uint64_t seed, int train_lines,
+                       int other_lines) {
+  SplitMix64 rng(seed);
+  for (const char* split : {"train", "valid", "test"}) {
+    std::string text;
+    for (int line = 0; line < (std::string(split) == "train" ? train_lines : other_lines); ++line) {
+      for (int w = 0; w < 8; ++w) text += std::string(w ? " " : "") + words[rng.below(words.size())];
+      text += "\n";
+    }
+    d.write(std::string("corpus/wiki.") + split + ".tokens", text);
+  }
 }
 
 }  // namespace chiar::test

@@ -1,7 +1,9 @@
 #pragma once
 // A fresh folder under the system temp folder, removed with its contents.
 #include <fstream>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace chiar::test {
 
@@ -18,6 +20,12 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// corpus/wiki.{train,valid,test}.tokens under d: lines of 8 words drawn
+// from `words` with SplitMix64(seed), train_lines of them for train and
+// other_lines for the other splits. A WikiText-layout corpus for tiny runs.
+void write_word_corpus(const TempDir& d, const std::vector<std::string>& words, uint64_t seed, int train_lines,
+                       int other_lines);
 
 // ../shared/data beside the source tree, or "" when this machine has none.
 std::string shared_data();
