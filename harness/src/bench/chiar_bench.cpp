@@ -209,7 +209,7 @@ void BM_batched(benchmark::State& state, GemmBackend backend) {
 
 // The routed-layer cases' plugins: the registry's first CheapMixing and
 // first GlobalMixing operator (dct and attention in-tree), each with the
-// shortest of its names for case names ("dct", "attn"), and its first router
+// shortest of its names for case names (dct, attn), and its first router
 // that takes fixed entropy thresholds ("tau"; threshold in-tree). All empty
 // when the registry lacks any of them.
 struct RoutedPair {

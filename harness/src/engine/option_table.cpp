@@ -226,7 +226,7 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
 
 namespace {
 
-// A default as a matrix would write it: 0.001, "fp32", ["dct", "attn"], {}.
+// A default as a matrix would write it: 0.001, "fp32", ["a", "b|c"], {}.
 std::string default_text(const toml::table& defaults, const std::string& key) {
   const toml::node& n = *defaults.get(key);
   std::ostringstream text;
