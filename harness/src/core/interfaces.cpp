@@ -10,6 +10,8 @@ namespace chiar {
 
 UserError::UserError(const std::string& message) : std::runtime_error(message) {}
 UserError::~UserError() = default;
+EnvironmentError::EnvironmentError(const std::string& message) : std::runtime_error(message) {}
+EnvironmentError::~EnvironmentError() = default;
 
 Operator::~Operator() = default;
 

@@ -1,0 +1,1 @@
+// durable_file: see durable_file.h

@@ -1,0 +1,18 @@
+#pragma once
+// Named crash points for the fault-injection tests (tests/test_faults.cpp).
+// CHIAR_FAILPOINT=NAME:N makes the process kill itself with SIGKILL the N-th
+// time (1-based) it reaches failpoint(NAME): a crash at an exact moment
+// (between a checkpoint's write and its rename, inside a store commit) that
+// a signal sent from outside would hit only by chance. Unset, a failpoint
+// costs one comparison of a cached pointer.
+namespace chiar::engine {
+
+// The points the harness has, in the order a run reaches them.
+//   train.step           after a training step's optimiser update
+//   eval.scored          after a validation pass, before its metrics are stored
+//   checkpoint.written   a checkpoint's temporary file is fsynced, not yet renamed
+//   checkpoint.renamed   renamed into place, not yet recorded in the store
+//   store.commit         inside a store transaction, before COMMIT
+void failpoint(const char* name);
+
+}  // namespace chiar::engine

@@ -1,0 +1,2 @@
+// test_cli_input
+#include <catch2/catch.hpp>

@@ -1,0 +1,2 @@
+// test_durability
+#include <catch2/catch.hpp>

@@ -1,0 +1,2 @@
+// test_faults
+#include <catch2/catch.hpp>

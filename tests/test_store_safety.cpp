@@ -1,0 +1,2 @@
+// test_store_safety
+#include <catch2/catch.hpp>
