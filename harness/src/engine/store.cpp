@@ -71,6 +71,13 @@ SELECT r.id, r.name, r.variant, r.task, r.seed, r.status,
 FROM runs r WHERE r.status IN ('done', 'diverged', 'failed');
 )SQL";
 
+const char* const kCheckpointsTable = R"SQL(
+CREATE TABLE IF NOT EXISTS checkpoints(
+  run_id INTEGER NOT NULL REFERENCES runs(id), kind TEXT NOT NULL CHECK(kind IN ('state','best')),
+  step INTEGER NOT NULL, file TEXT NOT NULL, bytes INTEGER NOT NULL, checksum TEXT NOT NULL,
+  written_at TEXT NOT NULL, PRIMARY KEY(run_id, kind, step));
+)SQL";
+
 std::string now_iso() {
   char buf[32];
   const std::time_t t = std::time(nullptr);
@@ -118,6 +125,8 @@ void Store::migrate() {
     }
     // 4: which library ran the model's products (gemm_gflops is that library's rate).
     if (version < 4) db_.exec("ALTER TABLE runs ADD COLUMN gemm TEXT");
+    // 5: the checkpoint files of each run, recorded after they are in place.
+    if (version < 5) db_.exec(kCheckpointsTable);
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
         .run();
@@ -283,6 +292,33 @@ void Store::add_routing(const std::string& hash, int64_t step, int64_t layer,
       hist.run();
       hist.reset();
     }
+  });
+}
+
+void Store::record_checkpoint(const std::string& hash, const CheckpointRecord& c) {
+  const int64_t id = run_id(hash);
+  db_.transaction([&] {
+    db_.prepare("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)")
+        .bind(1, id).bind(2, c.kind).bind(3, c.step).bind(4, c.file).bind(5, c.bytes).bind(6, c.checksum)
+        .bind(7, now_iso()).run();
+  });
+}
+
+std::vector<CheckpointRecord> Store::checkpoints(const std::string& hash, const std::string& kind) {
+  auto q = db_.prepare(
+      "SELECT c.kind, c.step, c.file, c.bytes, c.checksum FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+      "WHERE r.hash = ? AND c.kind = ? ORDER BY c.step DESC");
+  q.bind(1, hash).bind(2, kind);
+  std::vector<CheckpointRecord> out;
+  while (q.step()) out.push_back({q.text(0), q.integer(1), q.text(2), q.integer(3), q.text(4)});
+  return out;
+}
+
+void Store::forget_checkpoint(const std::string& hash, const std::string& kind, int64_t step) {
+  const int64_t id = run_id(hash);
+  db_.transaction([&] {
+    db_.prepare("DELETE FROM checkpoints WHERE run_id = ? AND kind = ? AND step = ?")
+        .bind(1, id).bind(2, kind).bind(3, step).run();
   });
 }
 

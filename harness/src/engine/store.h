@@ -15,7 +15,7 @@
 
 namespace chiar::engine {
 
-constexpr int kSchemaVersion = 4;
+constexpr int kSchemaVersion = 5;
 
 struct Provenance {
   std::string git_commit;
@@ -56,6 +56,17 @@ struct FlopRow {
   double train_sparse = 0;
 };
 
+// A checkpoint file the store vouches for: recorded only once the file is
+// complete, fsynced and renamed into place, with the size and checksum a
+// later load verifies before trusting it.
+struct CheckpointRecord {
+  std::string kind;      // "state" (resumable training state) or "best" (best-validation model)
+  int64_t step = 0;      // the training steps the file holds
+  std::string file;      // absolute path
+  int64_t bytes = 0;
+  std::string checksum;  // "crc32:%08x" of the whole file
+};
+
 class Store {
  public:
   explicit Store(const std::string& file);
@@ -79,6 +90,13 @@ class Store {
   void add_routing(const std::string& hash, int64_t step, int64_t layer,
                    const std::vector<std::pair<std::string, double>>& shares,
                    const std::vector<int64_t>& histogram);
+
+  // Records a checkpoint whose file is in place (schema 5).
+  void record_checkpoint(const std::string& hash, const CheckpointRecord& c);
+  // The run's recorded checkpoints of one kind, newest step first.
+  std::vector<CheckpointRecord> checkpoints(const std::string& hash, const std::string& kind);
+  // Drops the record of one checkpoint (its file was superseded or found corrupt).
+  void forget_checkpoint(const std::string& hash, const std::string& kind, int64_t step);
 
   Database& db() { return db_; }
 
