@@ -9,7 +9,9 @@
 #include "engine/store.h"
 #include "report/claims.h"
 #include "report/report.h"
+#include "report/verdict_stats.h"
 #include "support/fixtures.h"
+#include "support/process.h"
 #include "support/temp_dir.h"
 
 using namespace chiar;
@@ -121,26 +123,154 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
   const auto claims = report::evaluate_claims(report::load_claims(kClaims), summary_of(db), "baseline");
   std::map<std::string, std::string> verdict;
   for (const auto& c : claims) verdict[c.claim.substr(0, 20)] = c.verdict;
-  CHECK(verdict["WikiText-103: DCT+At"] == "holds");                  // 32 < 62
-  CHECK(verdict["WikiText-2: full att"] == "not enough runs");
-  CHECK(verdict["Flat ListOps: full a"] == "holds");                  // 91% > 60%
-  CHECK(verdict["DCT+Attn cuts attent"] == "holds");                  // exactly -62.5%
-  CHECK(verdict["Hard (STE) routing b"] == "holds");                  // 42 < 52
-  CHECK(verdict["Routing collapse: th"] == "holds");                  // RBF 2%
-  CHECK(claims[4].measured.find("62.5%") != std::string::npos);
-  // The same sentences the claims produced when they were written in C++.
-  CHECK(claims[0].measured == "wikitext103: chiar_dct_attn 32.00 vs baseline 62.00 (3 and 3 seeds)");
+  CHECK(verdict["WikiText-103: DCT+At"] == "holds");             // 32 < 62 on every seed
+  CHECK(verdict["WikiText-2: full att"] == "not enough seeds");  // no such task
+  CHECK(verdict["Flat ListOps: full a"] == "not enough seeds");  // 2 seeds a side
+  CHECK(verdict["DCT+Attn cuts attent"] == "holds");             // exactly -62.5% where 3 seeds ran
+  CHECK(verdict["Hard (STE) routing b"] == "holds");             // 42 < 52
+  CHECK(verdict["Routing collapse: th"] == "holds");             // RBF 2%
+  // Seeds 0-2 on both sides: paired; the fixture's differences have no
+  // spread, so the interval has no width and there is no effect size.
+  // Three comparisons had a test (the 2-seed one had none): Holm over 3.
+  CHECK(claims[0].measured ==
+        "wikitext103: chiar_dct_attn 32.00 vs baseline 62.00 (3 and 3 seeds); difference -30.00, 95% CI "
+        "[-30.00, -30.00], paired by seed, p < 0.001 (Holm, 3 tests), d_z n/a (no spread)");
   CHECK(claims[0].paper == "36.54 vs 66.62");
+  CHECK(claims[0].direction == "agrees");
   CHECK(claims[1].measured == "needs baseline and chiar_dct_attn on task wikitext2");
-  CHECK(claims[3].measured == "listops_flat: baseline 91.00% vs chiar_dct_attn 60.00% (2 and 2 seeds)");
+  CHECK(claims[3].measured ==
+        "listops_flat: baseline 91.00% vs chiar_dct_attn 60.00% (2 and 2 seeds; a verdict needs 3 per side)");
+  CHECK(claims[3].direction == "agrees");
   CHECK(claims[4].measured ==
-        "wikitext103: 62.5% (8.0000 -> 3.0000 GFLOPs per sequence); listops_flat: 62.5% (8.0000 -> 3.0000 GFLOPs per sequence)");
-  CHECK(claims[5].measured == "wikitext103: chiar_hard 42.00 vs chiar_soft 52.00 (3 and 3 seeds)");
+        "wikitext103: -62.5% executed (8.0000 -> 3.0000 GFLOPs per sequence; 3 and 3 seeds), -62.5% for a sparse "
+        "execution; listops_flat: -62.5% executed (8.0000 -> 3.0000 GFLOPs per sequence; 2 and 2 seeds; a verdict "
+        "needs 3 per side)");
   CHECK(claims[6].verdict == "holds");  // 32 < 42 on the one task both finished
   CHECK(claims[7].measured == "mean RBF share in routed layers at the end of training: 2.0% over 3 runs");
   // --baseline moves every "$baseline" of the file.
   const auto other = report::evaluate_claims(report::load_claims(kClaims), summary_of(db), "chiar_soft");
-  CHECK(other[0].measured == "wikitext103: chiar_dct_attn 32.00 vs chiar_soft 52.00 (3 and 3 seeds)");
+  CHECK(other[0].measured.rfind("wikitext103: chiar_dct_attn 32.00 vs chiar_soft 52.00 (3 and 3 seeds)", 0) == 0);
+}
+
+TEST_CASE("verdict statistics: paired and Welch intervals, p-values, effect sizes, Holm", "[report]") {
+  // Reference values computed by hand from the definitions: Student's t
+  // quantile and tail integrated numerically from its density.
+  // Paired: differences 1, 1.5, 1, 2: mean 1.375, sd 0.478714, df 3.
+  const auto paired = report::paired_difference({10, 12, 11, 13}, {9, 10.5, 10, 11});
+  CHECK(paired.paired);
+  CHECK(paired.diff == Approx(1.375));
+  CHECK(paired.df == Approx(3));
+  CHECK(paired.lo == Approx(0.6132599).epsilon(1e-6));
+  CHECK(paired.hi == Approx(2.1367401).epsilon(1e-6));
+  CHECK(paired.p == Approx(0.0104771).epsilon(1e-5));
+  CHECK(paired.effect == Approx(2.8722813).epsilon(1e-6));  // d_z
+  // Welch: 1,2,3 against 4,6,8,10: variances 1 and 6.667, df 4.0755.
+  const auto welch = report::welch_difference({1, 2, 3}, {4, 6, 8, 10});
+  CHECK_FALSE(welch.paired);
+  CHECK(welch.diff == Approx(-5));
+  CHECK(welch.df == Approx(4.0754717).epsilon(1e-6));
+  CHECK(welch.lo == Approx(-8.8979755).epsilon(1e-6));
+  CHECK(welch.hi == Approx(-1.1020245).epsilon(1e-6));
+  CHECK(welch.p == Approx(0.0233768).epsilon(1e-5));
+  CHECK(welch.effect == Approx(-2.0072897).epsilon(1e-6));  // Hedges' g
+  // Identical results on every seed: no difference, p = 1.
+  const auto same = report::paired_difference({5, 6, 7}, {5, 6, 7});
+  CHECK(same.diff == 0);
+  CHECK(same.lo == 0);
+  CHECK(same.hi == 0);
+  CHECK(same.p == 1);
+  // Holm: sorted 0.005 0.01 0.03 0.04 -> x4 x3 x2 x1 = 0.02 0.03 0.06 0.04,
+  // then made monotone: 0.02 0.03 0.06 0.06.
+  const auto holm = report::holm_adjusted({0.01, 0.04, 0.03, 0.005});
+  REQUIRE(holm.size() == 4);
+  CHECK(holm[0] == Approx(0.03));
+  CHECK(holm[1] == Approx(0.06));
+  CHECK(holm[2] == Approx(0.06));
+  CHECK(holm[3] == Approx(0.02));
+  CHECK(report::holm_adjusted({0.6, 0.7}) == std::vector<double>{1.0, 1.0});
+}
+
+namespace {
+
+// A store of one LM task whose variants have the given test perplexity per seed.
+std::string verdict_store(const TempDir& d, const std::string& name,
+                          const std::map<std::string, std::vector<double>>& ppl) {
+  const std::string db = d.path() + "/" + name;
+  engine::Store store(db);
+  std::vector<engine::RunSpec> runs;
+  for (const auto& [variant, values] : ppl)
+    for (size_t seed = 0; seed < values.size(); ++seed) runs.push_back(spec(variant, "lm", static_cast<int64_t>(seed)));
+  store.register_runs(runs);
+  for (const auto& r : runs) {
+    store.claim(r, engine::Provenance{});
+    store.add_metrics(r.hash, 10, "test", "best", {{"token_ppl", ppl.at(r.variant)[static_cast<size_t>(r.seed)]}});
+    store.finish(r.hash, engine::RunStatus::Done, "", -1, {});
+  }
+  return db;
+}
+
+// A claims file with one compare claim "a beats b" on perplexity.
+std::string claim_file(const TempDir& d, const std::string& a, const std::string& b) {
+  d.write("variants.toml", "[variants.fast]\n[variants.slow]\n[variants.fast_again]\n[variants.few]\n");
+  return d.write("mine.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"mine\"\ntext = \"" + a +
+                                  " beats " + b + "\"\nkind = \"compare\"\ntask = \"lm\"\nvariants = [\"" + a +
+                                  "\", \"" + b + "\"]\nmetric = \"token_ppl\"\nbetter = \"lower\"\npaper = [10, 20]\n");
+}
+
+report::Claim judge(const TempDir& d, const std::string& db, const std::string& a, const std::string& b) {
+  return report::evaluate_claims(report::load_claims(claim_file(d, a, b)), summary_of(db), "slow").front();
+}
+
+}  // namespace
+
+TEST_CASE("claim verdicts: a real difference, the same variant twice, too few seeds", "[report]") {
+  TempDir d("verdicts");
+  const std::string db = verdict_store(d, "v.db", {{"fast", {30.1, 31.5, 29.8, 30.6}},
+                                                   {"slow", {35.2, 36.9, 34.1, 35.5}},
+                                                   {"fast_again", {30.1, 31.5, 29.8, 30.6}},
+                                                   {"few", {20.0, 21.0}}});
+  const auto real = judge(d, db, "fast", "slow");
+  CHECK(real.verdict == "holds");
+  CHECK(real.direction == "agrees");
+  REQUIRE(real.comparisons.size() == 1);
+  CHECK(real.comparisons[0].test->paired);
+  CHECK(real.comparisons[0].test->hi < 0);
+  const auto reverse = judge(d, db, "slow", "fast");
+  CHECK(reverse.verdict == "does not hold");
+  CHECK(reverse.direction == "disagrees");
+  // The same results under two names: the interval is [0, 0].
+  const auto twice = judge(d, db, "fast", "fast_again");
+  CHECK(twice.verdict == "inconclusive");
+  CHECK(twice.measured ==
+        "lm: fast 30.50 vs fast_again 30.50 (4 and 4 seeds); difference +0.00, 95% CI [+0.00, +0.00], paired by "
+        "seed, p = 1.000, d_z n/a (no spread)");
+  const auto few = judge(d, db, "few", "slow");
+  CHECK(few.verdict == "not enough seeds");
+  CHECK(few.comparisons[0].n_a == 2);
+  CHECK_FALSE(few.comparisons[0].test.has_value());
+  // Seeds that differ between the sides: Welch's t.
+  const std::string shifted = verdict_store(d, "w.db", {{"fast", {30.1, 31.5, 29.8}}, {"slow", {35.2, 36.9, 34.1, 35.5}}});
+  const auto welch = judge(d, shifted, "fast", "slow");
+  CHECK_FALSE(welch.comparisons[0].test->paired);
+  CHECK_THAT(welch.measured, Catch::Matchers::Contains("Welch's t"));
+  // A noisy difference whose interval contains zero is inconclusive, not "holds".
+  const std::string noisy = verdict_store(d, "n.db", {{"fast", {30, 40, 35}}, {"slow", {36, 31, 38}}});
+  CHECK(judge(d, noisy, "fast", "slow").verdict == "inconclusive");
+}
+
+TEST_CASE("chiar report --claims: a user's claim end to end", "[report]") {
+  TempDir d("user-claims");
+  const std::string db = verdict_store(d, "u.db", {{"fast", {30.1, 31.5, 29.8, 30.6}}, {"slow", {35.2, 36.9, 34.1, 35.5}}});
+  const std::string claims = claim_file(d, "fast", "slow");
+  const auto out = test::run_chiar({"report", db, "--out", d.path() + "/r/u", "--baseline", "slow", "--claims", claims});
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+  std::ifstream md(d.path() + "/r/u.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), {});
+  CHECK_THAT(text, Catch::Matchers::Contains("1 comparison was tested; the p-values shown are Holm-adjusted"));
+  CHECK_THAT(text, Catch::Matchers::Contains("| fast beats slow | 10 vs 20 | lm: fast 30.50 vs slow 35.42 (4 and 4 seeds); "
+                                             "difference -4.92, 95% CI ["));
+  CHECK_THAT(text, Catch::Matchers::Contains(" | agrees | holds |"));
 }
 
 TEST_CASE("report files: Markdown with charts beside it, HTML that renders offline", "[report][html]") {

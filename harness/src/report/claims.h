@@ -1,10 +1,12 @@
 #pragma once
 // The paper's claims, read from a claims file (configs/claims.toml), and
 // their verdicts against a store's summary.
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "summary.h"
+#include "verdict_stats.h"
 
 namespace chiar::report {
 
@@ -34,12 +36,28 @@ struct ClaimSpec {
   std::string where;                    // file:line:column of the claim
 };
 
+// One test of a compare claim: the two variants on one task.
+struct Comparison {
+  std::string task, a, b, metric;  // "a beats b" on the metric
+  bool lower_better = true;
+  int n_a = 0, n_b = 0;            // finished seeds per side
+  double mean_a = 0, mean_b = 0;   // as stored (accuracy as a fraction)
+  std::optional<Difference> test;  // none below kMinSeedsPerSide seeds on a side
+  double p_adjusted = 1;           // Holm-adjusted over every comparison the report tests
+  std::string verdict;             // "holds" | "does not hold" | "inconclusive" | "not enough seeds"
+};
+
 struct Claim {
   std::string id;
   std::string claim;     // the paper's statement, with its numbers
   std::string paper;     // the paper's values side by side, e.g. "36.54 vs 66.62"; may be empty
-  std::string measured;  // what this database measured
-  std::string verdict;   // "holds" | "does not hold" | "not enough runs"
+  std::string measured;  // what this database measured, with the test behind the verdict
+  // "holds" | "does not hold" | "inconclusive" | "not enough seeds"
+  std::string verdict;
+  // Whether our difference points the way the paper's values do: "agrees",
+  // "disagrees", or "" (no paper values, or nothing measured).
+  std::string direction;
+  std::vector<Comparison> comparisons;  // compare claims: one per task tested
 };
 
 // Reads a claims file and every file it includes (for the variants it may
@@ -53,10 +71,21 @@ std::vector<ClaimSpec> load_claims(const std::string& file);
 // installed chiar.
 std::string default_claims_file();
 
-// One claim's verdict; claims about tasks or variants the database lacks are
-// "not enough runs".
+// One claim's verdict, tested alone (Holm over its own comparisons). A claim
+// with fewer than kMinSeedsPerSide finished seeds on a side of every task it
+// is about is "not enough seeds": no verdict comes from one or two seeds.
+//   compare: per task, the difference of the two variants' per-seed test
+//     metrics with its 95% CI (paired by seed when both ran the same seeds,
+//     else Welch's t); "holds" when the interval and the Holm-adjusted p
+//     (< 0.05) put it on the claimed side, "does not hold" on the other side,
+//     "inconclusive" when the interval contains zero. Over a task pattern:
+//     holds (or does not) when every tested task says so, else inconclusive.
+//   reduction: the metric's cut on every task, each side from >= 3 seeds.
+//   share: the variant's mean final share over >= 3 finished runs.
 Claim evaluate_claim(const ClaimSpec& claim, const Summary& s, const std::string& baseline);
 
+// Every claim, with Holm's correction over all their comparisons together;
+// the measured text says how many were tested.
 std::vector<Claim> evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s,
                                    const std::string& baseline);
 

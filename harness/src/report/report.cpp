@@ -140,13 +140,28 @@ void write_other_charts(Pages& p, const std::vector<Chart>& charts, const std::s
 }
 
 void write_claims(Pages& p, const std::vector<Claim>& claims) {
-  p.md << "## The paper's claims against this database\n\n| claim | measured | verdict |\n|---|---|---|\n";
-  p.html << "<h2>The paper's claims against this database</h2>\n<table class=\"claims\"><tr><th>claim</th><th>measured</th><th>verdict</th></tr>\n";
+  size_t tests = 0;
+  for (const auto& c : claims)
+    for (const auto& comparison : c.comparisons) tests += comparison.test.has_value();
+  const std::string how =
+      "Each comparison is the difference of two variants' per-seed test metrics with its 95% confidence interval "
+      "(paired by seed when both variants ran the same seeds, else Welch's t), a two-sided p-value and an effect "
+      "size (d_z paired, Hedges' g unpaired). " + std::to_string(tests) + (tests == 1 ? " comparison was" : " comparisons were") +
+      " tested; the p-values shown are Holm-adjusted over all of them. A claim holds (or does not) only when its "
+      "interval excludes zero on one side and the adjusted p is below 0.05; an interval containing zero is "
+      "inconclusive; fewer than " + std::to_string(kMinSeedsPerSide) + " finished seeds on a side give no verdict.";
+  p.md << "## The paper's claims against this database\n\n" << how
+       << "\n\n| claim | paper | measured | direction vs paper | verdict |\n|---|---|---|---|---|\n";
+  p.html << "<h2>The paper's claims against this database</h2>\n<p>" << html_escape(how)
+         << "</p>\n<table class=\"claims\"><tr><th>claim</th><th>paper</th><th>measured</th><th>direction vs paper</th>"
+            "<th>verdict</th></tr>\n";
   for (const auto& c : claims) {
-    p.md << "| " << md_escape(c.claim) << " | " << md_escape(c.measured) << " | " << c.verdict << " |\n";
+    p.md << "| " << md_escape(c.claim) << " | " << md_escape(c.paper) << " | " << md_escape(c.measured) << " | "
+         << c.direction << " | " << c.verdict << " |\n";
     const char* cls = c.verdict == "holds" ? "holds" : c.verdict == "does not hold" ? "fails" : "unknown";
-    p.html << "<tr><td style=\"text-align:left\">" << html_escape(c.claim) << "</td><td style=\"text-align:left\">"
-           << html_escape(c.measured) << "</td><td class=\"" << cls << "\">" << c.verdict << "</td></tr>\n";
+    p.html << "<tr><td style=\"text-align:left\">" << html_escape(c.claim) << "</td><td>" << html_escape(c.paper)
+           << "</td><td style=\"text-align:left\">" << html_escape(c.measured) << "</td><td>" << c.direction
+           << "</td><td class=\"" << cls << "\">" << c.verdict << "</td></tr>\n";
   }
   p.html << "</table>\n";
 }

@@ -1,0 +1,92 @@
+#include "verdict_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+#include <boost/math/distributions/students_t.hpp>
+
+namespace chiar::report {
+namespace {
+
+double mean_of(const std::vector<double>& v) {
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// Sample variance (n - 1 in the denominator).
+double variance_of(const std::vector<double>& v, double mean) {
+  double ss = 0;
+  for (double x : v) ss += (x - mean) * (x - mean);
+  return ss / static_cast<double>(v.size() - 1);
+}
+
+// Fills the interval and the p-value of `d.diff` with standard error `se` on
+// `d.df` degrees of freedom. A zero standard error (every seed agreeing
+// exactly) gives a zero-width interval, and p = 1 for no difference, 0 for one.
+void fill_interval(Difference& d, double se) {
+  if (!(se > 0)) {
+    d.lo = d.hi = d.diff;
+    d.p = d.diff == 0 ? 1.0 : 0.0;
+    return;
+  }
+  const boost::math::students_t t(d.df);
+  const double q = boost::math::quantile(boost::math::complement(t, 0.025));
+  d.lo = d.diff - q * se;
+  d.hi = d.diff + q * se;
+  d.p = std::min(1.0, 2 * boost::math::cdf(boost::math::complement(t, std::abs(d.diff) / se)));
+}
+
+}  // namespace
+
+Difference welch_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() < 2 || b.size() < 2) throw std::invalid_argument("welch_difference: each side needs 2 values");
+  Difference d;
+  d.n_a = static_cast<int>(a.size());
+  d.n_b = static_cast<int>(b.size());
+  const double ma = mean_of(a), mb = mean_of(b);
+  const double va = variance_of(a, ma), vb = variance_of(b, mb);
+  const double wa = va / d.n_a, wb = vb / d.n_b;  // squared standard errors of the means
+  d.diff = ma - mb;
+  const double se2 = wa + wb;
+  // Welch-Satterthwaite; with both spreads zero any df gives the same result.
+  d.df = se2 > 0 ? se2 * se2 / (wa * wa / (d.n_a - 1) + wb * wb / (d.n_b - 1)) : d.n_a + d.n_b - 2;
+  fill_interval(d, std::sqrt(se2));
+  const double pooled = std::sqrt(((d.n_a - 1) * va + (d.n_b - 1) * vb) / (d.n_a + d.n_b - 2));
+  const double correction = 1 - 3.0 / (4.0 * (d.n_a + d.n_b) - 9);
+  d.effect = pooled > 0 ? d.diff / pooled * correction : std::numeric_limits<double>::quiet_NaN();
+  return d;
+}
+
+Difference paired_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.size() < 2)
+    throw std::invalid_argument("paired_difference: two aligned lists of 2 or more values");
+  std::vector<double> delta(a.size());
+  for (size_t i = 0; i < a.size(); ++i) delta[i] = a[i] - b[i];
+  Difference d;
+  d.paired = true;
+  d.n_a = d.n_b = static_cast<int>(a.size());
+  d.diff = mean_of(delta);
+  d.df = static_cast<double>(delta.size() - 1);
+  const double sd = std::sqrt(variance_of(delta, d.diff));
+  fill_interval(d, sd / std::sqrt(static_cast<double>(delta.size())));
+  d.effect = sd > 0 ? d.diff / sd : std::numeric_limits<double>::quiet_NaN();
+  return d;
+}
+
+std::vector<double> holm_adjusted(const std::vector<double>& p) {
+  const size_t m = p.size();
+  std::vector<size_t> order(m);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return p[x] < p[y]; });
+  std::vector<double> out(m);
+  double running = 0;  // adjusted values never decrease along the sorted order
+  for (size_t k = 0; k < m; ++k) {
+    running = std::max(running, std::min(1.0, static_cast<double>(m - k) * p[order[k]]));
+    out[order[k]] = running;
+  }
+  return out;
+}
+
+}  // namespace chiar::report
