@@ -40,6 +40,18 @@ std::string clean(std::string text) {
   return text;
 }
 
+// The rating of an "<id>_<rating>" file stem, or -1 for any other stem: only
+// one or two decimal digits after the first '_' (atoi would read "3.tx_1" as
+// 3 and wrap "4294967297" to 1).
+int rating_of(const std::string& stem) {
+  const auto bar = stem.find('_');
+  if (bar == std::string::npos) return -1;
+  const std::string digits = stem.substr(bar + 1);
+  if (digits.empty() || digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  return std::stoi(digits);
+}
+
 std::vector<Review> read_reviews(const fs::path& folder) {
   std::vector<Review> out;
   for (const auto& [sub, label] : {std::pair<const char*, int64_t>{"neg", 0}, {"pos", 1}}) {
@@ -53,8 +65,7 @@ std::vector<Review> read_reviews(const fs::path& folder) {
     for (const auto& f : files) {
       // <id>_<rating>.txt; the rating must agree with the folder (neg <= 4, pos >= 7).
       const std::string stem = f.stem().string();
-      const auto bar = stem.find('_');
-      const int rating = bar == std::string::npos ? -1 : std::atoi(stem.c_str() + bar + 1);
+      const int rating = rating_of(stem);
       if (rating < 1 || rating > 10 || (label == 0 && rating > 4) || (label == 1 && rating < 7))
         throw UserError("imdb: '" + f.string() + "': expected <id>_<rating>.txt with a rating of " +
                         (label == 0 ? "1-4" : "7-10"));
@@ -144,9 +155,22 @@ class ImdbTask final : public ClassificationTask {
   std::unique_ptr<Tokenizer> tokenizer_;
 };
 
+// Every option the constructor reads, so the harness refuses a misspelt or
+// mistyped one before the reviews are read or the archive extracted.
+std::vector<TaskOption> imdb_options() {
+  std::vector<TaskOption> options = {{"path", ParamKind::String},
+                                     {"archive", ParamKind::String},
+                                     {"max_len", ParamKind::Int},
+                                     {"valid_fraction", ParamKind::Number},
+                                     {"split_seed", ParamKind::Int}};
+  for (auto& o : tokenizer_options()) options.push_back(std::move(o));
+  return options;
+}
+
 void register_plugin(Registrar& r) {
   r.add_task("imdb", "IMDB sentiment (aclImdb layout), byte-level like LRA Text or word/subword",
              [](const TaskSpec& spec) { return std::make_unique<ImdbTask>(spec); });
+  r.declare_task_options("imdb", imdb_options());
 }
 
 }  // namespace

@@ -104,11 +104,29 @@ class ListOpsTask final : public ClassificationTask {
   std::map<std::string, int64_t> ids_;
 };
 
+// Every option the constructor reads for one variant, so the harness refuses
+// a misspelt or mistyped one before a file is read or an example generated.
+std::vector<TaskOption> listops_options(bool flat) {
+  std::vector<TaskOption> options = {{"train_file", ParamKind::String}, {"valid_file", ParamKind::String},
+                                     {"test_file", ParamKind::String},  {"n_train", ParamKind::Int},
+                                     {"n_valid", ParamKind::Int},       {"n_test", ParamKind::Int},
+                                     {"data_seed", ParamKind::Int},     {"max_args", ParamKind::Int},
+                                     {"seq_len", ParamKind::Int}};
+  const std::vector<TaskOption> generator =
+      flat ? std::vector<TaskOption>{{"min_args", ParamKind::Int}}
+           : std::vector<TaskOption>{{"max_depth", ParamKind::Int}, {"min_length", ParamKind::Int},
+                                     {"max_length", ParamKind::Int}};
+  options.insert(options.end(), generator.begin(), generator.end());
+  return options;
+}
+
 void register_plugin(Registrar& r) {
   r.add_task("listops", "Long Range Arena ListOps: LRA TSV files or the LRA generator, 10 classes",
              [](const TaskSpec& spec) { return std::make_unique<ListOpsTask>(spec, false); });
+  r.declare_task_options("listops", listops_options(false));
   r.add_task("listops_flat", "the CHIAR paper's flat ListOps: one operator over 4-8 digits",
              [](const TaskSpec& spec) { return std::make_unique<ListOpsTask>(spec, true); });
+  r.declare_task_options("listops_flat", listops_options(true));
 }
 
 }  // namespace

@@ -139,9 +139,22 @@ class WikiTextTask final : public Task {
   std::map<std::string, Split> splits_;
 };
 
+// Every option the constructor reads, so the harness refuses a misspelt or
+// mistyped one before the corpus is read.
+std::vector<TaskOption> wikitext_options() {
+  std::vector<TaskOption> options = {{"path", ParamKind::String},          {"files", ParamKind::String},
+                                     {"train_file", ParamKind::String},    {"valid_file", ParamKind::String},
+                                     {"test_file", ParamKind::String},     {"seq_len", ParamKind::Int},
+                                     {"batching", ParamKind::String},      {"eval_stride", ParamKind::Int},
+                                     {"valid_fraction", ParamKind::Number}};
+  for (auto& o : tokenizer_options()) options.push_back(std::move(o));
+  return options;
+}
+
 void register_plugin(Registrar& r) {
   r.add_task("wikitext", "language modelling on a WikiText-layout corpus (train/valid/test files)",
              [](const TaskSpec& spec) { return std::make_unique<WikiTextTask>(spec); });
+  r.declare_task_options("wikitext", wikitext_options());
 }
 
 }  // namespace

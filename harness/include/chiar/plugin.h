@@ -16,6 +16,7 @@
 #include "chiar/operator.h"
 #include "chiar/router.h"
 #include "chiar/task.h"
+#include "chiar/task_options.h"
 
 // Bumped whenever a type a plugin sees changes layout or meaning: the
 // interfaces (Operator, Router, Task, Registrar), their specs and traits, and
@@ -23,7 +24,10 @@
 // chiar::ClassificationTask in chiar/class_data.h).
 // 2: Router::route takes the OpContext. 3: Operator::flops_at (FLOPs by row position and context), OpContext::spectrum.
 // 4: OperatorTraits layout: display name, colour, role and attention FLOPs.
-#define CHIAR_PLUGIN_API_VERSION 4
+// 5: Registrar::declare_task_options (a plugin calling it needs a harness
+//    that has it: the version check refuses the plugin cleanly instead of the
+//    loader failing on a missing symbol).
+#define CHIAR_PLUGIN_API_VERSION 5
 
 #define CHIAR_STRINGIFY_IMPL(x) #x
 #define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)
@@ -60,6 +64,14 @@ class CHIAR_API Registrar {
                           const std::vector<std::string>& aliases = {}) = 0;
   virtual void add_task(const std::string& name, const std::string& description,
                         TaskFactory factory, const std::vector<std::string>& aliases = {}) = 0;
+
+  // Every option the task `name` (registered by this plugin) reads. The
+  // harness then refuses an unknown key or a value of another kind before the
+  // factory runs, so before any data file is opened. Non-virtual, so the
+  // layout plugins see is unchanged: the harness's registrar keeps the list,
+  // any other registrar ignores it. A task that declares nothing is checked
+  // only after construction (the keys it never read).
+  void declare_task_options(const std::string& name, std::vector<TaskOption> options);
 };
 
 }  // namespace chiar

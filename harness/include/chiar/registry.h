@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "chiar/operator.h"
 #include "chiar/router.h"
 #include "chiar/task.h"
+#include "chiar/task_options.h"
 
 namespace chiar {
 
@@ -40,7 +42,12 @@ class CHIAR_API PluginRegistry {
 
   std::shared_ptr<Operator> make_operator(const std::string& name, const OperatorSpec& spec) const;
   std::shared_ptr<Router> make_router(const std::string& name, const RouterSpec& spec) const;
+  // A task whose plugin declared its options has its spec's keys and kinds
+  // checked before its factory runs (before it opens any file).
   std::shared_ptr<Task> make_task(const std::string& name, const TaskSpec& spec) const;
+  // The options a task's plugin declared (Registrar::declare_task_options);
+  // nullopt when it declared none. Throws a UserError for an unknown name.
+  std::optional<std::vector<TaskOption>> task_options(const std::string& name) const;
 
   // An operator's traits without a model: asked of an instance made once
   // (d_model 8, 2 heads, default options) and remembered. An empty display

@@ -35,7 +35,10 @@ int run_data_stats(const Global& g, const DataArgs& a) {
     if (a.table.empty()) throw UserError("data stats: --table is required with a TOML file");
     config = load_task_config(a.config_file, a.table);
     const Params extra = Params::from_assignments(a.set);
-    for (const auto& kv : extra.values()) config.params.set(kv.first, kv.second);
+    for (const auto& kv : extra.values()) {
+      config.params.set(kv.first, kv.second);
+      config.where[kv.first] = "--set " + kv.first;
+    }
   } else if (!a.task.empty()) {
     config = task_config_from_assignments(a.task, a.set);
   } else {
@@ -43,6 +46,7 @@ int run_data_stats(const Global& g, const DataArgs& a) {
   }
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
+  check_task_options(config, registry);  // keys and kinds before the task reads its data
   TaskSpec spec;
   spec.params = config.params;
   spec.data_root = a.data_root;

@@ -9,7 +9,7 @@ namespace chiar::cli {
 
 void start_compute(const Global& g) {
   const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
-  if (info.blas_gflops < kSlowGemmGflops) std::cerr << describe(info) << "\n";
+  if (!blas_warning(info).empty()) std::cerr << describe(info) << "\n";
 }
 
 int run_info(const Global& g) {
@@ -18,13 +18,14 @@ int run_info(const Global& g) {
             << "build      " << info.build_type << "\n"
             << "threads    " << info.threads << "\n"
             << "BLAS       " << info.blas << "\n"
+            << "BLAS core  " << (info.blas_core.empty() ? std::string("- (not OpenBLAS)") : info.blas_core) << "\n"
             << "products   " << info.gemm << "\n"
             << "GEMM       " << info.gemm_gflops << " GFLOP/s (fp32, " << info.gemm_size << "^3, median of 10; "
             << info.blas_gflops << " on the BLAS)\n"
             << "host       " << info.host << "\n"
             << "cpu        " << info.cpu << "\n"
             << "allocator  " << info.allocator << "\n";
-  if (info.blas_gflops < kSlowGemmGflops) std::cerr << describe(info) << "\n";
+  if (const std::string warning = blas_warning(info); !warning.empty()) std::cerr << warning << "\n";
   const auto dirs = default_plugin_dirs();
   std::cout << "plugins    " << (dirs.empty() ? std::string("(no default folder found)") : dirs[0])
             << "\n";

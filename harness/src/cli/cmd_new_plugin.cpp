@@ -208,6 +208,9 @@ class Tk final : public ClassificationTask {
 void register_plugin(Registrar& r) {
   r.add_task("@NAME@", "@NAME@: digit sums mod 10 (a template)",
              [](const TaskSpec& spec) { return std::make_unique<Tk>(spec); });
+  // Every option the constructor reads: the harness refuses an unknown key or
+  // a value of another kind before the constructor runs.
+  r.declare_task_options("@NAME@", {{"n", ParamKind::Int}, {"data_seed", ParamKind::Int}});
 }
 
 }  // namespace

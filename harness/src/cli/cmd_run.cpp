@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -7,6 +8,7 @@
 #include "chiar/registry.h"
 
 #include "engine/runner.h"
+#include "engine/task_config.h"
 #include "report/claims.h"
 #include "report/report.h"
 #include "chiar/error.h"
@@ -14,6 +16,33 @@
 
 namespace chiar::cli {
 namespace {
+
+// Where a run's task option came from, in the order a matrix applies them:
+// --set task.KEY last, then a [sweep.task] axis, then the task's table.
+std::string task_option_origin(const RunArgs& a, const engine::Matrix& matrix, const std::string& task,
+                               const std::string& key) {
+  for (const auto& s : a.set)
+    if (s.rfind("task." + key + "=", 0) == 0) return "--set task." + key;
+  for (const std::string& path : {"sweep.task." + key, "tasks." + task + "." + key})
+    if (const std::string at = locate_toml_key(matrix.file, path); !at.empty()) return at + ": key '" + path + "'";
+  return matrix.where.at("tasks." + task) + ": key 'tasks." + task + "." + key + "'";
+}
+
+// Every task option of every run checked against what its plugin declares,
+// before run_matrix opens the store or a task reads its data. Tasks of an
+// unknown plugin are left to run_matrix, which names them.
+void check_task_options_of(const RunArgs& a, const engine::Matrix& matrix, const PluginRegistry& registry) {
+  std::vector<std::string> checked;  // task and options, each combination once
+  for (const auto& r : matrix.runs) {
+    const std::string id = r.task + "\n" + r.task_config.plugin + "\n" + r.task_config.params.describe();
+    if (std::find(checked.begin(), checked.end(), id) != checked.end()) continue;
+    checked.push_back(id);
+    if (!registry.has("task", r.task_config.plugin)) continue;
+    const TaskOptionProblem problem = find_task_option_problem(r.task_config, registry);
+    if (!problem.key.empty())
+      throw UserError(task_option_origin(a, matrix, r.task, problem.key) + ": " + problem.what);
+  }
+}
 
 std::string csv_cell(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -51,6 +80,7 @@ int run_run(const Global& g, const RunArgs& a) {
   const engine::Matrix matrix = engine::load_matrix(a.config, m);
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
+  check_task_options_of(a, matrix, registry);
   engine::RunnerOptions o;
   o.db = a.db;
   o.data_root = a.data_root;

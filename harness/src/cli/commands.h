@@ -1,7 +1,8 @@
 #pragma once
 // The bodies of the chiar subcommands. main.cpp owns argument parsing; each
 // function gets plain values and returns the process exit status. Errors are
-// thrown as chiar::UserError and reported by main (exit status 2).
+// thrown as chiar::UserError (bad input, exit status 2) or
+// chiar::EnvironmentError (the system failed, exit status 3) and reported by main.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,8 +16,9 @@ struct Global {
 };
 
 // Sets the threads and checks the BLAS once (a 512^3 GEMM, a small one-off
-// cost: docs/performance.md, 'GEMM libraries'); warns on stderr when libtorch
-// is on the reference BLAS. Commands that compute call it.
+// cost: docs/performance.md, 'GEMM libraries'); warns on stderr when the BLAS
+// is slow or OpenBLAS runs kernels older than the processor (blas_warning in
+// engine/runtime.h). Commands that compute call it.
 void start_compute(const Global& g);
 
 int run_info(const Global& g);

@@ -1,5 +1,6 @@
 // chiar: the harness command line. Parsing lives here; commands.h has the bodies.
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -222,6 +223,10 @@ int main(int argc, char** argv) {
   chiar::configure_allocator();
   CLI::App app{"chiar: benchmark and ablation harness for spectral-entropy routed transformers"};
   app.require_subcommand(1);
+  // Options a subcommand does not know go up to its parent: users type the
+  // global ones after the command too (`chiar plugins --plugin-dir D`).
+  // Subcommands inherit this when they are added, so it comes first.
+  app.fallthrough();
   Args a;
   Commands c;
   add_global_options(app, a.g);
@@ -246,10 +251,22 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // The error policy (docs: DESIGN, 'Error policy'): bad input 2, a failing
+  // environment 3, anything else 1 with its message alone, never a libtorch
+  // backtrace or "terminate called".
   try {
     return dispatch(a, c);
   } catch (const chiar::UserError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 2;
+  } catch (const chiar::EnvironmentError& e) {
+    std::cerr << "chiar: " << e.what() << "\n";
+    return 3;
+  } catch (const c10::Error& e) {
+    std::cerr << "chiar: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "chiar: " << e.what() << "\n";
+    return 1;
   }
 }

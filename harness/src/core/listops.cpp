@@ -1,6 +1,8 @@
 #include "chiar/listops.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -165,11 +167,14 @@ std::vector<ListOpsExample> read_listops_tsv(const std::string& path) {
 }
 
 void write_listops_tsv(const std::string& path, const std::vector<ListOpsExample>& examples) {
+  // The path was the user's to choose; the system refusing it (a folder that
+  // is a file, no permission, a full disk) is the environment's failure.
   std::ofstream out(path, std::ios::binary);
-  if (!out) throw UserError(path + ": cannot write the file");
+  if (!out) throw EnvironmentError(path + ": cannot write the file: " + std::strerror(errno));
   out << "Source\tTarget\n";
   for (const auto& e : examples) out << e.source << '\t' << e.target << '\n';
-  if (!out) throw UserError(path + ": write error");
+  out.flush();
+  if (!out) throw EnvironmentError(path + ": write error: " + std::strerror(errno));
 }
 
 }  // namespace chiar

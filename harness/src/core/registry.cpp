@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -16,6 +17,7 @@
 
 #include "chiar/error.h"
 #include "chiar/plugin.h"
+#include "core/plugin_descriptor_check.h"
 
 namespace chiar {
 namespace fs = boost::filesystem;
@@ -31,6 +33,7 @@ struct Factory {
   OperatorFactory make_operator;
   RouterFactory make_router;
   TaskFactory make_task;
+  std::optional<std::vector<TaskOption>> task_options;  // a task's declared options, if it declared them
 };
 
 // Collects what one library registers; committed only if registration succeeds.
@@ -50,6 +53,15 @@ class CollectingRegistrar final : public Registrar {
   void add_task(const std::string& name, const std::string& description, TaskFactory factory,
                 const std::vector<std::string>& aliases) override {
     add(name, "task", description, aliases).make_task = std::move(factory);
+  }
+
+  void declare_task_options(const std::string& name, std::vector<TaskOption> options) {
+    for (auto& f : added)
+      if (f.entry.kind == "task" && f.entry.name == name) {
+        f.task_options = std::move(options);
+        return;
+      }
+    throw UserError("it declares the options of task '" + name + "', which it did not register before");
   }
 
   std::vector<Factory> added;
@@ -77,7 +89,32 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
   return out;
 }
 
+// The first of a task's options that it did not declare or whose value is of
+// another kind, as a message; "" when all are fine. The CLI checks the same
+// earlier, with positions and suggestions; this guards every other caller.
+std::string declared_option_problem(const Params& params, const std::vector<TaskOption>& declared) {
+  for (const auto& [key, value] : params.values()) {
+    const auto option = std::find_if(declared.begin(), declared.end(),
+                                     [&key = key](const TaskOption& o) { return o.key == key; });
+    if (option == declared.end()) {
+      std::vector<std::string> known;
+      for (const auto& o : declared) known.push_back(o.key);
+      std::sort(known.begin(), known.end());
+      return "unknown parameter '" + key + "' (known: " + join(known, ", ") + ")";
+    }
+    if (!param_has_kind(value, option->kind))
+      return "parameter '" + key + "': expected " + param_kind_name(option->kind) + ", found " +
+             param_value_kind_name(value) + " (" + describe_value(value) + ")";
+  }
+  return "";
+}
+
 }  // namespace
+
+void Registrar::declare_task_options(const std::string& name, std::vector<TaskOption> options) {
+  if (auto* collecting = dynamic_cast<CollectingRegistrar*>(this))
+    collecting->declare_task_options(name, std::move(options));
+}
 
 struct PluginRegistry::Impl {
   std::vector<Factory> factories;
@@ -113,6 +150,11 @@ struct PluginRegistry::Impl {
   template <class Object, class Spec>
   std::shared_ptr<Object> make(const Factory& f, Spec spec) const {
     const std::string who = f.entry.kind + " '" + f.entry.name + "' (" + f.entry.file + ")";
+    if constexpr (std::is_same_v<Object, Task>) {
+      if (f.task_options)
+        if (const std::string problem = declared_option_problem(spec.params, *f.task_options); !problem.empty())
+          throw UserError(who + ": " + problem);
+    }
     std::unique_ptr<Object> made;
     try {
       if constexpr (std::is_same_v<Object, Operator>)
@@ -136,6 +178,22 @@ struct PluginRegistry::Impl {
     return std::shared_ptr<Object>(made.release(), [lib](Object* p) { delete p; });
   }
 };
+
+void check_plugin_descriptor(const std::string& file, const chiar_plugin_descriptor* d) {
+  if (!d) throw UserError("plugin file '" + file + "': its entry point returned nothing");
+  if (d->api_version != CHIAR_PLUGIN_API_VERSION)
+    throw UserError("plugin file '" + file + "' was built for plugin API version " +
+                    std::to_string(d->api_version) + ", but this harness provides version " +
+                    std::to_string(CHIAR_PLUGIN_API_VERSION) + "; rebuild the plugin");
+  const std::string torch_version = d->torch_version ? d->torch_version : "(none)";
+  if (torch_version != CHIAR_TORCH_VERSION_STRING)
+    throw UserError("plugin file '" + file + "' was built against libtorch " + torch_version +
+                    ", but this harness uses libtorch " + CHIAR_TORCH_VERSION_STRING +
+                    "; rebuild the plugin");
+  // Called right after the checks: a null one would crash the loader.
+  if (!d->register_all)
+    throw UserError("plugin file '" + file + "': its descriptor has no register function");
+}
 
 PluginRegistry::PluginRegistry() : impl_(std::make_unique<Impl>()) {}
 PluginRegistry::~PluginRegistry() = default;
@@ -175,16 +233,7 @@ void PluginRegistry::load_file(const std::string& path_text) {
                     "' (a chiar plugin declares one with CHIAR_PLUGIN)");
 
   const chiar_plugin_descriptor* d = lib->get<const chiar_plugin_descriptor*()>(kEntryPoint)();
-  if (!d) throw UserError("plugin file '" + file + "': its entry point returned nothing");
-  if (d->api_version != CHIAR_PLUGIN_API_VERSION)
-    throw UserError("plugin file '" + file + "' was built for plugin API version " +
-                    std::to_string(d->api_version) + ", but this harness provides version " +
-                    std::to_string(CHIAR_PLUGIN_API_VERSION) + "; rebuild the plugin");
-  const std::string torch_version = d->torch_version ? d->torch_version : "(none)";
-  if (torch_version != CHIAR_TORCH_VERSION_STRING)
-    throw UserError("plugin file '" + file + "' was built against libtorch " + torch_version +
-                    ", but this harness uses libtorch " + CHIAR_TORCH_VERSION_STRING +
-                    "; rebuild the plugin");
+  check_plugin_descriptor(file, d);
 
   CollectingRegistrar registrar(file, d->api_version, d->kinds ? d->kinds : "", lib);
   try {
@@ -245,6 +294,10 @@ std::shared_ptr<Router> PluginRegistry::make_router(const std::string& name,
 
 std::shared_ptr<Task> PluginRegistry::make_task(const std::string& name, const TaskSpec& spec) const {
   return impl_->make<Task>(impl_->require("task", name), spec);
+}
+
+std::optional<std::vector<TaskOption>> PluginRegistry::task_options(const std::string& name) const {
+  return impl_->require("task", name).task_options;
 }
 
 OperatorTraits PluginRegistry::operator_traits(const std::string& name) const {

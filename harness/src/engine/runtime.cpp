@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -41,6 +42,79 @@ double model_product_gflops(bool blas_only) {
 
 std::string library_description(GemmBackend b) {
   return b == GemmBackend::Blas ? "blas (libtorch's path)" : "onednn: " + onednn_description();
+}
+
+// The file of the library that provides sgemm_ in the global lookup order,
+// the one libtorch's GEMM binds to (LD_PRELOAD and the Debian alternative
+// included); "" for none.
+std::string sgemm_provider() {
+  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
+  Dl_info where{};
+  if (!sgemm || !dladdr(sgemm, &where) || !where.dli_fname) return "";
+  return where.dli_fname;
+}
+
+// What an OpenBLAS query (char* f(void)) of that library answers; "" when
+// the library has no such function, so is not OpenBLAS.
+std::string ask_openblas(const std::string& provider, const char* function) {
+  if (provider.empty()) return "";
+  void* lib = dlopen(provider.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (!lib) return "";
+  std::string answer;
+  using QueryFn = char* (*)();
+  if (auto query = reinterpret_cast<QueryFn>(dlsym(lib, function)))
+    if (const char* text = query()) answer = text;
+  dlclose(lib);
+  return answer;
+}
+
+std::string lower(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+bool has_flag(const std::vector<std::string>& flags, const char* flag) {
+  return std::find(flags.begin(), flags.end(), flag) != flags.end();
+}
+
+// OpenBLAS kernel sets without AVX2: the generic Prescott a DYNAMIC_ARCH
+// build falls back to on a processor it does not know, and older ones.
+// OpenBLAS names them so in openblas_get_corename (upper case when built for
+// one target).
+bool pre_avx2_core(const std::string& core) {
+  static const std::vector<std::string> old = {
+      "katmai",  "coppermine", "northwood", "prescott", "banias",   "atom",        "core2",
+      "penryn",  "dunnington", "nehalem",   "athlon",   "opteron",  "opteron_sse3", "barcelona",
+      "nano",    "bobcat",     "sandybridge", "bulldozer"};
+  return std::find(old.begin(), old.end(), lower(core)) != old.end();
+}
+
+// Debian's reference BLAS (blas/libblas.so.3), or another libblas.so that is
+// none of the optimised ones.
+bool is_reference_blas(const std::string& blas) {
+  // detect_blas() appends " (OpenBLAS's config)" and "; OPENBLAS_CORETYPE=..." to the path.
+  const std::string path = lower(blas.substr(0, blas.find_first_of(" ;")));
+  const std::string file = path.substr(path.rfind('/') + 1);
+  if (file.rfind("libblas.so", 0) != 0) return false;
+  for (const char* optimised : {"openblas", "atlas", "blis", "mkl"})
+    if (path.find(optimised) != std::string::npos) return false;
+  return true;
+}
+
+// The first processor's "model name" and "flags" in /proc/cpuinfo.
+void read_cpuinfo(std::string& model, std::vector<std::string>& flags) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line) && (model.empty() || flags.empty())) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (model.empty() && line.rfind("model name", 0) == 0) {
+      model = line.substr(std::min(colon + 2, line.size()));
+    } else if (flags.empty() && line.rfind("flags", 0) == 0) {
+      std::istringstream words(line.substr(colon + 1));
+      for (std::string flag; words >> flag;) flags.push_back(flag);
+    }
+  }
 }
 }  // namespace
 
@@ -123,20 +197,12 @@ int configure_threads(int requested) {
 }
 
 std::string detect_blas() {
-  // The library that provides sgemm_ in the global lookup order is the one
-  // libtorch's GEMM binds to (LD_PRELOAD and the Debian alternative included).
-  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
-  Dl_info where{};
-  if (!sgemm || !dladdr(sgemm, &where) || !where.dli_fname)
-    return "no BLAS sgemm_ found (libtorch uses its own fallback GEMM)";
+  const std::string provider = sgemm_provider();
+  if (provider.empty()) return "no BLAS sgemm_ found (libtorch uses its own fallback GEMM)";
   char resolved[PATH_MAX];
-  std::string found = realpath(where.dli_fname, resolved) ? resolved : where.dli_fname;
-  if (void* lib = dlopen(where.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
-    using ConfigFn = char* (*)();
-    if (auto config = reinterpret_cast<ConfigFn>(dlsym(lib, "openblas_get_config")))
-      found += " (" + std::string(config()) + ")";
-    dlclose(lib);
-  }
+  std::string found = realpath(provider.c_str(), resolved) ? resolved : provider;
+  if (const std::string config = ask_openblas(provider, "openblas_get_config"); !config.empty())
+    found += " (" + config + ")";
   // Wheels of libtorch (the pip builds users bring via Torch_DIR) link their
   // BLAS into libtorch_cpu itself: the path then says nothing, the build
   // configuration names it (BLAS_INFO=mkl, say).
@@ -152,6 +218,34 @@ std::string detect_blas() {
   // because an older OpenBLAS misbehaves on their CPU with its own choice.
   if (const char* core = std::getenv("OPENBLAS_CORETYPE")) found += "; OPENBLAS_CORETYPE=" + std::string(core);
   return found;
+}
+
+std::string detect_blas_core() { return ask_openblas(sgemm_provider(), "openblas_get_corename"); }
+
+std::string blas_warning(const RuntimeInfo& info) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  // A DYNAMIC_ARCH OpenBLAS picks kernels by processor model, not by its
+  // features: on a model newer than itself it falls back to generic ones and
+  // runs several times slower (Prescott at 37-41 GFLOP/s against 215 with
+  // SkylakeX's on one AVX-512 machine), which no rate threshold catches.
+  const auto& f = info.cpu_flags;
+  const bool avx512 = has_flag(f, "avx512f") && has_flag(f, "avx512bw") && has_flag(f, "avx512vl");
+  const bool avx2 = has_flag(f, "avx2") && has_flag(f, "fma");
+  if (pre_avx2_core(info.blas_core) && (avx512 || avx2)) {
+    out << "warning: OpenBLAS runs its " << info.blas_core << " kernels on this "
+        << (info.cpu.empty() ? std::string("processor") : info.cpu) << " (" << (avx512 ? "AVX-512" : "AVX2")
+        << "): set OPENBLAS_CORETYPE=" << (avx512 ? "SkylakeX" : "Haswell");
+    if (info.blas_gflops > 0) out << " (the BLAS ran a GEMM at " << info.blas_gflops << " GFLOP/s)";
+    return out.str();
+  }
+  if (info.blas_gflops >= kSlowGemmGflops) return "";
+  out << "warning: the BLAS runs a GEMM at " << info.blas_gflops << " GFLOP/s (< " << kSlowGemmGflops << ")";
+  if (is_reference_blas(info.blas))
+    out << ": libtorch is on the reference BLAS; install libopenblas0-openmp";
+  else
+    out << " on " << (info.blas.empty() ? std::string("an unknown library") : info.blas);
+  return out.str();
 }
 
 double median(std::vector<double> values) {
@@ -195,19 +289,13 @@ RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm) {
   info.blas_gflops = gemm_backend() == GemmBackend::Blas ? info.gemm_gflops
                                                          : measure_gemm_gflops(info.gemm_size, 10, /*blas_only=*/true);
   info.blas = detect_blas();  // after a GEMM, so a lazily loaded BLAS is mapped
+  info.blas_core = detect_blas_core();
   info.torch_version = CHIAR_TORCH_VERSION_STRING;
   info.build_type = CHIAR_BUILD_TYPE;
   info.allocator = g_allocator;
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) == 0) info.host = host;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      info.cpu = line.substr(line.find(':') + 2);
-      break;
-    }
-  }
+  read_cpuinfo(info.cpu, info.cpu_flags);
   return info;
 }
 
@@ -217,9 +305,7 @@ std::string describe(const RuntimeInfo& info) {
   out << std::fixed << "libtorch " << info.torch_version << " (" << info.build_type << "), "
       << info.threads << " threads, GEMM " << info.gemm_size << "^3 fp32 " << info.gemm_gflops
       << " GFLOP/s (on the BLAS " << info.blas_gflops << "), products: " << info.gemm << ", BLAS " << info.blas << ", allocator: " << info.allocator;
-  if (info.blas_gflops < kSlowGemmGflops)
-    out << "\nWARNING: the BLAS runs a GEMM at " << info.blas_gflops << " GFLOP/s (< " << kSlowGemmGflops
-        << "): libtorch is probably on the reference BLAS; install libopenblas0-openmp";
+  if (const std::string warning = blas_warning(info); !warning.empty()) out << "\n" << warning;
   return out.str();
 }
 

@@ -8,20 +8,23 @@
 
 namespace chiar {
 
-// Below this a 512x512 fp32 GEMM means libtorch runs on the reference BLAS,
-// many times slower than OpenBLAS (docs/performance.md, 'GEMM libraries').
+// Below this a 512x512 fp32 GEMM is slow enough to warn about: the reference
+// BLAS runs it at ~6-8 GFLOP/s, OpenBLAS at ~90 per core
+// (docs/performance.md, 'GEMM libraries').
 constexpr double kSlowGemmGflops = 20.0;
 
 // What every run records about the machine it ran on.
 struct RuntimeInfo {
   int threads = 0;           // intra-op threads in force
   std::string blas;          // the BLAS library libtorch's GEMM resolved to, with its config
+  std::string blas_core;     // the kernels OpenBLAS chose (openblas_get_corename), "" for another BLAS
   double gemm_gflops = 0;    // median fp32 GEMM rate of the library the model's products use
   int64_t gemm_size = 0;     // n of the n x n x n GEMM measured
   std::string torch_version; // libtorch the core was built against
   std::string build_type;    // CMAKE_BUILD_TYPE of the core
   std::string host;
   std::string cpu;
+  std::vector<std::string> cpu_flags;  // the first processor's "flags" in /proc/cpuinfo
   std::string allocator;     // what configure_allocator() set
   std::string gemm;          // what configure_gemm() chose, and why
   double blas_gflops = 0;    // the same GEMM through libtorch's BLAS, for comparison
@@ -54,6 +57,19 @@ int configure_threads(int requested);
 // The BLAS library whose sgemm_ this process binds to (resolved through the
 // Debian alternatives symlink), plus OpenBLAS's own configuration when present.
 std::string detect_blas();
+
+// The name of the kernels OpenBLAS runs ("Haswell", "SkylakeX"; "Prescott"
+// where a DYNAMIC_ARCH build did not know the processor), asked of the
+// library that provides sgemm_; "" when that library is not OpenBLAS.
+std::string detect_blas_core();
+
+// What is wrong with the BLAS as one "warning: ..." line, or "" when nothing
+// is. From the facts alone (blas, blas_core, cpu, cpu_flags, blas_gflops):
+// OpenBLAS on kernels older than AVX2 on a processor with AVX2 or AVX-512
+// (whatever the rate) names the OPENBLAS_CORETYPE to set; a GEMM slower than
+// kSlowGemmGflops blames the reference BLAS only when that is the library
+// loaded, and otherwise just names the library.
+std::string blas_warning(const RuntimeInfo& info);
 
 // Chooses the library behind chiar::linear and gemm_into (chiar/linear.h):
 // "blas", "onednn", or "auto", the faster of the two on a product of the
@@ -93,7 +109,8 @@ double measure_gemm_gflops(int64_t n = 512, int repeats = 10, bool blas_only = f
 // facts in one call.
 RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm = "auto");
 
-// One-line summary, e.g. for a log header; warns when the GEMM rate is slow.
+// One-line summary, e.g. for a log header, and blas_warning's line under it
+// when there is one.
 std::string describe(const RuntimeInfo& info);
 
 }  // namespace chiar

@@ -1,6 +1,8 @@
 #include "sotu.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cctype>
 #include <fstream>
 #include <sstream>
@@ -62,13 +64,16 @@ SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir
     return a.second != b.second ? a.second < b.second : a.first < b.first;
   });
   fs::create_directories(out_dir, ec);
-  if (ec) throw UserError("sotu: cannot create '" + out_dir + "': " + ec.message());
+  if (ec) throw EnvironmentError("sotu: cannot create '" + out_dir + "': " + ec.message());
   const char* names[3] = {"train", "valid", "test"};
   std::ofstream tokens[3], raw[3];
   for (int s = 0; s < 3; ++s) {
-    tokens[s].open(out_dir + "/sotu." + names[s] + ".tokens", std::ios::binary);
-    raw[s].open(out_dir + "/sotu." + names[s] + ".raw", std::ios::binary);
-    if (!tokens[s] || !raw[s]) throw UserError("sotu: cannot write into '" + out_dir + "'");
+    for (const auto& [file, ext] : {std::pair<std::ofstream*, const char*>{&tokens[s], ".tokens"},
+                                    std::pair<std::ofstream*, const char*>{&raw[s], ".raw"}}) {
+      const std::string path = out_dir + "/sotu." + names[s] + ext;
+      file->open(path, std::ios::binary);
+      if (!*file) throw EnvironmentError(path + ": cannot write the file: " + std::strerror(errno));
+    }
   }
   SotuSummary summary;
   for (const auto& [name, year] : files) {
@@ -81,6 +86,9 @@ SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir
     ++summary.speeches[s];
     summary.words[s] += count_words(tokenised);
   }
+  for (int s = 0; s < 3; ++s)
+    for (std::ofstream* file : {&tokens[s], &raw[s]})
+      if (!file->flush()) throw EnvironmentError("sotu: write error in '" + out_dir + "': " + std::strerror(errno));
   for (int s = 0; s < 3; ++s)
     if (summary.speeches[s] == 0) throw UserError(std::string("sotu: the ") + names[s] + " split is empty");
   return summary;

@@ -1,6 +1,12 @@
 #include "task_config.h"
 
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+
 #include "chiar/error.h"
+#include "chiar/registry.h"
+#include "engine/suggest.h"
 #include "toml_values.h"
 
 namespace chiar {
@@ -70,6 +76,9 @@ TaskConfig load_task_config(const std::string& file, const std::string& table) {
   const TaskTable t = read_task_table(*node->as_table(), config.name, table);
   config.plugin = t.plugin;
   config.params = toml_params(t.options, table);
+  // The options as read keep their positions; the copies in t.options do not.
+  for (const auto& [key, value] : *node->as_table())
+    config.where[std::string(key.str())] = toml_where(value) + ": key '" + table + "." + std::string(key.str()) + "'";
   return config;
 }
 
@@ -79,7 +88,61 @@ TaskConfig task_config_from_assignments(const std::string& plugin,
   config.name = plugin;
   config.plugin = plugin;
   config.params = Params::from_assignments(assignments);
+  for (const auto& [key, value] : config.params.values()) config.where[key] = "--set " + key;
   return config;
+}
+
+TaskOptionProblem find_task_option_problem(const TaskConfig& config, const PluginRegistry& registry) {
+  const auto declared = registry.task_options(config.plugin);
+  if (!declared) return {};
+  std::vector<std::string> known;
+  for (const auto& o : *declared) known.push_back(o.key);
+  std::sort(known.begin(), known.end());
+  for (const auto& [key, value] : config.params.values()) {
+    const auto option = std::find_if(declared->begin(), declared->end(),
+                                     [&key = key](const TaskOption& o) { return o.key == key; });
+    if (option == declared->end())
+      return {key, "unknown option of task '" + config.plugin + "'" + engine::did_you_mean(key, known)};
+    if (!param_has_kind(value, option->kind))
+      return {key, std::string("expected ") + param_kind_name(option->kind) + ", found " +
+                       param_value_kind_name(value) + " (" + describe_value(value) + ")"};
+  }
+  return {};
+}
+
+void check_task_options(const TaskConfig& config, const PluginRegistry& registry) {
+  const TaskOptionProblem problem = find_task_option_problem(config, registry);
+  if (problem.key.empty()) return;
+  const auto at = config.where.find(problem.key);
+  const std::string where =
+      at != config.where.end() ? at->second : "task '" + config.name + "': key '" + problem.key + "'";
+  throw UserError(where + ": " + problem.what);
+}
+
+namespace {
+
+// The node at `path` in `file` or its includes, searched as they override
+// each other: the file itself, then its includes from the last one back.
+std::string locate_in(const boost::filesystem::path& file, const std::string& path, int depth) {
+  if (depth > 16) return "";  // the matrix reader has refused include cycles already
+  const toml::table root = toml_parse_file(file.string());
+  if (const toml::node* node = root.at_path(path).node()) return toml_where(*node);
+  const toml::node* includes = root.get("include");
+  if (!includes || !includes->is_array()) return "";
+  const auto& list = *includes->as_array();
+  for (size_t i = list.size(); i-- > 0;) {
+    if (!list[i].is_string()) continue;
+    const boost::filesystem::path name = list[i].as_string()->get();
+    const std::string found = locate_in(name.is_absolute() ? name : file.parent_path() / name, path, depth + 1);
+    if (!found.empty()) return found;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string locate_toml_key(const std::string& file, const std::string& path) {
+  return locate_in(file, path, 0);
 }
 
 }  // namespace chiar

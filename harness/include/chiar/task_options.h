@@ -1,0 +1,76 @@
+#pragma once
+// The options a task reads, declared when its plugin registers it
+// (Registrar::declare_task_options), so that an unknown key or a value of the
+// wrong kind is refused before the task's factory opens a single file.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "chiar/params.h"
+
+namespace chiar {
+
+// The kind of value an option takes: what the Params getter of that kind
+// accepts (a Number may be written as an integer, an Int as an integral
+// number, Numbers as one number).
+enum class ParamKind { Bool, Int, Number, String, Numbers };
+
+struct TaskOption {
+  std::string key;
+  ParamKind kind;
+};
+
+// "a boolean", "an integer", ... as messages say it.
+inline const char* param_kind_name(ParamKind kind) {
+  switch (kind) {
+    case ParamKind::Bool: return "a boolean";
+    case ParamKind::Int: return "an integer";
+    case ParamKind::Number: return "a number";
+    case ParamKind::String: return "a string";
+    case ParamKind::Numbers: return "a list of numbers";
+  }
+  return "a value";
+}
+
+// The kind a value is written as ("an integer" for 3, "a number" for 0.5).
+inline const char* param_value_kind_name(const Params::Value& value) {
+  switch (value.index()) {
+    case 0: return "a boolean";
+    case 1: return "an integer";
+    case 2: return "a number";
+    case 3: return "a string";
+    default: return "a list of numbers";
+  }
+}
+
+// Whether the getter of `kind` would accept the value (mirrors params.cpp).
+inline bool param_has_kind(const Params::Value& value, ParamKind kind) {
+  const bool is_int = std::holds_alternative<int64_t>(value);
+  const bool is_double = std::holds_alternative<double>(value);
+  switch (kind) {
+    case ParamKind::Bool: return std::holds_alternative<bool>(value);
+    case ParamKind::Int:
+      if (is_double) {
+        const double d = std::get<double>(value);
+        return std::abs(d) < 9.0e15 && std::floor(d) == d;
+      }
+      return is_int;
+    case ParamKind::Number: return is_int || is_double;
+    case ParamKind::String: return std::holds_alternative<std::string>(value);
+    case ParamKind::Numbers: return is_int || is_double || std::holds_alternative<std::vector<double>>(value);
+  }
+  return false;
+}
+
+// The options make_tokenizer (chiar/tokenizer.h) reads, for tasks that build
+// their tokeniser with it to add to their own.
+inline std::vector<TaskOption> tokenizer_options() {
+  return {{"tokenizer", ParamKind::String},
+          {"min_count", ParamKind::Int},
+          {"max_vocab", ParamKind::Int},
+          {"vocab_size", ParamKind::Int}};
+}
+
+}  // namespace chiar
