@@ -1,6 +1,9 @@
 #pragma once
 // A thin RAII layer over the SQLite C API: one connection, prepared
-// statements with positional binding, errors as UserError naming the file.
+// statements with positional binding. A failure names the file and what was
+// being done; a failing environment (full disk, I/O error, read-only file or
+// folder, out of memory) is a chiar::EnvironmentError, anything else a
+// chiar::UserError. Destructors never throw.
 #include <sqlite3.h>
 
 #include <cstdint>
@@ -36,11 +39,22 @@ class Statement {
   sqlite3* db_;
   sqlite3_stmt* stmt_ = nullptr;
   std::string file_;
+  std::string sql_;  // its start, for messages
+};
+
+enum class OpenMode {
+  // Creates the file, switches it to WAL, 60 s busy timeout: `chiar run`
+  // (through Store) and test fixtures.
+  ReadWrite,
+  // Changes nothing on disk: no journal-mode switch, and no -wal or -shm file
+  // is created next to a database that has none (it is then opened
+  // immutable: no writer holds it). Refuses a missing file.
+  ReadOnly,
 };
 
 class Database {
  public:
-  explicit Database(const std::string& file);  // creates the file; WAL; 60 s busy timeout
+  explicit Database(const std::string& file, OpenMode mode = OpenMode::ReadWrite);
   ~Database();
   Database(const Database&) = delete;
   Database& operator=(const Database&) = delete;
@@ -49,23 +63,35 @@ class Database {
   Statement prepare(const std::string& sql) { return Statement(db_, sql, file_); }
   int64_t last_insert_id() const { return sqlite3_last_insert_rowid(db_); }
   const std::string& file() const { return file_; }
+  OpenMode mode() const { return mode_; }
+  // The primary result code of the connection's latest failure (SQLITE_NOTADB...).
+  int last_error() const { return sqlite3_errcode(db_) & 0xff; }
 
-  // BEGIN IMMEDIATE ... COMMIT, rolled back if the body throws.
+  // BEGIN IMMEDIATE ... COMMIT, rolled back if the body or the commit throws.
+  // IMMEDIATE takes the write lock up front, under the busy timeout: a read
+  // transaction upgraded to a write later would fail at once when another
+  // process wrote in between (WAL's SQLITE_BUSY_SNAPSHOT).
   template <class F>
   void transaction(F&& body) {
     exec("BEGIN IMMEDIATE");
     try {
       body();
+      exec("COMMIT");
     } catch (...) {
-      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      rollback_quietly();
       throw;
     }
-    exec("COMMIT");
   }
 
  private:
+  void open_read_write();
+  void open_read_only();
+  void switch_to_wal();
+  void rollback_quietly() noexcept;
+
   sqlite3* db_ = nullptr;
   std::string file_;
+  OpenMode mode_;
 };
 
 }  // namespace chiar::engine

@@ -10,6 +10,8 @@
 #include <ctime>
 #include <stdexcept>
 
+#include <boost/filesystem.hpp>
+
 #include "chiar/error.h"
 
 namespace chiar::engine {
@@ -102,18 +104,121 @@ bool is_dead(const std::string& host, int64_t pid, double heartbeat) {
   return now_seconds() - heartbeat > 600;
 }
 
+// What a database is, as far as chiar is concerned.
+enum class DatabaseKind {
+  Empty,    // no tables: `chiar run` may make it a store
+  Store,    // marked, or a store from before the marker
+  Foreign,  // anything else: never changed
+};
+
+struct Classified {
+  DatabaseKind kind = DatabaseKind::Foreign;
+  bool marked = false;  // application_id is kApplicationId
+  int version = 0;      // meta.schema_version
+};
+
+[[noreturn]] void refuse_foreign(const std::string& file) {
+  throw UserError(file + ": not a chiar store (no chiar schema marker); chiar writes only to its own databases");
+}
+
+[[noreturn]] void refuse_newer(const std::string& file, int version) {
+  throw UserError(file + ": schema version " + std::to_string(version) + " is newer than this harness's " +
+                  std::to_string(kSchemaVersion));
+}
+
+// The schema version a store's meta table holds; 0 without one.
+int stored_schema_version(Database& db) {
+  auto q = db.prepare("SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'schema_version'");
+  return q.step() ? static_cast<int>(q.integer(0)) : 0;
+}
+
+Classified classify_tables(Database& db) {
+  Classified c;
+  int64_t application_id = 0;
+  {
+    auto q = db.prepare("PRAGMA application_id");
+    if (q.step()) application_id = q.integer(0);
+  }
+  c.marked = application_id == kApplicationId;
+  bool has_meta = false, has_runs = false, empty = true;
+  {
+    auto q = db.prepare("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')");
+    while (q.step()) {
+      empty = false;
+      has_meta |= q.text(0) == "meta";
+      has_runs |= q.text(0) == "runs";
+    }
+  }
+  if (application_id != 0 && !c.marked) return c;  // another application's database
+  if (empty) {
+    c.kind = DatabaseKind::Empty;
+    return c;
+  }
+  if (c.marked) {
+    c.kind = DatabaseKind::Store;
+    c.version = has_meta ? stored_schema_version(db) : 0;
+    return c;
+  }
+  // A store from before the marker: meta with a schema version, and runs.
+  if (!has_meta || !has_runs) return c;
+  try {
+    c.version = stored_schema_version(db);
+  } catch (const UserError&) {
+    return c;  // a meta table of another shape
+  }
+  if (c.version > 0) c.kind = DatabaseKind::Store;
+  return c;
+}
+
+// Reads only; a file SQLite cannot read as a database is foreign.
+Classified classify(Database& db) {
+  try {
+    return classify_tables(db);
+  } catch (const UserError&) {
+    if (db.last_error() == SQLITE_NOTADB) return {};
+    throw;
+  }
+}
+
 }  // namespace
 
-Store::Store(const std::string& file) : db_(file) { migrate(); }
+// Refuses a foreign or newer database before a read-write connection (whose
+// first read could already create -wal and -shm files beside it) is opened.
+const std::string& Store::admitted(const std::string& file, StoreAccess access) {
+  if (access == StoreAccess::ReadOnly || !boost::filesystem::exists(file)) return file;
+  Database probe(file, OpenMode::ReadOnly);
+  const Classified c = classify(probe);
+  if (c.kind == DatabaseKind::Foreign) refuse_foreign(file);
+  if (c.kind == DatabaseKind::Store && c.version > kSchemaVersion) refuse_newer(file, c.version);
+  return file;
+}
 
+Store::Store(const std::string& file, StoreAccess access)
+    : db_(admitted(file, access), access == StoreAccess::ReadOnly ? OpenMode::ReadOnly : OpenMode::ReadWrite) {
+  if (access == StoreAccess::ReadOnly)
+    check_readable();
+  else
+    migrate();
+}
+
+void Store::check_readable() {
+  const Classified c = classify(db_);
+  if (c.kind != DatabaseKind::Store) refuse_foreign(db_.file());
+  if (c.version > kSchemaVersion) refuse_newer(db_.file(), c.version);
+  if (c.version < kSchemaVersion)
+    throw UserError(db_.file() + ": schema version " + std::to_string(c.version) + " is older than this harness's " +
+                    std::to_string(kSchemaVersion) + "; `chiar run` on its matrix migrates it");
+}
+
+// Under the write lock, so processes creating one store together see it
+// either untouched or complete; a store already current is left as it is.
 void Store::migrate() {
   db_.transaction([&] {
-    db_.exec("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)");
-    auto q = db_.prepare("SELECT value FROM meta WHERE key = 'schema_version'");
-    const int version = q.step() ? std::stoi(q.text(0)) : 0;
-    if (version > kSchemaVersion)
-      throw UserError(db_.file() + ": schema version " + std::to_string(version) +
-                      " is newer than this harness's " + std::to_string(kSchemaVersion));
+    const Classified c = classify(db_);
+    if (c.kind == DatabaseKind::Foreign) refuse_foreign(db_.file());
+    const int version = c.kind == DatabaseKind::Store ? c.version : 0;
+    if (version > kSchemaVersion) refuse_newer(db_.file(), version);
+    if (version == kSchemaVersion && c.marked) return;
     if (version < 1) db_.exec(kSchemaV1);
     // 2: the resolved spec as TOML, so a run's model can be rebuilt (chiar inspect).
     if (version < 2) db_.exec("ALTER TABLE runs ADD COLUMN spec_toml TEXT");
@@ -127,10 +232,45 @@ void Store::migrate() {
     if (version < 4) db_.exec("ALTER TABLE runs ADD COLUMN gemm TEXT");
     // 5: the checkpoint files of each run, recorded after they are in place.
     if (version < 5) db_.exec(kCheckpointsTable);
+    if (!c.marked) db_.exec("PRAGMA application_id = " + std::to_string(kApplicationId));
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
         .run();
   });
+}
+
+bool Store::integrity_ok() {
+  try {
+    auto q = db_.prepare("PRAGMA integrity_check");
+    return q.step() && q.text(0) == "ok" && !q.step();
+  } catch (const UserError&) {
+    return false;  // SQLITE_CORRUPT and the like
+  }
+}
+
+StoredRuns read_stored_runs(const std::string& file) {
+  StoredRuns out;
+  if (!boost::filesystem::exists(file)) return out;
+  Database db(file, OpenMode::ReadOnly);
+  const Classified c = classify(db);
+  if (c.kind == DatabaseKind::Empty) return out;
+  if (c.kind == DatabaseKind::Foreign) refuse_foreign(file);
+  if (c.version > kSchemaVersion) refuse_newer(file, c.version);
+  out.store = true;
+  out.current = c.marked && c.version == kSchemaVersion;
+  auto q = db.prepare("SELECT hash, status FROM runs");
+  while (q.step()) out.status[q.text(0)] = run_status_from_string(q.text(1));
+  return out;
+}
+
+bool integrity_ok(const std::string& file) {
+  try {
+    Database db(file, OpenMode::ReadOnly);
+    auto q = db.prepare("PRAGMA integrity_check");
+    return q.step() && q.text(0) == "ok" && !q.step();
+  } catch (const std::exception&) {
+    return false;  // missing, unreadable or not a database
+  }
 }
 
 void Store::register_runs(const std::vector<RunSpec>& runs) {

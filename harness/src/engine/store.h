@@ -3,6 +3,13 @@
 // version with migrations). Every write is one transaction. Runs are keyed by
 // the hash of their resolved spec: a finished run is never run again, and a
 // run is claimed atomically so two processes never run the same one.
+//
+// A store carries a marker (PRAGMA application_id = kApplicationId); a store
+// from before the marker is recognised by its meta and runs tables. chiar
+// writes only to its own databases: only `chiar run` (StoreAccess::ReadWrite)
+// creates a store, in a new file or an empty database, or migrates one; every
+// other command opens it read-only, and any database that is not a store is
+// refused without being changed.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -16,6 +23,13 @@
 namespace chiar::engine {
 
 constexpr int kSchemaVersion = 5;
+// PRAGMA application_id of a chiar store: "chia" in ASCII.
+constexpr int32_t kApplicationId = 0x63686961;
+
+enum class StoreAccess {
+  ReadWrite,  // `chiar run` (and test fixtures): creates, migrates and stamps
+  ReadOnly,   // show, export, report, inspect: the current schema, nothing changed on disk
+};
 
 struct Provenance {
   std::string git_commit;
@@ -69,7 +83,11 @@ struct CheckpointRecord {
 
 class Store {
  public:
-  explicit Store(const std::string& file);
+  // ReadWrite: a missing file or an empty database becomes a store; a store
+  // of an older schema is migrated. ReadOnly: the store must exist and be of
+  // the current schema. Both refuse (UserError) a database that is not a store
+  // or is of a newer schema, before anything is written.
+  explicit Store(const std::string& file, StoreAccess access = StoreAccess::ReadWrite);
 
   // Adds a pending row for every spec not yet in the database.
   void register_runs(const std::vector<RunSpec>& runs);
@@ -98,13 +116,33 @@ class Store {
   // Drops the record of one checkpoint (its file was superseded or found corrupt).
   void forget_checkpoint(const std::string& hash, const std::string& kind, int64_t step);
 
+  // Whether PRAGMA integrity_check finds nothing wrong.
+  bool integrity_ok();
+
   Database& db() { return db_; }
 
  private:
   int64_t run_id(const std::string& hash);
   void migrate();
+  void check_readable();
+  static const std::string& admitted(const std::string& file, StoreAccess access);
   Database db_;
 };
+
+// What a store holds, read without changing the file, whatever schema
+// version this harness can migrate: `chiar run --dry-run` and run's check that
+// everything finished before. UserError for a database that is not a store
+// or is of a newer schema.
+struct StoredRuns {
+  bool store = false;    // false: no file, or an empty database (`chiar run` makes it a store)
+  bool current = false;  // marked and of this harness's schema: nothing to migrate
+  std::map<std::string, RunStatus> status;  // by run hash
+};
+StoredRuns read_stored_runs(const std::string& file);
+
+// Whether the database file passes PRAGMA integrity_check; opened read-only,
+// changing nothing. False as well when it cannot be read as a database.
+bool integrity_ok(const std::string& file);
 
 // The project's commit and whether the tree differs from it ("" when not a
 // git checkout).

@@ -12,6 +12,7 @@
 #include <boost/filesystem.hpp>
 
 #include "engine/sqlite.h"
+#include "engine/store.h"
 #include "chiar/error.h"
 
 namespace chiar::report {
@@ -348,7 +349,8 @@ std::vector<Chart> draw_charts(const Summary& s, const std::string& out_dir, con
                                const std::string& baseline) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0)
     throw UserError("gnuplot is not installed (apt-get install gnuplot-nox); reports need it for charts");
-  engine::Database db(s.db);
+  engine::Store store(s.db, engine::StoreAccess::ReadOnly);
+  engine::Database& db = store.db();
   std::vector<Chart> charts;
   const ChartSite site{s, db, out_dir, prefix, charts};
   for (const auto& t : s.tasks) {

@@ -7,6 +7,7 @@
 #include <boost/filesystem.hpp>
 
 #include "engine/sqlite.h"
+#include "engine/store.h"
 #include "chiar/error.h"
 #include "chiar/registry.h"
 
@@ -66,8 +67,9 @@ std::string joined(engine::Database& db, const std::string& column) {
 }  // namespace
 
 Summary summarize(const std::string& file, const OperatorCatalog& operators) {
-  if (!boost::filesystem::exists(file)) throw UserError(file + ": no such database");
-  engine::Database db(file);
+  // Read-only, refusing a missing file or a database that is not a store.
+  engine::Store store(file, engine::StoreAccess::ReadOnly);
+  engine::Database& db = store.db();
   Summary s;
   s.db = file;
   s.operators = operators;
