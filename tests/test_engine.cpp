@@ -495,8 +495,12 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
   ModelOptions mo = spec.model;
   mo.vocab_size(task->vocab_size()).head(TaskHead::LanguageModel);
   ChiarModel model(test::plugins(), mo);
+  // The best model the store recorded (state-<step>.pt / best-<step>.pt).
+  auto best = con.prepare("SELECT c.file FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+                          "WHERE r.name = 'routed/lm/seed=0' AND c.kind = 'best' ORDER BY c.step DESC");
+  REQUIRE(best.step());
   torch::serialize::InputArchive archive;
-  archive.load_from(db + ".checkpoints/" + q.text(1) + "/best.pt");
+  archive.load_from(best.text(0));
   model.load(archive);
   model.eval();
   at::NoGradGuard no_grad;

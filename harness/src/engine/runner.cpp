@@ -54,12 +54,8 @@ using Tasks = std::map<std::string, std::shared_ptr<Task>>;  // by task_key
 
 // Prints the runs, their hashes and whether each would run or be skipped.
 int list_runs(const Matrix& matrix, const std::string& db) {
-  std::map<std::string, RunStatus> status;
-  if (boost::filesystem::exists(db)) {
-    Store store(db);
-    auto q = store.db().prepare("SELECT hash, status FROM runs");
-    while (q.step()) status[q.text(0)] = run_status_from_string(q.text(1));
-  }
+  // Read-only: a dry run neither creates nor migrates the store.
+  const std::map<std::string, RunStatus> status = read_stored_runs(db).status;
   std::cout << matrix.runs.size() << " runs in matrix '" << matrix.name << "' (" << matrix.file << "), store " << db << "\n";
   for (const auto& r : matrix.runs) {
     auto it = status.find(r.hash);
@@ -72,14 +68,18 @@ int list_runs(const Matrix& matrix, const std::string& db) {
 }
 
 // A matrix whose every run is finished has nothing to do: no data is loaded.
+// Read-only, and before anything else: a database that is not a store is
+// refused untouched.
 bool all_finished(const Matrix& matrix, const std::string& db) {
-  if (!boost::filesystem::exists(db)) return false;
-  Store store(db);
+  const StoredRuns stored = read_stored_runs(db);
   size_t finished = 0;
   for (const auto& r : matrix.runs) {
-    finished += is_final(store.status(r.hash));
+    const auto it = stored.status.find(r.hash);
+    finished += it != stored.status.end() && is_final(it->second);
   }
   if (finished != matrix.runs.size()) return false;
+  // The other commands read only the current schema: migrate an older store.
+  if (!stored.current) Store(db, StoreAccess::ReadWrite);
   std::cout << "matrix '" << matrix.name << "': all " << finished << " runs finished before; results in " << db << "\n";
   return true;
 }
@@ -159,11 +159,20 @@ RunSpec prepare_run(Session& s, const RunSpec& run) {
 // earlier database of the same name (deleted or replaced): resuming
 // from it would record a run without its training (a final-step
 // checkpoint "finishes" at once, at 0 tokens/s).
+// Every checkpoint file goes (state-<step>.pt, best-<step>.pt, temporary
+// files, a schema-4 store's state.pt and best.pt); spec.toml is rewritten.
 void discard_stale_checkpoints(const std::string& run_checkpoints, const std::string& tag) {
-  bool stale = false;
-  for (const char* file : {"state.pt", "best.pt"})
-    stale |= boost::filesystem::remove(run_checkpoints + "/" + file);
-  if (stale)
+  namespace fs = boost::filesystem;
+  boost::system::error_code ec;
+  std::vector<fs::path> stale;
+  for (fs::directory_iterator it(run_checkpoints, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string ext = it->path().extension().string();
+    if (ext == ".pt" || ext == ".tmp") stale.push_back(it->path());
+  }
+  for (const auto& file : stale)
+    if (!fs::remove(file, ec) && ec)
+      throw EnvironmentError(file.string() + ": cannot remove a stale checkpoint: " + ec.message());
+  if (!stale.empty())
     std::cout << tag << ": discarded checkpoints in " << run_checkpoints
               << " that this database has no record of\n" << std::flush;
 }
@@ -214,13 +223,30 @@ RunEnd record_outcome(Store& store, const RunSpec& spec, const TrainResult& resu
   throw std::logic_error(std::string("train_run ended a run as ") + to_string(result.outcome));
 }
 
-// Trains a claimed run; a run that throws is recorded as failed.
+// A run stopped by its environment (a checkpoint or store write failed) is
+// not at fault: it is marked interrupted, with the cause, so that the next
+// `chiar run` resumes it. The store may be what failed; a second failure to
+// record it leaves the run 'running' under a dead process, which resumes too.
+void mark_interrupted_by_environment(Store& store, const RunSpec& spec, const EnvironmentError& e) {
+  try {
+    store.finish(spec.hash, RunStatus::Interrupted, e.what(), -1, {});
+  } catch (const std::exception&) {
+  }
+}
+
+// Trains a claimed run; a run that throws is recorded as failed, except for
+// a failing environment, which is recorded as interrupted and rethrown for
+// the CLI to report (exit status 3).
 RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag, const std::string& run_checkpoints) {
   TrainContext ctx{s.registry, s.task_of(spec), s.store, run_checkpoints, &g_stop,
-                   progress_printer(tag, spec.train, s.tty)};
+                   progress_printer(tag, spec.train, s.tty), tag};
   TrainResult result;
   try {
     result = train_run(spec, ctx);
+  } catch (const EnvironmentError& e) {
+    if (s.tty) std::cout << "\n" << std::flush;
+    mark_interrupted_by_environment(s.store, spec, e);
+    throw;
   } catch (const std::exception& e) {
     // libtorch errors carry a backtrace; the record keeps the message.
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
@@ -299,8 +325,7 @@ std::vector<std::string> result_columns() {
 }
 
 std::vector<ResultRow> read_results(const std::string& db) {
-  if (!boost::filesystem::exists(db)) throw UserError(db + ": no such database");
-  Store store(db);
+  Store store(db, StoreAccess::ReadOnly);
   auto q = store.db().prepare(
       "SELECT name, status, COALESCE(metric_name, ''), main_metric, attention_gflops, total_gflops, "
       "train_tokens_per_s, eval_tokens_per_s, params, 100 * overhead_fraction FROM results "

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "failpoint.h"
+
 
 namespace chiar::engine {
 
@@ -76,6 +78,7 @@ class Database {
     exec("BEGIN IMMEDIATE");
     try {
       body();
+      failpoint("store.commit");  // a crash here must lose the transaction, nothing else
       exec("COMMIT");
     } catch (...) {
       rollback_quietly();

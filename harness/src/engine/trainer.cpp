@@ -3,14 +3,19 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <iostream>
+#include <set>
 #include <sstream>
 
 #include <boost/filesystem.hpp>
@@ -19,6 +24,8 @@
 #include "model/model.h"
 #include "engine/runtime.h"
 #include "accounting.h"
+#include "durable_file.h"
+#include "failpoint.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
 #include "chiar/metrics.h"
@@ -216,8 +223,20 @@ std::string thresholds_json(const ChiarModel& model) {
   return out + "}";
 }
 
-void save_state(const std::string& path, ChiarModel& model, torch::optim::AdamW& opt, int64_t step,
-                double best, bool has_best, double train_seconds) {
+// The bytes of a serialised archive: written to a file by write_durably,
+// never by libtorch's file writer, which throws from a destructor (and so
+// aborts the process) when the disk fills.
+std::string archive_bytes(torch::serialize::OutputArchive& archive) {
+  std::string bytes;
+  archive.save_to([&bytes](const void* data, size_t n) {
+    bytes.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return bytes;
+}
+
+std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, int64_t step, double best, bool has_best,
+                        double train_seconds) {
   torch::serialize::OutputArchive archive;
   model.save(archive);
   torch::serialize::OutputArchive optimizer;
@@ -232,9 +251,7 @@ void save_state(const std::string& path, ChiarModel& model, torch::optim::AdamW&
     std::lock_guard<std::mutex> lock(gen.mutex());
     archive.write("rng", gen.get_state());
   }
-  const std::string tmp = path + ".tmp";
-  archive.save_to(tmp);
-  fs::rename(tmp, path);  // a crash mid-write never leaves a torn checkpoint
+  return archive_bytes(archive);
 }
 
 std::vector<torch::optim::OptimizerParamGroup> param_groups(ChiarModel& model, const TrainOptions& t) {
@@ -259,8 +276,7 @@ struct Run {
         bf16(s.train.precision == "bf16"),
         model(c.registry, model_options_for(s, c.task)),
         optimizer(param_groups(model, s.train)),
-        state_path(c.checkpoint_dir + "/state.pt"),
-        best_path(c.checkpoint_dir + "/best.pt") {}
+        dir(c.checkpoint_dir) {}
 
   const RunSpec& spec;
   const TrainContext& ctx;
@@ -268,28 +284,192 @@ struct Run {
   const bool bf16;
   ChiarModel model;
   FusedAdamW optimizer;
-  const std::string state_path, best_path;
+  const std::string dir;     // the checkpoint folder
   int64_t start = 0;         // the first step this process trains
   double best = -INFINITY;   // the best validation score so far
-  bool has_best = false;     // whether best.pt holds it
+  bool has_best = false;     // whether a best-<step>.pt holds it
   double prior_seconds = 0;  // training seconds of earlier processes
   Clock::time_point started;
   std::vector<double> step_ms, step_tps;
   Overhead overhead;
 };
 
+// ---- Checkpoint files ----
+// A run's folder holds spec.toml, state-<step>.pt (model, optimiser, step,
+// best score, training seconds, RNG: all a resumption needs) and
+// best-<step>.pt (the best-validation model as of that step). A file counts
+// only once the store records it, after it is complete and in place; the
+// newest two states are kept, so a corrupt newest one has a good previous one.
+
+constexpr const char* kState = "state";
+constexpr const char* kBest = "best";
+constexpr size_t kStatesKept = 2;
+
+std::string checkpoint_path(const std::string& dir, const char* kind, int64_t step) {
+  return dir + "/" + kind + "-" + std::to_string(step) + ".pt";
+}
+
+// One line about the run's checkpoints on the console, under its tag.
+void say(const Run& run, const std::string& line) {
+  std::cout << (run.ctx.tag.empty() ? "" : run.ctx.tag + ": ") << line << "\n" << std::flush;
+}
+
+// Forgets a checkpoint, then removes its file: a record never names a
+// missing file because of us. A file left behind has no record and goes at
+// the next start (remove_unrecorded_files).
+void discard(Run& run, const CheckpointRecord& c) {
+  run.ctx.store.forget_checkpoint(run.spec.hash, c.kind, c.step);
+  boost::system::error_code ignored;
+  fs::remove(c.file, ignored);
+}
+
+// Keeps the newest two states and every best model one of them or the live
+// run may still need: the newest two, those newer than the oldest kept
+// state, and the one in force at that state.
+void prune_checkpoints(Run& run) {
+  Store& store = run.ctx.store;
+  const auto states = store.checkpoints(run.spec.hash, kState);
+  for (size_t i = kStatesKept; i < states.size(); ++i) discard(run, states[i]);
+  const int64_t oldest_kept_state = states.empty() ? 0 : states[std::min(states.size(), kStatesKept) - 1].step;
+  const auto bests = store.checkpoints(run.spec.hash, kBest);
+  bool in_force_seen = false;
+  for (size_t i = 0; i < bests.size(); ++i) {
+    const bool newer = bests[i].step > oldest_kept_state;
+    const bool in_force = !newer && !in_force_seen;
+    in_force_seen |= !newer;
+    if (i >= 2 && !newer && !in_force) discard(run, bests[i]);
+  }
+}
+
+// Writes a checkpoint durably, then records it, then drops superseded ones.
+void write_checkpoint(Run& run, const char* kind, int64_t step, const std::string& bytes) {
+  const std::string file = checkpoint_path(run.dir, kind, step);
+  write_durably(file, bytes);
+  failpoint("checkpoint.renamed");
+  run.ctx.store.record_checkpoint(run.spec.hash,
+                                  {kind, step, file, static_cast<int64_t>(bytes.size()), crc32_of(bytes)});
+  prune_checkpoints(run);
+}
+
 // The resolved spec beside the checkpoints: a checkpoint folder alone
 // suffices to rebuild the model (chiar inspect).
 void prepare_checkpoint_dir(const RunSpec& spec, const std::string& dir) {
-  fs::create_directories(dir);
-  if (!spec.resolved_toml.empty()) std::ofstream(dir + "/spec.toml") << spec.resolved_toml;
+  boost::system::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw EnvironmentError(dir + ": cannot create the checkpoint folder: " + ec.message());
+  if (!spec.resolved_toml.empty()) write_file_durably(dir + "/spec.toml", spec.resolved_toml);
 }
 
-// Resumes from state.pt: model, optimiser, step, best score, training
-// seconds and the RNG, so that the run goes on exactly as if never stopped.
-void restore(Run& run) {
+std::string format_bytes(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  size_t u = 0;
+  while (bytes >= 1024 && u + 1 < sizeof units / sizeof *units) {
+    bytes /= 1024;
+    ++u;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return text;
+}
+
+// Warns when the folder's file system lacks room for the next state
+// checkpoint (float32 weights and AdamW's two moments) and best model
+// (weights), written while the previous ones still exist.
+void warn_if_short_of_space(const std::string& dir, int64_t params) {
+  struct statvfs fsinfo {};
+  if (::statvfs(dir.c_str(), &fsinfo) != 0) return;  // a real problem surfaces at the first write
+  const double free_bytes = static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
+  const double needed = static_cast<double>(params) * sizeof(float) * (3 + 1);
+  if (free_bytes < needed)
+    std::cerr << "warning: " << dir << ": " << format_bytes(free_bytes) << " free, the next checkpoints need about "
+              << format_bytes(needed) << "\n";
+}
+
+// The newest recorded checkpoint of a kind whose file verifies, as
+// (step, bytes); step -1 when none does. Each corrupt one is forgotten and
+// reported in a line that ends with what is used instead: `instead(k)` for a
+// good one of step k, `none` otherwise.
+std::pair<int64_t, std::string> newest_verified(Run& run, const char* kind,
+                                                const std::function<std::string(int64_t)>& instead,
+                                                const std::string& none) {
+  std::vector<std::string> corrupt;
+  std::pair<int64_t, std::string> found{-1, {}};
+  for (const auto& c : run.ctx.store.checkpoints(run.spec.hash, kind)) {
+    try {
+      found = {c.step, read_verified(c.file, c.bytes, c.checksum)};
+      break;
+    } catch (const CorruptCheckpoint& e) {
+      corrupt.push_back(e.what());
+      discard(run, c);
+    }
+  }
+  for (const auto& what : corrupt) say(run, what + "; " + (found.first >= 0 ? instead(found.first) : none));
+  return found;
+}
+
+// A run begun before checkpoints were checksummed (a store of schema 4)
+// left state.pt and best.pt. They are adopted as recorded checkpoints of the
+// state's step, trusted unverified (they were renamed into place whole, but
+// carry no checksum); an unreadable one means starting over.
+void adopt_legacy_checkpoints(Run& run) {
+  const std::string state_file = run.dir + "/state.pt", best_file = run.dir + "/best.pt";
+  if (!fs::exists(state_file) || !run.ctx.store.checkpoints(run.spec.hash, kState).empty()) return;
+  auto read_file = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    if (in.bad()) throw EnvironmentError(file + ": cannot read the checkpoint: " + std::strerror(errno));
+    return bytes;
+  };
+  const std::string state = read_file(state_file);
+  int64_t step = -1;
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(state.data(), state.size());
+    at::Tensor v;
+    archive.read("step", v);
+    step = v.item<int64_t>();
+  } catch (const c10::Error& e) {
+    say(run, state_file + ": unreadable checkpoint (" + e.what_without_backtrace() + "); starting over");
+    return;  // the file goes with the other unrecorded ones
+  }
+  say(run, state_file + " predates checksummed checkpoints; resuming from its step " + std::to_string(step) +
+               " unverified");
+  // The best model first: recording the state prunes bests by its step.
+  if (fs::exists(best_file)) write_checkpoint(run, kBest, step, read_file(best_file));
+  write_checkpoint(run, kState, step, state);
+}
+
+// Drops what a resumption from `step` will write again: best models newer
+// than it (and states, when starting over after corrupt ones).
+void forget_checkpoints_after(Run& run, int64_t step) {
+  for (const char* kind : {kState, kBest})
+    for (const auto& c : run.ctx.store.checkpoints(run.spec.hash, kind))
+      if (c.step > step) discard(run, c);
+}
+
+// Removes checkpoint files no record vouches for: a crash between a rename
+// and its record, a temporary file of a crash mid-write, legacy files.
+void remove_unrecorded_files(Run& run) {
+  std::set<std::string> recorded;
+  for (const char* kind : {kState, kBest})
+    for (const auto& c : run.ctx.store.checkpoints(run.spec.hash, kind))
+      recorded.insert(fs::path(c.file).filename().string());
+  boost::system::error_code ec;
+  std::vector<fs::path> unrecorded;
+  for (fs::directory_iterator it(run.dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string ext = it->path().extension().string();
+    if ((ext == ".pt" || ext == ".tmp") && !recorded.count(name)) unrecorded.push_back(it->path());
+  }
+  for (const auto& file : unrecorded) fs::remove(file, ec);
+}
+
+// Resumes from a state checkpoint's bytes: model, optimiser, step, best
+// score, training seconds and the RNG, so that the run goes on exactly as if
+// never stopped.
+void restore(Run& run, const std::string& bytes) {
   torch::serialize::InputArchive archive;
-  archive.load_from(run.state_path);
+  archive.load_from(bytes.data(), bytes.size());
   run.model.load(archive);
   torch::serialize::InputArchive opt_archive;
   archive.read("optimizer", opt_archive);
@@ -307,6 +487,21 @@ void restore(Run& run) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(rng);
+}
+
+// Finds where the run goes on: the newest state checkpoint that verifies
+// (restored; true), or none (false: it starts over). Records and files from
+// beyond that point, and files without a record, are removed.
+bool resume(Run& run) {
+  adopt_legacy_checkpoints(run);
+  const auto state = newest_verified(
+      run, kState, [](int64_t step) { return "resuming from step " + std::to_string(step) + " instead"; },
+      "starting over");
+  forget_checkpoints_after(run, std::max<int64_t>(state.first, 0));
+  remove_unrecorded_files(run);
+  if (state.first < 0) return false;
+  restore(run, state.second);
+  return true;
 }
 
 // Calibrates data-derived router settings on the first training batches.
@@ -388,11 +583,10 @@ void report_step(Run& run, int64_t done, double loss, double lr) {
   if (run.ctx.progress) timed(run.overhead.progress, [&] { run.ctx.progress(done, loss, run.step_tps.back()); });
 }
 
-void save_best(Run& run) {
+void save_best(Run& run, int64_t step) {
   torch::serialize::OutputArchive archive;
   run.model.save(archive);
-  archive.save_to(run.best_path + ".tmp");
-  fs::rename(run.best_path + ".tmp", run.best_path);
+  write_checkpoint(run, kBest, step, archive_bytes(archive));
 }
 
 // Scores the validation split (all of it after the last step), records the
@@ -405,6 +599,7 @@ void validate(Run& run, int64_t done) {
   });
   run.overhead.evaluation -= e.accounting_seconds;
   run.overhead.accounting += e.accounting_seconds;
+  failpoint("eval.scored");
   timed(run.overhead.store, [&] {
     run.ctx.store.add_metrics(run.spec.hash, done, "valid", "current", e.metrics);
     record_accounting(run.ctx.store, run.spec.hash, done, e.accounting);
@@ -412,14 +607,15 @@ void validate(Run& run, int64_t done) {
   if (score(e.metrics) > run.best) {
     run.best = score(e.metrics);
     run.has_best = true;
-    timed(run.overhead.checkpoints, [&] { save_best(run); });
+    timed(run.overhead.checkpoints, [&] { save_best(run, done); });
   }
 }
 
 void save_checkpoint(Run& run, int64_t done) {
   timed(run.overhead.checkpoints, [&] {
-    save_state(run.state_path, run.model, run.optimizer, done, run.best, run.has_best,
-               run.prior_seconds + seconds_since(run.started));
+    write_checkpoint(run, kState, done,
+                     state_bytes(run.model, run.optimizer, done, run.best, run.has_best,
+                                 run.prior_seconds + seconds_since(run.started)));
   });
 }
 
@@ -439,6 +635,7 @@ void train_steps(Run& run, TrainResult& result) {
       break;
     }
     apply_gradients(run);
+    failpoint("train.step");
     const double seconds = seconds_since(t0);
     run.overhead.steps += seconds;
     run.step_ms.push_back(seconds * 1e3);
@@ -471,9 +668,14 @@ void score_test_split(Run& run, RunSummary& summary) {
   run.ctx.store.add_metrics(run.spec.hash, t.steps, "test", "last", last.metrics);
   summary.eval_tokens_per_s = last.tokens_per_s;
   if (run.has_best) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(run.best_path);
-    run.model.load(archive);
+    const auto best = newest_verified(
+        run, kBest, [](int64_t step) { return "scoring the best model of step " + std::to_string(step) + " instead"; },
+        "scoring the last model instead");
+    if (best.first >= 0) {
+      torch::serialize::InputArchive archive;
+      archive.load_from(best.second.data(), best.second.size());
+      run.model.load(archive);
+    }
   }
   EvalResult best_eval = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16);
   run.ctx.store.add_metrics(run.spec.hash, t.steps, "test", "best", best_eval.metrics);
@@ -495,8 +697,8 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   Run run(spec, ctx);
   result.summary.params = run.model.parameter_count();
   prepare_checkpoint_dir(spec, ctx.checkpoint_dir);
-  if (fs::exists(run.state_path)) restore(run);
-  else result.summary.calibration = calibrate_routers(run.model, ctx.task, spec);
+  warn_if_short_of_space(ctx.checkpoint_dir, result.summary.params);
+  if (!resume(run)) result.summary.calibration = calibrate_routers(run.model, ctx.task, spec);
   run.model.train();
 
   run.started = Clock::now();

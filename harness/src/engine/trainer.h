@@ -25,10 +25,15 @@ struct TrainContext {
   const PluginRegistry& registry;
   const Task& task;
   Store& store;
-  std::string checkpoint_dir;       // this run's folder of state.pt / best.pt
+  std::string checkpoint_dir;       // this run's folder: spec.toml, state-<step>.pt, best-<step>.pt
   const std::atomic<bool>* stop;    // set by SIGINT/SIGTERM: checkpoint and return
   std::function<void(int64_t step, double loss, double tokens_per_s)> progress;
+  std::string tag;                  // the run's console prefix, for lines about its checkpoints
 };
+
+// train_run throws chiar::EnvironmentError when a checkpoint cannot be
+// written or read (the store's own I/O errors arrive the same way): the run
+// is not at fault and resumes from its last recorded checkpoint.
 
 TrainResult train_run(const RunSpec& spec, const TrainContext& ctx);
 

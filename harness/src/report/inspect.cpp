@@ -5,16 +5,63 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iostream>
 #include <map>
 
 #include <boost/filesystem.hpp>
 
+#include "engine/durable_file.h"
 #include "engine/matrix.h"
 #include "engine/sqlite.h"
 #include "engine/trainer.h"
 #include "chiar/error.h"
 
 namespace chiar::report {
+namespace {
+
+// The newest <kind>-<step>.pt in a checkpoint folder (no store to vouch for
+// one), or a schema-4 run's <kind>.pt.
+std::string newest_in_folder(const boost::filesystem::path& folder, const std::string& kind) {
+  std::string newest = (folder / (kind + ".pt")).string();
+  int64_t newest_step = -1;
+  boost::system::error_code ec;
+  for (boost::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string prefix = kind + "-";
+    if (name.size() <= prefix.size() + 3 || name.compare(0, prefix.size(), prefix) != 0 ||
+        it->path().extension() != ".pt")
+      continue;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 3);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
+    if (const int64_t step = std::stoll(digits); step > newest_step) {
+      newest_step = step;
+      newest = it->path().string();
+    }
+  }
+  return newest;
+}
+
+// The newest recorded checkpoint of a run that verifies (a corrupt one is
+// reported on stderr and passed over), or "" when the store records none.
+std::string newest_recorded(engine::Database& db, const std::string& hash, const std::string& kind) {
+  auto has_table = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'");
+  if (!has_table.step()) return "";  // a store from before schema 5
+  auto q = db.prepare(
+      "SELECT c.file, c.bytes, c.checksum FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+      "WHERE r.hash = ? AND c.kind = ? ORDER BY c.step DESC");
+  q.bind(1, hash).bind(2, kind);
+  while (q.step()) {
+    try {
+      engine::read_verified(q.text(0), q.integer(1), q.text(2));
+      return q.text(0);
+    } catch (const CorruptCheckpoint& e) {
+      std::cerr << "warning: " << e.what() << "; trying an older checkpoint\n";
+    }
+  }
+  return "";
+}
+
+}  // namespace
 
 Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
   if (!boost::filesystem::exists(o.db)) throw UserError(o.db + ": no such database or checkpoint");
@@ -24,7 +71,7 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
   if (boost::filesystem::exists(folder / "spec.toml") && given.extension() != ".db") {
     std::ifstream in((folder / "spec.toml").string());
     spec_ = engine::run_spec_from_toml(std::string((std::istreambuf_iterator<char>(in)), {}));
-    checkpoint_ = boost::filesystem::is_directory(given) ? (folder / (o.checkpoint == "last" ? "state.pt" : "best.pt")).string()
+    checkpoint_ = boost::filesystem::is_directory(given) ? newest_in_folder(folder, o.checkpoint == "last" ? "state" : "best")
                                                         : given.string();
   } else {
     load_from_store(o);
@@ -44,7 +91,8 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
 
 void Inspector::load_from_store(const InspectOptions& o) {
   if (o.run.empty()) throw UserError(o.db + ": a database needs --run (id, name or hash; `chiar show` lists them)");
-  engine::Database db(o.db);
+  engine::Store store(o.db, engine::StoreAccess::ReadOnly);  // refuses a database that is not a store
+  engine::Database& db = store.db();
   auto q = db.prepare(
       "SELECT hash, status, COALESCE(spec_toml, '') FROM runs WHERE CAST(id AS TEXT) = ?1 OR name = ?1 OR hash = ?1");
   q.bind(1, o.run);
@@ -55,7 +103,8 @@ void Inspector::load_from_store(const InspectOptions& o) {
   if (o.checkpoint != "best" && o.checkpoint != "last")
     throw UserError("--checkpoint: expected best or last, found '" + o.checkpoint + "'");
   const std::string dir = boost::filesystem::absolute(o.db).string() + ".checkpoints/" + hash;
-  checkpoint_ = dir + (o.checkpoint == "best" ? "/best.pt" : "/state.pt");
+  checkpoint_ = newest_recorded(db, hash, o.checkpoint == "best" ? "best" : "state");
+  if (checkpoint_.empty()) checkpoint_ = dir + (o.checkpoint == "best" ? "/best.pt" : "/state.pt");  // schema 4
   if (!boost::filesystem::exists(checkpoint_))
     throw UserError("run '" + o.run + "' (" + status + ") has no checkpoint " + checkpoint_);
 }
