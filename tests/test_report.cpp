@@ -33,6 +33,7 @@ engine::RunSpec spec(const std::string& variant, const std::string& task, int64_
   r.seed = seed;
   r.canonical = variant + task + std::to_string(seed);
   r.hash = "h" + std::to_string(std::hash<std::string>{}(r.canonical) % 1000000007);
+  if (task == "wikitext103") r.task_family = "large natural text";
   return r;
 }
 
@@ -133,11 +134,12 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
   // spread, so the interval has no width and there is no effect size.
   // Three comparisons had a test (the 2-seed one had none): Holm over 3.
   CHECK(claims[0].measured ==
-        "wikitext103: chiar_dct_attn 32.00 vs baseline 62.00 (3 and 3 seeds); difference -30.00, 95% CI "
+        "wikitext103 (family: large natural text): chiar_dct_attn 32.00 vs baseline 62.00 (3 and 3 seeds); "
+        "difference -30.00, 95% CI "
         "[-30.00, -30.00], paired by seed, p < 0.001 (Holm, 3 tests), d_z n/a (no spread)");
   CHECK(claims[0].paper == "36.54 vs 66.62");
   CHECK(claims[0].direction == "agrees");
-  CHECK(claims[1].measured == "needs baseline and chiar_dct_attn on task wikitext2");
+  CHECK(claims[1].measured == "needs baseline and chiar_dct_attn on a task of family 'small dataset'");
   CHECK(claims[3].measured ==
         "listops_flat: baseline 91.00% vs chiar_dct_attn 60.00% (2 and 2 seeds; a verdict needs 3 per side)");
   CHECK(claims[3].direction == "agrees");
@@ -149,7 +151,8 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
   CHECK(claims[7].measured == "mean RBF share in routed layers at the end of training: 2.0% over 3 runs");
   // --baseline moves every "$baseline" of the file.
   const auto other = report::evaluate_claims(report::load_claims(kClaims), summary_of(db), "chiar_soft");
-  CHECK(other[0].measured.rfind("wikitext103: chiar_dct_attn 32.00 vs chiar_soft 52.00 (3 and 3 seeds)", 0) == 0);
+  CHECK(other[0].measured.rfind(
+            "wikitext103 (family: large natural text): chiar_dct_attn 32.00 vs chiar_soft 52.00 (3 and 3 seeds)", 0) == 0);
 }
 
 TEST_CASE("verdict statistics: paired and Welch intervals, p-values, effect sizes, Holm", "[report]") {
@@ -256,6 +259,46 @@ TEST_CASE("claim verdicts: a real difference, the same variant twice, too few se
   // A noisy difference whose interval contains zero is inconclusive, not "holds".
   const std::string noisy = verdict_store(d, "n.db", {{"fast", {30, 40, 35}}, {"slow", {36, 31, 38}}});
   CHECK(judge(d, noisy, "fast", "slow").verdict == "inconclusive");
+}
+
+TEST_CASE("claims about a task family are tested on the tasks of that family", "[report]") {
+  TempDir d("family");
+  const std::string db = d.path() + "/f.db";
+  {
+    engine::Store store(db);
+    std::vector<engine::RunSpec> runs;
+    for (const char* v : {"fast", "slow"})
+      for (int64_t seed = 0; seed < 3; ++seed) {
+        runs.push_back(spec(v, "corpus_small", seed));
+        runs.back().task_family = "large natural text";
+        runs.push_back(spec(v, "other", seed));  // no family: not what the claim is about
+      }
+    store.register_runs(runs);
+    for (const auto& r : runs) {
+      store.claim(r, engine::Provenance{});
+      const double ppl = (r.variant == std::string("fast") ? 30 : 40) + static_cast<double>(r.seed) +
+                         (r.task == "other" ? 100 : 0);
+      store.add_metrics(r.hash, 10, "test", "best", {{"token_ppl", ppl}});
+      store.finish(r.hash, engine::RunStatus::Done, "", -1, {});
+    }
+  }
+  d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
+  const std::string file = d.write(
+      "family.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"big\"\ntext = \"fast beats slow on big text\"\n"
+                     "kind = \"compare\"\nfamily = \"large natural text\"\nvariants = [\"fast\", \"slow\"]\n"
+                     "metric = \"token_ppl\"\nbetter = \"lower\"\n");
+  const auto claims = report::evaluate_claims(report::load_claims(file), summary_of(db), "slow");
+  REQUIRE(claims[0].comparisons.size() == 1);
+  CHECK(claims[0].comparisons[0].task == "corpus_small (family: large natural text)");
+  CHECK(claims[0].verdict == "holds");
+  CHECK_THAT(claims[0].measured, Catch::Matchers::StartsWith("corpus_small (family: large natural text): fast 31.00 vs slow 41.00"));
+  // A claim names a task or a family, not both.
+  const std::string both = d.write(
+      "both.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"big\"\ntext = \"x\"\nkind = \"compare\"\n"
+                   "task = \"other\"\nfamily = \"large natural text\"\nvariants = [\"fast\", \"slow\"]\n"
+                   "metric = \"token_ppl\"\nbetter = \"lower\"\n");
+  CHECK_THROWS_WITH(report::load_claims(both),
+                    both + ":8:10: key 'claims[0].family': a claim names a task or a family, not both");
 }
 
 TEST_CASE("chiar report --claims: a user's claim end to end", "[report]") {

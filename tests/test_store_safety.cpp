@@ -320,8 +320,8 @@ TEST_CASE("store: SQLite failures of the environment are EnvironmentErrors namin
     for (int seed = 1; seed <= 200; ++seed) many.push_back(spec_named("c", seed));
     CHECK_THROWS_MATCHES(store.register_runs(many), EnvironmentError,
                          Catch::Matchers::Message(db +
-                                                  ": running 'INSERT OR IGNORE INTO runs(hash, name, matrix, "
-                                                  "variant, task...': database or disk is full"));
+                                                  ": running 'INSERT INTO runs(hash, name, matrix, variant, task, "
+                                                  "seed, sp...': database or disk is full"));
     CHECK(query_integer(db, "SELECT COUNT(*) FROM runs") == 2);
     CHECK(store.integrity_ok());
     store.register_runs({spec_named("d", 0)});  // the connection is usable after the rollback

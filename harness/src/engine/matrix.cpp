@@ -404,7 +404,10 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
       const std::string task = tnode.as_string()->get();
       const toml::table& tt = definition(root, tnode, "tasks", "task");
       out.where["tasks." + task] = where(tt, "tasks." + task);
+      const size_t first = out.runs.size();
       expand(resolve_run(root, out, variant, vt, task, tt), axes, seeds, sets, vwhere, filter, out.runs);
+      const std::string family = read_task_table(tt, task, "tasks." + task).family;
+      for (size_t i = first; i < out.runs.size(); ++i) out.runs[i].task_family = family;
     }
   }
   return out;

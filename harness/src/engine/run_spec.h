@@ -45,6 +45,7 @@ struct RunSpec {
   std::string canonical;  // the resolved spec as JSON, keys sorted
   std::string resolved_toml;  // the same spec as TOML, readable back by run_spec_from_toml
   std::string hash;       // 16 hex digits of FNV-1a over canonical
+  std::string task_family;  // the task table's "family" (metadata, outside the hash)
 
   // "variant/task/seed=S" plus ",axis=value" per sweep axis.
   std::string name() const;

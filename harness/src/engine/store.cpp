@@ -231,7 +231,13 @@ void Store::migrate() {
     // 4: which library ran the model's products (gemm_gflops is that library's rate).
     if (version < 4) db_.exec("ALTER TABLE runs ADD COLUMN gemm TEXT");
     // 5: the checkpoint files of each run, recorded after they are in place.
-    if (version < 5) db_.exec(kCheckpointsTable);
+    if (version < 5) {
+      db_.exec(kCheckpointsTable);
+      // and the task family of each run (metadata that claims match). A
+      // store of schema 5 made before the column existed has the table only.
+      auto has = db_.prepare("SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name = 'task_family'");
+      if (has.step() && has.integer(0) == 0) db_.exec("ALTER TABLE runs ADD COLUMN task_family TEXT");
+    }
     if (!c.marked) db_.exec("PRAGMA application_id = " + std::to_string(kApplicationId));
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
@@ -275,13 +281,15 @@ bool integrity_ok(const std::string& file) {
 
 void Store::register_runs(const std::vector<RunSpec>& runs) {
   db_.transaction([&] {
+    // The family is metadata outside the hash: a later matrix may name it.
     auto insert = db_.prepare(
-        "INSERT OR IGNORE INTO runs(hash, name, matrix, variant, task, seed, spec, spec_toml, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
+        "INSERT INTO runs(hash, name, matrix, variant, task, seed, spec, spec_toml, created_at, task_family) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULLIF(?, '')) "
+        "ON CONFLICT(hash) DO UPDATE SET task_family = COALESCE(excluded.task_family, task_family)");
     const std::string now = now_iso();
     for (const auto& r : runs) {
       insert.bind(1, r.hash).bind(2, r.name()).bind(3, r.matrix).bind(4, r.variant).bind(5, r.task)
-          .bind(6, r.seed).bind(7, r.canonical).bind(8, r.resolved_toml).bind(9, now);
+          .bind(6, r.seed).bind(7, r.canonical).bind(8, r.resolved_toml).bind(9, now).bind(10, r.task_family);
       insert.run();
       insert.reset();
     }

@@ -52,13 +52,18 @@ Params toml_params(const toml::table& t, const std::string& path) {
 
 TaskTable read_task_table(const toml::table& t, const std::string& name, const std::string& path,
                           const std::function<std::string(const toml::node&)>& where) {
-  TaskTable out{name, {}};
+  TaskTable out{name, {}, {}};
   for (const auto& [key, value] : t) {
     const std::string k(key.str());
     if (k == "model" || k == "train") continue;  // a matrix's per-task overrides
     if (k == "plugin") {
       if (!value.is_string()) throw UserError(where(value) + ": key '" + path + ".plugin': expected a string");
       out.plugin = value.as_string()->get();
+      continue;
+    }
+    if (k == "family") {
+      if (!value.is_string()) throw UserError(where(value) + ": key '" + path + ".family': expected a string");
+      out.family = value.as_string()->get();
       continue;
     }
     toml_to_value(value, path + "." + k);  // type check

@@ -28,6 +28,10 @@ Params toml_params(const toml::table& t, const std::string& path);
 struct TaskTable {
   std::string plugin;
   toml::table options;
+  // Key "family": what the task stands for ("large natural text"), which
+  // claims may name instead of a task. Metadata: not an option of the task
+  // and not part of a run's hash.
+  std::string family;
 };
 TaskTable read_task_table(const toml::table& t, const std::string& name, const std::string& path,
                           const std::function<std::string(const toml::node&)>& where = toml_where);

@@ -45,8 +45,8 @@ const MetricInfo* metric_info(const std::string& name) {
 
 const char* const kKinds[] = {"compare", "reduction", "share"};
 const char* const kRoles[] = {"cheap_mixing", "intermediate_mixing", "global_mixing"};
-const char* const kKeys[] = {"id",     "text",  "kind",      "task",      "variants", "metric",  "better",
-                             "paper",  "reduction", "tolerance", "operator", "role",     "threshold"};
+const char* const kKeys[] = {"id",        "text",      "kind",     "task",  "family",   "variants", "metric",
+                             "better",    "paper",     "reduction", "tolerance", "operator", "role", "threshold"};
 constexpr const char* kBaseline = "$baseline";
 
 OperatorRole role_of(const std::string& name) {
@@ -131,6 +131,10 @@ ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::s
   if (std::find(std::begin(kKinds), std::end(kKinds), c.kind) == std::end(kKinds))
     fail(kind, key("kind"), "unknown kind '" + c.kind + "'" + engine::did_you_mean(c.kind, names_of(kKinds)));
   if (const toml::node* n = t.get("task")) c.task = text(*n, key("task"));
+  if (const toml::node* n = t.get("family")) {
+    if (t.get("task")) fail(*n, key("family"), "a claim names a task or a family, not both");
+    c.family = text(*n, key("family"));
+  }
 
   const toml::node& vs = required("variants");
   c.variants = strings(vs, key("variants"));
@@ -217,6 +221,25 @@ bool matches(const std::string& pattern, const std::string& task) {
   return fnmatch(pattern.c_str(), task.c_str(), 0) == 0;
 }
 
+// Whether a claim speaks about a task: by its family when it names one,
+// else by the task name or glob.
+bool about(const ClaimSpec& c, const std::string& task, const std::string& family) {
+  if (!c.family.empty()) return family == c.family;
+  return is_pattern(c.task) ? matches(c.task, task) : task == c.task;
+}
+
+// How the report names a task a claim is about: with the family it stands
+// for, so that a CPU-scale corpus standing in for the paper's says so.
+std::string task_label(const ClaimSpec& c, const std::string& task) {
+  return c.family.empty() ? task : task + " (family: " + c.family + ")";
+}
+
+// What a claim about no measured task lacks.
+std::string needs(const ClaimSpec& c, const std::string& a, const std::string& b) {
+  if (!c.family.empty()) return "needs " + a + " and " + b + " on a task of family '" + c.family + "'";
+  return "needs " + a + " and " + b + (is_pattern(c.task) ? " on one task" : " on task " + c.task);
+}
+
 // A variant's test metric per seed (the best-validation checkpoint), for
 // the finished runs that report it.
 std::map<int64_t, double> per_seed(const VariantSummary& v, const std::string& metric) {
@@ -253,7 +276,7 @@ std::optional<Comparison> compare_on(const Summary& s, const ClaimSpec& c, const
     const auto y = per_seed(*l, c.metrics[i]);
     if (y.empty()) return std::nullopt;
     Comparison out;
-    out.task = task;
+    out.task = task_label(c, task);
     out.a = a;
     out.b = b;
     out.metric = c.metrics[i];
@@ -344,7 +367,7 @@ std::string reduction_on(const Summary& s, const ClaimSpec& c, const std::string
   const auto vx = per_seed(x, c.metrics.front()), vy = per_seed(y, c.metrics.front());
   const double ex = stat_of(values(vx)).mean, ey = stat_of(values(vy)).mean;
   const double executed = ey > 0 ? 100.0 * (1.0 - ex / ey) : 0;
-  std::string out = task + fmt(": %.1f%% executed (", -executed) + shown(m, ey) + " -> " + shown(m, ex) + m.unit +
+  std::string out = task_label(c, task) + fmt(": %.1f%% executed (", -executed) + shown(m, ey) + " -> " + shown(m, ex) + m.unit +
                     fmt("; %.0f and %.0f seeds", static_cast<double>(vy.size()), static_cast<double>(vx.size()));
   if (static_cast<int>(std::min(vx.size(), vy.size())) < kMinSeedsPerSide)
     return out + fmt("; a verdict needs %.0f per side)", kMinSeedsPerSide);
@@ -427,10 +450,9 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
   if (c.kind == "compare") {
     const std::string b = variant(1);
     for (const auto& t : s.tasks)
-      if (is_pattern(c.task) ? matches(c.task, t.task) : t.task == c.task)
+      if (about(c, t.task, t.family))
         if (auto one = compare_on(s, c, t.task, a, b)) out.comparisons.push_back(std::move(*one));
-    if (out.comparisons.empty())
-      out.measured = "needs " + a + " and " + b + (is_pattern(c.task) ? " on one task" : " on task " + c.task);
+    if (out.comparisons.empty()) out.measured = needs(c, a, b);
     return out;
   }
 
@@ -438,7 +460,7 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
     const std::string b = variant(1);
     int holds = 0, total = 0, thin = 0;
     for (const auto& t : s.tasks) {
-      if (!matches(c.task, t.task)) continue;
+      if (!about(c, t.task, t.family)) continue;
       const VariantSummary* x = find(s, t.task, a);
       const VariantSummary* y = find(s, t.task, b);
       if (!x || !y) continue;
@@ -455,7 +477,7 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
       holds += std::abs(cut - c.reduction) <= c.tolerance;
     }
     if (total) out.verdict = holds == total ? "holds" : "does not hold";
-    else if (!thin) out.measured = "needs " + a + " and " + b + " on one task";
+    else if (!thin) out.measured = needs(c, a, b);
     return out;
   }
 
@@ -464,7 +486,7 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
   std::vector<double> shares;
   std::vector<std::string> seen;  // operators counted, for the text
   for (const auto& r : s.runs) {
-    if (r.variant != a || r.status != engine::RunStatus::Done || !matches(c.task, r.task)) continue;
+    if (r.variant != a || r.status != engine::RunStatus::Done || !about(c, r.task, r.family)) continue;
     double share = 0;
     bool any = false;
     for (const auto& [op, value] : r.final_share) {

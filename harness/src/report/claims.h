@@ -24,6 +24,9 @@ struct ClaimSpec {
   //   `threshold`.
   std::string kind;
   std::string task;                   // a task name, or a glob over task names
+  // Instead of a task: the tasks whose table sets this "family" (a CPU-scale
+  // corpus standing in for "large natural text"); the report names them.
+  std::string family;
   std::vector<std::string> variants;  // two, or one for "share"
   // The first metric of the list the variant reports is compared, with the
   // direction at the same place: "lower" or "higher" is better.

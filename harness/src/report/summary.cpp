@@ -76,8 +76,8 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
   {
     auto q = db.prepare(
         "SELECT id, name, variant, task, seed, status, COALESCE(error, ''), COALESCE(diverged_step, -1), "
-        "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, '') "
-        "FROM runs ORDER BY id");
+        "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, ''), "
+        "COALESCE(task_family, '') FROM runs ORDER BY id");
     while (q.step()) {
       RunRow r;
       r.id = q.integer(0);
@@ -92,6 +92,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
       r.train_tps = q.real(9);
       r.eval_tps = q.real(10);
       r.tau = q.text(11);
+      r.family = q.text(12);
       s.runs.push_back(r);
     }
   }
@@ -129,6 +130,8 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
   for (const auto& task : tasks) {
     TaskSummary t;
     t.task = task;
+    for (const auto& r : s.runs)
+      if (r.task == task && !r.family.empty()) t.family = r.family;
     for (const auto& variant : s.variant_order) {
       VariantSummary v;
       v.variant = variant;

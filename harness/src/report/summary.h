@@ -43,6 +43,7 @@ Stat stat_of(const std::vector<double>& values);
 struct RunRow {
   int64_t id = 0;
   std::string name, variant, task, error;
+  std::string family;  // the task table's "family", "" when it set none
   engine::RunStatus status = engine::RunStatus::Pending;
   int64_t seed = 0, diverged_step = -1, params = 0;
   double train_tps = 0, eval_tps = 0;
@@ -65,6 +66,7 @@ struct VariantSummary {
 
 struct TaskSummary {
   std::string task;
+  std::string family;  // of its runs ("" when none set one)
   bool language_model = false;
   std::vector<VariantSummary> variants;  // in the order variants first appear
 };
