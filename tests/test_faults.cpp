@@ -1,2 +1,432 @@
-// test_faults
+// Fault injection: kill -9 at seeded points and resume, a disk that fills
+// while a checkpoint is written, a read-only store folder, four processes on
+// one store, and a run whose loss turns NaN. Every case drives the CLI as a
+// user would and checks what the store holds afterwards. The tmpfs cases need
+// root; elsewhere they skip visibly (CHIAR_SKIP).
 #include <catch2/catch.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include <boost/filesystem.hpp>
+
+#include "engine/sqlite.h"
+#include "support/faults.h"
+#include "support/process.h"
+#include "support/skip.h"
+#include "support/temp_dir.h"
+
+using namespace chiar;
+using test::TempDir;
+namespace fs = boost::filesystem;
+
+namespace {
+
+const std::vector<std::string> kWords = {"a", "disk", "fills", "while", "the", "store", "is", "written",
+                                         "and", "then", "it", "resumes"};
+
+// The [model] and [train] tables every matrix here shares: tiny runs, one
+// thread, a progress line (and store heartbeat) after every step.
+std::string tiny_tables(int64_t d_model, int64_t steps, int64_t eval_every, int64_t checkpoint_every) {
+  std::ostringstream s;
+  s << "[model]\nd_model = " << d_model << "\nn_heads = 2\n\n"
+    << "[train]\nsteps = " << steps << "\nbatch_size = 4\nwarmup = 2\neval_every = " << eval_every
+    << "\ncheckpoint_every = " << checkpoint_every
+    << "\neval_batch_size = 8\ncalibration_batches = 1\nthreads = 1\nlog_every = 1\n\n";
+  return s.str();
+}
+
+const char* const kLmTask = R"(
+[tasks.lm]
+plugin = "wikitext"
+path = "corpus"
+seq_len = 8
+)";
+
+// A word corpus under d and d/m.toml: variants base (attention) and routed
+// (dct | attention) on the lm task, seed 0, with the given tables; base_steps
+// > 0 gives the base run that many steps instead.
+void write_matrix(const TempDir& d, const std::string& name, const std::string& tables, int64_t base_steps = 0) {
+  const std::string base_train =
+      base_steps > 0 ? "\n[variants.base.train]\nsteps = " + std::to_string(base_steps) + "\n" : "";
+  test::write_word_corpus(d, kWords, 21, 300, 60);
+  d.write("m.toml", "[matrix]\nname = \"" + name + "\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\"]\n" +
+                        "seeds = [0]\n\n" + tables + R"(
+[variants.base]
+layers = ["attn", "attn"]
+)" + base_train + R"(
+[variants.routed]
+layers = ["dct", "dct|attn"]
+router = "threshold"
+router_params = { shares = [0.5, 0.5] }
+)" + kLmTask);
+}
+
+const std::vector<std::string> kRunNames = {"base/lm/seed=0", "routed/lm/seed=0"};
+
+// `chiar run` of d/m.toml into `db`, with the GEMM library pinned: a run and
+// its resumptions in separate processes then agree bit for bit (with
+// "auto", each process times the libraries and may pick another).
+std::vector<std::string> run_args(const TempDir& d, const std::string& db, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--gemm", "blas", "run", d.path() + "/m.toml", "--db", db, "--data-root",
+                                   d.path(), "--cache-dir", d.path() + "/cache"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// Opened read-only: the checks below must not be what repairs a store.
+int64_t count(const std::string& db, const std::string& sql) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare(sql);
+  return q.step() ? q.integer(0) : -1;
+}
+
+std::string text_of(const std::string& db, const std::string& sql) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare(sql);
+  return q.step() && !q.is_null(0) ? q.text(0) : "";
+}
+
+// The test split's metrics of one run, best and last, in a fixed order.
+std::vector<double> final_metrics(const std::string& db, const std::string& run) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare(
+      "SELECT m.value FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.name = ? AND m.split = 'test' "
+      "ORDER BY m.checkpoint, m.name");
+  q.bind(1, run);
+  std::vector<double> out;
+  while (q.step()) out.push_back(q.real(0));
+  return out;
+}
+
+std::map<std::string, std::vector<double>> all_final_metrics(const std::string& db) {
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& name : kRunNames) out[name] = final_metrics(db, name);
+  return out;
+}
+
+// ---- kill -9 at seeded points -------------------------------------------
+
+// Where an attempt dies: the n-th pass of a failpoint, or (failpoint empty)
+// a SIGKILL sent from here once the child has recorded n training steps.
+struct KillPoint {
+  std::string failpoint;
+  int64_t n = 1;
+
+  std::string describe() const {
+    return failpoint.empty() ? "SIGKILL from outside after " + std::to_string(n) + " steps"
+                             : "CHIAR_FAILPOINT=" + failpoint + ":" + std::to_string(n);
+  }
+};
+
+// The kinds of point and the largest n drawn for each. The bounds keep each
+// attempt's progress to a few steps (a step commits its train log and
+// heartbeat, a checkpoint falls every 2 steps, an evaluation every 3), so
+// the ten attempts of the test below stay well inside its matrix of 6 + 24
+// steps (they end about 9 steps into the second run) and every one is killed.
+struct PointKind {
+  const char* failpoint;
+  int64_t max_n;
+};
+const std::vector<PointKind> kPointKinds = {
+    {"train.step", 5},          {"eval.scored", 2},  {"checkpoint.written", 2},
+    {"checkpoint.renamed", 2},  {"store.commit", 10}, {"", 5},
+};
+
+// `kills` points: every kind once, then kinds drawn at random, in a shuffled
+// order, each with a random n.
+std::vector<KillPoint> plan_kills(std::mt19937& rng, size_t kills) {
+  std::vector<size_t> kinds;
+  for (size_t k = 0; k < kPointKinds.size() && kinds.size() < kills; ++k) kinds.push_back(k);
+  std::uniform_int_distribution<size_t> any_kind(0, kPointKinds.size() - 1);
+  while (kinds.size() < kills) kinds.push_back(any_kind(rng));
+  std::shuffle(kinds.begin(), kinds.end(), rng);
+  std::vector<KillPoint> plan;
+  for (size_t k : kinds) {
+    std::uniform_int_distribution<int64_t> n(1, kPointKinds[k].max_n);
+    plan.push_back({kPointKinds[k].failpoint, n(rng)});
+  }
+  return plan;
+}
+
+// Sends SIGKILL once the child's log shows `steps` progress lines (each
+// printed after its step's heartbeat is committed to the store) and returns
+// its status; or the status it exited with before that.
+int kill_after_steps(pid_t pid, const std::string& log, int64_t steps) {
+  int status = 0;
+  // A hang guard only (about 5 minutes): a working child dies or exits long before.
+  for (int poll = 0; poll < 300000; ++poll) {
+    if (test::child_exited(pid, &status)) return status;
+    if (static_cast<int64_t>(test::occurrences(test::read_text(log), "  step ")) >= steps) {
+      kill(pid, SIGKILL);
+      return test::wait_chiar(pid);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  kill(pid, SIGKILL);
+  test::wait_chiar(pid);
+  return -1;
+}
+
+// One attempt under `point`: the child's status, its output appended to *logs.
+int attempt(const std::vector<std::string>& args, const KillPoint& point, const std::string& log,
+            std::string* logs) {
+  int status = 0;
+  if (point.failpoint.empty()) {
+    status = kill_after_steps(test::spawn_chiar_with_env(args, log, {}), log, point.n);
+  } else {
+    const std::string env = "CHIAR_FAILPOINT=" + point.failpoint + ":" + std::to_string(point.n);
+    status = test::wait_chiar(test::spawn_chiar_with_env(args, log, {env}));
+  }
+  *logs += test::read_text(log);
+  return status;
+}
+
+// Whether the logs (in order) show the run trained again after it was done.
+bool trained_after_done(const std::string& logs, const std::string& run) {
+  const size_t done = logs.find(run + ": done in");
+  if (done == std::string::npos) return false;
+  return logs.find(run + ": resuming", done) != std::string::npos ||
+         logs.find(run + ": starting", done) != std::string::npos;
+}
+
+// ---- tmpfs ---------------------------------------------------------------
+
+// Every file under a folder with its bytes: what a read-only folder must
+// still hold after the commands.
+std::map<std::string, std::string> snapshot(const std::string& folder) {
+  std::map<std::string, std::string> files;
+  for (fs::recursive_directory_iterator it(folder), end; it != end; ++it)
+    if (fs::is_regular_file(it->path())) files[it->path().string()] = test::read_text(it->path().string());
+  return files;
+}
+
+// Whether `line` is one whole line of the output.
+bool has_line(const std::string& output, const std::string& line) {
+  return ("\n" + output).find("\n" + line + "\n") != std::string::npos;
+}
+
+// The marks of a crash or a libtorch error reaching the user.
+void check_no_crash_text(const std::string& output) {
+  CHECK(output.find("terminate called") == std::string::npos);
+  CHECK(output.find("c10::Error") == std::string::npos);
+  CHECK(output.find("Exception raised from") == std::string::npos);
+  CHECK(output.find("frame #") == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("faults: kill -9 at 10 seeded points, resume each time", "[faults]") {
+  TempDir d("faults-kill");
+  // A short base run, so that kills land in its end (last evaluation, test
+  // split, finish) and in the routed run after it.
+  write_matrix(d, "kills", tiny_tables(16, 24, 3, 2), 6);
+  const std::string reference_db = d.path() + "/reference.db";
+  const auto uninterrupted = test::run_chiar(run_args(d, reference_db));
+  INFO(uninterrupted.output);
+  REQUIRE(uninterrupted.status == 0);
+  const auto reference = all_final_metrics(reference_db);
+  for (const auto& [run, metrics] : reference) REQUIRE(metrics.size() >= 4);  // best and last, 2+ metrics each
+
+  std::mt19937 rng(20240521);
+  const std::vector<KillPoint> plan = plan_kills(rng, 10);
+  std::string planned;
+  for (size_t i = 0; i < plan.size(); ++i) planned += "\n  " + std::to_string(i + 1) + ": " + plan[i].describe();
+  INFO("kill points:" << planned);
+
+  const std::string db = d.path() + "/killed.db";
+  const auto args = run_args(d, db);
+  std::string logs;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const std::string log = d.path() + "/attempt-" + std::to_string(i + 1) + ".txt";
+    const int status = attempt(args, plan[i], log, &logs);
+    INFO("attempt " << (i + 1) << ", " << plan[i].describe() << ":\n" << test::read_text(log));
+    REQUIRE(status == 128 + SIGKILL);
+    REQUIRE(test::integrity_check(db) == "ok");
+    CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") < 2);
+  }
+
+  const auto last = test::run_chiar(args);
+  logs += last.output;
+  INFO(last.output);
+  REQUIRE(last.status == 0);
+  CHECK(test::integrity_check(db) == "ok");
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 2);
+  CHECK(all_final_metrics(db) == reference);
+  // Each run started once, finished once and was never trained again.
+  for (const auto& run : kRunNames) {
+    INFO(run);
+    CHECK(test::occurrences(logs, run + ": starting") == 1);
+    CHECK(test::occurrences(logs, run + ": done in") == 1);
+    CHECK_FALSE(trained_after_done(logs, run));
+  }
+}
+
+TEST_CASE("faults: a full disk while checkpointing exits 3 and resumes once space is freed", "[faults]") {
+  if (!test::TmpfsMount::available()) CHIAR_SKIP("[faults]", "needs root to mount a tmpfs");
+  TempDir d("faults-full");
+  // d_model 128: the model alone (the first checkpoint written, the best at
+  // step 3) takes 1.6 MB, the store 0.1 MB (measured): a 1 MiB disk holds the
+  // store and its WAL, never a checkpoint.
+  write_matrix(d, "full", tiny_tables(128, 6, 3, 3));
+  const std::vector<std::string> one = {"--only", "base/lm/seed=0"};
+  const auto uninterrupted = test::run_chiar(run_args(d, d.path() + "/reference.db", one));
+  INFO(uninterrupted.output);
+  REQUIRE(uninterrupted.status == 0);
+  const auto reference = final_metrics(d.path() + "/reference.db", "base/lm/seed=0");
+  REQUIRE_FALSE(reference.empty());
+
+  const std::string folder = d.path() + "/store";
+  fs::create_directories(folder);
+  test::TmpfsMount disk(folder, 1 << 20);
+  const std::string db = folder + "/full.db";
+  const auto full = test::run_chiar(run_args(d, db, one));
+  INFO(full.output);
+  CHECK(full.status == 3);
+  // One message naming the file that did not fit and the cause: the best
+  // model of step 3, the first checkpoint written.
+  const std::string message = folder + "/full.db.checkpoints/" + text_of(db, "SELECT hash FROM runs") +
+                              "/best-3.pt.tmp: cannot write the checkpoint: No space left on device";
+  CHECK(has_line(full.output, "chiar: " + message));
+  CHECK(test::occurrences(full.output, "No space left on device") == 1);
+  check_no_crash_text(full.output);
+  CHECK(test::integrity_check(db) == "ok");
+  CHECK(text_of(db, "SELECT status FROM runs") == "interrupted");
+  CHECK_THAT(text_of(db, "SELECT error FROM runs"), Catch::Matchers::Contains(message));
+
+  disk.resize(64 << 20);
+  const auto resumed = test::run_chiar(run_args(d, db, one));
+  INFO(resumed.output);
+  REQUIRE(resumed.status == 0);
+  CHECK(test::integrity_check(db) == "ok");
+  CHECK(text_of(db, "SELECT status FROM runs") == "done");
+  CHECK(final_metrics(db, "base/lm/seed=0") == reference);
+}
+
+TEST_CASE("faults: a read-only store folder", "[faults]") {
+  if (!test::TmpfsMount::available()) CHIAR_SKIP("[faults]", "needs root to mount a tmpfs");
+  TempDir d("faults-ro");
+  write_matrix(d, "readonly", tiny_tables(16, 6, 3, 3));
+  const std::string folder = d.path() + "/store";
+  fs::create_directories(folder);
+  test::TmpfsMount disk(folder, 16 << 20);
+  const std::string db = folder + "/ro.db";
+  // One run finished, the other not yet started.
+  const auto first = test::run_chiar(run_args(d, db, {"--only", "base/lm/seed=0"}));
+  INFO(first.output);
+  REQUIRE(first.status == 0);
+  disk.make_read_only();
+  const auto before = snapshot(folder);
+
+  const auto shown = test::run_chiar({"show", db});
+  INFO(shown.output);
+  CHECK(shown.status == 0);
+  CHECK_THAT(shown.output, Catch::Matchers::Contains("base/lm/seed=0"));
+  const std::string report = d.path() + "/elsewhere/report";
+  const auto reported = test::run_chiar({"report", db, "--out", report});
+  INFO(reported.output);
+  CHECK(reported.status == 0);
+  CHECK(fs::exists(report + ".md"));
+  CHECK(fs::exists(report + ".html"));
+
+  const auto ran = test::run_chiar(run_args(d, db));
+  INFO(ran.output);
+  CHECK(ran.status == 3);
+  CHECK(has_line(ran.output, "chiar: " + db + ": opening the database for writing: Read-only file system"));
+  CHECK(test::occurrences(ran.output, "Read-only file system") == 1);
+  check_no_crash_text(ran.output);
+  CHECK(snapshot(folder) == before);
+  CHECK(test::integrity_check(db) == "ok");
+}
+
+TEST_CASE("faults: 4 concurrent processes on one store run each run exactly once", "[faults]") {
+  TempDir d("faults-four");
+  test::write_word_corpus(d, kWords, 23, 300, 60);
+  // 8 runs: 2 variants x 2 tasks x 2 seeds.
+  d.write("m.toml", "[matrix]\nname = \"four\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
+                    "seeds = [0, 1]\n\n" + tiny_tables(16, 6, 3, 3) + R"(
+[variants.base]
+layers = ["attn", "attn"]
+
+[variants.routed]
+layers = ["dct", "dct|attn"]
+router = "threshold"
+router_params = { shares = [0.5, 0.5] }
+
+[tasks.flat]
+plugin = "listops_flat"
+n_train = 64
+n_valid = 16
+n_test = 16
+)" + kLmTask);
+  const std::string db = d.path() + "/four.db";
+  std::vector<pid_t> children;
+  for (int i = 0; i < 4; ++i)
+    children.push_back(test::spawn_chiar(run_args(d, db), d.path() + "/p" + std::to_string(i) + ".txt"));
+  std::vector<int> statuses;
+  for (pid_t pid : children) statuses.push_back(test::wait_chiar(pid));
+  std::string logs;
+  for (int i = 0; i < 4; ++i) logs += test::read_text(d.path() + "/p" + std::to_string(i) + ".txt");
+  INFO(logs);
+  CHECK(statuses == std::vector<int>(4, 0));
+  CHECK(logs.find("database is locked") == std::string::npos);
+  CHECK(logs.find("resuming") == std::string::npos);  // no live run was taken for dead
+  CHECK(test::occurrences(logs, ": starting") == 8);
+  CHECK(test::occurrences(logs, ": done in") == 8);
+  // Every process went through the whole matrix: what it ran plus what it
+  // skipped is 8, and the four ran 8 between them.
+  const std::regex tally("matrix 'four': (\\d+) run, (\\d+) skipped");
+  int64_t ran = 0, tallies = 0;
+  for (std::sregex_iterator it(logs.begin(), logs.end(), tally), end; it != end; ++it) {
+    ++tallies;
+    ran += std::stoll((*it)[1]);
+    CHECK(std::stoll((*it)[1]) + std::stoll((*it)[2]) == 8);
+  }
+  CHECK(tallies == 4);
+  CHECK(ran == 8);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 8);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs") == 8);
+  CHECK(test::integrity_check(db) == "ok");
+}
+
+TEST_CASE("faults: NaN injected mid-run -> diverged, the matrix goes on", "[faults]") {
+  TempDir d("faults-nan");
+  test::write_word_corpus(d, kWords, 25, 300, 60);
+  // The poisoned run comes first, so the base run shows that the matrix goes on.
+  d.write("m.toml", "[matrix]\nname = \"nan\"\nvariants = [\"poisoned\", \"base\"]\ntasks = [\"lm\"]\n"
+                    "seeds = [0]\n\n" + tiny_tables(16, 8, 4, 4) + R"(
+[variants.poisoned]
+layers = ["dct", "nan_at"]
+operators = { nan_at = { call = 5 } }
+
+[variants.base]
+layers = ["attn", "attn"]
+)" + kLmTask);
+  const std::string db = d.path() + "/nan.db";
+  std::vector<std::string> args = run_args(d, db);
+  args.insert(args.begin(), {"--plugin-dir", std::string(CHIAR_TEST_PLUGIN_DIR) + "/nan_at"});
+  const auto r = test::run_chiar(args);
+  INFO(r.output);
+  CHECK(r.status == 0);  // a diverged run is a finished run
+  CHECK_THAT(r.output, Catch::Matchers::Contains("poisoned/lm/seed=0: diverged (loss "));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("base/lm/seed=0: done in"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("matrix 'nan': 2 run, 0 skipped"));
+  // The 5th training forward is step 5's: the loss of step 5 is NaN.
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE name = 'poisoned/lm/seed=0' AND status = 'diverged' AND "
+                  "diverged_step = 5 AND error LIKE 'loss %nan at step 5'") == 1);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE name = 'base/lm/seed=0' AND status = 'done'") == 1);
+  CHECK(count(db, "SELECT COUNT(*) FROM metrics m JOIN runs r ON r.id = m.run_id WHERE "
+                  "r.name = 'base/lm/seed=0' AND m.split = 'test'") > 0);
+  // A second run leaves both alone: diverged is final.
+  const auto again = test::run_chiar(args);
+  INFO(again.output);
+  CHECK(again.status == 0);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status IN ('diverged', 'done')") == 2);
+}
