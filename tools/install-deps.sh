@@ -18,6 +18,7 @@ packages=(
   libcli11-dev          # command line
   gnuplot-nox           # report charts
   chromium              # the report test renders the HTML headless
+  clang libclang-rt-14-dev  # libFuzzer, ASan and UBSan for tools/fuzz.sh (docs/fuzzing.md)
 )
 
 missing=()

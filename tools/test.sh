@@ -9,3 +9,6 @@ tools/build.sh
 # runs two threads. An entry that could not run here is listed as "Skipped"
 # with the reason in its output (ctest -V, or build/Testing/Temporary/LastTest.log).
 ctest --test-dir build --output-on-failure -j2
+# Every fuzz corpus and crash reproducer once (docs/fuzzing.md), under a
+# minute; says "SKIPPED" with the reason where clang's libFuzzer is missing.
+tools/fuzz.sh regress
