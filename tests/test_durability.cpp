@@ -328,3 +328,38 @@ TEST_CASE("run: too little room for the next checkpoints is warned about before 
   CHECK(line_with(roomy.output, " free, the next checkpoints need about ").empty());
   CHECK(final_metrics(db) == reference_metrics());
 }
+
+TEST_CASE("inspect: a named checkpoint the store records is verified before libtorch reads it", "[durability]") {
+  TempDir d("durable-inspect");
+  write_fixture(d);
+  const std::string db = d.path() + "/i.db";
+  REQUIRE(run(d, "i.db").status == 0);
+  const std::string best = query_text(db, "SELECT file FROM checkpoints WHERE kind = 'best' ORDER BY step DESC LIMIT 1");
+  const std::vector<std::string> inspect = {"inspect", best, "--text", "the route of a token", "--tsv",
+                                            "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
+  const auto good = test::run_chiar(inspect);
+  INFO(good.output);
+  CHECK(good.status == 0);
+  CHECK_THAT(good.output, !Catch::Matchers::Contains("unverified"));
+  // One flipped byte: refused by its checksum, never handed to libtorch.
+  std::string bytes = read_file(best);
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x40);
+  write_file(best, bytes);
+  const auto bad = test::run_chiar(inspect);
+  INFO(bad.output);
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.output, Catch::Matchers::StartsWith("chiar: " + best + ": checksum mismatch (recorded crc32:"));
+  // A copy outside the store's layout loads with a warning that no record vouches for it.
+  boost::filesystem::create_directories(d.path() + "/copy");
+  const std::string folder = boost::filesystem::path(best).parent_path().string();
+  boost::filesystem::copy_file(folder + "/spec.toml", d.path() + "/copy/spec.toml");
+  const std::string state = query_text(db, "SELECT file FROM checkpoints WHERE kind = 'state' ORDER BY step DESC LIMIT 1");
+  boost::filesystem::copy_file(state, d.path() + "/copy/state-60.pt");
+  auto copied = inspect;
+  copied[1] = d.path() + "/copy/state-60.pt";
+  const auto unverified = test::run_chiar(copied);
+  INFO(unverified.output);
+  CHECK(unverified.status == 0);
+  CHECK_THAT(unverified.output, Catch::Matchers::Contains("warning: " + copied[1] +
+                                                          ": no store records this checkpoint; loading it unverified"));
+}

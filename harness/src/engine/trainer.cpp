@@ -431,6 +431,11 @@ void adopt_legacy_checkpoints(Run& run) {
   } catch (const c10::Error& e) {
     say(run, state_file + ": unreadable checkpoint (" + e.what_without_backtrace() + "); starting over");
     return;  // the file goes with the other unrecorded ones
+  } catch (const std::exception& e) {
+    // libtorch's archive reader throws plain runtime_errors on some damage
+    // (tests/fuzz/crashes/checkpoint/libtorch_type_parser_runtime_error).
+    say(run, state_file + ": unreadable checkpoint (" + e.what() + "); starting over");
+    return;
   }
   say(run, state_file + " predates checksummed checkpoints; resuming from its step " + std::to_string(step) +
                " unverified");
