@@ -146,8 +146,11 @@ void write_claims(Pages& p, const std::vector<Claim>& claims) {
   const std::string how =
       "Each comparison is the difference of two variants' per-seed test metrics with its 95% confidence interval "
       "(paired by seed when both variants ran the same seeds, else Welch's t), a two-sided p-value and an effect "
-      "size (d_z paired, Hedges' g unpaired). " + std::to_string(tests) + (tests == 1 ? " comparison was" : " comparisons were") +
-      " tested; the p-values shown are Holm-adjusted over all of them. A claim holds (or does not) only when its "
+      "size (d_z paired, Hedges' g unpaired). " +
+      (tests == 0 ? std::string("No comparison here has the seeds to be tested.")
+                  : std::to_string(tests) + (tests == 1 ? " comparison was" : " comparisons were") +
+                        " tested; the p-values shown are Holm-adjusted over all of them.") +
+      " A claim holds (or does not) only when its "
       "interval excludes zero on one side and the adjusted p is below 0.05; an interval containing zero is "
       "inconclusive; fewer than " + std::to_string(kMinSeedsPerSide) + " finished seeds on a side give no verdict.";
   p.md << "## The paper's claims against this database\n\n" << how
