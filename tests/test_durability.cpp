@@ -19,6 +19,7 @@
 #include "support/process.h"
 #include "support/skip.h"
 #include "support/temp_dir.h"
+#include "support/tiny_matrix.h"
 
 using namespace chiar;
 using test::TempDir;
@@ -59,39 +60,15 @@ struct FailpointScope {
 constexpr const char* kRun = "routed/lm/seed=1";
 
 void write_fixture(const TempDir& d) {
-  test::write_word_corpus(
-      d, {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"}, 9, 300, 60);
-  d.write("m.toml", R"(
-[matrix]
+  test::write_tiny_corpus(d);
+  d.write("m.toml", R"([matrix]
 name = "durable"
 variants = ["routed"]
 tasks = ["lm"]
 seeds = [1]
 
-[model]
-d_model = 16
-n_heads = 2
-
-[train]
-steps = 60
-batch_size = 4
-warmup = 2
-eval_every = 20
-checkpoint_every = 7
-eval_batch_size = 8
-calibration_batches = 1
-threads = 1
-
-[variants.routed]
-layers = ["dct", "dct|attn"]
-router = "threshold"
-router_params = { shares = [0.5, 0.5] }
-
-[tasks.lm]
-plugin = "wikitext"
-path = "corpus"
-seq_len = 8
-)");
+)" + test::kTinyModelTable + "\n[train]\n" + test::tiny_train_body(60, 20, 7) + "\n" + test::kTinyRoutedVariant +
+                        "\n" + test::kTinyLmTask);
 }
 
 // Product library pinned: metrics are compared bit for bit across processes.

@@ -24,57 +24,21 @@
 #include "support/fixtures.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
+#include "support/tiny_matrix.h"
 
 using namespace chiar;
 using test::TempDir;
 
 namespace {
 
-// A word-level corpus and a matrix of 2 variants x 2 tasks x 2 seeds of tiny runs.
-void write_fixture(const TempDir& d, const std::string& train_extra = "") {
-  test::write_word_corpus(
-      d, {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"}, 9, 300, 60);
-  d.write("m.toml", R"(
-[matrix]
-name = "e2e"
+// A word-level corpus and a matrix of 2 variants x 2 tasks x 2 seeds of tiny
+// runs; `train_extra` goes into [train], `extra` (more tables) at the end.
+void write_fixture(const TempDir& d, const std::string& train_extra = "", const std::string& extra = "") {
+  test::write_tiny_matrix(d, R"(name = "e2e"
 variants = ["base", "routed"]
 tasks = ["lm", "flat"]
 seeds = [0, 1]
-
-[model]
-d_model = 16
-n_heads = 2
-
-[train]
-steps = 6
-batch_size = 4
-warmup = 2
-eval_every = 3
-checkpoint_every = 3
-eval_batch_size = 8
-calibration_batches = 1
-threads = 1
-)" + train_extra + R"(
-
-[variants.base]
-layers = ["attn", "attn"]
-
-[variants.routed]
-layers = ["dct", "dct|attn"]
-router = "threshold"
-router_params = { shares = [0.5, 0.5] }
-
-[tasks.lm]
-plugin = "wikitext"
-path = "corpus"
-seq_len = 8
-
-[tasks.flat]
-plugin = "listops_flat"
-n_train = 64
-n_valid = 16
-n_test = 16
-)");
+)", test::tiny_train_body() + train_extra, extra);
 }
 
 std::vector<std::string> run_args(const TempDir& d, const std::string& db, std::vector<std::string> extra = {}) {
@@ -430,7 +394,7 @@ TEST_CASE("run: two processes on one database run every run exactly once", "[eng
 
 TEST_CASE("run: a run that fails is recorded, the matrix goes on, and the exit status is 1", "[engine]") {
   TempDir d("e2e-failing");
-  write_fixture(d, R"(
+  write_fixture(d, "", R"(
 [variants.broken]
 layers = ["attn", "fails_in_forward"]
 )");

@@ -12,7 +12,6 @@
 #include <map>
 #include <random>
 #include <regex>
-#include <sstream>
 #include <thread>
 
 #include <boost/filesystem.hpp>
@@ -22,6 +21,7 @@
 #include "support/process.h"
 #include "support/skip.h"
 #include "support/temp_dir.h"
+#include "support/tiny_matrix.h"
 
 using namespace chiar;
 using test::TempDir;
@@ -35,20 +35,9 @@ const std::vector<std::string> kWords = {"a", "disk", "fills", "while", "the", "
 // The [model] and [train] tables every matrix here shares: tiny runs, one
 // thread, a progress line (and store heartbeat) after every step.
 std::string tiny_tables(int64_t d_model, int64_t steps, int64_t eval_every, int64_t checkpoint_every) {
-  std::ostringstream s;
-  s << "[model]\nd_model = " << d_model << "\nn_heads = 2\n\n"
-    << "[train]\nsteps = " << steps << "\nbatch_size = 4\nwarmup = 2\neval_every = " << eval_every
-    << "\ncheckpoint_every = " << checkpoint_every
-    << "\neval_batch_size = 8\ncalibration_batches = 1\nthreads = 1\nlog_every = 1\n\n";
-  return s.str();
+  return "[model]\nd_model = " + std::to_string(d_model) + "\nn_heads = 2\n\n[train]\n" +
+         test::tiny_train_body(steps, eval_every, checkpoint_every) + "log_every = 1\n\n";
 }
-
-const char* const kLmTask = R"(
-[tasks.lm]
-plugin = "wikitext"
-path = "corpus"
-seq_len = 8
-)";
 
 // A word corpus under d and d/m.toml: variants base (attention) and routed
 // (dct | attention) on the lm task, seed 0, with the given tables; base_steps
@@ -58,15 +47,8 @@ void write_matrix(const TempDir& d, const std::string& name, const std::string& 
       base_steps > 0 ? "\n[variants.base.train]\nsteps = " + std::to_string(base_steps) + "\n" : "";
   test::write_word_corpus(d, kWords, 21, 300, 60);
   d.write("m.toml", "[matrix]\nname = \"" + name + "\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\"]\n" +
-                        "seeds = [0]\n\n" + tables + R"(
-[variants.base]
-layers = ["attn", "attn"]
-)" + base_train + R"(
-[variants.routed]
-layers = ["dct", "dct|attn"]
-router = "threshold"
-router_params = { shares = [0.5, 0.5] }
-)" + kLmTask);
+                        "seeds = [0]\n\n" + tables + "\n" + test::kTinyBaseVariant + base_train + "\n" +
+                        test::kTinyRoutedVariant + "\n" + test::kTinyLmTask);
 }
 
 const std::vector<std::string> kRunNames = {"base/lm/seed=0", "routed/lm/seed=0"};
@@ -351,21 +333,8 @@ TEST_CASE("faults: 4 concurrent processes on one store run each run exactly once
   test::write_word_corpus(d, kWords, 23, 300, 60);
   // 8 runs: 2 variants x 2 tasks x 2 seeds.
   d.write("m.toml", "[matrix]\nname = \"four\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
-                    "seeds = [0, 1]\n\n" + tiny_tables(16, 6, 3, 3) + R"(
-[variants.base]
-layers = ["attn", "attn"]
-
-[variants.routed]
-layers = ["dct", "dct|attn"]
-router = "threshold"
-router_params = { shares = [0.5, 0.5] }
-
-[tasks.flat]
-plugin = "listops_flat"
-n_train = 64
-n_valid = 16
-n_test = 16
-)" + kLmTask);
+                    "seeds = [0, 1]\n\n" + tiny_tables(16, 6, 3, 3) + "\n" + test::kTinyBaseVariant + "\n" +
+                    test::kTinyRoutedVariant + "\n" + test::kTinyFlatTask + "\n" + test::kTinyLmTask);
   const std::string db = d.path() + "/four.db";
   std::vector<pid_t> children;
   for (int i = 0; i < 4; ++i)
@@ -406,9 +375,7 @@ TEST_CASE("faults: NaN injected mid-run -> diverged, the matrix goes on", "[faul
 layers = ["dct", "nan_at"]
 operators = { nan_at = { call = 5 } }
 
-[variants.base]
-layers = ["attn", "attn"]
-)" + kLmTask);
+)" + test::kTinyBaseVariant + "\n" + test::kTinyLmTask);
   const std::string db = d.path() + "/nan.db";
   std::vector<std::string> args = run_args(d, db);
   args.insert(args.begin(), {"--plugin-dir", std::string(CHIAR_TEST_PLUGIN_DIR) + "/nan_at"});

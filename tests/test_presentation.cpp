@@ -20,6 +20,7 @@
 #include "support/fixtures.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
+#include "support/tiny_matrix.h"
 
 using namespace chiar;
 using test::TempDir;
@@ -42,30 +43,13 @@ variants = ["routed"]
 tasks = ["lm"]
 seeds = [0]
 
-[model]
-d_model = 16
-n_heads = 2
-
-[train]
-steps = 6
-batch_size = 4
-warmup = 2
-eval_every = 3
-checkpoint_every = 3
-eval_batch_size = 8
-calibration_batches = 1
-threads = 1
-
+)" + test::kTinyModelTable + "\n[train]\n" + test::tiny_train_body() + R"(
 [variants.routed]
 layers = ["dct", "dct|shade"]
 router = "threshold"
 router_params = { shares = [0.5, 0.5] }
 
-[tasks.lm]
-plugin = "wikitext"
-path = "corpus"
-seq_len = 8
-)");
+)" + test::kTinyLmTask);
 }
 
 struct Output {

@@ -21,6 +21,7 @@
 #include "chiar/error.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
+#include "support/tiny_matrix.h"
 
 using namespace chiar;
 using test::TempDir;
@@ -83,48 +84,11 @@ void write_store(const std::string& file) {
 
 // The matrix of the engine tests: 2 variants x 2 tasks x 2 seeds of tiny runs.
 void write_matrix(const TempDir& d) {
-  test::write_word_corpus(
-      d, {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"}, 9, 300, 60);
-  d.write("m.toml", R"(
-[matrix]
-name = "safety"
+  test::write_tiny_matrix(d, R"(name = "safety"
 variants = ["base", "routed"]
 tasks = ["lm", "flat"]
 seeds = [0, 1]
-
-[model]
-d_model = 16
-n_heads = 2
-
-[train]
-steps = 6
-batch_size = 4
-warmup = 2
-eval_every = 3
-checkpoint_every = 3
-eval_batch_size = 8
-calibration_batches = 1
-threads = 1
-
-[variants.base]
-layers = ["attn", "attn"]
-
-[variants.routed]
-layers = ["dct", "dct|attn"]
-router = "threshold"
-router_params = { shares = [0.5, 0.5] }
-
-[tasks.lm]
-plugin = "wikitext"
-path = "corpus"
-seq_len = 8
-
-[tasks.flat]
-plugin = "listops_flat"
-n_train = 64
-n_valid = 16
-n_test = 16
-)");
+)", test::tiny_train_body());
 }
 
 std::vector<std::string> run_args(const TempDir& d, const std::string& db) {

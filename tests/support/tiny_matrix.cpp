@@ -1,0 +1,51 @@
+#include "tiny_matrix.h"
+
+namespace chiar::test {
+
+const std::string kTinyModelTable = "[model]\nd_model = 16\nn_heads = 2\n";
+
+const std::string kTinyBaseVariant = R"([variants.base]
+layers = ["attn", "attn"]
+)";
+
+const std::string kTinyRoutedVariant = R"([variants.routed]
+layers = ["dct", "dct|attn"]
+router = "threshold"
+router_params = { shares = [0.5, 0.5] }
+)";
+
+const std::string kTinyLmTask = R"([tasks.lm]
+plugin = "wikitext"
+path = "corpus"
+seq_len = 8
+)";
+
+const std::string kTinyFlatTask = R"([tasks.flat]
+plugin = "listops_flat"
+n_train = 64
+n_valid = 16
+n_test = 16
+)";
+
+std::string tiny_train_body(int64_t steps, int64_t eval_every, int64_t checkpoint_every) {
+  return "steps = " + std::to_string(steps) + "\nbatch_size = 4\nwarmup = 2\neval_every = " +
+         std::to_string(eval_every) + "\ncheckpoint_every = " + std::to_string(checkpoint_every) +
+         "\neval_batch_size = 8\ncalibration_batches = 1\nthreads = 1\n";
+}
+
+std::string tiny_train_body() { return tiny_train_body(6, 3, 3); }
+
+void write_tiny_corpus(const TempDir& d) {
+  write_word_corpus(
+      d, {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"}, 9, 300, 60);
+}
+
+void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const std::string& train_body,
+                       const std::string& extra) {
+  write_tiny_corpus(d);
+  d.write("m.toml", "[matrix]\n" + matrix_body + "\n" + kTinyModelTable + "\n[train]\n" + train_body + "\n" +
+                        kTinyBaseVariant + "\n" + kTinyRoutedVariant + "\n" + kTinyLmTask + "\n" + kTinyFlatTask +
+                        extra);
+}
+
+}  // namespace chiar::test

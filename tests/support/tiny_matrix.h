@@ -1,0 +1,40 @@
+#pragma once
+// The tiny matrix the engine, store, durability and fault tests run: a word
+// corpus and m.toml of 2-layer, 16-wide models trained a few steps on one
+// thread. The parts are named so that a file whose matrix differs shares
+// only what is really the same. Runs' hashes and metrics are pinned by
+// tests: a changed value here changes them.
+#include <cstdint>
+#include <string>
+
+#include "temp_dir.h"
+
+namespace chiar::test {
+
+// [model]: 16 wide, 2 heads.
+extern const std::string kTinyModelTable;
+// [variants.base]: two attention layers.
+extern const std::string kTinyBaseVariant;
+// [variants.routed]: dct, then dct|attn chosen by a threshold router.
+extern const std::string kTinyRoutedVariant;
+// [tasks.lm]: the word corpus under corpus/, 8 tokens a sequence.
+extern const std::string kTinyLmTask;
+// [tasks.flat]: a small generated ListOps-flat split.
+extern const std::string kTinyFlatTask;
+
+// The body of a [train] table (no header): batches of 4, 2 warm-up steps,
+// evaluation batches of 8, one calibration batch, one thread.
+std::string tiny_train_body(int64_t steps, int64_t eval_every, int64_t checkpoint_every);
+// tiny_train_body(6, 3, 3): six steps, validated and checkpointed every three.
+std::string tiny_train_body();
+
+// The word corpus the engine tests train on (corpus/ under d).
+void write_tiny_corpus(const TempDir& d);
+
+// The word corpus the engine tests train on, and m.toml: `matrix_body` (the
+// [matrix] body), the shared [model], `train_body` (the [train] body), the
+// variants base and routed, the tasks lm and flat, then `extra` (more tables).
+void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const std::string& train_body,
+                       const std::string& extra = "");
+
+}  // namespace chiar::test
