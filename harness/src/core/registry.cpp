@@ -73,7 +73,7 @@ class CollectingRegistrar final : public Registrar {
     if (kinds_.find("," + kind + ",") == std::string::npos)
       throw UserError("it registers " + kind + " '" + name + "' but declares kinds '" +
                       kinds_.substr(1, kinds_.size() - 2) + "'");
-    added.push_back(Factory{{name, kind, description, file_, api_, aliases}, lib_, {}, {}, {}});
+    added.push_back(Factory{{name, kind, description, file_, api_, aliases}, lib_, {}, {}, {}, std::nullopt});
     return added.back();
   }
 
