@@ -83,13 +83,7 @@ std::string query_text(const std::string& db, const std::string& sql) {
   return q.step() ? q.text(0) : "";
 }
 
-std::vector<double> final_metrics(const std::string& db) {
-  engine::Database con(db);
-  auto q = con.prepare("SELECT value FROM metrics WHERE split = 'test' ORDER BY checkpoint, name");
-  std::vector<double> out;
-  while (q.step()) out.push_back(q.real(0));
-  return out;
-}
+std::vector<double> final_metrics(const std::string& db) { return test::test_split_metrics(db); }
 
 // The test metrics of the run uninterrupted, computed once.
 const std::vector<double>& reference_metrics() {

@@ -64,14 +64,7 @@ int64_t count(const std::string& db, const std::string& sql) {
 }
 
 std::vector<double> final_metrics(const std::string& db, const std::string& name_glob) {
-  engine::Database con(db);
-  auto q = con.prepare(
-      "SELECT m.value FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.name GLOB ? AND m.split = 'test' "
-      "ORDER BY m.checkpoint, m.name");
-  q.bind(1, name_glob);
-  std::vector<double> out;
-  while (q.step()) out.push_back(q.real(0));
-  return out;
+  return test::test_split_metrics(db, name_glob);
 }
 
 // Polls the store until a run has recorded `step` (heartbeat) or times out.

@@ -78,14 +78,7 @@ std::string text_of(const std::string& db, const std::string& sql) {
 
 // The test split's metrics of one run, best and last, in a fixed order.
 std::vector<double> final_metrics(const std::string& db, const std::string& run) {
-  engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare(
-      "SELECT m.value FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.name = ? AND m.split = 'test' "
-      "ORDER BY m.checkpoint, m.name");
-  q.bind(1, run);
-  std::vector<double> out;
-  while (q.step()) out.push_back(q.real(0));
-  return out;
+  return test::test_split_metrics(db, run);
 }
 
 std::map<std::string, std::vector<double>> all_final_metrics(const std::string& db) {

@@ -1,17 +1,17 @@
 #include "faults.h"
 
 #include <fcntl.h>
-#include <sqlite3.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "engine/sqlite.h"
 
 extern char** environ;
 
@@ -41,24 +41,6 @@ std::vector<char*> pointers_to(std::vector<std::string>& strings) {
   for (auto& s : strings) out.push_back(s.data());
   out.push_back(nullptr);
   return out;
-}
-
-// A read-only URI for the database. Without a -wal file nothing is pending
-// and no writer holds it, so it is opened immutable: SQLite then needs no
-// -shm file, which a read-only folder could not hold.
-std::string read_only_uri(const std::string& db) {
-  static const char* const kHex = "0123456789ABCDEF";
-  std::string uri = "file:";
-  for (const unsigned char c : db) {
-    if (std::isalnum(c) || c == '/' || c == '-' || c == '.' || c == '_' || c == '~') {
-      uri += static_cast<char>(c);
-    } else {
-      uri += '%';
-      uri += kHex[c >> 4];
-      uri += kHex[c & 15];
-    }
-  }
-  return uri + (::access((db + "-wal").c_str(), F_OK) == 0 ? "?mode=ro" : "?mode=ro&immutable=1");
 }
 
 std::string tmpfs_options(int64_t bytes) { return "size=" + std::to_string(bytes); }
@@ -121,26 +103,17 @@ bool TmpfsMount::available() {
 }
 
 std::string integrity_check(const std::string& db) {
-  sqlite3* con = nullptr;
-  if (sqlite3_open_v2(read_only_uri(db).c_str(), &con, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) != SQLITE_OK) {
-    const std::string why = con ? sqlite3_errmsg(con) : "cannot open";
-    sqlite3_close(con);
-    return db + ": " + why;
+  // Opened as the read-only commands open a store (immutable at rest), so a
+  // read-only mount can be checked too.
+  try {
+    engine::Database con(db, engine::OpenMode::ReadOnly);
+    auto q = con.prepare("PRAGMA integrity_check");
+    std::string rows;
+    while (q.step()) rows += (rows.empty() ? "" : "\n") + q.text(0);
+    return rows;
+  } catch (const std::exception& e) {
+    return e.what();
   }
-  sqlite3_busy_timeout(con, 60000);
-  sqlite3_stmt* q = nullptr;
-  std::string rows;
-  if (sqlite3_prepare_v2(con, "PRAGMA integrity_check", -1, &q, nullptr) == SQLITE_OK) {
-    int rc = 0;
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW)
-      rows += (rows.empty() ? "" : "\n") + std::string(reinterpret_cast<const char*>(sqlite3_column_text(q, 0)));
-    if (rc != SQLITE_DONE) rows += (rows.empty() ? "" : "\n") + std::string(sqlite3_errmsg(con));
-  } else {
-    rows = sqlite3_errmsg(con);
-  }
-  sqlite3_finalize(q);
-  sqlite3_close(con);
-  return rows;
 }
 
 std::string read_text(const std::string& file) {

@@ -1,5 +1,7 @@
 #include "tiny_matrix.h"
 
+#include "engine/sqlite.h"
+
 namespace chiar::test {
 
 const std::string kTinyModelTable = "[model]\nd_model = 16\nn_heads = 2\n";
@@ -46,6 +48,17 @@ void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const s
   d.write("m.toml", "[matrix]\n" + matrix_body + "\n" + kTinyModelTable + "\n[train]\n" + train_body + "\n" +
                         kTinyBaseVariant + "\n" + kTinyRoutedVariant + "\n" + kTinyLmTask + "\n" + kTinyFlatTask +
                         extra);
+}
+
+std::vector<double> test_split_metrics(const std::string& db, const std::string& run_glob) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare(
+      "SELECT m.value FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.name GLOB ? AND m.split = 'test' "
+      "ORDER BY r.name, m.checkpoint, m.name");
+  q.bind(1, run_glob);
+  std::vector<double> out;
+  while (q.step()) out.push_back(q.real(0));
+  return out;
 }
 
 }  // namespace chiar::test

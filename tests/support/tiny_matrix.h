@@ -6,6 +6,7 @@
 // tests: a changed value here changes them.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "temp_dir.h"
 
@@ -36,5 +37,9 @@ void write_tiny_corpus(const TempDir& d);
 // variants base and routed, the tasks lm and flat, then `extra` (more tables).
 void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const std::string& train_body,
                        const std::string& extra = "");
+
+// The test split's metrics (best and last checkpoint) of the runs whose name
+// matches `run_glob`, in a fixed order: what resume tests compare bit for bit.
+std::vector<double> test_split_metrics(const std::string& db, const std::string& run_glob = "*");
 
 }  // namespace chiar::test
