@@ -118,6 +118,8 @@ TEST_CASE("store: every command refuses a database that is not a store and leave
           {"export", db, "--csv"},
           {"report", db, "--out", d.path() + "/r/x", "--claims", claims},
           {"inspect", db, "--run", "base/lm/seed=0", "--text", "the route"},
+          {"merge", d.path() + "/merged.db", db},
+          {"show", d.path() + "/theirs"},
           run_args(d, db),
       };
       for (const auto& args : commands) {
@@ -134,6 +136,7 @@ TEST_CASE("store: every command refuses a database that is not a store and leave
       CHECK_THROWS_WITH(engine::Store(db, engine::StoreAccess::ReadOnly), not_a_store(db));
       CHECK(snapshot(db) == before);
       CHECK_FALSE(boost::filesystem::exists(db + ".checkpoints"));
+      CHECK_FALSE(boost::filesystem::exists(d.path() + "/merged.db"));
     }
   }
 }

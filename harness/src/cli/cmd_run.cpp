@@ -7,6 +7,7 @@
 
 #include "chiar/registry.h"
 
+#include "engine/merge.h"
 #include "engine/runner.h"
 #include "engine/task_config.h"
 #include "report/claims.h"
@@ -88,23 +89,35 @@ int run_run(const Global& g, const RunArgs& a) {
   o.dry_run = a.dry_run;
   o.threads = g.threads;
   o.gemm = g.gemm;
+  o.sole_writer = a.sole_writer;
   return engine::run_matrix(matrix, registry, o);
 }
 
+// The report's default name: the store's, or the folder's for a folder of
+// shards; "merged" for several paths.
+std::string default_report_name(const std::vector<std::string>& paths) {
+  if (paths.size() != 1) return "merged";
+  const boost::filesystem::path p = boost::filesystem::path(paths[0]).lexically_normal();
+  const std::string stem = (p.filename() == "." ? p.parent_path() : p).stem().string();
+  return stem.empty() ? "merged" : stem;
+}
+
 int run_report(const Global& g, const ReportArgs& a) {
-  std::string out = a.out;
-  if (out.empty()) out = "reports/" + boost::filesystem::path(a.db).stem().string();
+  const std::string out = a.out.empty() ? "reports/" + default_report_name(a.dbs) : a.out;
+  const engine::StoreView view(a.dbs);
   PluginRegistry registry;  // operators' names, colours and roles
   registry.load_default(g.plugin_dirs);
-  const auto files = report::write_report(a.db, out, a.baseline,
-                                          a.claims.empty() ? report::default_claims_file() : a.claims, registry);
+  const auto files = report::write_report(view.db(), out, a.baseline,
+                                          a.claims.empty() ? report::default_claims_file() : a.claims, registry,
+                                          view.label());
   std::cout << "wrote " << files.markdown << ", " << files.html << " and " << files.images.size() << " charts\n";
   return 0;
 }
 
 int run_show(const Global&, const ShowArgs& a) {
+  const engine::StoreView view(a.dbs);
   const auto columns = engine::result_columns();
-  const auto rows = engine::read_results(a.db);
+  const auto rows = engine::read_results(view.db());
   std::vector<size_t> width(columns.size());
   for (size_t c = 0; c < columns.size(); ++c) {
     width[c] = columns[c].size();
@@ -124,8 +137,9 @@ int run_show(const Global&, const ShowArgs& a) {
 
 int run_export(const Global&, const ShowArgs& a) {
   if (a.csv == a.json) throw UserError("export: give exactly one of --csv and --json");
+  const engine::StoreView view(a.dbs);
   const auto columns = engine::result_columns();
-  const auto rows = engine::read_results(a.db);
+  const auto rows = engine::read_results(view.db());
   std::ofstream file;
   if (!a.out.empty()) {
     file.open(a.out);

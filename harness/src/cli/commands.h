@@ -66,18 +66,40 @@ struct RunArgs {
   std::string config, db, only, shard, data_root, cache_dir;
   std::vector<std::string> set;
   bool dry_run = false;
+  bool sole_writer = false;  // no other process writes the store (RunnerOptions::sole_writer)
 };
 int run_run(const Global& g, const RunArgs& a);
 
+// A matrix as a Slurm job array (engine/slurm_script.h).
+struct SlurmArgs {
+  std::string config, dir, chiar, only, data_root, cache_dir;
+  std::vector<std::string> set;
+  int tasks = 0, cpus_per_task = 0, gpus_per_task = 0;
+  std::string partition, time, mem, account;
+  std::vector<std::string> extra;
+  bool submit = false;
+};
+int run_slurm(const Global& g, const SlurmArgs& a);
+
+struct MergeArgs {
+  std::string out;
+  std::vector<std::string> inputs;  // stores, or folders of them
+};
+int run_merge(const Global& g, const MergeArgs& a);
+
+// show, export and report read one store, several, or folders of them
+// (several are merged into a temporary store first: engine/merge.h).
 struct ShowArgs {
-  std::string db, out;
+  std::vector<std::string> dbs;
+  std::string out;
   bool csv = false, json = false;
 };
 int run_show(const Global& g, const ShowArgs& a);
 int run_export(const Global& g, const ShowArgs& a);
 
 struct ReportArgs {
-  std::string db, out, baseline = "baseline";
+  std::vector<std::string> dbs;
+  std::string out, baseline = "baseline";
   std::string claims;  // empty: report::default_claims_file()
 };
 int run_report(const Global& g, const ReportArgs& a);

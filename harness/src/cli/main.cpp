@@ -22,6 +22,8 @@ struct Args {
   ListOpsArgs l;
   SotuArgs so;
   RunArgs r;
+  SlurmArgs sl;
+  MergeArgs mg;
   ShowArgs sh, ex;
   ReportArgs rep;
   InspectArgs ins;
@@ -33,7 +35,7 @@ struct Args {
 struct Commands {
   CLI::App *info = nullptr, *plugins = nullptr, *options = nullptr, *entropy = nullptr, *model = nullptr;
   CLI::App *stats = nullptr, *listops = nullptr, *sotu = nullptr;
-  CLI::App *run = nullptr, *show = nullptr, *exp = nullptr, *report = nullptr, *inspect = nullptr;
+  CLI::App *run = nullptr, *slurm = nullptr, *merge = nullptr, *show = nullptr, *exp = nullptr, *report = nullptr, *inspect = nullptr;
   CLI::App *bench = nullptr, *newp = nullptr;
 };
 
@@ -120,23 +122,54 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
   run->add_flag("--dry-run", r.dry_run, "print the runs, their hashes and what would be skipped");
   run->add_option("--data-root", r.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
   run->add_option("--cache-dir", r.cache_dir, "folder for trained tokenisers and extracted archives");
+  run->add_flag("--sole-writer", r.sole_writer,
+                "no other process writes the store: resume a run left 'running' at once (Slurm array tasks)");
+}
+
+// Scale-out: a matrix as a Slurm job array, and its shard stores merged.
+void add_scale_out_commands(CLI::App& app, Args& a, Commands& c) {
+  SlurmArgs& s = a.sl;
+  s.data_root = a.d.data_root;
+  s.cache_dir = a.d.cache_dir;
+  auto* slurm = c.slurm = app.add_subcommand("slurm", "write (and --submit) an sbatch job array running a matrix in shards");
+  slurm->add_option("config", s.config, "matrix TOML file")->required();
+  slurm->add_option("--tasks", s.tasks, "array tasks: task i runs shard i/N into DIR/shard-i.db")->required();
+  slurm->add_option("--dir", s.dir, "shard stores, logs and the script (default results/<matrix>)");
+  slurm->add_option("--partition", s.partition, "#SBATCH --partition");
+  slurm->add_option("--time", s.time, "#SBATCH --time per task (SIGTERM 2 minutes before: checkpoint, resumable)");
+  slurm->add_option("--cpus-per-task", s.cpus_per_task, "#SBATCH --cpus-per-task, and each run's threads");
+  slurm->add_option("--gpus-per-task", s.gpus_per_task, "#SBATCH --gpus-per-task");
+  slurm->add_option("--mem", s.mem, "#SBATCH --mem, e.g. 16G");
+  slurm->add_option("--account", s.account, "#SBATCH --account");
+  slurm->add_option("--extra", s.extra, "a further '#SBATCH ...' line (repeatable)");
+  slurm->add_option("--set", s.set, "override passed to every task's chiar run (repeatable)");
+  slurm->add_option("--only", s.only, "only runs whose name matches this glob");
+  slurm->add_option("--chiar", s.chiar, "the chiar binary the tasks run (default: this one)");
+  slurm->add_option("--data-root", s.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
+  slurm->add_option("--cache-dir", s.cache_dir, "folder for trained tokenisers and extracted archives");
+  slurm->add_flag("--submit", s.submit, "submit it with sbatch and print the job id");
+
+  MergeArgs& m = a.mg;
+  auto* merge = c.merge = app.add_subcommand("merge", "copy every run of several stores (or folders of shards) into one");
+  merge->add_option("out", m.out, "the store to merge into (created when missing)")->required();
+  merge->add_option("inputs", m.inputs, "stores, or folders of *.db stores")->required();
 }
 
 // show, export and report: the results of a database.
 void add_result_commands(CLI::App& app, Args& a, Commands& c) {
   ShowArgs& sh = a.sh;
   auto* show = c.show = app.add_subcommand("show", "print the results table of a database");
-  show->add_option("db", sh.db, "results database")->required();
+  show->add_option("db", sh.dbs, "results database(s), or folders of shard stores")->required();
   ShowArgs& ex = a.ex;
   auto* exp = c.exp = app.add_subcommand("export", "write the results as CSV or JSON");
-  exp->add_option("db", ex.db, "results database")->required();
+  exp->add_option("db", ex.dbs, "results database(s), or folders of shard stores")->required();
   exp->add_flag("--csv", ex.csv, "CSV");
   exp->add_flag("--json", ex.json, "JSON");
   exp->add_option("--out", ex.out, "output file (default: standard output)");
 
   ReportArgs& rep = a.rep;
   auto* report = c.report = app.add_subcommand("report", "write a Markdown and a self-contained HTML report with charts");
-  report->add_option("db", rep.db, "results database")->required();
+  report->add_option("db", rep.dbs, "results database(s), or folders of shard stores")->required();
   report->add_option("--out", rep.out, "output path without extension (default reports/<db name>)");
   report->add_option("--baseline", rep.baseline, "the variant reductions and speed-ups compare with");
   report->add_option("--claims", rep.claims, "the paper's claims to check (default configs/claims.toml)");
@@ -208,6 +241,8 @@ int dispatch(Args& a, const Commands& c) {
   }
   if (*c.sotu) return run_data_sotu(g, a.so);
   if (*c.run) return run_run(g, a.r);
+  if (*c.slurm) return run_slurm(g, a.sl);
+  if (*c.merge) return run_merge(g, a.mg);
   if (*c.show) return run_show(g, a.sh);
   if (*c.exp) return run_export(g, a.ex);
   if (*c.report) return run_report(g, a.rep);
@@ -235,6 +270,7 @@ int main(int argc, char** argv) {
   add_model_command(app, a, c);
   add_data_commands(app, a, c);
   add_run_command(app, a, c);
+  add_scale_out_commands(app, a, c);
   add_result_commands(app, a, c);
   add_inspect_command(app, a, c);
   add_bench_command(app, a, c);

@@ -134,6 +134,7 @@ struct Session {
   Provenance prov;          // threads and allocator set per run
   int runtime_threads;      // what the runtime uses when a run sets none
   int threads;              // RunnerOptions::threads
+  bool sole_writer;         // RunnerOptions::sole_writer
   std::string checkpoints;  // <db>.checkpoints
   bool tty;
   size_t total;             // runs in the matrix
@@ -265,7 +266,7 @@ RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag,
 RunEnd claim_and_train(Session& s, const RunSpec& run, int64_t index) {
   const RunSpec spec = prepare_run(s, run);
   bool resumed = false;
-  const ClaimOutcome claim = s.store.claim(spec, s.prov, &resumed);
+  const ClaimOutcome claim = s.store.claim(spec, s.prov, &resumed, s.sole_writer);
   const std::string tag = "[" + std::to_string(index) + "/" + std::to_string(s.total) + "] " + spec.name();
   if (claim != ClaimOutcome::Claimed) {
     std::cout << tag << ": " << (claim == ClaimOutcome::Done ? "finished before, skipped" : "running in another process, skipped") << "\n";
@@ -295,7 +296,7 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   SignalScope signals;
   g_stop.store(false);
   // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
-  Session session{registry, tasks, store, std::move(prov), runtime.threads, options.threads,
+  Session session{registry, tasks, store, std::move(prov), runtime.threads, options.threads, options.sole_writer,
                   boost::filesystem::absolute(db).string() + ".checkpoints", isatty(STDOUT_FILENO) != 0,
                   matrix.runs.size()};
   int64_t index = 0, ran = 0, skipped = 0, failed = 0;

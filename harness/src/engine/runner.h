@@ -14,6 +14,9 @@ struct RunnerOptions {
   bool dry_run = false;   // print the runs and what would be skipped; run nothing
   int threads = 0;        // overrides train.threads when > 0
   std::string gemm = "auto";  // the library behind the model's products (configure_gemm)
+  // No other process writes the store (each Slurm array task has its own):
+  // a run left 'running' is resumed at once, not after its heartbeat ages.
+  bool sole_writer = false;
 };
 
 // Runs every run of the matrix that is not finished. Returns the exit status:

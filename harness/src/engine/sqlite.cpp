@@ -115,6 +115,10 @@ Statement& Statement::bind_null(int i) {
   sqlite3_bind_null(stmt_, i);
   return *this;
 }
+Statement& Statement::bind_column(int i, const Statement& from, int col) {
+  sqlite3_bind_value(stmt_, i, sqlite3_column_value(from.stmt_, col));
+  return *this;
+}
 
 bool Statement::step() {
   const int rc = sqlite3_step(stmt_);

@@ -26,6 +26,9 @@ class Statement {
   Statement& bind(int i, double v);
   Statement& bind(int i, const std::string& v);
   Statement& bind_null(int i);
+  // Parameter i takes column col of another statement's current row, of
+  // whatever type it holds (a row copied between databases unchanged).
+  Statement& bind_column(int i, const Statement& from, int col);
   bool step();  // true while a row is available
   void run();   // step to completion
   void reset();

@@ -296,7 +296,7 @@ void Store::register_runs(const std::vector<RunSpec>& runs) {
   });
 }
 
-ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed) {
+ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed, bool sole_writer) {
   ClaimOutcome result = ClaimOutcome::Busy;
   db_.transaction([&] {
     auto q = db_.prepare("SELECT status, host, pid, heartbeat, started_at FROM runs WHERE hash = ?");
@@ -307,7 +307,7 @@ ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed
       result = ClaimOutcome::Done;
       return;
     }
-    if (status == RunStatus::Running && !is_dead(q.text(1), q.integer(2), q.real(3))) {
+    if (status == RunStatus::Running && !sole_writer && !is_dead(q.text(1), q.integer(2), q.real(3))) {
       result = ClaimOutcome::Busy;
       return;
     }

@@ -91,8 +91,12 @@ class Store {
 
   // Adds a pending row for every spec not yet in the database.
   void register_runs(const std::vector<RunSpec>& runs);
-  // Claims a run; `resumed` tells whether it had started before.
-  ClaimOutcome claim(const RunSpec& run, const Provenance& p, bool* resumed = nullptr);
+  // Claims a run; `resumed` tells whether it had started before. A run
+  // marked running is left to its process while that lives (same host: the
+  // pid; another host: a heartbeat within 10 minutes); with sole_writer the
+  // caller vouches that no other process writes this store, so such a run's
+  // process is gone (a Slurm array task requeued, perhaps on another node).
+  ClaimOutcome claim(const RunSpec& run, const Provenance& p, bool* resumed = nullptr, bool sole_writer = false);
   void heartbeat(const std::string& hash, int64_t step);
   // status: Done, Failed, Diverged or Interrupted.
   void finish(const std::string& hash, RunStatus status, const std::string& error,

@@ -263,7 +263,8 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
 }
 
 ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,
-                         const std::string& claims_file, const PluginRegistry& registry) {
+                         const std::string& claims_file, const PluginRegistry& registry,
+                         const std::string& source) {
   const auto claim_specs = load_claims(claims_file);
   const Summary s = summarize(db, OperatorCatalog(registry));
   const boost::filesystem::path base(out);
@@ -275,7 +276,7 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   const auto claims = evaluate_claims(claim_specs, s, baseline);
 
   Pages pages;
-  write_intro(pages, "Results: " + s.provenance.matrices, db, baseline);
+  write_intro(pages, "Results: " + s.provenance.matrices, source.empty() ? db : source, baseline);
   for (const auto& [task, table] : tables) {
     write_table(pages, s, task, table);
     write_task_charts(pages, charts, dir, task);

@@ -23,8 +23,10 @@ struct ReportFiles {
 
 // Writes <out>.md (images beside it) and <out>.html (self-contained: the
 // charts inlined, no network fetches) from the store, the claims file
-// (claims.h) and the registry's operator traits.
+// (claims.h) and the registry's operator traits. source names the stores
+// in the report's opening line (default: db).
 ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,
-                         const std::string& claims_file, const PluginRegistry& registry);
+                         const std::string& claims_file, const PluginRegistry& registry,
+                         const std::string& source = "");
 
 }  // namespace chiar::report

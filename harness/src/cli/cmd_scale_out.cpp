@@ -1,0 +1,119 @@
+// chiar slurm (a matrix as a Slurm job array) and chiar merge (its shard
+// stores combined into one).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include <boost/filesystem.hpp>
+
+#include "chiar/error.h"
+#include "engine/durable_file.h"
+#include "engine/matrix.h"
+#include "engine/merge.h"
+#include "engine/slurm_script.h"
+#include "commands.h"
+
+namespace chiar::cli {
+namespace {
+namespace fs = boost::filesystem;
+
+std::string absolute(const std::string& path) { return fs::absolute(path).lexically_normal().string(); }
+
+// This process's binary: every array task runs the chiar that wrote the script.
+std::string own_binary() {
+  std::array<char, 4096> buf{};
+  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) throw EnvironmentError("/proc/self/exe: cannot find the chiar binary; give --chiar PATH");
+  return std::string(buf.data(), static_cast<size_t>(n));
+}
+
+// Runs `sbatch --parsable script` and returns the job id it prints.
+std::string submit(const std::string& script) {
+  const std::string command = "sbatch --parsable '" + script + "' 2>&1";
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) throw EnvironmentError("sbatch: cannot start it: " + std::string(std::strerror(errno)));
+  std::string output;
+  std::array<char, 512> buf{};
+  while (fgets(buf.data(), buf.size(), p)) output += buf.data();
+  const int status = pclose(p);
+  while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  if (code == 127) throw EnvironmentError("sbatch: not found on PATH (is this a Slurm submit host?); the script is " + script);
+  if (code != 0) {
+    // Slurm unreachable is the environment; anything else sbatch refused is the request.
+    const bool unreachable = output.find("Unable to contact") != std::string::npos ||
+                             output.find("Socket timed out") != std::string::npos ||
+                             output.find("Connection refused") != std::string::npos;
+    const std::string message = script + ": sbatch refused the job: " + output;
+    if (unreachable) throw EnvironmentError(message);
+    throw UserError(message);
+  }
+  // --parsable prints "<job id>[;<cluster>]".
+  return output.substr(0, output.find(';'));
+}
+
+}  // namespace
+
+int run_slurm(const Global&, const SlurmArgs& a) {
+  engine::MatrixOptions m;
+  m.set = a.set;
+  m.only = a.only;
+  const engine::Matrix matrix = engine::load_matrix(a.config, m);
+  const int runs = static_cast<int>(matrix.runs.size());
+  if (a.tasks > runs)
+    throw UserError("--tasks " + std::to_string(a.tasks) + ": the matrix has " + std::to_string(runs) +
+                    " runs; more array tasks than runs would leave some with nothing to do");
+
+  engine::SlurmJob job;
+  job.name = matrix.name;
+  job.chiar = a.chiar.empty() ? own_binary() : absolute(a.chiar);
+  job.matrix = absolute(a.config);
+  job.dir = absolute(a.dir.empty() ? "results/" + matrix.name : a.dir);
+  job.workdir = absolute(".");
+  job.data_root = absolute(a.data_root);
+  job.cache_dir = absolute(a.cache_dir);
+  job.set = a.set;
+  job.only = a.only;
+  job.options.tasks = a.tasks;
+  job.options.partition = a.partition;
+  job.options.time = a.time;
+  job.options.mem = a.mem;
+  job.options.account = a.account;
+  job.options.cpus_per_task = a.cpus_per_task;
+  job.options.gpus_per_task = a.gpus_per_task;
+  job.options.extra = a.extra;
+  const std::string script_text = engine::sbatch_script(job);
+
+  // Slurm opens each task's log before the task runs: the folder must exist.
+  boost::system::error_code ec;
+  fs::create_directories(job.dir + "/logs", ec);
+  if (ec) throw EnvironmentError(job.dir + "/logs: cannot create the folder: " + ec.message());
+  const std::string script = job.dir + "/slurm.sbatch";
+  engine::write_file_durably(script, script_text);
+  if (!a.submit) {
+    std::cout << script_text;
+    std::cerr << "wrote " << script << " (" << a.tasks << " array tasks over " << runs
+              << " runs); submit it with sbatch, or again with --submit\n";
+    return 0;
+  }
+  const std::string id = submit(script);
+  std::cout << "submitted job " << id << ": " << a.tasks << " tasks, script " << script << "\n"
+            << "logs " << job.dir << "/logs/" << id << "_<task>.out; when it ends: chiar merge " << job.dir
+            << "/merged.db " << job.dir << "\n";
+  return 0;
+}
+
+int run_merge(const Global&, const MergeArgs& a) {
+  const std::vector<std::string> inputs = engine::expand_store_paths(a.inputs);
+  const engine::MergeResult r = engine::merge_stores(a.out, inputs);
+  std::cout << "merged " << r.inputs << (r.inputs == 1 ? " store" : " stores") << " into " << a.out << ": "
+            << r.added << " runs added, " << r.updated << " updated, " << r.unchanged << " unchanged\n";
+  return 0;
+}
+
+}  // namespace chiar::cli

@@ -1,0 +1,91 @@
+#include "slurm_script.h"
+
+#include <regex>
+#include <sstream>
+
+#include "chiar/error.h"
+
+namespace chiar::engine {
+namespace {
+
+// 'text' for the shell, with any ' inside closed, escaped and reopened.
+std::string quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+void check(const std::string& option, const std::string& value, const std::regex& form, const std::string& expected) {
+  if (!value.empty() && !std::regex_match(value, form))
+    throw UserError(option + ": expected " + expected + ", found '" + value + "'");
+}
+
+void check_options(const SlurmOptions& o) {
+  if (o.tasks < 1) throw UserError("--tasks: expected a number of array tasks >= 1, found " + std::to_string(o.tasks));
+  // Slurm's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+  check("--time", o.time, std::regex(R"((\d+-\d+(:\d+){0,2})|(\d+(:\d+){0,2}))"),
+        "minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]");
+  check("--mem", o.mem, std::regex(R"(\d+[KMGT]?)"), "a size such as 4000, 16G or 512M");
+  const std::regex names(R"([A-Za-z0-9_.,+-]+)");
+  check("--partition", o.partition, names, "partition names (letters, digits, '_', '-', '.', ',')");
+  check("--account", o.account, names, "an account name (letters, digits, '_', '-', '.')");
+  if (o.cpus_per_task < 0) throw UserError("--cpus-per-task: expected >= 0, found " + std::to_string(o.cpus_per_task));
+  if (o.gpus_per_task < 0) throw UserError("--gpus-per-task: expected >= 0, found " + std::to_string(o.gpus_per_task));
+  for (const auto& line : o.extra)
+    if (line.rfind("#SBATCH ", 0) != 0 || line.find('\n') != std::string::npos)
+      throw UserError("--extra: expected one line starting with '#SBATCH ', found '" + line + "'");
+}
+
+}  // namespace
+
+std::string sbatch_script(const SlurmJob& job) {
+  const SlurmOptions& o = job.options;
+  check_options(o);
+  const std::string n = std::to_string(o.tasks);
+  std::ostringstream s;
+  s << "#!/bin/bash\n"
+    << "# Written by `chiar slurm`: matrix '" << job.name << "' as a job array of " << n << " tasks.\n"
+    << "# Task i runs a deterministic 1/" << n << " of the matrix (--shard i/" << n << ") into its own store,\n"
+    << "# shard-i.db beside this script. Once the tasks end, combine the shards:\n"
+    << "#   chiar merge " << quoted(job.dir + "/merged.db") << " " << quoted(job.dir) << "\n"
+    << "# A preempted, requeued or resubmitted task resumes its runs from their checkpoints\n"
+    << "# (--sole-writer: no other process writes its store). Submit with sbatch, or `chiar slurm --submit`.\n"
+    << "#SBATCH --job-name=" << quoted("chiar-" + job.name) << "\n"
+    << "#SBATCH --array=1-" << n << "\n"
+    << "#SBATCH --output=" << quoted(job.dir + "/logs/%A_%a.out") << "\n"
+    << "#SBATCH --chdir=" << quoted(job.workdir) << "\n"
+    << "#SBATCH --ntasks=1\n"
+    << "#SBATCH --requeue\n"
+    << "#SBATCH --open-mode=append\n";
+  if (!o.partition.empty()) s << "#SBATCH --partition=" << o.partition << "\n";
+  if (!o.account.empty()) s << "#SBATCH --account=" << o.account << "\n";
+  if (!o.time.empty()) {
+    s << "#SBATCH --time=" << o.time << "\n";
+    // SIGTERM two minutes before the limit: the running run checkpoints and
+    // is recorded interrupted, so a resubmission resumes it.
+    s << "#SBATCH --signal=B:TERM@120\n";
+  }
+  if (o.cpus_per_task > 0) s << "#SBATCH --cpus-per-task=" << o.cpus_per_task << "\n";
+  if (o.gpus_per_task > 0) s << "#SBATCH --gpus-per-task=" << o.gpus_per_task << "\n";
+  if (!o.mem.empty()) s << "#SBATCH --mem=" << o.mem << "\n";
+  for (const auto& line : o.extra) s << line << "\n";
+  s << "\nset -euo pipefail\n"
+    << "shard=\"${SLURM_ARRAY_TASK_ID:?run this script with sbatch (a job array)}\"\n"
+    << "echo \"chiar-" << job.name << ": array task ${shard}/" << n
+    << ", job ${SLURM_JOB_ID:-?}, on $(hostname), restart ${SLURM_RESTART_COUNT:-0}\"\n"
+    // exec: chiar is the batch step's process, so the SIGTERM of scancel,
+    // preemption or the time limit reaches it directly.
+    << "exec " << quoted(job.chiar) << " run " << quoted(job.matrix) << " \\\n"
+    << "  --shard \"${shard}/" << n << "\" \\\n"
+    << "  --db " << quoted(job.dir) << "/shard-\"${shard}\".db \\\n"
+    << "  --sole-writer \\\n"
+    << "  --data-root " << quoted(job.data_root) << " \\\n"
+    << "  --cache-dir " << quoted(job.cache_dir);
+  if (o.cpus_per_task > 0) s << " \\\n  --threads " << o.cpus_per_task;
+  if (!job.only.empty()) s << " \\\n  --only " << quoted(job.only);
+  for (const auto& kv : job.set) s << " \\\n  --set " << quoted(kv);
+  s << "\n";
+  return s.str();
+}
+
+}  // namespace chiar::engine
