@@ -1,4 +1,8 @@
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <thread>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -7,6 +11,8 @@
 
 #include "chiar/registry.h"
 
+#include "engine/data_parallel.h"
+#include "engine/distributed.h"
 #include "engine/merge.h"
 #include "engine/runner.h"
 #include "engine/task_config.h"
@@ -61,6 +67,41 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// `chiar run ... --nproc N`: the same command line, less --nproc, as N
+// ranks on this machine (engine/distributed.h). Without --threads each rank
+// gets an equal share of the cores.
+int launch_ranks(const Global& g, const RunArgs& a) {
+  if (engine::world_from_environment().distributed())
+    throw UserError("--nproc " + std::to_string(a.nproc) +
+                    ": this process is already one rank of a launched world (RANK/WORLD_SIZE or Slurm's "
+                    "SLURM_PROCID/SLURM_NTASKS are set); use one launcher, not both");
+  std::array<char, 4096> self{};
+  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (n <= 0) throw EnvironmentError("/proc/self/exe: cannot find the chiar binary to start the ranks");
+  std::vector<std::string> argv{std::string(self.data(), static_cast<size_t>(n))};
+  for (size_t i = 1; i < g.argv.size(); ++i) {
+    const std::string& arg = g.argv[i];
+    if (arg == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (arg.rfind("--nproc=", 0) == 0) continue;
+    argv.push_back(arg);
+  }
+  if (g.threads == 0) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    argv.push_back("--threads");
+    argv.push_back(std::to_string(std::max(1u, cores / static_cast<unsigned>(a.nproc))));
+  }
+  const engine::LaunchResult r = engine::launch_local_ranks(a.nproc, argv);
+  if (r.exit_status == 0) return 0;
+  std::cerr << "chiar: " << r.message << "\n";
+  // Interrupted here (SIGINT/SIGTERM forwarded): 130 as for one process. A
+  // rank killed by a signal is the environment failing: 3, rerun to resume.
+  if (r.message.rfind("interrupted", 0) == 0) return 130;
+  return r.message.find(" died ") != std::string::npos ? 3 : r.exit_status;
+}
+
 }  // namespace
 
 int run_run(const Global& g, const RunArgs& a) {
@@ -82,6 +123,16 @@ int run_run(const Global& g, const RunArgs& a) {
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   check_task_options_of(a, matrix, registry);
+  if (a.nproc > 1 && !a.dry_run) {
+    for (const auto& r : matrix.runs) {  // before any rank starts
+      try {
+        engine::check_batch_divides(r.train.batch_size, a.nproc);
+      } catch (const UserError& e) {
+        throw UserError(matrix.where.at("variants." + r.variant) + ": run " + r.name() + ": " + e.what());
+      }
+    }
+    return launch_ranks(g, a);
+  }
   engine::RunnerOptions o;
   o.db = a.db;
   o.data_root = a.data_root;

@@ -74,7 +74,7 @@ int run_slurm(const Global&, const SlurmArgs& a) {
   job.chiar = a.chiar.empty() ? own_binary() : absolute(a.chiar);
   job.matrix = absolute(a.config);
   job.dir = absolute(a.dir.empty() ? "results/" + matrix.name : a.dir);
-  job.workdir = absolute(".");
+  job.workdir = fs::current_path().string();
   job.data_root = absolute(a.data_root);
   job.cache_dir = absolute(a.cache_dir);
   job.set = a.set;

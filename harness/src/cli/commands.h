@@ -10,6 +10,7 @@
 namespace chiar::cli {
 
 struct Global {
+  std::vector<std::string> argv;  // the command line as given (--nproc relaunches it)
   int threads = 0;  // 0 = all cores
   std::string gemm = "auto";  // the library behind the model's products: auto, blas, onednn
   std::vector<std::string> plugin_dirs;
@@ -67,6 +68,7 @@ struct RunArgs {
   std::vector<std::string> set;
   bool dry_run = false;
   bool sole_writer = false;  // no other process writes the store (RunnerOptions::sole_writer)
+  int nproc = 1;  // > 1: data-parallel over this many local processes (engine/distributed.h)
 };
 int run_run(const Global& g, const RunArgs& a);
 

@@ -122,6 +122,8 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
   run->add_flag("--dry-run", r.dry_run, "print the runs, their hashes and what would be skipped");
   run->add_option("--data-root", r.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
   run->add_option("--cache-dir", r.cache_dir, "folder for trained tokenisers and extracted archives");
+  run->add_option("--nproc", r.nproc, "train each run data-parallel over N local processes (c10d, Gloo)")
+      ->check(CLI::PositiveNumber);
   run->add_flag("--sole-writer", r.sole_writer,
                 "no other process writes the store: resume a run left 'running' at once (Slurm array tasks)");
 }
@@ -276,6 +278,7 @@ int main(int argc, char** argv) {
   add_bench_command(app, a, c);
   add_new_plugin_command(app, a, c);
 
+  a.g.argv.assign(argv, argv + argc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -16,8 +16,11 @@
 #include <c10/util/Exception.h>
 
 #include "model/model.h"
+#include "engine/distributed.h"
+#include "engine/data_parallel.h"
 #include "engine/runtime.h"
 #include "chiar/error.h"
+#include "chiar/linear.h"
 #include "trainer.h"
 
 namespace chiar::engine {
@@ -43,6 +46,16 @@ struct SignalScope {
 };
 
 std::string task_key(const TaskConfig& c) { return c.plugin + "|" + c.params.describe(); }
+
+// Rank 0's word to the other ranks of a data-parallel matrix, per run.
+const char* const kTrain = "train";
+const char* const kSkip = "skip";
+const char* const kEnd = "end";  // rank 0 stops here (every run seen, or interrupted)
+
+// A run failed on rank 0 of a process group: the matrix cannot go on.
+struct RankAbort : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 std::string format_eta(double seconds) {
   char buf[32];
@@ -135,6 +148,7 @@ struct Session {
   int runtime_threads;      // what the runtime uses when a run sets none
   int threads;              // RunnerOptions::threads
   bool sole_writer;         // RunnerOptions::sole_writer
+  ProcessGroup* group;      // a data-parallel run's ranks (this is rank 0); null for one process
   std::string checkpoints;  // <db>.checkpoints
   bool tty;
   size_t total;             // runs in the matrix
@@ -183,9 +197,11 @@ void discard_stale_checkpoints(const std::string& run_checkpoints, const std::st
 std::function<void(int64_t, double, double)> progress_printer(const std::string& tag, const TrainOptions& train,
                                                               bool tty) {
   return [tag, steps = train.steps, log_every = train.log_every, tty, t0 = std::chrono::steady_clock::now(),
-          last_print = int64_t{0}](int64_t step, double loss, double tps) mutable {
+          last_print = int64_t{0}, first = int64_t{-1}](int64_t step, double loss, double tps) mutable {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double eta = elapsed / static_cast<double>(step) * static_cast<double>(steps - step);
+    // A resumed run's pace counts from the step this process began at.
+    if (first < 0) first = step - 1;
+    const double eta = elapsed / static_cast<double>(step - first) * static_cast<double>(steps - step);
     std::ostringstream line;
     line << tag << "  step " << step << "/" << steps << "  loss " << std::fixed << std::setprecision(4) << loss
          << "  " << std::setprecision(0) << tps << " tok/s  ETA " << format_eta(eta);
@@ -239,8 +255,8 @@ void mark_interrupted_by_environment(Store& store, const RunSpec& spec, const En
 // a failing environment, which is recorded as interrupted and rethrown for
 // the CLI to report (exit status 3).
 RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag, const std::string& run_checkpoints) {
-  TrainContext ctx{s.registry, s.task_of(spec), s.store, run_checkpoints, &g_stop,
-                   progress_printer(tag, spec.train, s.tty), tag};
+  TrainContext ctx{s.registry, s.task_of(spec), &s.store, run_checkpoints, &g_stop,
+                   progress_printer(tag, spec.train, s.tty), tag, s.group};
   TrainResult result;
   try {
     result = train_run(spec, ctx);
@@ -255,6 +271,10 @@ RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag,
     if (s.tty) std::cout << "\n";
     std::cout << tag << ": failed: " << message << "\n";
     s.store.finish(spec.hash, RunStatus::Failed, message, -1, {});
+    // The other ranks may still be inside this run's collectives: the
+    // group cannot go on to the next run in step, so the matrix stops here
+    // (rerunning skips the failed run).
+    if (s.group) throw RankAbort(tag + ": failed on rank 0; the process group stops (rerun to go on)");
     return RunEnd::Failed;
   }
   if (s.tty) std::cout << "\n";
@@ -268,6 +288,8 @@ RunEnd claim_and_train(Session& s, const RunSpec& run, int64_t index) {
   bool resumed = false;
   const ClaimOutcome claim = s.store.claim(spec, s.prov, &resumed, s.sole_writer);
   const std::string tag = "[" + std::to_string(index) + "/" + std::to_string(s.total) + "] " + spec.name();
+  // The other ranks train exactly the runs rank 0 claims.
+  if (s.group) s.group->broadcast_string(claim == ClaimOutcome::Claimed ? kTrain : kSkip);
   if (claim != ClaimOutcome::Claimed) {
     std::cout << tag << ": " << (claim == ClaimOutcome::Done ? "finished before, skipped" : "running in another process, skipped") << "\n";
     return RunEnd::Skipped;
@@ -278,27 +300,8 @@ RunEnd claim_and_train(Session& s, const RunSpec& run, int64_t index) {
   return train_and_record(s, spec, tag, run_checkpoints);
 }
 
-}  // namespace
-
-int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options) {
-  const std::string db = options.db.empty() ? "results/" + matrix.name + ".db" : options.db;
-  if (options.dry_run) return list_runs(matrix, db);
-  if (all_finished(matrix, db)) return 0;
-  const Tasks tasks = load_tasks_and_check_models(matrix, registry, options);
-
-  boost::filesystem::create_directories(boost::filesystem::absolute(db).parent_path());
-  Store store(db);
-  store.register_runs(matrix.runs);
-  const RuntimeInfo runtime = probe_runtime(options.threads, options.gemm);
-  std::cerr << describe(runtime) << "\n";
-  Provenance prov = provenance_of(runtime);
-
-  SignalScope signals;
-  g_stop.store(false);
-  // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
-  Session session{registry, tasks, store, std::move(prov), runtime.threads, options.threads, options.sole_writer,
-                  boost::filesystem::absolute(db).string() + ".checkpoints", isatty(STDOUT_FILENO) != 0,
-                  matrix.runs.size()};
+// Trains every run this process claims, then prints the tallies.
+int run_claimed(Session& session, const Matrix& matrix, const std::string& db) {
   int64_t index = 0, ran = 0, skipped = 0, failed = 0;
   for (const auto& run : matrix.runs) {
     const RunEnd end = claim_and_train(session, run, ++index);
@@ -318,6 +321,90 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   std::cout << "; results in " << db << "\n";
   // The matrix goes on past a failed run, but scripts and CI must see it.
   return failed > 0 ? 1 : 0;
+}
+
+// The ranks other than 0 of a data-parallel matrix: for each run rank 0
+// claims, the same training over this rank's slices, with no store, no
+// checkpoint and no console output of their own.
+int follow_rank_zero(const Matrix& matrix, const PluginRegistry& registry, const Tasks& tasks,
+                     const RunnerOptions& options, ProcessGroup& group) {
+  // The same library behind the products as rank 0's, so every rank computes alike.
+  configure_threads(options.threads);
+  configure_gemm(group.broadcast_string(""));
+  SignalScope signals;
+  g_stop.store(false);
+  bool ended = false;
+  for (const auto& run : matrix.runs) {
+    const std::string word = group.broadcast_string("");
+    if (word == kEnd) {
+      ended = true;
+      break;
+    }
+    if (word != kTrain) continue;
+    RunSpec spec = run;
+    if (options.threads > 0) spec.train.threads = options.threads;
+    const Task& task = *tasks.at(task_key(spec.task_config));
+    train_run(spec, TrainContext{registry, task, nullptr, "", &g_stop, {}, "", &group});
+  }
+  if (!ended) group.broadcast_string("");  // rank 0's kEnd after the last run
+  group.barrier();
+  return 0;
+}
+
+}  // namespace
+
+int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options) {
+  const std::string db = options.db.empty() ? "results/" + matrix.name + ".db" : options.db;
+  if (options.dry_run) return list_runs(matrix, db);
+  const WorldInfo world = world_from_environment();
+  for (const auto& r : matrix.runs) {
+    try {
+      check_batch_divides(r.train.batch_size, world.world_size);
+    } catch (const UserError& e) {
+      throw UserError(matrix.where.at("variants." + r.variant) + ": run " + r.name() + ": " + e.what());
+    }
+  }
+  // Rank 0 goes through every run even when all finished before: the other
+  // ranks wait for its word on each.
+  if (!world.distributed() && all_finished(matrix, db)) return 0;
+  const Tasks tasks = load_tasks_and_check_models(matrix, registry, options);
+  std::unique_ptr<ProcessGroup> group;
+  if (world.distributed()) {
+    ProcessGroupOptions po;
+    // Rank 0 validates, checkpoints and scores test splits while the others
+    // wait in their next collective: the limit covers that. A rank that dies
+    // closes its connections and is noticed at once.
+    po.timeout = std::chrono::minutes(30);
+    group = std::make_unique<ProcessGroup>(world, po);
+    if (group->rank() != 0) return follow_rank_zero(matrix, registry, tasks, options, *group);
+  }
+
+  boost::filesystem::create_directories(boost::filesystem::absolute(db).parent_path());
+  Store store(db);
+  store.register_runs(matrix.runs);
+  const RuntimeInfo runtime = probe_runtime(options.threads, options.gemm);
+  std::cerr << describe(runtime) << "\n";
+  if (group) group->broadcast_string(chiar::gemm_backend() == chiar::GemmBackend::Blas ? "blas" : "onednn");
+  Provenance prov = provenance_of(runtime);
+  prov.processes = world.world_size;
+
+  SignalScope signals;
+  g_stop.store(false);
+  // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
+  Session session{registry, tasks, store, std::move(prov), runtime.threads, options.threads, options.sole_writer,
+                  group.get(), boost::filesystem::absolute(db).string() + ".checkpoints",
+                  isatty(STDOUT_FILENO) != 0, matrix.runs.size()};
+  try {
+    const int status = run_claimed(session, matrix, db);
+    if (group) {
+      group->broadcast_string(kEnd);
+      group->barrier();
+    }
+    return status;
+  } catch (const RankAbort& e) {
+    std::cerr << "chiar: " << e.what() << "\n";
+    return 1;
+  }
 }
 
 std::vector<std::string> result_columns() {

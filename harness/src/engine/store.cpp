@@ -231,18 +231,25 @@ void Store::migrate() {
     // 4: which library ran the model's products (gemm_gflops is that library's rate).
     if (version < 4) db_.exec("ALTER TABLE runs ADD COLUMN gemm TEXT");
     // 5: the checkpoint files of each run, recorded after they are in place.
-    if (version < 5) {
-      db_.exec(kCheckpointsTable);
-      // and the task family of each run (metadata that claims match). A
-      // store of schema 5 made before the column existed has the table only.
-      auto has = db_.prepare("SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name = 'task_family'");
-      if (has.step() && has.integer(0) == 0) db_.exec("ALTER TABLE runs ADD COLUMN task_family TEXT");
-    }
+    if (version < 5) db_.exec(kCheckpointsTable);
+    // and the task family of each run (metadata that claims match); a store
+    // of schema 5 made before the column existed has the table only.
+    if (version < 6) add_column_if_missing("task_family TEXT");
+    // 6: how many data-parallel processes trained each run.
+    if (version < 6) add_column_if_missing("processes INTEGER");
     if (!c.marked) db_.exec("PRAGMA application_id = " + std::to_string(kApplicationId));
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
         .run();
   });
+}
+
+// Adds a column to runs unless it is there ("name TYPE").
+void Store::add_column_if_missing(const std::string& column) {
+  const std::string name = column.substr(0, column.find(' '));
+  auto has = db_.prepare("SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name = ?");
+  has.bind(1, name);
+  if (has.step() && has.integer(0) == 0) db_.exec("ALTER TABLE runs ADD COLUMN " + column);
 }
 
 bool Store::integrity_ok() {
@@ -316,11 +323,11 @@ ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed
            "UPDATE runs SET status = 'running', error = NULL, host = ?, pid = ?, heartbeat = ?, "
            "started_at = COALESCE(started_at, ?), git_commit = ?, git_dirty = ?, torch_version = ?, "
            "blas = ?, gemm_gflops = ?, threads = ?, device = ?, cpu = ?, build_type = ?, allocator = ?, "
-           "gemm = ? WHERE hash = ?")
+           "gemm = ?, processes = ? WHERE hash = ?")
         .bind(1, p.host).bind(2, p.pid).bind(3, now_seconds()).bind(4, now_iso()).bind(5, p.git_commit)
         .bind(6, int64_t{p.git_dirty}).bind(7, p.torch_version).bind(8, p.blas).bind(9, p.gemm_gflops)
         .bind(10, int64_t{p.threads}).bind(11, p.device).bind(12, p.cpu).bind(13, p.build_type)
-        .bind(14, p.allocator).bind(15, p.gemm).bind(16, run.hash)
+        .bind(14, p.allocator).bind(15, p.gemm).bind(16, int64_t{p.processes}).bind(17, run.hash)
         .run();
     result = ClaimOutcome::Claimed;
   });

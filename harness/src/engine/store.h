@@ -22,7 +22,7 @@
 
 namespace chiar::engine {
 
-constexpr int kSchemaVersion = 5;
+constexpr int kSchemaVersion = 6;
 // PRAGMA application_id of a chiar store: "chia" in ASCII.
 constexpr int32_t kApplicationId = 0x63686961;
 
@@ -38,6 +38,7 @@ struct Provenance {
   std::string gemm;  // the library behind the model's products, and why (configure_gemm)
   double gemm_gflops = 0;
   int threads = 0;
+  int processes = 1;  // data-parallel ranks training the run (not part of its hash)
   int64_t pid = 0;
 };
 
@@ -128,6 +129,7 @@ class Store {
  private:
   int64_t run_id(const std::string& hash);
   void migrate();
+  void add_column_if_missing(const std::string& column);
   void check_readable();
   static const std::string& admitted(const std::string& file, StoreAccess access);
   Database db_;

@@ -24,6 +24,8 @@
 #include "model/model.h"
 #include "engine/runtime.h"
 #include "accounting.h"
+#include "data_parallel.h"
+#include "distributed.h"
 #include "durable_file.h"
 #include "failpoint.h"
 #include "chiar/adamw.h"
@@ -276,7 +278,9 @@ struct Run {
         bf16(s.train.precision == "bf16"),
         model(c.registry, model_options_for(s, c.task)),
         optimizer(param_groups(model, s.train)),
-        dir(c.checkpoint_dir) {}
+        dir(c.checkpoint_dir),
+        group(c.group),
+        writer(c.store != nullptr) {}
 
   const RunSpec& spec;
   const TrainContext& ctx;
@@ -285,6 +289,8 @@ struct Run {
   ChiarModel model;
   FusedAdamW optimizer;
   const std::string dir;     // the checkpoint folder
+  ProcessGroup* const group; // data-parallel ranks; null for one process
+  const bool writer;         // records the store and checkpoints (rank 0, or the only process)
   int64_t start = 0;         // the first step this process trains
   double best = -INFINITY;   // the best validation score so far
   bool has_best = false;     // whether a best-<step>.pt holds it
@@ -318,7 +324,7 @@ void say(const Run& run, const std::string& line) {
 // missing file because of us. A file left behind has no record and goes at
 // the next start (remove_unrecorded_files).
 void discard(Run& run, const CheckpointRecord& c) {
-  run.ctx.store.forget_checkpoint(run.spec.hash, c.kind, c.step);
+  run.ctx.store->forget_checkpoint(run.spec.hash, c.kind, c.step);
   boost::system::error_code ignored;
   fs::remove(c.file, ignored);
 }
@@ -327,7 +333,7 @@ void discard(Run& run, const CheckpointRecord& c) {
 // run may still need: the newest two, those newer than the oldest kept
 // state, and the one in force at that state.
 void prune_checkpoints(Run& run) {
-  Store& store = run.ctx.store;
+  Store& store = *run.ctx.store;
   const auto states = store.checkpoints(run.spec.hash, kState);
   for (size_t i = kStatesKept; i < states.size(); ++i) discard(run, states[i]);
   const int64_t oldest_kept_state = states.empty() ? 0 : states[std::min(states.size(), kStatesKept) - 1].step;
@@ -346,7 +352,7 @@ void write_checkpoint(Run& run, const char* kind, int64_t step, const std::strin
   const std::string file = checkpoint_path(run.dir, kind, step);
   write_durably(file, bytes);
   failpoint("checkpoint.renamed");
-  run.ctx.store.record_checkpoint(run.spec.hash,
+  run.ctx.store->record_checkpoint(run.spec.hash,
                                   {kind, step, file, static_cast<int64_t>(bytes.size()), crc32_of(bytes)});
   prune_checkpoints(run);
 }
@@ -394,7 +400,7 @@ std::pair<int64_t, std::string> newest_verified(Run& run, const char* kind,
                                                 const std::string& none) {
   std::vector<std::string> corrupt;
   std::pair<int64_t, std::string> found{-1, {}};
-  for (const auto& c : run.ctx.store.checkpoints(run.spec.hash, kind)) {
+  for (const auto& c : run.ctx.store->checkpoints(run.spec.hash, kind)) {
     try {
       found = {c.step, read_verified(c.file, c.bytes, c.checksum)};
       break;
@@ -413,7 +419,7 @@ std::pair<int64_t, std::string> newest_verified(Run& run, const char* kind,
 // carry no checksum); an unreadable one means starting over.
 void adopt_legacy_checkpoints(Run& run) {
   const std::string state_file = run.dir + "/state.pt", best_file = run.dir + "/best.pt";
-  if (!fs::exists(state_file) || !run.ctx.store.checkpoints(run.spec.hash, kState).empty()) return;
+  if (!fs::exists(state_file) || !run.ctx.store->checkpoints(run.spec.hash, kState).empty()) return;
   auto read_file = [](const std::string& file) {
     std::ifstream in(file, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), {});
@@ -448,7 +454,7 @@ void adopt_legacy_checkpoints(Run& run) {
 // than it (and states, when starting over after corrupt ones).
 void forget_checkpoints_after(Run& run, int64_t step) {
   for (const char* kind : {kState, kBest})
-    for (const auto& c : run.ctx.store.checkpoints(run.spec.hash, kind))
+    for (const auto& c : run.ctx.store->checkpoints(run.spec.hash, kind))
       if (c.step > step) discard(run, c);
 }
 
@@ -457,7 +463,7 @@ void forget_checkpoints_after(Run& run, int64_t step) {
 void remove_unrecorded_files(Run& run) {
   std::set<std::string> recorded;
   for (const char* kind : {kState, kBest})
-    for (const auto& c : run.ctx.store.checkpoints(run.spec.hash, kind))
+    for (const auto& c : run.ctx.store->checkpoints(run.spec.hash, kind))
       recorded.insert(fs::path(c.file).filename().string());
   boost::system::error_code ec;
   std::vector<fs::path> unrecorded;
@@ -494,19 +500,17 @@ void restore(Run& run, const std::string& bytes) {
   gen.set_state(rng);
 }
 
-// Finds where the run goes on: the newest state checkpoint that verifies
-// (restored; true), or none (false: it starts over). Records and files from
-// beyond that point, and files without a record, are removed.
-bool resume(Run& run) {
+// Finds where the run goes on: the bytes of the newest state checkpoint
+// that verifies, or "" when none does (it starts over). Records and files
+// from beyond that point, and files without a record, are removed.
+std::string resumable_state(Run& run) {
   adopt_legacy_checkpoints(run);
   const auto state = newest_verified(
       run, kState, [](int64_t step) { return "resuming from step " + std::to_string(step) + " instead"; },
       "starting over");
   forget_checkpoints_after(run, std::max<int64_t>(state.first, 0));
   remove_unrecorded_files(run);
-  if (state.first < 0) return false;
-  restore(run, state.second);
-  return true;
+  return state.first < 0 ? std::string() : state.second;
 }
 
 // Calibrates data-derived router settings on the first training batches.
@@ -549,9 +553,30 @@ struct StepLoss {
   int64_t tokens = 0;  // real tokens trained on
 };
 
-// Forward and backward over the step's micro-batches into fresh gradients.
+// One rank's loss in a data-parallel run: its slice's share of the whole
+// batch's loss, times the number of ranks, so that the mean of the ranks'
+// gradients is the whole batch's gradient. The routers' regularisers are
+// taken over the slice (their mean over ranks stands for the batch's).
+at::Tensor slice_loss_of(const ChiarModel& model, const ModelOutput& out, const Batch& slice, const Batch& whole,
+                         TaskHead head, int ranks) {
+  at::Tensor loss;
+  if (head == TaskHead::LanguageModel) {
+    const double scale = static_cast<double>(ranks) / static_cast<double>(std::max<int64_t>(real_tokens(whole), 1));
+    const at::Tensor weights =  // (B / ranks, T)
+        slice.valid.defined() ? slice.valid.to(at::kFloat) * scale : at::full(slice.targets.sizes(), scale);
+    loss = model.lm_loss(out, slice.targets, weights);
+  } else {
+    loss = at::cross_entropy_loss(out.logits.to(at::kFloat), slice.targets, {}, at::Reduction::Sum) *
+           (static_cast<double>(ranks) / static_cast<double>(whole.targets.size(0)));
+  }
+  return out.aux_loss.defined() ? loss + out.aux_loss : loss;
+}
+
+// Forward and backward over the step's micro-batches into fresh gradients
+// (in a process group: over this rank's slice of each).
 StepLoss accumulate_gradients(Run& run, int64_t step) {
   const TrainOptions& t = run.t;
+  const int ranks = run.group ? run.group->size() : 1;
   run.optimizer.zero_grad();
   StepLoss s;
   for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
@@ -559,13 +584,48 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
     at::Tensor loss;
     {
       Autocast cast(run.bf16);
-      loss = loss_of(run.model, run.model.forward(b.tokens, b.valid, /*logits=*/false), b, run.ctx.task.head());
+      if (ranks == 1) {
+        loss = loss_of(run.model, run.model.forward(b.tokens, b.valid, /*logits=*/false), b, run.ctx.task.head());
+      } else {
+        const Batch slice = slice_of_batch(b, run.group->rank(), ranks);
+        loss = slice_loss_of(run.model, run.model.forward(slice.tokens, slice.valid, /*logits=*/false), slice, b,
+                             run.ctx.task.head(), ranks);
+      }
     }
     (loss / static_cast<double>(t.grad_accum)).backward();
     s.loss += loss.item<double>() / static_cast<double>(t.grad_accum);
-    s.tokens += b.valid.defined() ? b.valid.sum().item<int64_t>() : b.tokens.numel();
+    s.tokens += real_tokens(b);
   }
   return s;
+}
+
+// A data-parallel step's agreement: the ranks' gradients averaged, their
+// losses averaged (the whole batch's loss), and a stop requested on any rank
+// honoured by all at this step. A parameter without a gradient on some rank
+// (a routed operator no token of its slice reached) takes zeros there, so
+// every rank reduces the same tensors; one without a gradient anywhere keeps
+// none, as in a single process. Returns whether to stop.
+bool agree_over_ranks(Run& run, StepLoss& s, bool stop_requested) {
+  std::vector<at::Tensor> params = run.model.parameters();
+  const int64_t n = static_cast<int64_t>(params.size());
+  at::Tensor shared = at::zeros({n + 2}, at::kDouble);  // (loss, stop, has_grad per parameter)
+  auto a = shared.accessor<double, 1>();
+  a[0] = s.loss;
+  a[1] = stop_requested ? 1.0 : 0.0;
+  for (int64_t i = 0; i < n; ++i) a[i + 2] = params[static_cast<size_t>(i)].grad().defined() ? 1.0 : 0.0;
+  std::vector<at::Tensor> agreed{shared};
+  run.group->allreduce_mean(agreed);
+  a = agreed[0].accessor<double, 1>();
+  s.loss = a[0];
+  std::vector<at::Tensor> grads;
+  for (int64_t i = 0; i < n; ++i) {
+    at::Tensor& p = params[static_cast<size_t>(i)];
+    if (a[i + 2] == 0) continue;
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  run.group->allreduce_mean(grads);
+  return a[1] > 0;
 }
 
 bool diverged(const TrainOptions& t, double loss) {
@@ -582,8 +642,8 @@ void report_step(Run& run, int64_t done, double loss, double lr) {
   const TrainOptions& t = run.t;
   if (done % t.log_every == 0 || done == t.steps)
     timed(run.overhead.store, [&] {
-      run.ctx.store.add_train_log(run.spec.hash, done, loss, lr, run.step_tps.back());
-      run.ctx.store.heartbeat(run.spec.hash, done);
+      run.ctx.store->add_train_log(run.spec.hash, done, loss, lr, run.step_tps.back());
+      run.ctx.store->heartbeat(run.spec.hash, done);
     });
   if (run.ctx.progress) timed(run.overhead.progress, [&] { run.ctx.progress(done, loss, run.step_tps.back()); });
 }
@@ -606,8 +666,8 @@ void validate(Run& run, int64_t done) {
   run.overhead.accounting += e.accounting_seconds;
   failpoint("eval.scored");
   timed(run.overhead.store, [&] {
-    run.ctx.store.add_metrics(run.spec.hash, done, "valid", "current", e.metrics);
-    record_accounting(run.ctx.store, run.spec.hash, done, e.accounting);
+    run.ctx.store->add_metrics(run.spec.hash, done, "valid", "current", e.metrics);
+    record_accounting(*run.ctx.store, run.spec.hash, done, e.accounting);
   });
   if (score(e.metrics) > run.best) {
     run.best = score(e.metrics);
@@ -628,11 +688,15 @@ void save_checkpoint(Run& run, int64_t done) {
 // after a checkpoint when a stop is requested.
 void train_steps(Run& run, TrainResult& result) {
   const TrainOptions& t = run.t;
+  auto stop_requested = [&] { return run.ctx.stop && run.ctx.stop->load(); };
   for (int64_t step = run.start; step < t.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = learning_rate(t, step);
     set_learning_rate(run.optimizer, lr);
-    const StepLoss s = accumulate_gradients(run, step);
+    StepLoss s = accumulate_gradients(run, step);
+    // In a process group the loss, and so divergence, and a stop are the
+    // group's: every rank leaves the loop at the same step.
+    const bool group_stops = run.group && agree_over_ranks(run, s, stop_requested());
     if (diverged(t, s.loss)) {
       result.outcome = RunStatus::Diverged;
       result.diverged_step = step + 1;
@@ -646,10 +710,12 @@ void train_steps(Run& run, TrainResult& result) {
     run.step_ms.push_back(seconds * 1e3);
     run.step_tps.push_back(static_cast<double>(s.tokens) / seconds);
     const int64_t done = step + 1;
-    report_step(run, done, s.loss, lr);
-    if (done % t.eval_every == 0 || done == t.steps) validate(run, done);
-    const bool stopping = run.ctx.stop && run.ctx.stop->load();
-    if (done % t.checkpoint_every == 0 || done == t.steps || stopping) save_checkpoint(run, done);
+    if (run.writer) {
+      report_step(run, done, s.loss, lr);
+      if (done % t.eval_every == 0 || done == t.steps) validate(run, done);
+    }
+    const bool stopping = run.group ? group_stops : stop_requested();
+    if (run.writer && (done % t.checkpoint_every == 0 || done == t.steps || stopping)) save_checkpoint(run, done);
     if (stopping && done < t.steps) {
       result.outcome = RunStatus::Interrupted;
       break;
@@ -670,7 +736,7 @@ void summarise_training(const Run& run, RunSummary& summary) {
 void score_test_split(Run& run, RunSummary& summary) {
   const TrainOptions& t = run.t;
   EvalResult last = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16);
-  run.ctx.store.add_metrics(run.spec.hash, t.steps, "test", "last", last.metrics);
+  run.ctx.store->add_metrics(run.spec.hash, t.steps, "test", "last", last.metrics);
   summary.eval_tokens_per_s = last.tokens_per_s;
   if (run.has_best) {
     const auto best = newest_verified(
@@ -683,7 +749,7 @@ void score_test_split(Run& run, RunSummary& summary) {
     }
   }
   EvalResult best_eval = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16);
-  run.ctx.store.add_metrics(run.spec.hash, t.steps, "test", "best", best_eval.metrics);
+  run.ctx.store->add_metrics(run.spec.hash, t.steps, "test", "best", best_eval.metrics);
 }
 
 }  // namespace
@@ -696,20 +762,41 @@ ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
   return o;
 }
 
+// Where training starts: the newest verified state checkpoint, or a fresh
+// model whose routers are calibrated. In a process group rank 0 finds the
+// checkpoint and sends its bytes, so every rank resumes from the same one,
+// and then every rank takes rank 0's parameters and buffers (thresholds).
+void start_or_resume(Run& run, TrainResult& result) {
+  std::string state = run.writer ? resumable_state(run) : std::string();
+  if (run.group) state = run.group->broadcast_string(state);
+  if (!state.empty())
+    restore(run, state);
+  else
+    result.summary.calibration = calibrate_routers(run.model, run.ctx.task, run.spec);
+  if (!run.group) return;
+  std::vector<at::Tensor> tensors = run.model.parameters();
+  for (const auto& b : run.model.buffers()) tensors.push_back(b);
+  at::NoGradGuard no_grad;
+  run.group->broadcast(tensors);
+}
+
 TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   TrainResult result;
   configure_threads(static_cast<int>(spec.train.threads));
+  if (ctx.group) check_batch_divides(spec.train.batch_size, ctx.group->size());
   Run run(spec, ctx);
   result.summary.params = run.model.parameter_count();
-  prepare_checkpoint_dir(spec, ctx.checkpoint_dir);
-  warn_if_short_of_space(ctx.checkpoint_dir, result.summary.params);
-  if (!resume(run)) result.summary.calibration = calibrate_routers(run.model, ctx.task, spec);
+  if (run.writer) {
+    prepare_checkpoint_dir(spec, ctx.checkpoint_dir);
+    warn_if_short_of_space(ctx.checkpoint_dir, result.summary.params);
+  }
+  start_or_resume(run, result);
   run.model.train();
 
   run.started = Clock::now();
   train_steps(run, result);
   summarise_training(run, result.summary);
-  if (result.outcome == RunStatus::Done) score_test_split(run, result.summary);
+  if (result.outcome == RunStatus::Done && run.writer) score_test_split(run, result.summary);
   result.summary.peak_rss_mb = peak_rss_mb();
   return result;
 }

@@ -21,19 +21,31 @@ struct TrainResult {
   RunSummary summary;
 };
 
+class ProcessGroup;
+
 struct TrainContext {
   const PluginRegistry& registry;
   const Task& task;
-  Store& store;
+  // The run's store. Null on the ranks other than 0 of a data-parallel run:
+  // they write no store and no checkpoint (rank 0 does both), and need not
+  // see rank 0's file system.
+  Store* store;
   std::string checkpoint_dir;       // this run's folder: spec.toml, state-<step>.pt, best-<step>.pt
   const std::atomic<bool>* stop;    // set by SIGINT/SIGTERM: checkpoint and return
   std::function<void(int64_t step, double loss, double tokens_per_s)> progress;
   std::string tag;                  // the run's console prefix, for lines about its checkpoints
+  // Data-parallel training (engine/distributed.h): every rank trains a slice
+  // of each global batch, gradients are averaged over the group, rank 0's
+  // checkpoint is the one every rank resumes from. Null: one process.
+  ProcessGroup* group = nullptr;
 };
 
 // train_run throws chiar::EnvironmentError when a checkpoint cannot be
-// written or read (the store's own I/O errors arrive the same way): the run
-// is not at fault and resumes from its last recorded checkpoint.
+// written or read (the store's own I/O errors arrive the same way), or when
+// a rank of its process group is lost: the run is not at fault and resumes
+// from its last recorded checkpoint. In a process group every rank calls
+// train_run for the same runs in the same order; only rank 0's result
+// counts (the others do not validate or score the test split).
 
 TrainResult train_run(const RunSpec& spec, const TrainContext& ctx);
 

@@ -1,0 +1,25 @@
+#pragma once
+// What one rank of a data-parallel run trains on, and how its loss is
+// scaled so that averaging gradients over ranks gives the gradient of the
+// whole batch. The config names the global batch: every rank draws the same
+// batch (task batches are a function of seed and index) and keeps its own
+// contiguous slice of rows, so a run's results do not depend on how many
+// processes train it, up to float summation order.
+#include <ATen/Tensor.h>
+
+#include "chiar/task.h"
+
+namespace chiar::engine {
+
+// Rows [rank * B / size, (rank + 1) * B / size) of every tensor of the batch.
+// B must be divisible by size (check_batch_divides).
+Batch slice_of_batch(const Batch& batch, int rank, int size);
+
+// UserError "train.batch_size 6 does not divide over 4 processes ..." unless
+// batch_size % processes == 0.
+void check_batch_divides(int64_t batch_size, int processes);
+
+// The real tokens of a batch: valid's count, or every position.
+int64_t real_tokens(const Batch& batch);
+
+}  // namespace chiar::engine

@@ -1,0 +1,1071 @@
+#include "distributed.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "chiar/error.h"
+
+extern char** environ;
+
+namespace chiar::engine {
+namespace {
+
+// ------------------------------------------------------------ environment
+
+const std::string* lookup(const std::map<std::string, std::string>& env, const std::string& name) {
+  const auto it = env.find(name);
+  // An empty variable reads as unset: `export RANK=` is how shells clear one.
+  return it == env.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+// The whole value as a decimal integer in [low, high], or a UserError naming
+// the variable and what it holds.
+long long parse_integer(const std::string& name, const std::string& value, long long low, long long high) {
+  const auto out_of_range = [&] {
+    return UserError(name + "=" + value + ": expected an integer " +
+                     (high == std::numeric_limits<int>::max() || high == std::numeric_limits<long long>::max()
+                          ? ">= " + std::to_string(low)
+                          : "in " + std::to_string(low) + ".." + std::to_string(high)));
+  };
+  const bool negative = !value.empty() && value[0] == '-';
+  const std::size_t start = negative ? 1 : 0;
+  if (start == value.size() || value.find_first_not_of("0123456789", start) != std::string::npos)
+    throw UserError(name + "=" + value + ": expected an integer");
+  long long magnitude = 0;
+  for (std::size_t i = start; i < value.size(); ++i) {
+    const int digit = value[i] - '0';
+    if (magnitude > (std::numeric_limits<long long>::max() - digit) / 10) throw out_of_range();
+    magnitude = magnitude * 10 + digit;
+  }
+  const long long number = negative ? -magnitude : magnitude;
+  if (number < low || number > high) throw out_of_range();
+  return number;
+}
+
+int parse_int(const std::string& name, const std::string& value, int low) {
+  return static_cast<int>(parse_integer(name, value, low, std::numeric_limits<int>::max()));
+}
+
+int parse_port(const std::string& name, const std::string& value) {
+  const std::size_t digits = value.find_first_not_of("0123456789");
+  if (value.empty() || digits != std::string::npos) throw UserError(name + "=" + value + ": expected a port in 1..65535");
+  if (value.size() > 5 || std::stoi(value) < 1 || std::stoi(value) > 65535)
+    throw UserError(name + "=" + value + ": expected a port in 1..65535");
+  return std::stoi(value);
+}
+
+WorldInfo from_env_variables(const std::map<std::string, std::string>& env) {
+  const std::string* rank = lookup(env, "RANK");
+  const std::string* size = lookup(env, "WORLD_SIZE");
+  if (!rank) throw UserError("WORLD_SIZE is set but RANK is not");
+  if (!size) throw UserError("RANK is set but WORLD_SIZE is not");
+  WorldInfo w;
+  w.launcher = "env";
+  w.rank = parse_int("RANK", *rank, 0);
+  w.world_size = parse_int("WORLD_SIZE", *size, 1);
+  if (w.rank >= w.world_size)
+    throw UserError("RANK " + std::to_string(w.rank) + " >= WORLD_SIZE " + std::to_string(w.world_size));
+  if (const std::string* local = lookup(env, "LOCAL_RANK"))
+    w.local_rank = parse_int("LOCAL_RANK", *local, 0);
+  else if (const std::string* slurm_local = lookup(env, "SLURM_LOCALID"))
+    w.local_rank = parse_int("SLURM_LOCALID", *slurm_local, 0);
+  else
+    w.local_rank = w.rank;
+  const std::string* addr = lookup(env, "MASTER_ADDR");
+  const std::string* port = lookup(env, "MASTER_PORT");
+  if (addr) w.master_addr = *addr;
+  if (port) w.master_port = parse_port("MASTER_PORT", *port);
+  if (w.world_size > 1) {
+    const std::string needs = " (WORLD_SIZE=" + std::to_string(w.world_size) + " needs it)";
+    if (!addr) throw UserError("MASTER_ADDR is not set" + needs);
+    if (!port) throw UserError("MASTER_PORT is not set" + needs);
+  }
+  return w;
+}
+
+WorldInfo from_slurm(const std::map<std::string, std::string>& env) {
+  WorldInfo w;
+  w.launcher = "slurm";
+  w.rank = parse_int("SLURM_PROCID", *lookup(env, "SLURM_PROCID"), 0);
+  // SLURM_NPROCS is the older name. Neither is set in a batch script
+  // submitted without --ntasks: one task, unless SLURM_PROCID says otherwise.
+  std::string tasks_name = "SLURM_NTASKS";
+  const std::string* ntasks = lookup(env, tasks_name);
+  if (!ntasks) ntasks = lookup(env, tasks_name = "SLURM_NPROCS");
+  if (ntasks) {
+    w.world_size = parse_int(tasks_name, *ntasks, 1);
+  } else if (w.rank > 0) {
+    throw UserError("SLURM_PROCID is " + std::to_string(w.rank) + " but neither SLURM_NTASKS nor SLURM_NPROCS is set");
+  }
+  if (w.rank >= w.world_size)
+    throw UserError("SLURM_PROCID " + std::to_string(w.rank) + " >= " + tasks_name + " " +
+                    std::to_string(w.world_size));
+  if (const std::string* local = lookup(env, "SLURM_LOCALID")) w.local_rank = parse_int("SLURM_LOCALID", *local, 0);
+  if (w.world_size == 1) return w;  // no rendezvous: nothing more is needed
+
+  if (const std::string* addr = lookup(env, "MASTER_ADDR")) {
+    w.master_addr = *addr;
+  } else {
+    const char* lists[] = {"SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"};
+    for (const char* name : lists)
+      if (const std::string* list = lookup(env, name)) {
+        w.master_addr = first_slurm_host(*list, name);
+        break;
+      }
+    if (w.master_addr.empty())
+      throw UserError(
+          "none of SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST is set: set MASTER_ADDR to task 0's host");
+  }
+  if (const std::string* port = lookup(env, "MASTER_PORT")) {
+    w.master_port = parse_port("MASTER_PORT", *port);
+  } else if (const std::string* job = lookup(env, "SLURM_JOB_ID")) {
+    const long long id = parse_integer("SLURM_JOB_ID", *job, 0, std::numeric_limits<long long>::max());
+    w.master_port = 20000 + static_cast<int>(id % 10000);
+  } else {
+    throw UserError("neither MASTER_PORT nor SLURM_JOB_ID is set: set MASTER_PORT");
+  }
+  return w;
+}
+
+// ------------------------------------------------------------- messages
+
+// One line out of a c10 or Gloo message: Gloo prefixes "[file.cc:123] ",
+// c10 may span lines.
+std::string clean_cause(std::string text) {
+  while (!text.empty() && text[0] == '[') {
+    const std::size_t close = text.find("] ");
+    if (close == std::string::npos || text.find(':') > close) break;
+    text = text.substr(close + 2);
+  }
+  std::string out;
+  for (char c : text) {
+    if (c == '\n') {
+      if (!out.empty() && out.back() != ' ') out += "; ";
+    } else {
+      out += c;
+    }
+  }
+  while (!out.empty() && (out.back() == ' ' || out.back() == ';')) out.pop_back();
+  return out.empty() ? "unknown error" : out;
+}
+
+std::string current_cause() {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    return clean_cause(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return clean_cause(e.what());
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  std::ostringstream s;
+  if (d.count() % 1000 == 0)
+    s << d.count() / 1000 << " s";
+  else
+    s << d.count() << " ms";
+  return s.str();
+}
+
+// Silences glog (which c10d logs through) while it lives: c10d logs a failed
+// connection to the store as an error line of its own, and the harness's
+// policy is one message per failure, the EnvironmentError's.
+class QuietGlog {
+ public:
+  QuietGlog() : saved_(FLAGS_minloglevel) { FLAGS_minloglevel = google::GLOG_FATAL; }
+  ~QuietGlog() { FLAGS_minloglevel = saved_; }
+  QuietGlog(const QuietGlog&) = delete;
+  QuietGlog& operator=(const QuietGlog&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Blocks SIGPIPE in the calling thread while it lives, and so in every
+// thread started meanwhile. Gloo writes to its sockets with writev, which
+// raises SIGPIPE when a peer has died, and SIGPIPE's default ends the
+// process before Gloo can report the error; Python hides this by ignoring
+// SIGPIPE process-wide. Gloo's threads (its device's event loop, the process
+// group's workers) are all started while this is held, so they inherit the
+// block, and the rest of the process keeps its own disposition. A SIGPIPE
+// raised in a blocked thread stays pending there, harmlessly; the write
+// fails with EPIPE, which Gloo reports.
+class BlockSigpipe {
+ public:
+  BlockSigpipe() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &saved_);
+  }
+  ~BlockSigpipe() { pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+  BlockSigpipe(const BlockSigpipe&) = delete;
+  BlockSigpipe& operator=(const BlockSigpipe&) = delete;
+
+ private:
+  sigset_t saved_{};
+};
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// --------------------------------------------------------------- buckets
+
+std::string joined_key(int rank) { return "chiar/joined/" + std::to_string(rank); }
+std::string beat_key(int rank) { return "chiar/beat/" + std::to_string(rank); }
+std::string gave_up_key(int rank) { return "chiar/gave_up/" + std::to_string(rank); }
+
+struct Bucket {
+  std::vector<std::size_t> members;  // indices into the caller's tensors
+  at::Tensor flat;                    // what the collective runs on
+  bool in_place = false;              // flat is the caller's own tensor
+};
+
+enum class Reduction { kSum, kCopy };
+
+// The dtype Gloo carries a tensor as. Gloo (libtorch 1.13) reduces and
+// broadcasts uint8, int8, int32, int64, half, float and double only; other
+// dtypes travel widened when that is exact (bfloat16 as float, int16 as
+// int32, and bool as uint8 for a broadcast; a bfloat16 sum is rounded once,
+// on the way back).
+at::ScalarType wire_type(at::ScalarType type, Reduction reduction, const char* op) {
+  switch (type) {
+    case at::kByte:
+    case at::kChar:
+    case at::kInt:
+    case at::kLong:
+    case at::kHalf:
+    case at::kFloat:
+    case at::kDouble:
+      return type;
+    case at::kBFloat16:
+      return at::kFloat;
+    case at::kShort:
+      return at::kInt;
+    case at::kBool:
+      if (reduction == Reduction::kCopy) return at::kByte;
+      break;
+    default:
+      break;
+  }
+  throw std::invalid_argument(std::string("distributed ") + op + ": Gloo cannot carry " + c10::toString(type) +
+                              " tensors");
+}
+
+void check_tensor(const at::Tensor& t, Reduction reduction, const char* op) {
+  if (t.device().type() != at::kCPU)
+    throw std::invalid_argument(std::string("distributed ") + op + ": tensors must be on the CPU (Gloo), found " +
+                                t.device().str());
+  if (t.layout() != at::kStrided) throw std::invalid_argument(std::string("distributed ") + op + ": tensors must be dense");
+  wire_type(t.scalar_type(), reduction, op);
+}
+
+// Consecutive defined, non-empty tensors of one dtype, at most `cap` bytes
+// (as carried) a bucket; a larger tensor goes alone.
+std::vector<Bucket> plan_buckets(const std::vector<at::Tensor>& tensors, std::size_t cap, Reduction reduction) {
+  std::vector<Bucket> buckets;
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined() || t.numel() == 0) continue;
+    const std::size_t size =
+        static_cast<std::size_t>(t.numel()) * c10::elementSize(wire_type(t.scalar_type(), reduction, ""));
+    const bool fits = !buckets.empty() && tensors[buckets.back().members.front()].scalar_type() == t.scalar_type() &&
+                      bytes + size <= cap;
+    if (!fits) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().members.push_back(i);
+    bytes += size;
+  }
+  return buckets;
+}
+
+// Packs each bucket: the tensor itself when it is alone, contiguous and of a
+// dtype Gloo carries as is; else a flat copy of its members, widened if
+// need be.
+void pack(std::vector<Bucket>& buckets, const std::vector<at::Tensor>& tensors, Reduction reduction) {
+  for (Bucket& b : buckets) {
+    const at::Tensor& first = tensors[b.members[0]];
+    const at::ScalarType wire = wire_type(first.scalar_type(), reduction, "");
+    if (b.members.size() == 1 && first.is_contiguous() && wire == first.scalar_type()) {
+      b.flat = first;
+      b.in_place = true;
+      continue;
+    }
+    std::vector<at::Tensor> parts;
+    parts.reserve(b.members.size());
+    for (std::size_t i : b.members) parts.push_back(tensors[i].reshape({-1}));
+    b.flat = at::cat(parts).to(wire);
+  }
+}
+
+// Copies each bucket back into its members (narrowing a widened dtype).
+void unpack(const std::vector<Bucket>& buckets, std::vector<at::Tensor>& tensors) {
+  for (const Bucket& b : buckets) {
+    if (b.in_place) continue;
+    int64_t offset = 0;
+    for (std::size_t i : b.members) {
+      at::Tensor& t = tensors[i];
+      t.copy_(b.flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+// ================================================================== world
+
+std::string first_slurm_host(const std::string& host_list, const std::string& variable) {
+  const auto bad = [&](const std::string& why) {
+    return UserError(variable + "=" + host_list + ": cannot read its first host (" + why + ")");
+  };
+  // The first entry: up to the first comma outside brackets.
+  std::size_t end = host_list.size();
+  int depth = 0;
+  for (std::size_t i = 0; i < host_list.size(); ++i) {
+    const char c = host_list[i];
+    if (c == '[') {
+      if (++depth > 1) throw bad("nested '['");
+    } else if (c == ']') {
+      if (--depth < 0) throw bad("']' without '['");
+    } else if (c == ',' && depth == 0) {
+      end = i;
+      break;
+    }
+  }
+  if (depth != 0) throw bad("'[' without ']'");
+  const std::string entry = host_list.substr(0, end);
+  // Each bracket range expands to its first value, digits kept as written.
+  std::string host;
+  for (std::size_t i = 0; i < entry.size(); ++i) {
+    if (entry[i] != '[') {
+      host += entry[i];
+      continue;
+    }
+    const std::size_t close = entry.find(']', i);
+    const std::string inside = entry.substr(i + 1, close - i - 1);
+    const std::string first = inside.substr(0, inside.find_first_of(",-"));
+    if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos)
+      throw bad("expected numbers inside [...], found '" + inside + "'");
+    host += first;
+    i = close;
+  }
+  if (host.empty()) throw bad("empty host name");
+  return host;
+}
+
+WorldInfo world_from_environment(const std::map<std::string, std::string>& env) {
+  if (lookup(env, "RANK") || lookup(env, "WORLD_SIZE")) return from_env_variables(env);
+  if (lookup(env, "SLURM_PROCID")) return from_slurm(env);
+  return WorldInfo{};
+}
+
+WorldInfo world_from_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry = *e;
+    const std::size_t eq = entry.find('=');
+    if (eq != std::string::npos) env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return world_from_environment(env);
+}
+
+// ========================================================== process group
+
+// The heartbeat's own state, shared with its thread: a thread stuck on a
+// hung store is left behind (detached) rather than hanging the destructor.
+struct Heartbeat {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stopping = false;
+  bool finished = false;
+};
+
+struct ProcessGroup::Impl {
+  WorldInfo world;
+  ProcessGroupOptions options;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  std::shared_ptr<Heartbeat> heartbeat;
+  std::thread heartbeat_thread;
+  std::string broken;  // the failure's message, once failed
+
+  std::string prefix() const {
+    return "rank " + std::to_string(world.rank) + " of " + std::to_string(world.world_size) + ": ";
+  }
+  std::string where() const { return world.master_addr + ":" + std::to_string(world.master_port); }
+
+  void check_usable() const {
+    if (!broken.empty()) throw EnvironmentError(prefix() + "the process group failed earlier: " + broken);
+  }
+
+  void join();
+  std::shared_ptr<::gloo::transport::Device> make_device() const;
+  void start_heartbeat();
+  void stop_heartbeat();
+  std::string name_lost_peers();
+  [[noreturn]] void fail(const std::string& op, const std::string& cause);
+
+  // Starts a collective on Gloo; a refusal there (a dtype Gloo cannot
+  // reduce...) is the caller's mistake, not the network's.
+  template <typename Start>
+  c10::intrusive_ptr<c10d::Work> start(const char* op, Start&& launch) {
+    try {
+      return launch();
+    } catch (...) {
+      throw std::invalid_argument(prefix() + op + ": " + current_cause());
+    }
+  }
+  void finish(const char* op, const c10::intrusive_ptr<c10d::Work>& work) {
+    try {
+      work->wait();
+    } catch (...) {
+      fail(op, current_cause());
+    }
+  }
+};
+
+void ProcessGroup::Impl::join() {
+  // Every rank announces itself, then waits for the others' announcements;
+  // on a timeout the missing keys name the ranks that never came.
+  std::vector<std::string> keys;
+  for (int r = 0; r < world.world_size; ++r) keys.push_back(joined_key(r));
+  try {
+    store->set(joined_key(world.rank), std::vector<uint8_t>{1});
+    store->wait(keys, options.join_timeout);
+    return;
+  } catch (...) {
+    const std::string cause = current_cause();
+    std::vector<int> missing;
+    try {
+      for (int r = 0; r < world.world_size; ++r)
+        if (!store->check({joined_key(r)})) missing.push_back(r);
+    } catch (...) {
+      throw EnvironmentError(prefix() + "lost the rendezvous store at " + where() +
+                             " while waiting for the other ranks to join: " + cause);
+    }
+    if (missing.empty()) throw EnvironmentError(prefix() + "joining the process group at " + where() + ": " + cause);
+    throw EnvironmentError(prefix() + rank_list(missing) + " did not join the process group at " + where() +
+                           " within " + seconds_text(options.join_timeout));
+  }
+}
+
+std::shared_ptr<::gloo::transport::Device> ProcessGroup::Impl::make_device() const {
+  std::string what;
+  try {
+    if (!options.gloo_address.empty()) {
+      what = "address '" + options.gloo_address + "'";
+      return c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_address);
+    }
+    if (is_loopback(world.master_addr)) {
+      what = "address '127.0.0.1'";
+      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    }
+    if (const char* names = std::getenv("GLOO_SOCKET_IFNAME"); names && *names) {
+      const std::string first = std::string(names).substr(0, std::string(names).find(','));
+      what = "interface '" + first + "' (GLOO_SOCKET_IFNAME)";
+      return c10d::ProcessGroupGloo::createDeviceForInterface(first);
+    }
+    what = "this host's name (set GLOO_SOCKET_IFNAME to choose an interface)";
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  } catch (...) {
+    throw EnvironmentError(prefix() + "cannot open a Gloo device on " + what + ": " + current_cause());
+  }
+}
+
+void ProcessGroup::Impl::start_heartbeat() {
+  if (options.heartbeat_interval.count() <= 0) return;
+  heartbeat = std::make_shared<Heartbeat>();
+  heartbeat_thread = std::thread([state = heartbeat, store = store, key = beat_key(world.rank),
+                                  period = options.heartbeat_interval] {
+    std::unique_lock<std::mutex> lock(state->mutex);
+    while (!state->stopping) {
+      lock.unlock();
+      try {
+        store->add(key, 1);
+      } catch (...) {
+        // The store is gone (rank 0 ended) or busy: the next beat retries,
+        // and a failing collective reports the cause.
+      }
+      lock.lock();
+      state->cv.wait_for(lock, period, [&] { return state->stopping; });
+    }
+    state->finished = true;
+    state->cv.notify_all();
+  });
+}
+
+void ProcessGroup::Impl::stop_heartbeat() {
+  if (!heartbeat_thread.joinable()) return;
+  std::unique_lock<std::mutex> lock(heartbeat->mutex);
+  heartbeat->stopping = true;
+  heartbeat->cv.notify_all();
+  const bool finished = heartbeat->cv.wait_for(lock, options.timeout, [&] { return heartbeat->finished; });
+  lock.unlock();
+  if (finished)
+    heartbeat_thread.join();
+  else
+    heartbeat_thread.detach();  // stuck on a hung store; it owns what it uses
+}
+
+// After a failed collective: which peers stopped beating? Returns "" when no
+// peer can be named.
+std::string ProcessGroup::Impl::name_lost_peers() {
+  const std::string store_gone =
+      "rank 0, which serves the rendezvous store at " + where() + ", is unreachable";
+  std::vector<int64_t> before(world.world_size), after(world.world_size);
+  try {
+    store->set(gave_up_key(world.rank), std::vector<uint8_t>{1});
+    if (options.heartbeat_interval.count() <= 0) return "";
+    for (int r = 0; r < world.world_size; ++r) before[r] = store->add(beat_key(r), 0);
+  } catch (...) {
+    return world.rank == 0 ? "" : store_gone;
+  }
+  // Three periods: a live rank beats at least twice meanwhile.
+  std::this_thread::sleep_for(3 * options.heartbeat_interval);
+  std::vector<int> stopped, left;
+  try {
+    for (int r = 0; r < world.world_size; ++r) after[r] = store->add(beat_key(r), 0);
+    for (int r = 0; r < world.world_size; ++r) {
+      if (r == world.rank || after[r] != before[r]) continue;
+      (store->check({gave_up_key(r)}) ? left : stopped).push_back(r);
+    }
+  } catch (...) {
+    return world.rank == 0 ? "" : store_gone;
+  }
+  if (!stopped.empty()) return "peer " + rank_list(stopped) + " stopped responding";
+  if (!left.empty()) return "peer " + rank_list(left) + " left after losing contact itself";
+  return "";
+}
+
+void ProcessGroup::Impl::fail(const std::string& op, const std::string& cause) {
+  const std::string peers = name_lost_peers();
+  broken = "lost contact with the process group during " + op + (peers.empty() ? "" : " (" + peers + ")") + ": " +
+           cause;
+  throw EnvironmentError(prefix() + broken);
+}
+
+struct PendingCollective::State {
+  ProcessGroup::Impl* impl = nullptr;
+  const char* op = "";
+  bool mean = false;
+  std::vector<at::Tensor> tensors;
+  std::vector<Bucket> buckets;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  bool done = false;
+};
+
+PendingCollective::PendingCollective() = default;
+PendingCollective::PendingCollective(std::unique_ptr<State> state) : state_(std::move(state)) {}
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
+PendingCollective::~PendingCollective() = default;
+
+void PendingCollective::wait() {
+  if (!state_ || state_->done) return;
+  State& s = *state_;
+  s.done = true;
+  s.impl->check_usable();
+  for (const auto& work : s.works) s.impl->finish(s.op, work);
+  if (s.mean) {
+    const double n = static_cast<double>(s.impl->world.world_size);
+    for (Bucket& b : s.buckets) b.flat.div_(n);
+  }
+  unpack(s.buckets, s.tensors);
+  s.works.clear();
+}
+
+ProcessGroup::ProcessGroup(const WorldInfo& world, const ProcessGroupOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.world = world;
+  m.options = options;
+  if (world.world_size < 1 || world.rank < 0 || world.rank >= world.world_size)
+    throw std::invalid_argument("ProcessGroup: rank " + std::to_string(world.rank) + " is outside a world of " +
+                                std::to_string(world.world_size));
+  if (options.timeout.count() <= 0 || options.join_timeout.count() <= 0 || options.bucket_bytes == 0 ||
+      options.gloo_threads < 1)
+    throw std::invalid_argument("ProcessGroup: timeout, join_timeout, bucket_bytes and gloo_threads must be positive");
+  if (world.world_size == 1) return;
+  if (world.master_addr.empty() || world.master_port < 1 || world.master_port > 65535)
+    throw std::invalid_argument("ProcessGroup: a world of " + std::to_string(world.world_size) +
+                                " needs master_addr and master_port");
+
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(world.master_port);
+  store_options.isServer = world.rank == 0;
+  store_options.numWorkers = c10::nullopt;  // join() waits, naming the missing
+  store_options.waitWorkers = false;
+  store_options.timeout = options.join_timeout;
+  try {
+    QuietGlog quiet;
+    m.store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
+  } catch (...) {
+    throw EnvironmentError(m.prefix() +
+                           (world.rank == 0 ? "cannot serve the rendezvous store on port " +
+                                                  std::to_string(world.master_port)
+                                            : "cannot reach the rendezvous store at " + m.where() + " within " +
+                                                  seconds_text(options.join_timeout)) +
+                           ": " + current_cause());
+  }
+  m.join();
+
+  const BlockSigpipe block_sigpipe;  // for every thread Gloo and the heartbeat start
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo_options->devices.push_back(m.make_device());
+  gloo_options->threads = options.gloo_threads;
+  try {
+    m.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(m.store, world.rank, world.world_size, gloo_options);
+  } catch (...) {
+    throw EnvironmentError(m.prefix() + "cannot connect to the other ranks (rendezvous at " + m.where() +
+                           "): " + current_cause());
+  }
+  // Joined: from now on a store operation that hangs is a lost peer too.
+  m.store->setTimeout(options.timeout);
+  m.start_heartbeat();
+}
+
+ProcessGroup::~ProcessGroup() {
+  if (!impl_) return;
+  impl_->stop_heartbeat();
+  // Gloo's destructor drains its queue (each queued collective ends, by
+  // success or timeout), then the store; rank 0's store server goes last.
+  impl_->gloo.reset();
+  impl_->store.reset();
+}
+
+int ProcessGroup::rank() const { return impl_->world.rank; }
+int ProcessGroup::size() const { return impl_->world.world_size; }
+
+PendingCollective ProcessGroup::allreduce_mean_async(std::vector<at::Tensor> tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (!at::isFloatingType(t.scalar_type()))
+      throw std::invalid_argument(std::string("distributed allreduce_mean: expected floating-point tensors, found ") +
+                                  c10::toString(t.scalar_type()));
+    check_tensor(t, Reduction::kSum, "allreduce_mean");
+  }
+  if (impl_->world.world_size == 1) return PendingCollective();
+  impl_->check_usable();
+  auto state = std::make_unique<PendingCollective::State>();
+  state->impl = impl_.get();
+  state->op = "allreduce";
+  state->mean = true;
+  state->tensors = std::move(tensors);
+  state->buckets = plan_buckets(state->tensors, impl_->options.bucket_bytes, Reduction::kSum);
+  pack(state->buckets, state->tensors, Reduction::kSum);
+  for (Bucket& b : state->buckets) {
+    state->works.push_back(impl_->start("allreduce", [&] {
+      std::vector<at::Tensor> one{b.flat};
+      return impl_->gloo->allreduce(one, c10d::AllreduceOptions{});
+    }));
+  }
+  return PendingCollective(std::move(state));
+}
+
+void ProcessGroup::allreduce_mean(std::vector<at::Tensor>& tensors) {
+  // The pending collective holds the same tensors (shared storage), so the
+  // copy-back lands in the caller's.
+  allreduce_mean_async(tensors).wait();
+}
+
+void ProcessGroup::allreduce_sum(at::Tensor& tensor) {
+  if (!tensor.defined()) throw std::invalid_argument("distributed allreduce_sum: undefined tensor");
+  check_tensor(tensor, Reduction::kSum, "allreduce_sum");
+  if (impl_->world.world_size == 1 || tensor.numel() == 0) return;
+  impl_->check_usable();
+  const at::ScalarType wire = wire_type(tensor.scalar_type(), Reduction::kSum, "allreduce_sum");
+  std::vector<at::Tensor> one{tensor.is_contiguous() && wire == tensor.scalar_type() ? tensor
+                                                                                     : tensor.contiguous().to(wire)};
+  auto work = impl_->start("allreduce", [&] { return impl_->gloo->allreduce(one, c10d::AllreduceOptions{}); });
+  impl_->finish("allreduce", work);
+  if (!one[0].is_same(tensor)) tensor.copy_(one[0]);
+}
+
+void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root) {
+  for (const at::Tensor& t : tensors)
+    if (t.defined()) check_tensor(t, Reduction::kCopy, "broadcast");
+  if (root < 0 || root >= impl_->world.world_size)
+    throw std::invalid_argument("distributed broadcast: root " + std::to_string(root) + " is outside a world of " +
+                                std::to_string(impl_->world.world_size));
+  if (impl_->world.world_size == 1) return;
+  impl_->check_usable();
+  auto state = std::make_unique<PendingCollective::State>();
+  state->impl = impl_.get();
+  state->op = "broadcast";
+  state->tensors = tensors;
+  state->buckets = plan_buckets(state->tensors, impl_->options.bucket_bytes, Reduction::kCopy);
+  pack(state->buckets, state->tensors, Reduction::kCopy);
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  for (Bucket& b : state->buckets) {
+    state->works.push_back(impl_->start("broadcast", [&] {
+      std::vector<at::Tensor> one{b.flat};
+      return impl_->gloo->broadcast(one, options);
+    }));
+  }
+  PendingCollective(std::move(state)).wait();
+}
+
+std::string ProcessGroup::broadcast_string(const std::string& text, int root) {
+  if (impl_->world.world_size == 1) return text;
+  // Two broadcasts: the length, then the bytes.
+  const bool is_root = impl_->world.rank == root;
+  std::vector<at::Tensor> length{at::full({1}, is_root ? static_cast<int64_t>(text.size()) : int64_t{0}, at::kLong)};
+  broadcast(length, root);
+  const int64_t n = length[0].item<int64_t>();
+  if (n == 0) return "";
+  std::vector<at::Tensor> bytes{at::empty({n}, at::kByte)};
+  if (is_root) std::memcpy(bytes[0].data_ptr(), text.data(), text.size());
+  broadcast(bytes, root);
+  return std::string(static_cast<const char*>(bytes[0].data_ptr()), static_cast<std::size_t>(n));
+}
+
+void ProcessGroup::barrier() {
+  if (impl_->world.world_size == 1) return;
+  impl_->check_usable();
+  auto work = impl_->start("barrier", [&] { return impl_->gloo->barrier(c10d::BarrierOptions{}); });
+  impl_->finish("barrier", work);
+}
+
+// =============================================================== launcher
+
+int pick_free_port(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(address.c_str(), "0", &hints, &found); rc != 0)
+    throw EnvironmentError("cannot pick a free port on '" + address + "': " + gai_strerror(rc));
+  std::string error = "no address";
+  int port = 0;
+  for (addrinfo* a = found; a && port == 0; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      error = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t length = sizeof bound;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
+      port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    } else {
+      error = std::strerror(errno);
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (port == 0) throw EnvironmentError("cannot pick a free port on '" + address + "': " + error);
+  return port;
+}
+
+namespace {
+
+// The launcher's signal state: handlers only note the signal and wake the
+// wait loop through a pipe.
+int g_wake[2] = {-1, -1};
+std::atomic<int> g_forward{0};
+std::atomic<bool> g_launching{false};
+static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
+
+extern "C" void launcher_signal(int sig) {
+  const int saved = errno;
+  if (sig != SIGCHLD) g_forward.store(sig);
+  const char byte = 0;
+  [[maybe_unused]] const ssize_t ignored = write(g_wake[1], &byte, 1);
+  errno = saved;
+}
+
+constexpr int kHandled[] = {SIGINT, SIGTERM, SIGCHLD};
+
+// Installs the handlers and blocks the signals until release(); restores
+// everything on destruction.
+class SignalScope {
+ public:
+  SignalScope() {
+    bool expected = false;
+    if (!g_launching.compare_exchange_strong(expected, true))
+      throw std::logic_error("launch_local_ranks: another launch is running in this process");
+    if (pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+      g_launching = false;
+      throw EnvironmentError(std::string("cannot start the ranks: pipe: ") + std::strerror(errno));
+    }
+    g_forward = 0;
+    sigset_t block;
+    sigemptyset(&block);
+    for (int s : kHandled) sigaddset(&block, s);
+    pthread_sigmask(SIG_BLOCK, &block, &old_mask_);
+    struct sigaction action {};
+    action.sa_handler = launcher_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < std::size(kHandled); ++i) sigaction(kHandled[i], &action, &old_actions_[i]);
+  }
+  ~SignalScope() {
+    for (std::size_t i = 0; i < std::size(kHandled); ++i) sigaction(kHandled[i], &old_actions_[i], nullptr);
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+    close(g_wake[0]);
+    close(g_wake[1]);
+    g_wake[0] = g_wake[1] = -1;
+    g_launching = false;
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+  // Lets the blocked signals in (and any pending one through).
+  void release() { pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr); }
+  const sigset_t& old_mask() const { return old_mask_; }
+
+ private:
+  sigset_t old_mask_{};
+  struct sigaction old_actions_[std::size(kHandled)] {};
+};
+
+std::string resolve_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path && *path ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    struct stat info {};
+    if (stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode) && access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+  }
+  throw EnvironmentError("cannot start the ranks: '" + name + "' is not in PATH");
+}
+
+std::string status_text(int rank, int status) {
+  if (WIFSIGNALED(status))
+    return "rank " + std::to_string(rank) + " died (signal " + std::to_string(WTERMSIG(status)) + ")";
+  return "rank " + std::to_string(rank) + " exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+int exit_code(int status) { return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status); }
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    default: return "a signal";
+  }
+}
+
+// Signals every child still running, waits up to `grace` for them, then
+// kills the rest; reaps all. Used when a rank cannot even be started.
+void stop_children(std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
+  for (pid_t p : pids) kill(p, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (!pids.empty()) {
+    pids.erase(std::remove_if(pids.begin(), pids.end(),
+                              [](pid_t p) {
+                                int status = 0;
+                                return waitpid(p, &status, WNOHANG) == p;
+                              }),
+               pids.end());
+    if (pids.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      for (pid_t p : pids) kill(p, SIGKILL);
+      for (pid_t p : pids) {
+        int status = 0;
+        while (waitpid(p, &status, 0) < 0 && errno == EINTR) {
+        }
+      }
+      pids.clear();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv, const LaunchOptions& options) {
+  if (nproc < 1) throw UserError("--nproc " + std::to_string(nproc) + ": expected a number of processes >= 1");
+  if (argv.empty() || argv[0].empty()) throw UserError("--nproc: no command to run");
+  const std::string program = resolve_program(argv[0]);
+  const int port = options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
+
+  // Everything the children need is built before fork: between fork and
+  // exec only async-signal-safe calls are allowed.
+  const std::set<std::string> ours = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
+                                      "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  std::vector<std::string> inherited;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry = *e;
+    if (!ours.count(entry.substr(0, entry.find('=')))) inherited.push_back(entry);
+  }
+  std::vector<std::vector<std::string>> envs(nproc, inherited);
+  for (int r = 0; r < nproc; ++r) {
+    envs[r].push_back("RANK=" + std::to_string(r));
+    envs[r].push_back("LOCAL_RANK=" + std::to_string(r));
+    envs[r].push_back("WORLD_SIZE=" + std::to_string(nproc));
+    envs[r].push_back("LOCAL_WORLD_SIZE=" + std::to_string(nproc));
+    envs[r].push_back("MASTER_ADDR=" + options.master_addr);
+    envs[r].push_back("MASTER_PORT=" + std::to_string(port));
+  }
+  const auto pointers = [](std::vector<std::string>& strings) {
+    std::vector<char*> out;
+    for (std::string& s : strings) out.push_back(s.data());
+    out.push_back(nullptr);
+    return out;
+  };
+  std::vector<std::string> args = argv;
+  std::vector<char*> arg_pointers = pointers(args);
+  std::vector<std::vector<char*>> env_pointers;
+  for (auto& env : envs) env_pointers.push_back(pointers(env));
+
+  SignalScope signals;
+  const pid_t launcher = getpid();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nproc; ++r) {
+    int report[2];
+    if (pipe2(report, O_CLOEXEC) != 0) {
+      const std::string cause = std::strerror(errno);
+      stop_children(pids, options.grace);
+      throw EnvironmentError("cannot start rank " + std::to_string(r) + ": pipe: " + cause);
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // The child: default signal handling and mask, a SIGTERM should the
+      // launcher die, then the program. On failure errno goes up the pipe.
+      close(report[0]);
+      struct sigaction fallback {};
+      fallback.sa_handler = SIG_DFL;
+      sigemptyset(&fallback.sa_mask);
+      for (int s : kHandled) sigaction(s, &fallback, nullptr);
+      sigprocmask(SIG_SETMASK, &signals.old_mask(), nullptr);  // one thread now; the async-signal-safe call
+      // The death signal follows the forking thread, which blocks in this
+      // call until every rank has ended.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(1);
+      execve(program.c_str(), arg_pointers.data(), env_pointers[r].data());
+      const int error = errno;
+      [[maybe_unused]] const ssize_t ignored = write(report[1], &error, sizeof error);
+      _exit(127);
+    }
+    const int fork_error = errno;
+    close(report[1]);
+    if (pid < 0) {
+      close(report[0]);
+      stop_children(pids, options.grace);
+      throw EnvironmentError("cannot start rank " + std::to_string(r) + ": fork: " + std::strerror(fork_error));
+    }
+    int exec_error = 0;
+    ssize_t got;
+    while ((got = read(report[0], &exec_error, sizeof exec_error)) < 0 && errno == EINTR) {
+    }
+    close(report[0]);
+    if (got > 0) {
+      int status = 0;
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      stop_children(pids, options.grace);
+      throw EnvironmentError("cannot start rank " + std::to_string(r) + ": " + program + ": " +
+                             std::strerror(exec_error));
+    }
+    pids.push_back(pid);
+  }
+  signals.release();
+
+  LaunchResult result;
+  std::vector<bool> running(nproc, true);
+  int still_running = nproc;
+  int forwarded = 0;
+  bool terminating = false, killed = false;
+  std::chrono::steady_clock::time_point deadline;
+  const auto signal_running = [&](int sig) {
+    for (int r = 0; r < nproc; ++r)
+      if (running[r]) kill(pids[r], sig);
+  };
+  while (true) {
+    for (int r = 0; r < nproc; ++r) {
+      int status = 0;
+      if (!running[r] || waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
+      running[r] = false;
+      --still_running;
+      if (result.failed_rank < 0 && exit_code(status) != 0) {
+        result.failed_rank = r;
+        result.exit_status = exit_code(status);
+        result.message = status_text(r, status);
+      }
+    }
+    if (still_running == 0) break;
+    if (const int sig = g_forward.exchange(0)) {
+      forwarded = sig;
+      signal_running(sig);
+    }
+    if (result.failed_rank >= 0 && !terminating) {
+      terminating = true;
+      signal_running(SIGTERM);
+      deadline = std::chrono::steady_clock::now() + options.grace;
+    }
+    int wait_ms = 1000;  // a backstop; SIGCHLD and forwarded signals wake the loop
+    if (terminating && !killed) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        signal_running(SIGKILL);
+        killed = true;
+      } else {
+        wait_ms = static_cast<int>(std::min<long long>(wait_ms, left.count()));
+      }
+    }
+    pollfd wake{g_wake[0], POLLIN, 0};
+    poll(&wake, 1, wait_ms);
+    char drain[64];
+    while (read(g_wake[0], drain, sizeof drain) > 0) {
+    }
+  }
+  if (forwarded) {
+    const std::string note = std::string("interrupted (") + signal_name(forwarded) + " forwarded to " +
+                             std::to_string(nproc) + (nproc == 1 ? " rank)" : " ranks)");
+    result.message = result.message.empty() ? note : note + "; " + result.message;
+  }
+  return result;
+}
+
+}  // namespace chiar::engine
