@@ -201,9 +201,11 @@ seeds = [0]
   args.insert(args.end(), {"--nproc", "3"});
   const auto out = test::run_chiar(args);
   CHECK(out.status == 2);
+  // The [train] table's batch_size line of the tiny matrix.
   CHECK(out.output.rfind("chiar: " + d.path() + "/m.toml:", 0) == 0);
-  CHECK(out.output.find(": run base/flat/seed=0: train.batch_size 4 does not divide over 3 processes: the config "
-                        "names the global batch, and each process trains an equal slice of it\n") != std::string::npos);
+  CHECK(out.output.find(": key 'train.batch_size': 4 does not divide over 3 processes: the config names the global "
+                        "batch, and each process trains an equal slice of it (run base/flat/seed=0)\n") !=
+        std::string::npos);
   CHECK_FALSE(boost::filesystem::exists(d.path() + "/x.db"));
 }
 

@@ -124,13 +124,7 @@ int run_run(const Global& g, const RunArgs& a) {
   registry.load_default(g.plugin_dirs);
   check_task_options_of(a, matrix, registry);
   if (a.nproc > 1 && !a.dry_run) {
-    for (const auto& r : matrix.runs) {  // before any rank starts
-      try {
-        engine::check_batch_divides(r.train.batch_size, a.nproc);
-      } catch (const UserError& e) {
-        throw UserError(matrix.where.at("variants." + r.variant) + ": run " + r.name() + ": " + e.what());
-      }
-    }
+    engine::check_batches_divide(matrix, a.nproc);  // before any rank starts
     return launch_ranks(g, a);
   }
   engine::RunnerOptions o;

@@ -3,6 +3,8 @@
 #include <string>
 
 #include "chiar/error.h"
+#include "matrix.h"
+#include "task_config.h"
 
 namespace chiar::engine {
 
@@ -12,11 +14,18 @@ Batch slice_of_batch(const Batch& batch, int rank, int size) {
   return {slice(batch.tokens), slice(batch.targets), slice(batch.valid), slice(batch.scored)};
 }
 
-void check_batch_divides(int64_t batch_size, int processes) {
-  if (processes > 1 && batch_size % processes != 0)
-    throw UserError("train.batch_size " + std::to_string(batch_size) + " does not divide over " +
-                    std::to_string(processes) +
-                    " processes: the config names the global batch, and each process trains an equal slice of it");
+void check_batches_divide(const Matrix& matrix, int processes) {
+  if (processes <= 1) return;
+  for (const auto& r : matrix.runs) {
+    if (r.train.batch_size % processes == 0) continue;
+    std::string where;
+    for (const std::string path : {"sweep.train.batch_size", "train.batch_size"})
+      if (where.empty()) where = locate_toml_key(matrix.file, path);
+    throw UserError((where.empty() ? std::string() : where + ": ") + "key 'train.batch_size': " +
+                    std::to_string(r.train.batch_size) + " does not divide over " + std::to_string(processes) +
+                    " processes: the config names the global batch, and each process trains an equal slice of it "
+                    "(run " + r.name() + ")");
+  }
 }
 
 int64_t real_tokens(const Batch& batch) {

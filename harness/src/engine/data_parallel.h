@@ -15,9 +15,13 @@ namespace chiar::engine {
 // B must be divisible by size (check_batch_divides).
 Batch slice_of_batch(const Batch& batch, int rank, int size);
 
-// UserError "train.batch_size 6 does not divide over 4 processes ..." unless
-// batch_size % processes == 0.
-void check_batch_divides(int64_t batch_size, int processes);
+struct Matrix;
+
+// Every run's global batch against the process count, before any rank
+// starts: a UserError at the key that sets it, e.g.
+//   "m.toml:14:1: key 'train.batch_size': 6 does not divide over 4 processes: ... (run base/lm/seed=0)"
+// (without a location when the default or a --set gives it).
+void check_batches_divide(const Matrix& matrix, int processes);
 
 // The real tokens of a batch: valid's count, or every position.
 int64_t real_tokens(const Batch& batch);

@@ -357,13 +357,7 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   const std::string db = options.db.empty() ? "results/" + matrix.name + ".db" : options.db;
   if (options.dry_run) return list_runs(matrix, db);
   const WorldInfo world = world_from_environment();
-  for (const auto& r : matrix.runs) {
-    try {
-      check_batch_divides(r.train.batch_size, world.world_size);
-    } catch (const UserError& e) {
-      throw UserError(matrix.where.at("variants." + r.variant) + ": run " + r.name() + ": " + e.what());
-    }
-  }
+  check_batches_divide(matrix, world.world_size);
   // Rank 0 goes through every run even when all finished before: the other
   // ranks wait for its word on each.
   if (!world.distributed() && all_finished(matrix, db)) return 0;

@@ -96,6 +96,7 @@ struct Overhead {
   double progress = 0;     // the progress callback
   double checkpoints = 0;  // state and best-model checkpoints
   double evaluation = 0;   // validation during training (the experiment, not overhead)
+  double reduction = 0;    // data-parallel: averaging gradients and agreeing over ranks (part of steps)
 
   double fraction() const { return steps > 0 ? (store + accounting + progress) / steps : 0.0; }
   std::string json() const {
@@ -103,7 +104,7 @@ struct Overhead {
     s.precision(6);
     s << "{\"steps_s\": " << steps << ", \"store_s\": " << store << ", \"accounting_s\": " << accounting
       << ", \"progress_s\": " << progress << ", \"checkpoints_s\": " << checkpoints
-      << ", \"evaluation_s\": " << evaluation << ", \"fraction\": " << fraction()
+      << ", \"evaluation_s\": " << evaluation << ", \"reduction_s\": " << reduction << ", \"fraction\": " << fraction()
       << ", \"checkpoint_fraction\": " << (steps > 0 ? checkpoints / steps : 0.0) << "}";
     return s.str();
   }
@@ -696,7 +697,8 @@ void train_steps(Run& run, TrainResult& result) {
     StepLoss s = accumulate_gradients(run, step);
     // In a process group the loss, and so divergence, and a stop are the
     // group's: every rank leaves the loop at the same step.
-    const bool group_stops = run.group && agree_over_ranks(run, s, stop_requested());
+    bool group_stops = false;
+    if (run.group) timed(run.overhead.reduction, [&] { group_stops = agree_over_ranks(run, s, stop_requested()); });
     if (diverged(t, s.loss)) {
       result.outcome = RunStatus::Diverged;
       result.diverged_step = step + 1;
@@ -783,7 +785,6 @@ void start_or_resume(Run& run, TrainResult& result) {
 TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   TrainResult result;
   configure_threads(static_cast<int>(spec.train.threads));
-  if (ctx.group) check_batch_divides(spec.train.batch_size, ctx.group->size());
   Run run(spec, ctx);
   result.summary.params = run.model.parameter_count();
   if (run.writer) {
