@@ -118,8 +118,11 @@ TEST_CASE("merge: shard stores combine into one holding every run once; merging 
   const auto status = status_by_name(all);
   REQUIRE(status.size() == 4);
   for (const auto& [name, s] : status) CHECK(s == "done");
-  // Every record of every run came across, and its metrics bit for bit.
-  for (const std::string table : {"metrics", "train_log", "flops", "routing", "histograms", "checkpoints"}) {
+  // Every record of every run came across, and its metrics bit for bit;
+  // the checkpoint records stay with the shards whose folders hold the files.
+  CHECK(count(all, "SELECT COUNT(*) FROM checkpoints") == 0);
+  CHECK(count(s1, "SELECT COUNT(*) FROM checkpoints") > 0);
+  for (const std::string table : {"metrics", "train_log", "flops", "routing", "histograms"}) {
     INFO(table);
     const std::string n = "SELECT COUNT(*) FROM " + table;
     CHECK(count(all, n) == count(s1, n) + count(s2, n));
@@ -136,6 +139,14 @@ TEST_CASE("merge: shard stores combine into one holding every run once; merging 
   CHECK(again.output == "merged 2 stores into " + all + ": 0 runs added, 0 updated, 4 unchanged\n");
   CHECK(dump(all) == before);
 
+  SECTION("a merge kept among the shards is skipped by the next merge of that folder") {
+    const std::string inside = d.path() + "/shards/merged.db";
+    const auto once = test::run_chiar({"merge", inside, d.path() + "/shards"});
+    CHECK(once.output == "merged 2 stores into " + inside + ": 4 runs added, 0 updated, 0 unchanged\n");
+    const auto twice = test::run_chiar({"merge", inside, d.path() + "/shards"});
+    CHECK(twice.status == 0);
+    CHECK(twice.output == "merged 2 stores into " + inside + ": 0 runs added, 0 updated, 4 unchanged\n");
+  }
   SECTION("show, export and report read a folder of shards as one store") {
     const auto one = test::run_chiar({"show", all});
     const auto folder = test::run_chiar({"show", d.path() + "/shards"});
@@ -231,12 +242,13 @@ TEST_CASE("merge: bad paths are refused before anything is written", "[merge][cl
   write_matrix(d);
   run_two_shards(d);
   const std::string s1 = d.path() + "/shards/shard-1.db";
-  const auto self = test::run_chiar({"merge", s1, d.path() + "/shards"});
+  // Named as an input (a folder's listing skips the output instead).
+  const auto self = test::run_chiar({"merge", s1, d.path() + "/shards/shard-2.db", s1});
   CHECK(self.status == 2);
   CHECK(self.output == "chiar: " + s1 + ": the merge's output is also one of its inputs\n");
   const auto missing = test::run_chiar({"merge", d.path() + "/all.db", d.path() + "/nowhere.db"});
   CHECK(missing.status == 2);
-  CHECK(missing.output == "chiar: " + d.path() + "/nowhere.db: no such store or folder\n");
+  CHECK(missing.output == "chiar: " + d.path() + "/nowhere.db: no such database\n");
   fs::create_directories(d.path() + "/empty");
   const auto empty = test::run_chiar({"show", d.path() + "/empty"});
   CHECK(empty.status == 2);
@@ -342,6 +354,15 @@ TEST_CASE("slurm: values Slurm would reject are refused, naming the option", "[s
   CHECK(refusal([](auto& o) { o.extra = {"--qos=low"}; }) ==
         "--extra: expected one line starting with '#SBATCH ', found '--qos=low'");
   CHECK(refusal([](auto& o) { o.tasks = 0; }) == "--tasks: expected a number of array tasks >= 1, found 0");
+  CHECK(refusal([](auto& o) { o.time = "2"; }) ==
+        "--time: at least 3 minutes, found '2' (a task gets SIGTERM 2 minutes before its limit, to checkpoint)");
+  CHECK(refusal([](auto& o) { o.time = "0-0:2:59"; }).rfind("--time: at least 3 minutes", 0) == 0);
+  CHECK(refusal([](auto& o) { o.time = "3:00"; }) == "accepted");
+  engine::SlurmJob odd = job;
+  odd.name = "abl\"$(rm)";
+  CHECK_THROWS_WITH(engine::sbatch_script(odd),
+                    "matrix name: expected letters, digits, '_', '-', '.' or '+' for a Slurm job name (set [matrix] "
+                    "name), found 'abl\"$(rm)'");
 }
 
 TEST_CASE("slurm: chiar slurm writes a script whose tasks run their shards without Slurm too", "[slurm_script][cli]") {

@@ -6,6 +6,7 @@
 
 #include "bench/bench_train.h"
 #include "chiar/registry.h"
+#include "engine/device.h"
 #include "engine/runtime.h"
 #include "chiar/error.h"
 #include "commands.h"
@@ -13,6 +14,7 @@
 namespace chiar::cli {
 
 int run_bench_train(const Global& g, const BenchTrainArgs& a) {
+  engine::resolve_device(a.device, "--device");  // the CPU, or refused before anything runs
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   bench::TrainBenchOptions o;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <thread>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -12,8 +11,10 @@
 #include "chiar/registry.h"
 
 #include "engine/data_parallel.h"
+#include "engine/device.h"
 #include "engine/distributed.h"
 #include "engine/merge.h"
+#include "engine/runtime.h"
 #include "engine/runner.h"
 #include "engine/task_config.h"
 #include "report/claims.h"
@@ -48,6 +49,29 @@ void check_task_options_of(const RunArgs& a, const engine::Matrix& matrix, const
     const TaskOptionProblem problem = find_task_option_problem(r.task_config, registry);
     if (!problem.key.empty())
       throw UserError(task_option_origin(a, matrix, r.task, problem.key) + ": " + problem.what);
+  }
+}
+
+// Every run's device checked against this build and machine (engine/device.h)
+// before a store, a data file or a rank is touched.
+void check_devices_of(const RunArgs& a, const engine::Matrix& matrix) {
+  std::vector<std::string> checked;
+  for (const auto& r : matrix.runs) {
+    const std::string name = a.device.empty() ? r.train.device : a.device;
+    if (std::find(checked.begin(), checked.end(), name) != checked.end()) continue;
+    checked.push_back(name);
+    std::string origin = "train.device";
+    if (!a.device.empty()) {
+      origin = "--device";
+    } else if (std::any_of(a.set.begin(), a.set.end(),
+                           [](const std::string& s) { return s.rfind("train.device=", 0) == 0; })) {
+      origin = "--set train.device";
+    } else {
+      for (const std::string path : {"sweep.train.device", "train.device"})
+        if (const std::string at = locate_toml_key(matrix.file, path); !at.empty() && origin == "train.device")
+          origin = at + ": key '" + path + "'";
+    }
+    engine::resolve_device(name, origin);
   }
 }
 
@@ -89,9 +113,8 @@ int launch_ranks(const Global& g, const RunArgs& a) {
     argv.push_back(arg);
   }
   if (g.threads == 0) {
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     argv.push_back("--threads");
-    argv.push_back(std::to_string(std::max(1u, cores / static_cast<unsigned>(a.nproc))));
+    argv.push_back(std::to_string(std::max(1, usable_cores() / a.nproc)));
   }
   const engine::LaunchResult r = engine::launch_local_ranks(a.nproc, argv);
   if (r.exit_status == 0) return 0;
@@ -123,6 +146,7 @@ int run_run(const Global& g, const RunArgs& a) {
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   check_task_options_of(a, matrix, registry);
+  if (!a.dry_run) check_devices_of(a, matrix);
   if (a.nproc > 1 && !a.dry_run) {
     engine::check_batches_divide(matrix, a.nproc);  // before any rank starts
     return launch_ranks(g, a);
@@ -135,6 +159,7 @@ int run_run(const Global& g, const RunArgs& a) {
   o.threads = g.threads;
   o.gemm = g.gemm;
   o.sole_writer = a.sole_writer;
+  o.device = a.device;
   return engine::run_matrix(matrix, registry, o);
 }
 
@@ -149,12 +174,12 @@ std::string default_report_name(const std::vector<std::string>& paths) {
 
 int run_report(const Global& g, const ReportArgs& a) {
   const std::string out = a.out.empty() ? "reports/" + default_report_name(a.dbs) : a.out;
+  const std::string claims = a.claims.empty() ? report::default_claims_file() : a.claims;
+  report::load_claims(claims);  // a bad claims file is refused before the stores are read
   const engine::StoreView view(a.dbs);
   PluginRegistry registry;  // operators' names, colours and roles
   registry.load_default(g.plugin_dirs);
-  const auto files = report::write_report(view.db(), out, a.baseline,
-                                          a.claims.empty() ? report::default_claims_file() : a.claims, registry,
-                                          view.label());
+  const auto files = report::write_report(view.db(), out, a.baseline, claims, registry, view.label());
   std::cout << "wrote " << files.markdown << ", " << files.html << " and " << files.images.size() << " charts\n";
   return 0;
 }

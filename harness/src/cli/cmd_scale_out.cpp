@@ -34,7 +34,7 @@ std::string own_binary() {
 
 // Runs `sbatch --parsable script` and returns the job id it prints.
 std::string submit(const std::string& script) {
-  const std::string command = "sbatch --parsable '" + script + "' 2>&1";
+  const std::string command = "sbatch --parsable " + engine::shell_quoted(script) + " 2>&1";
   FILE* p = popen(command.c_str(), "r");
   if (!p) throw EnvironmentError("sbatch: cannot start it: " + std::string(std::strerror(errno)));
   std::string output;
@@ -53,8 +53,12 @@ std::string submit(const std::string& script) {
     if (unreachable) throw EnvironmentError(message);
     throw UserError(message);
   }
-  // --parsable prints "<job id>[;<cluster>]".
-  return output.substr(0, output.find(';'));
+  // --parsable prints "<job id>[;<cluster>]" as its last line (warnings may come first).
+  const std::string last = output.substr(output.find_last_of('\n') == std::string::npos ? 0 : output.find_last_of('\n') + 1);
+  const std::string id = last.substr(0, last.find(';'));
+  if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos)
+    throw EnvironmentError(script + ": sbatch printed no job id: " + output);
+  return id;
 }
 
 }  // namespace
@@ -109,7 +113,8 @@ int run_slurm(const Global&, const SlurmArgs& a) {
 }
 
 int run_merge(const Global&, const MergeArgs& a) {
-  const std::vector<std::string> inputs = engine::expand_store_paths(a.inputs);
+  // A folder of shards may hold the output of an earlier merge: skipped.
+  const std::vector<std::string> inputs = engine::expand_store_paths(a.inputs, a.out);
   const engine::MergeResult r = engine::merge_stores(a.out, inputs);
   std::cout << "merged " << r.inputs << (r.inputs == 1 ? " store" : " stores") << " into " << a.out << ": "
             << r.added << " runs added, " << r.updated << " updated, " << r.unchanged << " unchanged\n";

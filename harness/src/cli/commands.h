@@ -69,6 +69,7 @@ struct RunArgs {
   bool dry_run = false;
   bool sole_writer = false;  // no other process writes the store (RunnerOptions::sole_writer)
   int nproc = 1;  // > 1: data-parallel over this many local processes (engine/distributed.h)
+  std::string device;  // overrides train.device (engine/device.h); empty: the matrix's
 };
 int run_run(const Global& g, const RunArgs& a);
 
@@ -118,6 +119,7 @@ struct BenchTrainArgs {
   std::string variants_file = "configs/variants.toml", json;
   int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4, steps = 10, warmup = 3;
   int64_t classes = 0;
+  std::string device = "auto";  // engine/device.h
   std::vector<std::string> gemm_backends;  // compare these libraries (blas, onednn); empty: --gemm's choice
 };
 int run_bench_train(const Global& g, const BenchTrainArgs& a);

@@ -122,6 +122,7 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
   run->add_flag("--dry-run", r.dry_run, "print the runs, their hashes and what would be skipped");
   run->add_option("--data-root", r.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
   run->add_option("--cache-dir", r.cache_dir, "folder for trained tokenisers and extracted archives");
+  run->add_option("--device", r.device, "auto, cpu, cuda or cuda:N for every run (not part of run hashes)");
   run->add_option("--nproc", r.nproc, "train each run data-parallel over N local processes (c10d, Gloo)")
       ->check(CLI::PositiveNumber);
   run->add_flag("--sole-writer", r.sole_writer,
@@ -217,6 +218,7 @@ void add_bench_command(CLI::App& app, Args& a, Commands& c) {
                     "run every variant on each of these GEMM libraries, interleaved (e.g. blas,onednn)")
       ->delimiter(',')
       ->check(CLI::IsMember({"blas", "onednn"}));
+  bench->add_option("--device", bt.device, "auto, cpu, cuda or cuda:N");
   bench->add_option("--json", bt.json, "also write the results as JSON");
 }
 

@@ -1,6 +1,7 @@
 #include "chiar/tokenizer.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -166,7 +167,12 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::vector<std::string>& t
   from_cache_ = boost::filesystem::exists(model_path_);
   char err[512] = {0};
   if (!from_cache_) {
-    const std::string text_path = prefix + ".train.txt";
+    // Names of this process's own: several processes sharing the cache (the
+    // ranks of a run, a Slurm array's tasks) may train the same model at
+    // once. Training is deterministic, so whichever rename lands last puts
+    // the same bytes in place.
+    const std::string mine = prefix + ".partial-" + std::to_string(::getpid());
+    const std::string text_path = mine + ".train.txt";
     {
       std::ofstream text(text_path, std::ios::binary);
       for (const auto& line : train_lines)
@@ -174,12 +180,13 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::vector<std::string>& t
       if (!text) throw UserError("sentencepiece: cannot write '" + text_path + "'");
     }
     // Train under a temporary name, then rename: a crash never leaves a half model.
-    const std::string args = "--input=" + text_path + " --model_prefix=" + prefix + ".partial" + options;
+    const std::string args = "--input=" + text_path + " --model_prefix=" + mine + options;
     const int failed = spm().train(args.c_str(), err, sizeof err);
     std::remove(text_path.c_str());
+    boost::filesystem::remove(mine + ".vocab", ec);
     if (failed) throw UserError(std::string("sentencepiece training failed: ") + err);
-    boost::filesystem::rename(prefix + ".partial.model", model_path_);
-    boost::filesystem::remove(prefix + ".partial.vocab", ec);
+    boost::filesystem::rename(mine + ".model", model_path_, ec);
+    if (ec) throw EnvironmentError(model_path_ + ": cannot put the trained tokeniser in place: " + ec.message());
   }
   impl_->processor = spm().load(model_path_.c_str(), err, sizeof err);
   if (!impl_->processor) throw UserError(model_path_ + ": cannot load the sentencepiece model: " + err);

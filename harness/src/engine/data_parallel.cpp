@@ -18,8 +18,11 @@ void check_batches_divide(const Matrix& matrix, int processes) {
   if (processes <= 1) return;
   for (const auto& r : matrix.runs) {
     if (r.train.batch_size % processes == 0) continue;
+    // Where the value comes from, in the matrix's precedence: the task's
+    // [train], the variant's, a sweep axis, the matrix's [train].
     std::string where;
-    for (const std::string path : {"sweep.train.batch_size", "train.batch_size"})
+    for (const std::string& path : {"tasks." + r.task + ".train.batch_size", "variants." + r.variant + ".train.batch_size",
+                                   std::string("sweep.train.batch_size"), std::string("train.batch_size")})
       if (where.empty()) where = locate_toml_key(matrix.file, path);
     throw UserError((where.empty() ? std::string() : where + ": ") + "key 'train.batch_size': " +
                     std::to_string(r.train.batch_size) + " does not divide over " + std::to_string(processes) +

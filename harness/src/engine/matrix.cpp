@@ -328,7 +328,11 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere) {
   if (const std::string bad = check_options(spec.train, train_option_fields(), "train"); !bad.empty())
     throw UserError(vwhere + ": variant '" + variant + "' on task '" + task + "': " + bad);
   std::ostringstream json, text;
-  json << toml::json_formatter{run};
+  // The device, like the thread count on the command line, says where a
+  // run trains, not what it is: outside the hash.
+  toml::table hashed = run;
+  if (toml::table* train = hashed["train"].as_table()) train->erase("device");
+  json << toml::json_formatter{hashed};
   text << toml::toml_formatter{run};
   spec.canonical = json.str();
   spec.resolved_toml = text.str();

@@ -19,7 +19,10 @@ namespace chiar::engine {
 namespace fs = boost::filesystem;
 namespace {
 
-// The tables that hold a run's records, keyed by runs.id in run_id.
+// The tables that hold a run's records, keyed by runs.id in run_id. The
+// checkpoint records stay with the store whose folder holds the files: a
+// run resumed through the merged store must not prune another store's files.
+const char* const kCopiedTables[] = {"metrics", "train_log", "flops", "flops_reference", "routing", "histograms"};
 const char* const kRunTables[] = {"metrics", "train_log", "flops", "flops_reference",
                                   "routing", "histograms", "checkpoints"};
 
@@ -137,7 +140,7 @@ void copy_run(Database& from, int64_t id, Database& to) {
   for (size_t c = 0; c < cols.size(); ++c) insert.bind_column(static_cast<int>(c + 1), read, static_cast<int>(c));
   insert.run();
   const int64_t new_id = to.last_insert_id();
-  for (const char* table : kRunTables) {
+  for (const char* table : kCopiedTables) {
     const std::vector<std::string> tcols = columns_of(from, table);
     auto rows = from.prepare("SELECT " + joined(tcols) + " FROM " + table + " WHERE run_id = ?");
     rows.bind(1, id);
@@ -169,14 +172,16 @@ bool same_file(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-std::vector<std::string> expand_store_paths(const std::vector<std::string>& paths) {
+std::vector<std::string> expand_store_paths(const std::vector<std::string>& paths, const std::string& skip) {
   std::vector<std::string> out;
   for (const auto& p : paths) {
     boost::system::error_code ec;
     if (fs::is_directory(p, ec)) {
       std::vector<std::string> found;
       for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec))
-        if (it->path().extension() == ".db" && fs::is_regular_file(it->path())) found.push_back(it->path().string());
+        if (it->path().extension() == ".db" && fs::is_regular_file(it->path()) &&
+            !(!skip.empty() && same_file(it->path().string(), skip)))
+          found.push_back(it->path().string());
       if (ec) throw EnvironmentError(p + ": cannot list the folder: " + ec.message());
       if (found.empty()) throw UserError(p + ": folder holds no store (no *.db file)");
       std::sort(found.begin(), found.end());
@@ -184,7 +189,7 @@ std::vector<std::string> expand_store_paths(const std::vector<std::string>& path
     } else if (fs::exists(p, ec)) {
       out.push_back(p);
     } else {
-      throw UserError(p + ": no such store or folder");
+      throw UserError(p + ": no such database");
     }
   }
   return out;
@@ -201,6 +206,9 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
   std::map<std::string, RunCopy> chosen;  // by hash: the copy that got furthest
   for (size_t i = 0; i < inputs.size(); ++i) {
     stores.push_back(std::make_unique<Store>(inputs[i], StoreAccess::ReadOnly));
+    // One snapshot per input from the decisions to the copies: a shard
+    // still being written is read as it was at this point.
+    stores.back()->db().exec("BEGIN");
     for (RunCopy& r : runs_of(stores.back()->db(), i)) {
       auto it = chosen.find(r.hash);
       if (it == chosen.end()) {

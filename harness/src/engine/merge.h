@@ -10,9 +10,10 @@
 namespace chiar::engine {
 
 // The stores that paths name: a file is itself; a folder stands for every
-// *.db file directly in it, sorted by name. UserError for a path that does
-// not exist or a folder with no .db file.
-std::vector<std::string> expand_store_paths(const std::vector<std::string>& paths);
+// *.db file directly in it but `skip` (a merge's output kept among its
+// shards), sorted by name. UserError ("<path>: no such database") for a path that does not exist or a
+// folder with no .db file.
+std::vector<std::string> expand_store_paths(const std::vector<std::string>& paths, const std::string& skip = "");
 
 struct MergeResult {
   size_t inputs = 0;      // stores read
@@ -23,7 +24,8 @@ struct MergeResult {
 
 // Copies every run of the inputs into `out` (created when missing): its row
 // (spec, status, summary, provenance) and its metrics, train log, FLOPs,
-// routing shares, entropy histograms and checkpoint records. A run held by
+// routing shares and entropy histograms. Checkpoint records stay with the
+// store beside whose folder the files are (chiar inspect reads them there). A run held by
 // several stores is taken from the copy that got furthest: finished over
 // unfinished, then the later step. Finished copies must agree (status, error
 // and every metric, bit for bit); two that differ are a conflict, reported as

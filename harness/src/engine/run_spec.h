@@ -32,6 +32,7 @@ struct TrainOptions {
   int64_t threads = 0;
   int64_t log_every = 10;
   std::string precision = "fp32";
+  std::string device = "auto";  // engine/device.h; recorded, not hashed
   double fail_loss_above = 0;
 };
 

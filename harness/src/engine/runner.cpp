@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 
 #include "model/model.h"
+#include "engine/device.h"
 #include "engine/distributed.h"
 #include "engine/data_parallel.h"
 #include "engine/runtime.h"
@@ -149,6 +150,7 @@ struct Session {
   int threads;              // RunnerOptions::threads
   bool sole_writer;         // RunnerOptions::sole_writer
   ProcessGroup* group;      // a data-parallel run's ranks (this is rank 0); null for one process
+  std::string device;       // RunnerOptions::device
   std::string checkpoints;  // <db>.checkpoints
   bool tty;
   size_t total;             // runs in the matrix
@@ -161,6 +163,8 @@ struct Session {
 RunSpec prepare_run(Session& s, const RunSpec& run) {
   RunSpec spec = run;
   if (s.threads > 0) spec.train.threads = s.threads;
+  if (!s.device.empty()) spec.train.device = s.device;
+  s.prov.device = resolve_device(spec.train.device, "train.device");
   s.prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : s.runtime_threads;
   const Task& task = s.task_of(spec);
   const ModelOptions mo = model_options_for(spec, task);
@@ -386,7 +390,7 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   g_stop.store(false);
   // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
   Session session{registry, tasks, store, std::move(prov), runtime.threads, options.threads, options.sole_writer,
-                  group.get(), boost::filesystem::absolute(db).string() + ".checkpoints",
+                  group.get(), options.device, boost::filesystem::absolute(db).string() + ".checkpoints",
                   isatty(STDOUT_FILENO) != 0, matrix.runs.size()};
   try {
     const int status = run_claimed(session, matrix, db);

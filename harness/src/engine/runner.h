@@ -17,6 +17,7 @@ struct RunnerOptions {
   // No other process writes the store (each Slurm array task has its own):
   // a run left 'running' is resumed at once, not after its heartbeat ages.
   bool sole_writer = false;
+  std::string device;  // overrides train.device when not empty (engine/device.h)
 };
 
 // Runs every run of the matrix that is not finished. Returns the exit status:

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -186,8 +187,17 @@ std::string configure_allocator(int64_t expected_bytes) {
   return g_allocator;
 }
 
+int usable_cores() {
+  // The CPUs this process may run on: a Slurm task, a container or taskset
+  // limits them, and the machine's core count would oversubscribe them.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 int configure_threads(int requested) {
-  int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
+  int n = requested > 0 ? requested : usable_cores();
   if (n < 1) n = 1;
   at::set_num_threads(n);
   // The harness's own parallel loops run in the OpenMP runtime it was linked

@@ -53,6 +53,9 @@ std::string configure_allocator(int64_t expected_bytes = 0);
 // Sets libtorch's intra-op threads: requested > 0 as given, 0 = all cores.
 // Returns the number in force.
 int configure_threads(int requested);
+// The CPUs this process may run on (its affinity mask: what Slurm, a
+// container or taskset allow), the default thread count.
+int usable_cores();
 
 // The BLAS library whose sgemm_ this process binds to (resolved through the
 // Debian alternatives symlink), plus OpenBLAS's own configuration when present.

@@ -2,17 +2,39 @@
 
 #include <regex>
 #include <sstream>
+#include <vector>
 
 #include "chiar/error.h"
 
 namespace chiar::engine {
 namespace {
 
-// 'text' for the shell, with any ' inside closed, escaped and reopened.
-std::string quoted(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
+std::string quoted(const std::string& text) { return shell_quoted(text); }
+
+// Seconds in a --time value of a form check_options accepted.
+long time_limit_seconds(const std::string& time) {
+  long days = 0;
+  std::string rest = time;
+  const auto dash = rest.find('-');
+  if (dash != std::string::npos) {
+    days = std::stol(rest.substr(0, dash));
+    rest = rest.substr(dash + 1);
+  }
+  std::vector<long> parts;
+  std::stringstream in(rest);
+  for (std::string part; std::getline(in, part, ':');) parts.push_back(std::stol(part));
+  long seconds = 0;
+  if (dash != std::string::npos) {  // D-H[:M[:S]]
+    const long units[] = {3600, 60, 1};
+    for (size_t i = 0; i < parts.size(); ++i) seconds += parts[i] * units[i];
+  } else if (parts.size() == 1) {  // M
+    seconds = parts[0] * 60;
+  } else if (parts.size() == 2) {  // M:S
+    seconds = parts[0] * 60 + parts[1];
+  } else {  // H:M:S
+    seconds = parts[0] * 3600 + parts[1] * 60 + parts[2];
+  }
+  return days * 86400 + seconds;
 }
 
 void check(const std::string& option, const std::string& value, const std::regex& form, const std::string& expected) {
@@ -25,6 +47,9 @@ void check_options(const SlurmOptions& o) {
   // Slurm's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
   check("--time", o.time, std::regex(R"((\d+-\d+(:\d+){0,2})|(\d+(:\d+){0,2}))"),
         "minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]");
+  if (!o.time.empty() && time_limit_seconds(o.time) < 180)
+    throw UserError("--time: at least 3 minutes, found '" + o.time +
+                    "' (a task gets SIGTERM 2 minutes before its limit, to checkpoint)");
   check("--mem", o.mem, std::regex(R"(\d+[KMGT]?)"), "a size such as 4000, 16G or 512M");
   const std::regex names(R"([A-Za-z0-9_.,+-]+)");
   check("--partition", o.partition, names, "partition names (letters, digits, '_', '-', '.', ',')");
@@ -38,9 +63,18 @@ void check_options(const SlurmOptions& o) {
 
 }  // namespace
 
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 std::string sbatch_script(const SlurmJob& job) {
   const SlurmOptions& o = job.options;
   check_options(o);
+  // The name goes into comments, the job name and an echo: plain characters only.
+  check("matrix name", job.name, std::regex(R"([A-Za-z0-9_.+-]+)"),
+        "letters, digits, '_', '-', '.' or '+' for a Slurm job name (set [matrix] name)");
   const std::string n = std::to_string(o.tasks);
   std::ostringstream s;
   s << "#!/bin/bash\n"

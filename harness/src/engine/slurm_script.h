@@ -29,6 +29,9 @@ struct SlurmJob {
   SlurmOptions options;
 };
 
+// 'text' for a POSIX shell: single-quoted, any ' inside closed, escaped and reopened.
+std::string shell_quoted(const std::string& text);
+
 // Checks the options a user typed (UserError naming the option: values Slurm
 // would reject, or that would break the script's lines) and returns the
 // script's text. Every path and value is shell-quoted.

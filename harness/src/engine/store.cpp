@@ -205,7 +205,9 @@ void Store::check_readable() {
   const Classified c = classify(db_);
   if (c.kind != DatabaseKind::Store) refuse_foreign(db_.file());
   if (c.version > kSchemaVersion) refuse_newer(db_.file(), c.version);
-  if (c.version < kSchemaVersion)
+  // Schema 6 only added a column no reader needs: a schema-5 store (a shard
+  // written by the previous release, say) is read as it is.
+  if (c.version < kOldestReadableSchema)
     throw UserError(db_.file() + ": schema version " + std::to_string(c.version) + " is older than this harness's " +
                     std::to_string(kSchemaVersion) + "; `chiar run` on its matrix migrates it");
 }

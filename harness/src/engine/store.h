@@ -23,12 +23,14 @@
 namespace chiar::engine {
 
 constexpr int kSchemaVersion = 6;
+// The oldest schema read-only commands read without a migration.
+constexpr int kOldestReadableSchema = 5;
 // PRAGMA application_id of a chiar store: "chia" in ASCII.
 constexpr int32_t kApplicationId = 0x63686961;
 
 enum class StoreAccess {
   ReadWrite,  // `chiar run` (and test fixtures): creates, migrates and stamps
-  ReadOnly,   // show, export, report, inspect: the current schema, nothing changed on disk
+  ReadOnly,   // show, export, report, inspect: schema kOldestReadableSchema or later, nothing changed on disk
 };
 
 struct Provenance {

@@ -780,6 +780,15 @@ void start_or_resume(Run& run, TrainResult& result) {
   for (const auto& b : run.model.buffers()) tensors.push_back(b);
   at::NoGradGuard no_grad;
   run.group->broadcast(tensors);
+  // Each rank draws its own dropout masks: rank 0 goes on with the stream a
+  // single process would use; every other rank takes a stream of its own,
+  // fixed by the run's seed, its rank and the step it starts at.
+  if (run.group->rank() > 0) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(static_cast<uint64_t>(run.spec.seed) * 1000003u +
+                         static_cast<uint64_t>(run.group->rank()) * 7919u + static_cast<uint64_t>(run.start));
+  }
 }
 
 TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {

@@ -1,0 +1,143 @@
+// test_device: train.device and --device. The device is recorded with a
+// run but is not part of its hash; a device this build or machine cannot
+// give is refused before a store, a data file or a rank is touched, naming
+// where the name came from.
+#include <catch2/catch.hpp>
+
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include <string>
+#include <vector>
+
+#include <boost/filesystem.hpp>
+
+#include "chiar/error.h"
+#include "engine/device.h"
+#include "engine/sqlite.h"
+#include "support/process.h"
+#include "support/skip.h"
+#include "support/temp_dir.h"
+#include "support/tiny_matrix.h"
+
+using namespace chiar;
+using test::TempDir;
+
+namespace {
+
+// The refusals below are those of a libtorch without CUDA.
+bool cpu_only_build() {
+  try {
+    at::detail::getCUDAHooks().versionCUDART();
+    return false;
+  } catch (const c10::Error&) {
+    return true;
+  }
+}
+
+void write_matrix(const TempDir& d, const std::string& train_extra = "") {
+  test::write_tiny_matrix(d, R"(name = "dev"
+variants = ["base"]
+tasks = ["flat"]
+seeds = [0]
+)", test::tiny_train_body() + train_extra);
+}
+
+std::vector<std::string> run_args(const TempDir& d, const std::string& db) {
+  return {"run", d.path() + "/m.toml", "--db", db, "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
+}
+
+// The first hash `chiar run --dry-run` lists.
+std::string dry_run_hash(const TempDir& d, std::vector<std::string> extra = {}) {
+  auto args = run_args(d, d.path() + "/dry.db");
+  args.push_back("--dry-run");
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto out = test::run_chiar(args);
+  REQUIRE(out.status == 0);
+  const auto line = out.output.find("\n  ");
+  REQUIRE(line != std::string::npos);
+  return out.output.substr(line + 3, 16);
+}
+
+}  // namespace
+
+TEST_CASE("device: names are checked, and the CPU is what auto and cpu resolve to", "[device]") {
+  CHECK(engine::device_name_problem("auto").empty());
+  CHECK(engine::device_name_problem("cpu").empty());
+  CHECK(engine::device_name_problem("cuda").empty());
+  CHECK(engine::device_name_problem("cuda:0").empty());
+  CHECK(engine::device_name_problem("cuda:12").empty());
+  for (const std::string bad : {"gpu", "cuda:", "cuda:x", "CUDA", "cuda:-1", "cpu:0", ""}) {
+    INFO(bad);
+    CHECK(engine::device_name_problem(bad) == "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+  }
+  CHECK(engine::resolve_device("auto", "x") == "cpu");
+  CHECK(engine::resolve_device("cpu", "x") == "cpu");
+  CHECK_THROWS_WITH(engine::resolve_device("gpu", "--device"),
+                    "--device: \"gpu\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+}
+
+TEST_CASE("device: the device is not part of a run's hash", "[device][cli]") {
+  TempDir d("device-hash");
+  write_matrix(d);
+  const std::string plain = dry_run_hash(d);
+  CHECK(dry_run_hash(d, {"--set", "train.device=cpu"}) == plain);
+  write_matrix(d, "device = \"auto\"\n");
+  CHECK(dry_run_hash(d) == plain);
+  write_matrix(d, "device = \"cpu\"\n");
+  CHECK(dry_run_hash(d) == plain);
+  // A run trained on the CPU records it.
+  const std::string db = d.path() + "/r.db";
+  auto args = run_args(d, db);
+  args.insert(args.end(), {"--device", "cpu"});
+  REQUIRE(test::run_chiar(args).status == 0);
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare("SELECT hash, device FROM runs");
+  REQUIRE(q.step());
+  CHECK(q.text(0) == plain);
+  CHECK(q.text(1) == "cpu");
+}
+
+TEST_CASE("device: CUDA on a libtorch without it is refused before anything runs, naming the source", "[device][cli]") {
+  if (!cpu_only_build()) CHIAR_SKIP("[device]", "this libtorch has CUDA; the refusals checked here are a CPU build's");
+  TempDir d("device-refuse");
+  const std::string db = d.path() + "/r.db";
+  const std::string needs = "\"cuda\" needs a libtorch built with CUDA; this build has none\n";
+
+  write_matrix(d, "device = \"cuda\"\n");
+  auto from_file = test::run_chiar(run_args(d, db));
+  CHECK(from_file.status == 2);
+  CHECK(from_file.output.rfind("chiar: " + d.path() + "/m.toml:", 0) == 0);
+  CHECK(from_file.output.find(": key 'train.device': " + needs) != std::string::npos);
+
+  write_matrix(d);
+  auto args = run_args(d, db);
+  args.insert(args.end(), {"--set", "train.device=cuda"});
+  const auto from_set = test::run_chiar(args);
+  CHECK(from_set.status == 2);
+  CHECK(from_set.output == "chiar: --set train.device: " + needs);
+
+  args = run_args(d, db);
+  args.insert(args.end(), {"--device", "cuda:1", "--nproc", "2"});
+  const auto from_flag = test::run_chiar(args);
+  CHECK(from_flag.status == 2);
+  CHECK(from_flag.output == "chiar: --device: \"cuda:1\" needs a libtorch built with CUDA; this build has none\n");
+
+  args = run_args(d, db);
+  args.insert(args.end(), {"--device", "gpu"});
+  CHECK(test::run_chiar(args).output == "chiar: --device: \"gpu\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"\n");
+
+  const auto bench = test::run_chiar({"bench-train", "--device", "cuda", "--steps", "1"});
+  CHECK(bench.status == 2);
+  CHECK(bench.output == "chiar: --device: " + needs);
+  CHECK_FALSE(boost::filesystem::exists(db));
+  CHECK_FALSE(boost::filesystem::exists(db + ".checkpoints"));
+}
+
+TEST_CASE("device: a device name of the wrong form in a matrix is refused at its key", "[device][cli]") {
+  TempDir d("device-form");
+  write_matrix(d, "device = \"gpu\"\n");
+  const auto out = test::run_chiar(run_args(d, d.path() + "/r.db"));
+  CHECK(out.status == 2);
+  CHECK(out.output.find("must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"") != std::string::npos);
+  CHECK(out.output.rfind("chiar: " + d.path() + "/m.toml:", 0) == 0);
+}
