@@ -4,8 +4,6 @@
 // where the name came from.
 #include <catch2/catch.hpp>
 
-#include <ATen/detail/CUDAHooksInterface.h>
-
 #include <string>
 #include <vector>
 
@@ -23,16 +21,6 @@ using namespace chiar;
 using test::TempDir;
 
 namespace {
-
-// The refusals below are those of a libtorch without CUDA.
-bool cpu_only_build() {
-  try {
-    at::detail::getCUDAHooks().versionCUDART();
-    return false;
-  } catch (const c10::Error&) {
-    return true;
-  }
-}
 
 void write_matrix(const TempDir& d, const std::string& train_extra = "") {
   test::write_tiny_matrix(d, R"(name = "dev"
@@ -98,7 +86,7 @@ TEST_CASE("device: the device is not part of a run's hash", "[device][cli]") {
 }
 
 TEST_CASE("device: CUDA on a libtorch without it is refused before anything runs, naming the source", "[device][cli]") {
-  if (!cpu_only_build()) CHIAR_SKIP("[device]", "this libtorch has CUDA; the refusals checked here are a CPU build's");
+  if (engine::built_with_cuda()) CHIAR_SKIP("[device]", "this libtorch has CUDA; the refusals checked here are a CPU build's");
   TempDir d("device-refuse");
   const std::string db = d.path() + "/r.db";
   const std::string needs = "\"cuda\" needs a libtorch built with CUDA; this build has none\n";

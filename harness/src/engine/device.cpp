@@ -9,11 +9,8 @@
 #include "chiar/error.h"
 
 namespace chiar::engine {
-namespace {
-
-// Whether this libtorch carries its CUDA library: the stub hooks of a
-// CPU-only build throw on any version query.
 bool built_with_cuda() {
+  // The stub hooks of a CPU-only build throw on any version query.
   try {
     at::detail::getCUDAHooks().versionCUDART();
     return true;
@@ -21,6 +18,8 @@ bool built_with_cuda() {
     return false;
   }
 }
+
+namespace {
 
 bool is_cuda_index(const std::string& name) {
   if (name.rfind("cuda:", 0) != 0 || name.size() == 5 || name.size() > 8) return false;

@@ -7,6 +7,9 @@
 
 namespace chiar::engine {
 
+// Whether this libtorch carries its CUDA library (whatever the machine has).
+bool built_with_cuda();
+
 // Whether `name` is one of the forms above ("" when it is, else the
 // complaint, for the option table's check).
 std::string device_name_problem(const std::string& name);
