@@ -20,6 +20,7 @@
 #include <boost/filesystem.hpp>
 
 #include "engine/sqlite.h"
+#include "support/faults.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 #include "support/tiny_matrix.h"
@@ -29,9 +30,14 @@ using test::TempDir;
 
 namespace {
 
+using test::query_integer;
+using test::read_text;
+
+// One thread per process.
 std::vector<std::string> run_args(const TempDir& d, const std::string& db) {
-  return {"run", d.path() + "/m.toml", "--db", db, "--data-root", d.path(), "--cache-dir", d.path() + "/cache",
-          "--threads", "1"};
+  auto args = test::tiny_run_args(d, db);
+  args.insert(args.end(), {"--threads", "1"});
+  return args;
 }
 
 // (run name, step, loss) of every logged step, in order.
@@ -41,17 +47,6 @@ std::vector<std::tuple<std::string, int64_t, double>> train_log(const std::strin
   std::vector<std::tuple<std::string, int64_t, double>> out;
   while (q.step()) out.emplace_back(q.text(0), q.integer(1), q.real(2));
   return out;
-}
-
-int64_t query_integer(const std::string& db, const std::string& sql) {
-  engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare(sql);
-  return q.step() ? q.integer(0) : -1;
-}
-
-std::string read_text(const std::string& file) {
-  std::ifstream in(file);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // The pids of a process's children (Linux: /proc/<pid>/task/<pid>/children).

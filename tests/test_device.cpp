@@ -30,9 +30,7 @@ seeds = [0]
 )", test::tiny_train_body() + train_extra);
 }
 
-std::vector<std::string> run_args(const TempDir& d, const std::string& db) {
-  return {"run", d.path() + "/m.toml", "--db", db, "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
-}
+std::vector<std::string> run_args(const TempDir& d, const std::string& db) { return test::tiny_run_args(d, db); }
 
 // The first hash `chiar run --dry-run` lists.
 std::string dry_run_hash(const TempDir& d, std::vector<std::string> extra = {}) {

@@ -24,6 +24,7 @@
 #include "engine/slurm_script.h"
 #include "engine/sqlite.h"
 #include "engine/store.h"
+#include "support/faults.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 #include "support/tiny_matrix.h"
@@ -43,14 +44,13 @@ seeds = [0, 1]
 )", test::tiny_train_body());
 }
 
-std::vector<std::string> run_args(const TempDir& d, const std::string& db) {
-  return {"run", d.path() + "/m.toml", "--db", db, "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
-}
+using test::read_text;
+using test::tiny_run_args;
 
 // Runs the matrix as two shards, into <d>/shards/shard-{1,2}.db.
 void run_two_shards(const TempDir& d) {
   for (const std::string k : {"1", "2"}) {
-    auto args = run_args(d, d.path() + "/shards/shard-" + k + ".db");
+    auto args = tiny_run_args(d, d.path() + "/shards/shard-" + k + ".db");
     args.insert(args.end(), {"--shard", k + "/2"});
     const auto out = test::run_chiar(args);
     INFO(out.output);
@@ -77,12 +77,6 @@ std::string dump(const std::string& db) {
   return s.str();
 }
 
-int64_t count(const std::string& db, const std::string& sql) {
-  engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare(sql);
-  return q.step() ? q.integer(0) : -1;
-}
-
 std::map<std::string, std::string> status_by_name(const std::string& db) {
   engine::Database con(db, engine::OpenMode::ReadOnly);
   auto q = con.prepare("SELECT name, status FROM runs");
@@ -95,11 +89,6 @@ void copy_file(const std::string& from, const std::string& to) {
   fs::copy_file(from, to, fs::copy_option::overwrite_if_exists);
 }
 
-std::string read_text(const std::string& file) {
-  std::ifstream in(file);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 }  // namespace
 
 TEST_CASE("merge: shard stores combine into one holding every run once; merging again changes nothing", "[merge]") {
@@ -108,8 +97,8 @@ TEST_CASE("merge: shard stores combine into one holding every run once; merging 
   run_two_shards(d);
   const std::string s1 = d.path() + "/shards/shard-1.db", s2 = d.path() + "/shards/shard-2.db";
   const std::string all = d.path() + "/all.db";
-  REQUIRE(count(s1, "SELECT COUNT(*) FROM runs") == 2);
-  REQUIRE(count(s2, "SELECT COUNT(*) FROM runs") == 2);
+  REQUIRE(test::query_integer(s1, "SELECT COUNT(*) FROM runs") == 2);
+  REQUIRE(test::query_integer(s2, "SELECT COUNT(*) FROM runs") == 2);
 
   const auto first = test::run_chiar({"merge", all, d.path() + "/shards"});
   INFO(first.output);
@@ -120,13 +109,13 @@ TEST_CASE("merge: shard stores combine into one holding every run once; merging 
   for (const auto& [name, s] : status) CHECK(s == "done");
   // Every record of every run came across, and its metrics bit for bit;
   // the checkpoint records stay with the shards whose folders hold the files.
-  CHECK(count(all, "SELECT COUNT(*) FROM checkpoints") == 0);
-  CHECK(count(s1, "SELECT COUNT(*) FROM checkpoints") > 0);
+  CHECK(test::query_integer(all, "SELECT COUNT(*) FROM checkpoints") == 0);
+  CHECK(test::query_integer(s1, "SELECT COUNT(*) FROM checkpoints") > 0);
   for (const std::string table : {"metrics", "train_log", "flops", "routing", "histograms"}) {
     INFO(table);
     const std::string n = "SELECT COUNT(*) FROM " + table;
-    CHECK(count(all, n) == count(s1, n) + count(s2, n));
-    CHECK(count(all, n) > 0);
+    CHECK(test::query_integer(all, n) == test::query_integer(s1, n) + test::query_integer(s2, n));
+    CHECK(test::query_integer(all, n) > 0);
   }
   for (const auto& [name, s] : status) {
     const std::string shard = status_by_name(s1).count(name) ? s1 : s2;

@@ -59,12 +59,6 @@ void write_foreign_database(const std::string& file, bool wal) {
   if (!wal) con.exec("PRAGMA journal_mode=DELETE");
 }
 
-int64_t query_integer(const std::string& file, const std::string& sql) {
-  engine::Database con(file, engine::OpenMode::ReadOnly);
-  auto q = con.prepare(sql);
-  return q.step() ? q.integer(0) : -1;
-}
-
 engine::RunSpec spec_named(const std::string& variant, int seed) {
   engine::RunSpec r;
   r.matrix = "m";
@@ -91,9 +85,8 @@ seeds = [0, 1]
 )", test::tiny_train_body());
 }
 
-std::vector<std::string> run_args(const TempDir& d, const std::string& db) {
-  return {"run", d.path() + "/m.toml", "--db", db, "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
-}
+using test::query_integer;
+std::vector<std::string> run_args(const TempDir& d, const std::string& db) { return test::tiny_run_args(d, db); }
 
 }  // namespace
 

@@ -50,6 +50,16 @@ void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const s
                         extra);
 }
 
+std::vector<std::string> tiny_run_args(const TempDir& d, const std::string& db) {
+  return {"run", d.path() + "/m.toml", "--db", db, "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
+}
+
+int64_t query_integer(const std::string& db, const std::string& sql) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare(sql);
+  return q.step() ? q.integer(0) : -1;
+}
+
 std::vector<double> test_split_metrics(const std::string& db, const std::string& run_glob) {
   engine::Database con(db, engine::OpenMode::ReadOnly);
   auto q = con.prepare(

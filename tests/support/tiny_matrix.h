@@ -38,6 +38,13 @@ void write_tiny_corpus(const TempDir& d);
 void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const std::string& train_body,
                        const std::string& extra = "");
 
+// `chiar run <d>/m.toml --db DB` with the data and cache folders under d.
+std::vector<std::string> tiny_run_args(const TempDir& d, const std::string& db);
+
+// The first column of the first row of a query on a store, read-only; -1
+// when there is no row.
+int64_t query_integer(const std::string& db, const std::string& sql);
+
 // The test split's metrics (best and last checkpoint) of the runs whose name
 // matches `run_glob`, in a fixed order: what resume tests compare bit for bit.
 std::vector<double> test_split_metrics(const std::string& db, const std::string& run_glob = "*");

@@ -1,7 +1,4 @@
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -25,15 +22,24 @@
 namespace chiar::cli {
 namespace {
 
+// Where an option's value came from: "--set KEY" when a --set gives it (it
+// applies last), else the first of the TOML key paths the matrix sets
+// ("file:line:column: key 'PATH'"), else "".
+std::string option_origin(const RunArgs& a, const engine::Matrix& matrix, const std::string& set_key,
+                          const std::vector<std::string>& paths) {
+  for (const auto& s : a.set)
+    if (s.rfind(set_key + "=", 0) == 0) return "--set " + set_key;
+  for (const std::string& path : paths)
+    if (const std::string at = locate_toml_key(matrix.file, path); !at.empty()) return at + ": key '" + path + "'";
+  return "";
+}
+
 // Where a run's task option came from, in the order a matrix applies them:
 // --set task.KEY last, then a [sweep.task] axis, then the task's table.
 std::string task_option_origin(const RunArgs& a, const engine::Matrix& matrix, const std::string& task,
                                const std::string& key) {
-  for (const auto& s : a.set)
-    if (s.rfind("task." + key + "=", 0) == 0) return "--set task." + key;
-  for (const std::string& path : {"sweep.task." + key, "tasks." + task + "." + key})
-    if (const std::string at = locate_toml_key(matrix.file, path); !at.empty()) return at + ": key '" + path + "'";
-  return matrix.where.at("tasks." + task) + ": key 'tasks." + task + "." + key + "'";
+  const std::string origin = option_origin(a, matrix, "task." + key, {"sweep.task." + key, "tasks." + task + "." + key});
+  return !origin.empty() ? origin : matrix.where.at("tasks." + task) + ": key 'tasks." + task + "." + key + "'";
 }
 
 // Every task option of every run checked against what its plugin declares,
@@ -60,18 +66,9 @@ void check_devices_of(const RunArgs& a, const engine::Matrix& matrix) {
     const std::string name = a.device.empty() ? r.train.device : a.device;
     if (std::find(checked.begin(), checked.end(), name) != checked.end()) continue;
     checked.push_back(name);
-    std::string origin = "train.device";
-    if (!a.device.empty()) {
-      origin = "--device";
-    } else if (std::any_of(a.set.begin(), a.set.end(),
-                           [](const std::string& s) { return s.rfind("train.device=", 0) == 0; })) {
-      origin = "--set train.device";
-    } else {
-      for (const std::string path : {"sweep.train.device", "train.device"})
-        if (const std::string at = locate_toml_key(matrix.file, path); !at.empty() && origin == "train.device")
-          origin = at + ": key '" + path + "'";
-    }
-    engine::resolve_device(name, origin);
+    std::string origin =
+        !a.device.empty() ? "--device" : option_origin(a, matrix, "train.device", {"sweep.train.device", "train.device"});
+    engine::resolve_device(name, origin.empty() ? "train.device" : origin);
   }
 }
 
@@ -99,10 +96,7 @@ int launch_ranks(const Global& g, const RunArgs& a) {
     throw UserError("--nproc " + std::to_string(a.nproc) +
                     ": this process is already one rank of a launched world (RANK/WORLD_SIZE or Slurm's "
                     "SLURM_PROCID/SLURM_NTASKS are set); use one launcher, not both");
-  std::array<char, 4096> self{};
-  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
-  if (n <= 0) throw EnvironmentError("/proc/self/exe: cannot find the chiar binary to start the ranks");
-  std::vector<std::string> argv{std::string(self.data(), static_cast<size_t>(n))};
+  std::vector<std::string> argv{own_binary()};
   for (size_t i = 1; i < g.argv.size(); ++i) {
     const std::string& arg = g.argv[i];
     if (arg == "--nproc") {

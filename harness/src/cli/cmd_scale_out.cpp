@@ -24,14 +24,6 @@ namespace fs = boost::filesystem;
 
 std::string absolute(const std::string& path) { return fs::absolute(path).lexically_normal().string(); }
 
-// This process's binary: every array task runs the chiar that wrote the script.
-std::string own_binary() {
-  std::array<char, 4096> buf{};
-  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  if (n <= 0) throw EnvironmentError("/proc/self/exe: cannot find the chiar binary; give --chiar PATH");
-  return std::string(buf.data(), static_cast<size_t>(n));
-}
-
 // Runs `sbatch --parsable script` and returns the job id it prints.
 std::string submit(const std::string& script) {
   const std::string command = "sbatch --parsable " + engine::shell_quoted(script) + " 2>&1";
@@ -62,6 +54,13 @@ std::string submit(const std::string& script) {
 }
 
 }  // namespace
+
+std::string own_binary() {
+  std::array<char, 4096> buf{};
+  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) throw EnvironmentError("/proc/self/exe: cannot find the chiar binary");
+  return std::string(buf.data(), static_cast<size_t>(n));
+}
 
 int run_slurm(const Global&, const SlurmArgs& a) {
   engine::MatrixOptions m;

@@ -84,6 +84,10 @@ struct SlurmArgs {
 };
 int run_slurm(const Global& g, const SlurmArgs& a);
 
+// The chiar binary this process runs (what Slurm array tasks and --nproc
+// ranks start). EnvironmentError when /proc/self/exe cannot be read.
+std::string own_binary();
+
 struct MergeArgs {
   std::string out;
   std::vector<std::string> inputs;  // stores, or folders of them

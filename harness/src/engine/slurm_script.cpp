@@ -9,8 +9,6 @@
 namespace chiar::engine {
 namespace {
 
-std::string quoted(const std::string& text) { return shell_quoted(text); }
-
 // Seconds in a --time value of a form check_options accepted.
 long time_limit_seconds(const std::string& time) {
   long days = 0;
@@ -81,13 +79,13 @@ std::string sbatch_script(const SlurmJob& job) {
     << "# Written by `chiar slurm`: matrix '" << job.name << "' as a job array of " << n << " tasks.\n"
     << "# Task i runs a deterministic 1/" << n << " of the matrix (--shard i/" << n << ") into its own store,\n"
     << "# shard-i.db beside this script. Once the tasks end, combine the shards:\n"
-    << "#   chiar merge " << quoted(job.dir + "/merged.db") << " " << quoted(job.dir) << "\n"
+    << "#   chiar merge " << shell_quoted(job.dir + "/merged.db") << " " << shell_quoted(job.dir) << "\n"
     << "# A preempted, requeued or resubmitted task resumes its runs from their checkpoints\n"
     << "# (--sole-writer: no other process writes its store). Submit with sbatch, or `chiar slurm --submit`.\n"
-    << "#SBATCH --job-name=" << quoted("chiar-" + job.name) << "\n"
+    << "#SBATCH --job-name=" << shell_quoted("chiar-" + job.name) << "\n"
     << "#SBATCH --array=1-" << n << "\n"
-    << "#SBATCH --output=" << quoted(job.dir + "/logs/%A_%a.out") << "\n"
-    << "#SBATCH --chdir=" << quoted(job.workdir) << "\n"
+    << "#SBATCH --output=" << shell_quoted(job.dir + "/logs/%A_%a.out") << "\n"
+    << "#SBATCH --chdir=" << shell_quoted(job.workdir) << "\n"
     << "#SBATCH --ntasks=1\n"
     << "#SBATCH --requeue\n"
     << "#SBATCH --open-mode=append\n";
@@ -109,15 +107,15 @@ std::string sbatch_script(const SlurmJob& job) {
     << ", job ${SLURM_JOB_ID:-?}, on $(hostname), restart ${SLURM_RESTART_COUNT:-0}\"\n"
     // exec: chiar is the batch step's process, so the SIGTERM of scancel,
     // preemption or the time limit reaches it directly.
-    << "exec " << quoted(job.chiar) << " run " << quoted(job.matrix) << " \\\n"
+    << "exec " << shell_quoted(job.chiar) << " run " << shell_quoted(job.matrix) << " \\\n"
     << "  --shard \"${shard}/" << n << "\" \\\n"
-    << "  --db " << quoted(job.dir) << "/shard-\"${shard}\".db \\\n"
+    << "  --db " << shell_quoted(job.dir) << "/shard-\"${shard}\".db \\\n"
     << "  --sole-writer \\\n"
-    << "  --data-root " << quoted(job.data_root) << " \\\n"
-    << "  --cache-dir " << quoted(job.cache_dir);
+    << "  --data-root " << shell_quoted(job.data_root) << " \\\n"
+    << "  --cache-dir " << shell_quoted(job.cache_dir);
   if (o.cpus_per_task > 0) s << " \\\n  --threads " << o.cpus_per_task;
-  if (!job.only.empty()) s << " \\\n  --only " << quoted(job.only);
-  for (const auto& kv : job.set) s << " \\\n  --set " << quoted(kv);
+  if (!job.only.empty()) s << " \\\n  --only " << shell_quoted(job.only);
+  for (const auto& kv : job.set) s << " \\\n  --set " << shell_quoted(kv);
   s << "\n";
   return s.str();
 }
