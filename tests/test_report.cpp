@@ -8,8 +8,10 @@
 
 #include "engine/store.h"
 #include "report/claims.h"
+#include "report/equal_time.h"
 #include "report/report.h"
 #include "report/verdict_stats.h"
+#include "support/faults.h"
 #include "support/fixtures.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -76,7 +78,8 @@ std::string make_store(const TempDir& d) {
       store.add_metrics(r.hash, 10, "test", "best", {{"token_ppl", base + 2 * s}, {"word_ppl", base + 2 * s}, {"bits_per_byte", 1.0}});
       store.add_metrics(r.hash, 10, "test", "last", {{"token_ppl", base + 2 * s + 1}});
     } else {
-      store.add_metrics(r.hash, 10, "test", "best", {{"accuracy", r.variant == "baseline" ? 0.9 + 0.02 * s : 0.6}});
+      store.add_metrics(r.hash, 10, "test", "best",
+                        {{"accuracy", r.variant == "baseline" ? 0.9 + 0.02 * s : 0.6}, {"majority_rate", 0.125}});
     }
     // Attention 8 GFLOPs per sequence for the baseline, 3 for DCT+Attn (-62.5%).
     const double attn = r.variant == "baseline" ? 8e9 : 3e9;
@@ -109,6 +112,9 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   CHECK(cls.rows.size() == 2);                    // failed and diverged runs are not averaged in
   CHECK(cls.rows[0][2] == "91.00 ± 1.41");        // 90 and 92: two seeds, no CI
   CHECK(cls.best[0][2]);
+  CHECK(cls.header[3] == "majority class %");  // shown beside accuracy, never ranked
+  CHECK(cls.rows[0][3] == "12.50 ± 0.00");
+  CHECK_FALSE((cls.best[0][3] || cls.best[1][3]));
   REQUIRE(s.problems.size() == 2);
   CHECK(s.problems[0]->status == engine::RunStatus::Failed);
   CHECK(s.problems[1]->diverged_step == 7);
@@ -116,6 +122,53 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   CHECK(st.mean == Approx(2.5));
   CHECK(st.std == Approx(1.2909944));
   CHECK(st.ci95 == Approx(3.182 * 1.2909944 / 2));
+}
+
+TEST_CASE("quality at equal training time: read off each run's learning curve", "[report]") {
+  // baseline: 100 ms steps, validations at steps 10, 20, 30 (1, 2, 3 s);
+  // fast: 50 ms steps, validations at 20, 40, 80 (1, 2, 4 s). Each run's last
+  // validation scores the whole split (5,000 tokens, not 1,000) and is left
+  // out of its curve. T* = min(3 s, 4 s) = 3 s, where baseline's curve ends.
+  TempDir d("equal-time");
+  const std::string db = d.path() + "/equal.db";
+  {
+    engine::Store store(db);
+    std::vector<engine::RunSpec> runs;
+    for (const char* v : {"baseline", "fast"})
+      for (int seed = 0; seed < 3; ++seed) runs.push_back(spec(v, "lm", seed));
+    store.register_runs(runs);
+    for (const auto& r : runs) {
+      store.claim(r, engine::Provenance{});
+      const double s = static_cast<double>(r.seed);
+      const bool fast = r.variant == "fast";
+      const std::vector<std::pair<int64_t, double>> curve =
+          fast ? std::vector<std::pair<int64_t, double>>{{20, 110}, {40, 90}, {80, 70}}
+               : std::vector<std::pair<int64_t, double>>{{10, 100}, {20, 80}, {30, 70}};
+      for (const auto& [step, ppl] : curve) store.add_metrics(r.hash, step, "valid", "current", {{"token_ppl", ppl + s}, {"tokens", 1000}});
+      store.add_metrics(r.hash, fast ? 100 : 40, "valid", "current", {{"token_ppl", 50.0}, {"tokens", 5000}});
+      store.add_metrics(r.hash, fast ? 100 : 40, "test", "best", {{"token_ppl", 60.0}});
+      engine::RunSummary sum;
+      sum.step_ms = fast ? 50 : 100;
+      sum.tau = "{}";
+      store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
+    }
+  }
+  const auto tables = report::equal_time_tables(summary_of(db));
+  REQUIRE(tables.size() == 1);
+  const auto& e = tables[0];
+  CHECK(e.task == "lm");
+  CHECK(e.seconds == Approx(3.0));
+  CHECK(e.limited_by == "baseline");
+  CHECK(e.table.header[2] == "valid token PPL at 3.0 s");
+  // baseline at 3 s: its last point, 70 + seed; fast at 3 s: halfway from 90 to 70.
+  CHECK(e.table.rows[0] == std::vector<std::string>{"baseline", "3", "71.00 ± 1.00", "30", "71.00 ± 1.00", "3.0"});
+  CHECK(e.table.rows[1] == std::vector<std::string>{"fast", "3", "81.00 ± 1.00", "60", "71.00 ± 1.00", "4.0"});
+  CHECK(e.table.best[0][2]);
+  CHECK_FALSE(e.table.best[1][2]);
+  // And in the report, under the task's table.
+  const auto files = report::write_report(db, d.path() + "/out/equal", "baseline", kClaims, test::plugins());
+  const std::string text = test::read_text(files.markdown);
+  CHECK_THAT(text, Catch::Matchers::Contains("### lm at equal training time\n\nValidation quality after the same 3.0 s of training, when baseline's curve ends"));
 }
 
 TEST_CASE("report claims: verdicts from the numbers", "[report]") {

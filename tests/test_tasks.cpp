@@ -125,6 +125,18 @@ TEST_CASE("imdb: labels from folders, <br /> removed, a seeded validation split,
     CHECK(text.find("<br") == std::string::npos);
   }
   CHECK(task->stats("test").types > 10);
+  // The files come sorted by label; the splits scored in part do not.
+  const auto first_test = task->eval_batch("test", 0, 4).targets.sum().item<int64_t>();
+  CHECK((first_test > 0 && first_test < 4));
+  // test_size: half of each class, the same draw for the same split_seed.
+  auto sub = make_task("imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{6}), d.path());
+  CHECK(sub->stats("test").label_counts == std::vector<int64_t>{3, 3});
+  auto sub_again = make_task("imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{6}), d.path());
+  CHECK(at::equal(sub->eval_batch("test", 0, 6).tokens, sub_again->eval_batch("test", 0, 6).tokens));
+  auto other = make_task("imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{6}).set("split_seed", int64_t{5}), d.path());
+  CHECK_FALSE(at::equal(sub->eval_batch("test", 0, 6).tokens, other->eval_batch("test", 0, 6).tokens));
+  CHECK_THROWS_WITH(make_task("imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{7}), d.path()),
+                    Catch::Matchers::EndsWith("imdb: test_size must be 0 (all) or an even count of at most 20 (half of each class), found 7"));
   d.write("imdb/aclImdb/test/pos/999_3.txt", "a three-star review filed as positive");
   CHECK_THROWS_WITH(make_task("imdb", Params().set("path", std::string("imdb")), d.path()),
                     Catch::Matchers::EndsWith("imdb: '" + d.path() +

@@ -1,13 +1,17 @@
 // IMDB sentiment classification from the aclImdb folder layout
 // ({train,test}/{neg,pos}/<id>_<rating>.txt). Labels come from the folder
-// (neg 0, pos 1) and must agree with the rating in the file name, "<br />" becomes a space. A validation split is carved from
-// train by split_seed; test stays test.
+// (neg 0, pos 1) and must agree with the rating in the file name; "<br />"
+// becomes a space. A validation split is carved from train by split_seed;
+// test stays test. Validation and test come in an order drawn from
+// split_seed, so an evaluation of their first batches sees both labels.
 //
 // Options: path (a folder holding aclImdb/, or aclImdb itself), archive (a
 // .tar.gz of that layout, extracted once into the cache folder), tokenizer
 // (bytes as in Long Range Arena's "Text" task, or word | bpe | unigram),
 // max_len (4000; 1000 is LRA's other usual setting), valid_fraction (0.1),
-// split_seed (0).
+// split_seed (0), test_size (0 = all 25,000 test reviews; otherwise an even
+// count, half of each class, drawn by split_seed: scoring 25,000 reviews of
+// 1,000+ bytes three times per run costs more than a CPU-scale run's training).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -80,6 +84,24 @@ std::vector<Review> read_reviews(const fs::path& folder) {
   return out;
 }
 
+// The reviews in an order drawn from `seed` (the files come sorted by label,
+// and an evaluation that scores only the first batches must see both), all
+// of them, or `size` of them, half of each label, when size is not 0.
+std::vector<Review> shuffled_test_split(std::vector<Review> reviews, int64_t size, uint64_t seed) {
+  int64_t per_label[2] = {0, 0};
+  for (const auto& r : reviews) ++per_label[r.label];
+  const int64_t most = 2 * std::min(per_label[0], per_label[1]);
+  if (size < 0 || size % 2 != 0 || size > most)
+    throw UserError("imdb: test_size must be 0 (all) or an even count of at most " + std::to_string(most) +
+                    " (half of each class), found " + std::to_string(size));
+  const int64_t quota = size == 0 ? std::max(per_label[0], per_label[1]) : size / 2;
+  std::vector<Review> out;
+  int64_t taken[2] = {0, 0};
+  for (int64_t i : SplitMix64(seed, 0x7E57).permutation(static_cast<int64_t>(reviews.size())))
+    if (taken[reviews[i].label]++ < quota) out.push_back(std::move(reviews[i]));
+  return out;
+}
+
 // The folder that holds train/ and test/.
 fs::path find_root(const TaskSpec& spec) {
   const std::string archive = spec.params.get_string("archive", "");
@@ -111,7 +133,7 @@ class ImdbTask final : public ClassificationTask {
     if (!(valid_fraction >= 0 && valid_fraction < 1)) throw UserError("imdb: valid_fraction must lie in [0, 1)");
     root_ = find_root(spec);
     auto train = read_reviews(root_ / "train");
-    auto test = read_reviews(root_ / "test");
+    auto test = shuffled_test_split(read_reviews(root_ / "test"), spec.params.get_int("test_size", 0), split_seed);
 
     const auto order = SplitMix64(split_seed, 0x1DB).permutation(static_cast<int64_t>(train.size()));
     const auto n_valid = static_cast<int64_t>(valid_fraction * static_cast<double>(train.size()) + 0.5);
@@ -126,7 +148,9 @@ class ImdbTask final : public ClassificationTask {
 
     for (const char* name : {"train", "valid", "test"})
       add_split(ClassSplit(name, 2, tokenizer_->pad_id(), max_len_));
-    for (size_t i = 0; i < train.size(); ++i) add(is_valid[i] ? "valid" : "train", train[i]);
+    for (size_t i = 0; i < train.size(); ++i)
+      if (!is_valid[i]) add("train", train[i]);
+    for (int64_t i = 0; i < n_valid; ++i) add("valid", train[order[i]]);  // drawn order: both labels in any prefix
     for (const auto& r : test) add("test", r);
   }
 
@@ -162,7 +186,8 @@ std::vector<TaskOption> imdb_options() {
                                      {"archive", ParamKind::String},
                                      {"max_len", ParamKind::Int},
                                      {"valid_fraction", ParamKind::Number},
-                                     {"split_seed", ParamKind::Int}};
+                                     {"split_seed", ParamKind::Int},
+                                     {"test_size", ParamKind::Int}};
   for (auto& o : tokenizer_options()) options.push_back(std::move(o));
   return options;
 }

@@ -136,11 +136,16 @@ void add_class_metrics(std::map<std::string, double>& metrics, double loss_sum, 
   const ClassMetrics m = class_metrics(loss_sum, correct, count);
   metrics["accuracy"] = m.accuracy;
   metrics["loss"] = m.mean_loss;
-  metrics["examples"] = 0;
+  int64_t examples = 0, largest_class = 0;
   for (size_t c = 0; c < count.size(); ++c) {
-    metrics["examples"] += static_cast<double>(count[c]);
+    examples += count[c];
+    largest_class = std::max(largest_class, count[c]);
     if (count[c]) metrics["accuracy_class_" + std::to_string(c)] = static_cast<double>(correct[c]) / static_cast<double>(count[c]);
   }
+  metrics["examples"] = static_cast<double>(examples);
+  // What always answering the split's most frequent class scores: the floor
+  // an accuracy must clear before it says the model learned anything.
+  if (examples > 0) metrics["majority_rate"] = static_cast<double>(largest_class) / static_cast<double>(examples);
 }
 
 EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,

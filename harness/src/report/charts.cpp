@@ -141,8 +141,11 @@ std::map<int64_t, double> validation_losses(engine::Database& db, int64_t run_id
   std::map<int64_t, std::map<std::string, double>> by_step;
   while (val.step()) by_step[val.integer(0)][val.text(1)] = val.real(2);
   std::map<int64_t, double> out;
-  for (const auto& [step, m] : by_step)
-    out[step] = m.count("loss") ? m.at("loss") : m.at("nll") / std::max(1.0, m.at("tokens"));
+  for (const auto& [step, m] : by_step)  // a validation with neither is not drawn
+    if (m.count("loss"))
+      out[step] = m.at("loss");
+    else if (m.count("nll") && m.count("tokens"))
+      out[step] = m.at("nll") / std::max(1.0, m.at("tokens"));
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include "charts.h"
 #include "html.h"
 #include "claims.h"
+#include "equal_time.h"
 
 namespace chiar::report {
 namespace {
@@ -76,9 +77,9 @@ void write_intro(Pages& p, const std::string& title, const std::string& db, cons
          << html_escape(baseline) << "</code>.</p>\n";
 }
 
-void write_table(Pages& p, const Summary& s, const std::string& task, const Table& table) {
-  p.md << "## " << task << "\n\n|";
-  p.html << "<h2>" << html_escape(task) << "</h2>\n<table class=\"results\"><tr>";
+void write_grid(Pages& p, const Summary& s, const Table& table) {
+  p.md << "|";
+  p.html << "<table class=\"results\"><tr>";
   for (const auto& h : table.header) {
     p.md << " " << h << " |";
     p.html << "<th>" << html_escape(h) << "</th>";
@@ -104,6 +105,23 @@ void write_table(Pages& p, const Summary& s, const std::string& task, const Tabl
   }
   p.html << "</table>\n";
   p.md << "\n";
+}
+
+void write_table(Pages& p, const Summary& s, const std::string& task, const Table& table) {
+  p.md << "## " << task << "\n\n";
+  p.html << "<h2>" << html_escape(task) << "</h2>\n";
+  write_grid(p, s, table);
+}
+
+void write_equal_time(Pages& p, const Summary& s, const EqualTimeTable& e) {
+  const std::string text =
+      "Validation quality after the same " + fixed(e.seconds, 1) + " s of training, when " + e.limited_by +
+      "'s curve ends (its mean time to its last comparable validation). A run's training time at a validation is its "
+      "step times its median step time; values are interpolated between validations, mean ± standard deviation over "
+      "seeds.";
+  p.md << "### " << e.task << " at equal training time\n\n" << text << "\n\n";
+  p.html << "<h3>" << html_escape(e.task) << " at equal training time</h3>\n<p>" << html_escape(text) << "</p>\n";
+  write_grid(p, s, e.table);
 }
 
 // The chart's <svg> element, inlined so that the HTML needs no other file.
@@ -211,12 +229,13 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       std::string name, key;
       double scale;
       int digits;
+      bool ranked;
     };
     std::vector<Col> metric_cols;
     if (t.language_model)
-      metric_cols = {{"token PPL", "token_ppl", 1, 2}, {"word PPL", "word_ppl", 1, 2}, {"bits/byte", "bits_per_byte", 1, 4}};
-    else
-      metric_cols = {{"accuracy %", "accuracy", 100, 2}};
+      metric_cols = {{"token PPL", "token_ppl", 1, 2, true}, {"word PPL", "word_ppl", 1, 2, true}, {"bits/byte", "bits_per_byte", 1, 4, true}};
+    else  // the test split's majority class: the rate a model must beat to have learned anything
+      metric_cols = {{"accuracy %", "accuracy", 100, 2, true}, {"majority class %", "majority_rate", 100, 2, false}};
     table.header = {"variant", "seeds"};
     for (const auto& c : metric_cols) table.header.push_back(c.name);
     for (const char* h : {"attn GFLOPs", "attn vs base", "total GFLOPs exec / sparse", "train tok/s", "speed-up",
@@ -231,7 +250,7 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       for (const auto& c : metric_cols) {
         auto it = v.metric.find(c.key);
         row.push_back(it == v.metric.end() ? "" : with_spread(it->second, c.scale, c.digits));
-        values.push_back(it == v.metric.end() ? NAN : it->second.mean);
+        values.push_back(it == v.metric.end() || !c.ranked ? NAN : it->second.mean);
         lower[row.size() - 1] = lower_is_better(c.key);
       }
       row.push_back(fixed(v.attn_gflops.mean, 5));
@@ -274,11 +293,14 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   const auto charts = draw_charts(s, dir, prefix, baseline);
   const auto tables = task_tables(s, baseline);
   const auto claims = evaluate_claims(claim_specs, s, baseline);
+  const auto equal_time = equal_time_tables(s);
 
   Pages pages;
   write_intro(pages, "Results: " + s.provenance.matrices, source.empty() ? db : source, baseline);
   for (const auto& [task, table] : tables) {
     write_table(pages, s, task, table);
+    for (const auto& e : equal_time)
+      if (e.task == task) write_equal_time(pages, s, e);
     write_task_charts(pages, charts, dir, task);
   }
   write_other_charts(pages, charts, dir, tables);

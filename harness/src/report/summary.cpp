@@ -64,6 +64,23 @@ std::string joined(engine::Database& db, const std::string& column) {
   return out;
 }
 
+void read_valid_curve(engine::Database& db, RunRow& r) {
+  auto q = db.prepare(
+      "SELECT step, name, value FROM metrics WHERE run_id = ? AND split = 'valid' AND checkpoint = 'current' "
+      "AND name IN ('token_ppl', 'accuracy', 'tokens', 'examples') ORDER BY step");
+  q.bind(1, r.id);
+  std::map<int64_t, std::map<std::string, double>> by_step;
+  while (q.step()) by_step[q.integer(0)][q.text(1)] = q.real(2);
+  double scored = -1;  // of the first validation
+  for (const auto& [step, m] : by_step) {
+    const bool lm = m.count("token_ppl") > 0;
+    const auto size = m.find(lm ? "tokens" : "examples"), value = m.find(lm ? "token_ppl" : "accuracy");
+    if (size == m.end() || value == m.end()) continue;
+    if (scored < 0) scored = size->second;
+    if (size->second == scored) r.valid_curve[step] = value->second;
+  }
+}
+
 }  // namespace
 
 Summary summarize(const std::string& file, const OperatorCatalog& operators) {
@@ -77,7 +94,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
     auto q = db.prepare(
         "SELECT id, name, variant, task, seed, status, COALESCE(error, ''), COALESCE(diverged_step, -1), "
         "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, ''), "
-        "COALESCE(task_family, '') FROM runs ORDER BY id");
+        "COALESCE(task_family, ''), COALESCE(step_ms, 0) FROM runs ORDER BY id");
     while (q.step()) {
       RunRow r;
       r.id = q.integer(0);
@@ -93,6 +110,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
       r.eval_tps = q.real(10);
       r.tau = q.text(11);
       r.family = q.text(12);
+      r.step_ms = q.real(13);
       s.runs.push_back(r);
     }
   }
@@ -118,6 +136,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
         "step = (SELECT MAX(step) FROM routing WHERE run_id = ?) GROUP BY operator");
     share.bind(1, r.id).bind(2, r.id);
     while (share.step()) r.final_share[share.text(0)] = share.real(1);
+    read_valid_curve(db, r);
   }
   for (const auto& r : s.runs) {
     if (std::find(s.variant_order.begin(), s.variant_order.end(), r.variant) == s.variant_order.end())

@@ -54,6 +54,12 @@ struct RunRow {
   double total_train = 0;  // forward + backward FLOPs of a training step, per sequence, executed
   std::map<std::string, double> final_share;  // operator -> mean share over routed layers
   std::string tau;  // JSON
+  double step_ms = 0;  // median training step
+  // The task's quality metric (token_ppl or accuracy) at each validation that
+  // scored as many tokens or examples as the first one: intermediate
+  // validations may score part of the split and the last one all of it, and
+  // a curve mixes only like with like. Step -> value.
+  std::map<int64_t, double> valid_curve;
 };
 
 struct VariantSummary {
