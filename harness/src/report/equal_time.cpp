@@ -25,7 +25,9 @@ double value_at(const RunRow& r, double seconds) {
     prev_t = t;
     prev_v = value;
   }
-  return prev_v;  // only reached when seconds lies past the curve's end
+  // Past the curve's end (T* is a mean over seeds, so one seed of the
+  // variant that sets it may stop short of it): the run's last value.
+  return prev_v;
 }
 
 // A variant's mean time to its last comparable validation; NaN without curves.
@@ -74,7 +76,7 @@ std::vector<EqualTimeTable> equal_time_tables(const Summary& s) {
         if (r->valid_curve.empty() || r->step_ms <= 0) continue;
         const double value = value_at(*r, e.seconds);
         if (!std::isnan(value)) at.push_back(value);
-        steps.push_back(e.seconds * 1e3 / r->step_ms);
+        steps.push_back(std::min(e.seconds * 1e3 / r->step_ms, static_cast<double>(r->valid_curve.rbegin()->first)));
         last.push_back(r->valid_curve.rbegin()->second);
         seconds.push_back(seconds_at(*r, r->valid_curve.rbegin()->first));
       }

@@ -24,7 +24,8 @@ struct EqualTimeTable {
 // its median step time (evaluation and checkpoints excluded; time spent on
 // them is the same work for every variant). Each run's metric at T* is read
 // off its curve by linear interpolation between validations; a run with no
-// validation at or before T* gives none.
+// validation at or before T* gives none, and one whose curve ends before T*
+// gives its last value.
 std::vector<EqualTimeTable> equal_time_tables(const Summary& s);
 
 }  // namespace chiar::report

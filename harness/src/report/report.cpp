@@ -249,7 +249,9 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       std::vector<double> values = {NAN, NAN};
       for (const auto& c : metric_cols) {
         auto it = v.metric.find(c.key);
-        row.push_back(it == v.metric.end() ? "" : with_spread(it->second, c.scale, c.digits));
+        // An unranked column describes the split, not the runs: no spread.
+        row.push_back(it == v.metric.end() ? "" : c.ranked ? with_spread(it->second, c.scale, c.digits)
+                                                           : fixed(it->second.mean * c.scale, c.digits));
         values.push_back(it == v.metric.end() || !c.ranked ? NAN : it->second.mean);
         lower[row.size() - 1] = lower_is_better(c.key);
       }
