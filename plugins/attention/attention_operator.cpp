@@ -35,6 +35,7 @@
 #include <sstream>
 
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/layer_norm.h"
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
@@ -408,13 +409,16 @@ class AttentionOperator final : public Operator {
   // options give, as it does for the query blocks.
   bool recomputes(int64_t T, bool causal) const { return core_ != Core::Chunked || recompute_for(T, causal); }
 
-  // The fused core takes fp32 on the CPU; other dtypes (float64 in the
+  // The fused core takes fp32 on the CPU (unless the kernel policy asks for
+  // libtorch compositions, chiar/kernels.h); other dtypes (float64 in the
   // tests' references, bf16 under autocast) and devices go to SDPA or the
   // chunked core.
   static bool fp32_cpu(const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.device().is_cpu(); }
-  bool fuses(const at::Tensor& q) const { return (core_ == Core::Auto || core_ == Core::Fused) && fp32_cpu(q); }
+  bool fuses(const at::Tensor& q) const {
+    return (core_ == Core::Auto || core_ == Core::Fused) && chiar::host_kernels_enabled() && fp32_cpu(q);
+  }
   bool sdpa_for(const at::Tensor& q) const {
-    return core_ == Core::Sdpa || (core_ == Core::Auto && chiar_attention::kHasSdpa && !fp32_cpu(q));
+    return core_ == Core::Sdpa || (core_ == Core::Auto && chiar_attention::kHasSdpa && !fuses(q));
   }
 
   // Rotated queries scaled by 1/sqrt(dh) (once per query, not per score):

@@ -22,6 +22,7 @@
 #include <cmath>
 
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/layer_norm.h"
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
@@ -48,7 +49,8 @@ struct ExclusiveScan : public torch::autograd::Function<ExclusiveScan> {
   }
 
   static at::Tensor scan(const at::Tensor& s, bool reverse) {
-    if (!s.device().is_cpu() || (s.scalar_type() != at::kFloat && s.scalar_type() != at::kDouble)) {
+    if (!chiar::host_kernels_enabled() || !s.device().is_cpu() ||
+        (s.scalar_type() != at::kFloat && s.scalar_type() != at::kDouble)) {
       const auto ordered = reverse ? s.flip(1) : s;
       const int64_t n = s.size(1);
       auto out = at::cat({at::zeros_like(ordered.narrow(1, 0, 1)), ordered.cumsum(1).narrow(1, 0, n - 1)}, 1);

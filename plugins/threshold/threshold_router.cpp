@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/plugin.h"
 #include "chiar/spectral.h"
 
@@ -95,7 +96,8 @@ class ThresholdRouter final : public Router {
     const auto float_like = [](const at::Tensor& t) {
       return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
     };
-    return x.device().is_cpu() && entropy.device().is_cpu() && float_like(x) && float_like(entropy);
+    return chiar::host_kernels_enabled() && x.device().is_cpu() && entropy.device().is_cpu() && float_like(x) &&
+           float_like(entropy);
   }
 
   // Same decisions as the tensor path: H compared in float64 with each tau.

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "chiar/kernels.h"
 #include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
 
 namespace chiar {
@@ -59,7 +60,7 @@ using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().
 
 bool fusable(const at::Tensor& p, const torch::optim::AdamWOptions& options) {
   const auto& g = p.grad();
-  return !options.amsgrad() && p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous() &&
+  return host_kernels_enabled() && !options.amsgrad() && p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous() &&
          g.layout() == at::kStrided && g.device().is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous() &&
          g.sizes() == p.sizes();
 }

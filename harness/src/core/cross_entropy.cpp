@@ -13,6 +13,7 @@
 
 #include "autocast_compat.h"
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/linear.h"
 #include "chiar/row_kernels.h"
 #include "row_passes.h"
@@ -118,8 +119,8 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 const at::Tensor& token_weights, int64_t rows_per_pass) {
   RECORD_FUNCTION("chiar::linear_cross_entropy", std::vector<c10::IValue>({hidden, weight}));
   check(hidden, weight, targets, token_weights);
-  if (!fp32_cpu(hidden) || !fp32_cpu(weight) || (token_weights.defined() && !fp32_cpu(token_weights)) ||
-      !targets.device().is_cpu() || autocast::any_enabled()) {
+  if (!host_kernels_enabled() || !fp32_cpu(hidden) || !fp32_cpu(weight) ||
+      (token_weights.defined() && !fp32_cpu(token_weights)) || !targets.device().is_cpu() || autocast::any_enabled()) {
     // Reduced-precision logits (autocast) are normalised in fp32; fp64 stays fp64.
     auto logits = chiar::linear(hidden, weight);  // (N, V)
     if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);

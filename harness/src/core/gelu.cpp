@@ -10,6 +10,7 @@
 
 #include "autocast_compat.h"
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
 #include "exp_kernel.h"
 #include "row_passes.h"
@@ -63,7 +64,7 @@ CHIAR_ROW_KERNEL void bias_gelu_backward_row(const float* __restrict u, const fl
 }
 
 bool fast_path(const at::Tensor& u, const at::Tensor& bias) {
-  return fp32_cpu(u) && fp32_cpu(bias) && !autocast::any_enabled();
+  return host_kernels_enabled() && fp32_cpu(u) && fp32_cpu(bias) && !autocast::any_enabled();
 }
 
 void check(const at::Tensor& u, const at::Tensor& bias) {

@@ -11,6 +11,7 @@
 
 #include "autocast_compat.h"
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
 #include "row_passes.h"
 
@@ -135,7 +136,8 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
                     ", weight " + (weight.defined() ? c10::str(weight.sizes()) : std::string("undefined")) +
                     " and bias " + (bias.defined() ? c10::str(bias.sizes()) : std::string("undefined")) +
                     " are not (..., n), (n) and (n)");
-  if (!fp32_cpu(x) || !fp32_cpu(weight) || !fp32_cpu(bias) || autocast::any_enabled() || x.size(-1) == 0)
+  if (!host_kernels_enabled() || !fp32_cpu(x) || !fp32_cpu(weight) || !fp32_cpu(bias) || autocast::any_enabled() ||
+      x.size(-1) == 0)
     return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
   const bool wants_grad = torch::autograd::GradMode::is_enabled() &&
                           (x.requires_grad() || weight.requires_grad() || bias.requires_grad());

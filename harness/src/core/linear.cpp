@@ -13,6 +13,7 @@
 
 #include "autocast_compat.h"
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar_build_info.h"
 
 #if CHIAR_HAVE_ONEDNN
@@ -33,7 +34,7 @@ bool onednn_selected() { return g_backend.load(std::memory_order_relaxed) == Gem
 bool fp32_cpu(const at::Tensor& t) { return !t.defined() || (t.device().is_cpu() && t.scalar_type() == at::kFloat); }
 
 bool takes_fast_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
-  if (!onednn_selected() || autocasting()) return false;
+  if (!onednn_selected() || autocasting() || !host_kernels_enabled()) return false;
   return x.defined() && weight.defined() && fp32_cpu(x) && fp32_cpu(weight) && fp32_cpu(bias) && fp32_cpu(addend) &&
          x.dim() >= 1 && weight.dim() == 2;
 }
@@ -359,7 +360,8 @@ void gemm_into(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float be
 
 at::Tensor batch_matmul(const at::Tensor& a, const at::Tensor& b) {
   RECORD_FUNCTION("chiar::batch_matmul", std::vector<c10::IValue>({a, b}));
-  if (!onednn_selected() || autocasting() || !fp32_cpu(a) || !fp32_cpu(b) || !batch_shapes_match(a, b))
+  if (!onednn_selected() || autocasting() || !host_kernels_enabled() || !fp32_cpu(a) || !fp32_cpu(b) ||
+      !batch_shapes_match(a, b))
     return at::matmul(a, b);
   if (torch::autograd::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad()))
     return MatmulFunction::apply(a, b);

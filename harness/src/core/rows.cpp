@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "chiar/kernels.h"
+
 namespace chiar {
 
 namespace {
@@ -43,7 +45,8 @@ RowGroups group_rows_host(const at::Tensor& key) {
 }  // namespace
 
 RowGroups group_rows(const at::Tensor& key) {
-  if (key.device().is_cpu() && key.scalar_type() == at::kLong && key.dim() == 1) return group_rows_host(key);
+  if (host_kernels_enabled() && key.device().is_cpu() && key.scalar_type() == at::kLong && key.dim() == 1)
+    return group_rows_host(key);
   RowGroups g;
   auto [keys, inverse, counts] = at::unique_consecutive(key, /*return_inverse=*/true,
                                                         /*return_counts=*/true);

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/linear.h"
 #include "entropy_rows.h"
 
@@ -140,7 +141,7 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
   check_input(c, "spectral_entropy");
   const int64_t d = c.size(-1);
   if (d == 1) return at::zeros(c.sizes().slice(0, c.dim() - 1), c.options());
-  if (c.scalar_type() == at::kFloat && c.device().is_cpu() &&
+  if (host_kernels_enabled() && c.scalar_type() == at::kFloat && c.device().is_cpu() &&
       !(torch::autograd::GradMode::is_enabled() && c.requires_grad())) {
     // Inference and calibration, where the router runs this on every token
     // of a routed layer: one pass per row (entropy_rows.h).

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/spectral.h"
 #include "route_mix.h"
 
@@ -92,7 +93,7 @@ at::Tensor MixingLayer::dense(const at::Tensor& x, const OpContext& ctx,
 void MixingLayer::check_choices(const at::Tensor& flat_choice) const {
   const auto K = static_cast<int64_t>(operators_.size());
   int64_t outside = 0;
-  if (flat_choice.device().is_cpu() && flat_choice.scalar_type() == at::kLong) {
+  if (host_kernels_enabled() && flat_choice.device().is_cpu() && flat_choice.scalar_type() == at::kLong) {
     const auto c = flat_choice.contiguous();
     const int64_t* in = c.data_ptr<int64_t>();
     for (int64_t i = 0; i < c.numel(); ++i) outside += in[i] < 0 || in[i] >= K;
@@ -130,7 +131,7 @@ void scatter_rows(at::Tensor& y, const at::Tensor& rows, const at::Tensor& src) 
 // choices instead of K comparisons and K nonzero() calls, each a host sync.
 std::vector<at::Tensor> rows_by_operator(const at::Tensor& choice, int64_t K) {
   std::vector<at::Tensor> rows;
-  if (!choice.device().is_cpu() || choice.scalar_type() != at::kLong) {
+  if (!host_kernels_enabled() || !choice.device().is_cpu() || choice.scalar_type() != at::kLong) {
     for (int64_t k = 0; k < K; ++k) rows.push_back((choice == k).nonzero().squeeze(1));
     return rows;
   }
@@ -168,7 +169,8 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
     written += rows.numel();
     auto out = operators_[k]->forward_rows(x, rows, ctx);  // (N_k, d)
     if (rows.numel() == flat_choice.numel()) return out.view_as(x);  // one operator took every token
-    if (y.device().is_cpu() && !(torch::autograd::GradMode::is_enabled() && out.requires_grad()))
+    if (host_kernels_enabled() && y.device().is_cpu() &&
+        !(torch::autograd::GradMode::is_enabled() && out.requires_grad()))
       scatter_rows(y, rows, out);
     else
       y.index_copy_(0, rows, out);

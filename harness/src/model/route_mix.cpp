@@ -4,6 +4,7 @@
 #include <ATen/Dispatch.h>
 #include <torch/autograd.h>
 
+#include "chiar/kernels.h"
 #include "core/row_passes.h"
 
 namespace chiar {
@@ -15,7 +16,7 @@ using torch::autograd::variable_list;
 // Whether the one-pass kernels take these tensors.
 bool on_host(const std::vector<at::Tensor>& outputs, const at::Tensor& weights) {
   const auto dtype = outputs.front().scalar_type();
-  if (dtype != at::kFloat && dtype != at::kDouble) return false;
+  if (!host_kernels_enabled() || (dtype != at::kFloat && dtype != at::kDouble)) return false;
   for (const auto& o : outputs)
     if (!o.device().is_cpu() || o.scalar_type() != dtype || o.sizes() != outputs.front().sizes()) return false;
   return !weights.defined() || (weights.device().is_cpu() && weights.scalar_type() == dtype);

@@ -1,0 +1,47 @@
+#pragma once
+// Which implementation the harness's fast paths take. Every hand-written
+// host kernel of the core and the bundled plugins (the fused linear layer on
+// oneDNN, LayerNorm, bias+GELU, the LM head's cross-entropy, AdamW, row
+// grouping, spectral entropy, route mixing, the sparse layer's scatter, the
+// fused attention core, RBF scans, threshold routing) runs on fp32 tensors in
+// host memory only; for any other tensor it hands over to a composition of
+// libtorch operators, which runs on every device. The policy makes the CPU
+// take those compositions too, so that the code a GPU run takes is tested on
+// machines without one, against the host kernels it replaces.
+#include <string>
+
+#include "chiar/export.h"
+
+namespace chiar {
+
+enum class KernelPolicy {
+  Auto,          // host kernels for fp32 CPU tensors, compositions for the rest
+  Compositions,  // libtorch compositions for every tensor (what a GPU runs)
+};
+
+CHIAR_API const char* to_string(KernelPolicy policy);
+// "auto" or "aten"; anything else throws UserError naming both.
+CHIAR_API KernelPolicy kernel_policy_from_string(const std::string& name);
+
+// Process-wide, like the GEMM library (chiar/linear.h): set once at start-up
+// or around a test, not while a step runs.
+CHIAR_API void set_kernel_policy(KernelPolicy policy);
+CHIAR_API KernelPolicy kernel_policy();
+
+// Whether a host kernel may run at all (the policy is Auto); each fast path
+// also checks that its tensors are fp32 (or its own types) in host memory.
+CHIAR_API bool host_kernels_enabled();
+
+// Sets a policy for the scope and restores the previous one.
+class ScopedKernelPolicy {
+ public:
+  explicit ScopedKernelPolicy(KernelPolicy policy) : previous_(kernel_policy()) { set_kernel_policy(policy); }
+  ~ScopedKernelPolicy() { set_kernel_policy(previous_); }
+  ScopedKernelPolicy(const ScopedKernelPolicy&) = delete;
+  ScopedKernelPolicy& operator=(const ScopedKernelPolicy&) = delete;
+
+ private:
+  KernelPolicy previous_;
+};
+
+}  // namespace chiar

@@ -1,0 +1,24 @@
+#include "chiar/kernels.h"
+
+#include <atomic>
+
+#include "chiar/error.h"
+
+namespace chiar {
+namespace {
+std::atomic<KernelPolicy> g_policy{KernelPolicy::Auto};
+}  // namespace
+
+const char* to_string(KernelPolicy policy) { return policy == KernelPolicy::Auto ? "auto" : "aten"; }
+
+KernelPolicy kernel_policy_from_string(const std::string& name) {
+  if (name == "auto") return KernelPolicy::Auto;
+  if (name == "aten") return KernelPolicy::Compositions;
+  throw UserError("unknown kernel policy '" + name + "' (known: auto, aten)");
+}
+
+void set_kernel_policy(KernelPolicy policy) { g_policy.store(policy, std::memory_order_relaxed); }
+KernelPolicy kernel_policy() { return g_policy.load(std::memory_order_relaxed); }
+bool host_kernels_enabled() { return kernel_policy() == KernelPolicy::Auto; }
+
+}  // namespace chiar
