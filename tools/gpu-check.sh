@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The whole GPU check in one call, for a machine with one or more NVIDIA
+# GPUs, nvcc, CMake, ninja, a C++17 compiler and PyTorch (with CUDA), but no
+# package registry. It unpacks the .debs that tools/gpu-deps.sh fetched into a
+# prefix, configures against PyTorch's libtorch, builds, runs the [cuda]
+# tests and the operator and routing tests, benchmarks training on the GPU
+# and trains a 300-step quickstart on it. Every log and JSON goes into one
+# folder, with summary.txt listing each step's exit status and seconds.
+#
+#   tools/gpu-check.sh [OUT]        OUT: $OUT if set, else gpu-check-out/
+#
+# Carry .gpu-debs/ (tools/gpu-deps.sh, run on a Debian 12 machine) and
+# .cache/sotu/corpus (tools/prepare-sotu.sh) with the tree. Sized for about 8 minutes on one H200 with 16 cores: each step has
+# its own time limit, and a step that fails does not stop the later ones
+# that can still run. Exit status: 0 when every step passed, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${1:-${OUT:-$root/gpu-check-out}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+debs=${CHIAR_GPU_DEBS:-$root/.gpu-debs}
+prefix=${CHIAR_GPU_PREFIX:-${TMPDIR:-/tmp}/chiar-gpu-prefix}
+build=${CHIAR_GPU_BUILD:-$root/build-gpu}
+python=${PYTHON:-python3}
+summary=$out/summary.txt
+: > "$summary"
+failed=0
+
+# step NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output
+# in OUT/NAME.log, and records the outcome.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  # Through bash -c, so that COMMAND may be one of the functions below.
+  timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "(stopped at the step's limit of ${limit}s)" >> "$out/$name.log"
+  printf '%-16s rc %-3s %4s s  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$out/$name.log" | tee -a "$summary"
+  [ $rc -eq 0 ] || failed=1
+  return $rc
+}
+
+skip() {
+  printf '%-16s skipped: %s\n' "$1" "$2" | tee -a "$summary"
+  failed=1
+}
+
+facts() {
+  date -u
+  uname -a
+  nproc
+  nvidia-smi || echo "nvidia-smi: not found"
+  nvcc --version || echo "nvcc: not found"
+  cmake --version | head -1
+  ninja --version
+  "${CXX:-c++}" --version | head -1
+  "$python" - <<'EOF'
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+print("cxx11 abi", torch._C._GLIBCXX_USE_CXX11_ABI)
+print("cmake prefix", torch.utils.cmake_prefix_path)
+print("cuda available", torch.cuda.is_available(), "devices", torch.cuda.device_count())
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"device {i}: {p.name}, {p.total_memory / 2**30:.1f} GiB, compute capability {p.major}.{p.minor}")
+EOF
+}
+
+# The .debs, checked against their sums, unpacked into the prefix without
+# dpkg (the machine need not be Debian): ar + tar.
+unpack() {
+  [ -f "$debs/SHA256SUMS" ] || { echo "no $debs/SHA256SUMS: run tools/gpu-deps.sh and carry $debs"; return 2; }
+  (cd "$debs" && sha256sum --check --quiet SHA256SUMS) || return 2
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  local deb member
+  for deb in "$debs"/*.deb; do
+    member=$(ar t "$deb" | grep '^data\.tar') || { echo "$deb: no data member"; return 2; }
+    case "$member" in
+      *.xz) ar p "$deb" "$member" | tar -xJ -C "$prefix" ;;
+      *.zst) ar p "$deb" "$member" | tar --zstd -x -C "$prefix" ;;
+      *.gz) ar p "$deb" "$member" | tar -xz -C "$prefix" ;;
+      *) ar p "$deb" "$member" | tar -x -C "$prefix" ;;
+    esac || { echo "$deb: cannot unpack $member"; return 2; }
+  done
+  echo "unpacked $(ls "$debs"/*.deb | wc -l) packages into $prefix"
+}
+
+configure() {
+  local torch_prefix abi
+  torch_prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)') || return 2
+  abi=$("$python" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))') || return 2
+  if [ "$abi" != 1 ]; then
+    # Debian's Boost, TOML++ and sentencepiece use the C++11 string ABI;
+    # a libtorch built with the old one cannot share std::string with them.
+    echo "this PyTorch's libtorch uses the pre-C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=0); the Debian"
+    echo "libraries use the C++11 one: use a PyTorch built with the C++11 ABI (pip wheels from 2.7 on)"
+    return 2
+  fi
+  # The unpacked packages by their exact folders, so that a machine without
+  # Debian's multiarch layout finds them too (and prefers them to its own).
+  local lib=$prefix/usr/lib/x86_64-linux-gnu
+  local hints=(
+    -DBoost_DIR="$lib/cmake/Boost-1.74.0"
+    -Dtomlplusplus_DIR="$lib/cmake/tomlplusplus"
+    -Dbenchmark_DIR="$lib/cmake/benchmark"
+    -DCLI11_DIR="$prefix/usr/share/cmake/CLI11"
+    -DCatch2_DIR="$prefix/usr/lib/cmake/Catch2"
+    -DSQLite3_INCLUDE_DIR="$prefix/usr/include"
+    -DSQLite3_LIBRARY="$lib/libsqlite3.so"
+    -DCMAKE_LIBRARY_PATH="$lib"
+  )
+  # Torch's own prefix first: Gloo headers bundled with it match its c10d.
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix/../..;$torch_prefix;$prefix/usr" \
+    -DTorch_DIR="$torch_prefix/Torch" \
+    "${hints[@]}" \
+    -DCHIAR_WITH_ONEDNN=OFF \
+    -DCMAKE_BUILD_RPATH="$lib"
+}
+
+export root debs prefix build python
+export -f facts unpack configure
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "chiar gpu check: output in $out" | tee -a "$summary"
+
+step facts 60 facts
+step unpack 60 unpack
+if step configure 180 configure && step build 420 cmake --build "$build" -j "$(nproc)"; then
+  tests=$build/chiar_tests
+  chiar=$build/chiar
+  step tests-cuda 180 "$tests" "[cuda]" --reporter compact
+  step tests-ops 240 "$tests" "[operator],[routing]" --reporter compact
+  step bench-anchor 180 "$chiar" bench-train --device cuda --variants baseline chiar_dct_attn \
+    --json "$out/bench-anchor.json"
+  step bench-large 240 "$chiar" bench-train --device cuda --variants baseline chiar_dct_attn \
+    --batch 16 --seq 2048 --d-model 512 --layers 4 --vocab 50257 --steps 10 --warmup 3 \
+    --json "$out/bench-large.json"
+  step bench-t4096 240 "$chiar" bench-train --device cuda --variants baseline chiar_dct_attn \
+    --batch 4 --seq 4096 --d-model 512 --layers 4 --vocab 50257 --steps 10 --warmup 3 \
+    --json "$out/bench-t4096.json"
+  # The quickstart's matrix at 300 steps on the GPU. Its corpus: carry
+  # .cache/sotu/corpus, or the State of the Union package in ../shared/data.
+  [ -f "$root/.cache/sotu/corpus/sotu.train.tokens" ] || step sotu 120 bash "$root/tools/prepare-sotu.sh"
+  step quickstart-cuda 300 "$chiar" run "$root/configs/quickstart.toml" --device cuda \
+    --set train.steps=300 --db "$out/quickstart-cuda.db"
+else
+  skip tests "the build did not finish (configure.log, build.log)"
+fi
+echo "chiar gpu check: $([ $failed -eq 0 ] && echo "every step passed" || echo "some steps failed"); see $summary"
+exit $failed
