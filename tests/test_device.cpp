@@ -2,6 +2,7 @@
 // run but is not part of its hash; a device this build or machine cannot
 // give is refused before a store, a data file or a rank is touched, naming
 // where the name came from.
+#include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -60,6 +61,20 @@ TEST_CASE("device: names are checked, and the CPU is what auto and cpu resolve t
   CHECK(engine::resolve_device("cpu", "x") == "cpu");
   CHECK_THROWS_WITH(engine::resolve_device("gpu", "--device"),
                     "--device: \"gpu\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+}
+
+TEST_CASE("device: a batch on the CPU is the batch itself; a resolved name is libtorch's device", "[device]") {
+  Batch b;
+  b.tokens = at::arange(6).view({2, 3});
+  b.targets = at::arange(1, 7).view({2, 3});
+  b.valid = at::ones({2, 3}, at::kBool);
+  const Batch on = engine::batch_on(b, at::Device(at::kCPU));
+  CHECK(on.tokens.is_same(b.tokens));
+  CHECK(on.targets.is_same(b.targets));
+  CHECK(on.valid.is_same(b.valid));
+  CHECK_FALSE(on.scored.defined());
+  CHECK(engine::torch_device("cpu") == at::Device(at::kCPU));
+  CHECK(engine::torch_device("cuda:1") == at::Device(at::kCUDA, 1));
 }
 
 TEST_CASE("device: the device is not part of a run's hash", "[device][cli]") {

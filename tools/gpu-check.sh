@@ -117,7 +117,7 @@ configure() {
     -DCMAKE_PREFIX_PATH="$torch_prefix/../..;$torch_prefix;$prefix/usr" \
     -DTorch_DIR="$torch_prefix/Torch" \
     "${hints[@]}" \
-    -DCHIAR_WITH_ONEDNN=OFF \
+    -DCHIAR_WITH_ONEDNN=OFF -DCHIAR_CUDA_TRAINING=ON \
     -DCMAKE_BUILD_RPATH="$lib"
 }
 

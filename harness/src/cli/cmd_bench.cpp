@@ -14,7 +14,12 @@
 namespace chiar::cli {
 
 int run_bench_train(const Global& g, const BenchTrainArgs& a) {
-  engine::resolve_device(a.device, "--device");  // the CPU, or refused before anything runs
+  // The CPU, or refused before anything runs. The benchmark's timing (host
+  // clocks around steps that would run asynchronously on a GPU) and its GEMM
+  // probe are the CPU's: a CUDA device is refused here even where training
+  // may use one.
+  if (const std::string device = engine::resolve_device(a.device, "--device"); device != "cpu")
+    throw UserError("--device: \"" + a.device + "\": bench-train times the CPU only in this version");
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   bench::TrainBenchOptions o;

@@ -29,4 +29,15 @@ inline void set_cpu(bool on, at::ScalarType dtype = at::kBFloat16) {
 #endif
 }
 
+// Switches CUDA autocast on (to dtype) or off.
+inline void set_cuda(bool on, at::ScalarType dtype = at::kBFloat16) {
+#if CHIAR_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCUDA, on);
+  if (on) at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+#else
+  at::autocast::set_enabled(on);
+  if (on) at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+
 }  // namespace chiar::autocast

@@ -72,7 +72,7 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
                          static_cast<double>(router.forward), static_cast<double>(router.total()),
                          static_cast<double>(router.total())});
       auto h = r.entropy.masked_select(mask).to(at::kDouble);
-      auto hist = at::histc(h, 20, 0.0, 1.0).to(at::kLong).contiguous();
+      auto hist = at::histc(h, 20, 0.0, 1.0).to(at::kLong).cpu().contiguous();  // host read: the histogram
       stats.histogram.assign(hist.data_ptr<int64_t>(), hist.data_ptr<int64_t>() + 20);
       a.routing.push_back(std::move(stats));
     }

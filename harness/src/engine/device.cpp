@@ -2,11 +2,13 @@
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <cctype>
 
 #include "chiar/error.h"
+#include "chiar_build_info.h"
 
 namespace chiar::engine {
 bool built_with_cuda() {
@@ -50,12 +52,20 @@ std::string resolve_device(const std::string& name, const std::string& origin) {
                                   : std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") +
                                         " (cuda:0" + (visible > 1 ? "..cuda:" + std::to_string(visible - 1) : "") +
                                         ")"));
-  // Refused rather than silently trained on the CPU: the fused CPU kernels
-  // (attention core, row kernels, LayerNorm, GELU, LM head, AdamW, route
-  // mixing) have no CUDA paths yet.
+  if (CHIAR_CUDA_TRAINING) return "cuda:" + std::to_string(index);
+  // Refused rather than trained unchecked: every path of a step is
+  // device-generic, but no GPU has run the whole of it yet.
   throw UserError(origin + ": " + quoted +
-                  ": this version of chiar trains on the CPU only (its fused kernels have no CUDA paths yet); use "
-                  "\"cpu\"");
+                  ": this build trains on the CPU only (CUDA training is not yet checked on a GPU: configure with "
+                  "-DCHIAR_CUDA_TRAINING=ON to try it); use \"cpu\"");
+}
+
+at::Device torch_device(const std::string& resolved) { return at::Device(resolved); }
+
+Batch batch_on(const Batch& batch, const at::Device& device) {
+  if (device.is_cpu()) return batch;
+  auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(device, /*non_blocking=*/true) : t; };
+  return {move(batch.tokens), move(batch.targets), move(batch.valid), move(batch.scored)};
 }
 
 }  // namespace chiar::engine

@@ -5,6 +5,10 @@
 // rerun on another.
 #include <string>
 
+#include <c10/core/Device.h>
+
+#include "chiar/task.h"
+
 namespace chiar::engine {
 
 // Whether this libtorch carries its CUDA library (whatever the machine has).
@@ -20,9 +24,18 @@ std::string device_name_problem(const std::string& name);
 // or this machine cannot give:
 //   <origin>: "cuda" needs a libtorch built with CUDA; this build has none
 //   <origin>: "cuda:2": this machine shows 1 CUDA device (cuda:0)
-// and, until the model's kernels have CUDA paths, for any CUDA device:
-//   <origin>: "cuda": this version of chiar trains on the CPU only; ...
+// and, in a build without -DCHIAR_CUDA_TRAINING=ON (CUDA training is not yet
+// checked on a GPU), for any CUDA device:
+//   <origin>: "cuda": this build trains on the CPU only (...); use "cpu"
 // "auto" is the CPU for the same reason.
 std::string resolve_device(const std::string& name, const std::string& origin);
+
+// libtorch's device for a name resolve_device returned.
+at::Device torch_device(const std::string& resolved);
+
+// The batch on `device`. Tasks build batches in host memory; on another
+// device each tensor is copied over without blocking the host (the copies
+// queue ahead of the step's kernels). On the CPU: the batch itself.
+Batch batch_on(const Batch& batch, const at::Device& device);
 
 }  // namespace chiar::engine

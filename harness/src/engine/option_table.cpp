@@ -221,7 +221,8 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
       field("log_every", &T::log_every, "steps between training-loss records", at_least(1)),
       field("precision", &T::precision, "fp32, or bf16 (autocast, fp32 master weights)", {precision_name}),
       field("device", &T::device,
-            "auto, cpu, cuda or cuda:N; recorded with the run, not part of its hash (this version trains on the CPU)",
+            "auto (the CPU), cpu, cuda or cuda:N; recorded with the run, not part of its hash (CUDA needs a CUDA "
+            "libtorch and a build with -DCHIAR_CUDA_TRAINING=ON)",
             {device_name_problem}),
       field("fail_loss_above", &T::fail_loss_above, "testing aid: a loss above this counts as divergence; 0 = off"),
   };

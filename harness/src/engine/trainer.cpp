@@ -25,6 +25,7 @@
 #include "engine/runtime.h"
 #include "accounting.h"
 #include "data_parallel.h"
+#include "device.h"
 #include "distributed.h"
 #include "durable_file.h"
 #include "failpoint.h"
@@ -48,19 +49,26 @@ double peak_rss_mb() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;
 }
 
-// bf16 autocast on CPU for the forward pass; master weights and the optimizer stay fp32.
+// bf16 autocast for the forward pass on the run's device; master weights
+// and the optimizer stay fp32.
 struct Autocast {
-  explicit Autocast(bool on) : on_(on) {
+  Autocast(bool on, const at::Device& device) : on_(on), cuda_(device.is_cuda()) {
     if (!on_) return;
-    chiar::autocast::set_cpu(true, at::kBFloat16);
+    switch_to(true);
     at::autocast::increment_nesting();
   }
   ~Autocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    chiar::autocast::set_cpu(false);
+    switch_to(false);
   }
-  bool on_;
+  void switch_to(bool enabled) const {
+    if (cuda_)
+      chiar::autocast::set_cuda(enabled, at::kBFloat16);
+    else
+      chiar::autocast::set_cpu(enabled, at::kBFloat16);
+  }
+  bool on_, cuda_;
 };
 
 // Loss of a batch: mean token cross-entropy over the real tokens (language
@@ -149,7 +157,7 @@ void add_class_metrics(std::map<std::string, double>& metrics, double loss_sum, 
 }
 
 EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
-                    int64_t batch_size, bool bf16) {
+                    int64_t batch_size, bool bf16, const at::Device& device) {
   at::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -157,42 +165,49 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
   const int64_t total = task.eval_batch_count(split, batch_size);
   const int64_t n = max_batches > 0 ? std::min(max_batches, total) : total;
   double nll = 0, loss_sum = 0;
-  int64_t scored = 0, real_tokens = 0;
+  int64_t scored = 0, real_count = 0;
   std::vector<int64_t> correct(static_cast<size_t>(std::max<int64_t>(task.n_classes(), 1)), 0),
       count(correct.size(), 0);
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < n; ++i) {
-    const Batch b = task.eval_batch(split, i, batch_size);
+    // Counts come from the batch in host memory, the model reads its copy on the device.
+    const Batch host = task.eval_batch(split, i, batch_size);
+    const Batch b = batch_on(host, device);
     const bool lm = task.head() == TaskHead::LanguageModel;
     ModelOutput out;
     at::Tensor batch_nll;  // () summed over the scored tokens (language model)
     {
-      Autocast cast(bf16);
+      Autocast cast(bf16, device);
       // A language model's loss through the fused head (no (B, T, V) logits;
       // under bf16 it takes the same autocast path as training).
       out = model.forward(b.tokens, b.valid, /*logits=*/!lm);
       if (lm) {
         const auto mask = b.scored.defined() ? b.scored : b.valid;
-        batch_nll = model.lm_loss(out, b.targets, mask.defined() ? mask.to(at::kFloat) : at::ones(b.targets.sizes()));
-        scored += mask.defined() ? mask.sum().item<int64_t>() : b.targets.numel();
+        const auto host_mask = host.scored.defined() ? host.scored : host.valid;
+        batch_nll = model.lm_loss(out, b.targets,
+                                  mask.defined() ? mask.to(at::kFloat)
+                                                 : at::ones(b.targets.sizes(), b.targets.options().dtype(at::kFloat)));
+        scored += host_mask.defined() ? host_mask.sum().item<int64_t>() : host.targets.numel();
       }
     }
-    real_tokens += b.valid.defined() ? b.valid.sum().item<int64_t>() : b.tokens.numel();
+    real_count += real_tokens(host);
     if (i == 0) timed(r.accounting_seconds, [&] { r.accounting = account(model, out, b.valid, b.tokens.size(1)); });
     if (lm) {
-      nll += batch_nll.item<double>();
+      nll += batch_nll.item<double>();  // host read: the batch's loss
     } else {
       auto logits = out.logits.to(at::kDouble);
-      loss_sum += at::cross_entropy_loss(logits, b.targets, {}, at::Reduction::Sum).item<double>();
-      auto pred = logits.argmax(-1);
-      for (int64_t j = 0; j < b.targets.size(0); ++j) {
-        const int64_t y = b.targets[j].item<int64_t>();
-        ++count[y];
-        correct[y] += pred[j].item<int64_t>() == y;
+      loss_sum += at::cross_entropy_loss(logits, b.targets, {}, at::Reduction::Sum).item<double>();  // host read
+      const auto pred = logits.argmax(-1).cpu();  // host read: the predictions
+      const auto targets = host.targets.contiguous();
+      const int64_t* y = targets.data_ptr<int64_t>();
+      const int64_t* p = pred.data_ptr<int64_t>();
+      for (int64_t j = 0; j < targets.size(0); ++j) {
+        ++count[y[j]];
+        correct[y[j]] += p[j] == y[j];
       }
     }
   }
-  r.tokens_per_s = static_cast<double>(real_tokens) / std::max(seconds_since(t0) - r.accounting_seconds, 1e-9);
+  r.tokens_per_s = static_cast<double>(real_count) / std::max(seconds_since(t0) - r.accounting_seconds, 1e-9);
   if (task.head() == TaskHead::LanguageModel) add_lm_metrics(r.metrics, task, split, nll, scored, n == total);
   else add_class_metrics(r.metrics, loss_sum, correct, count);
   r.metrics["full_split"] = n == total ? 1.0 : 0.0;
@@ -262,6 +277,14 @@ std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, int64_t ste
   return archive_bytes(archive);
 }
 
+// The model, moved to the device before an optimiser holds its parameters.
+// It is built on the CPU under its seed, so its initial weights do not
+// depend on the device.
+ChiarModel& on_device(ChiarModel& model, const at::Device& device) {
+  if (!device.is_cpu()) model.to(device);
+  return model;
+}
+
 std::vector<torch::optim::OptimizerParamGroup> param_groups(ChiarModel& model, const TrainOptions& t) {
   std::vector<at::Tensor> decay, no_decay;
   for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -282,8 +305,9 @@ struct Run {
         ctx(c),
         t(s.train),
         bf16(s.train.precision == "bf16"),
+        device(torch_device(c.device)),
         model(c.registry, model_options_for(s, c.task)),
-        optimizer(param_groups(model, s.train)),
+        optimizer(param_groups(on_device(model, device), s.train)),
         dir(c.checkpoint_dir),
         group(c.group),
         writer(c.store != nullptr) {}
@@ -292,6 +316,7 @@ struct Run {
   const TrainContext& ctx;
   const TrainOptions& t;
   const bool bf16;
+  const at::Device device;  // the model's, its optimiser state's and each batch's
   ChiarModel model;
   FusedAdamW optimizer;
   const std::string dir;     // the checkpoint folder
@@ -436,7 +461,7 @@ void adopt_legacy_checkpoints(Run& run) {
   int64_t step = -1;
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(state.data(), state.size());
+    archive.load_from(state.data(), state.size(), at::Device(at::kCPU));
     at::Tensor v;
     archive.read("step", v);
     step = v.item<int64_t>();
@@ -485,8 +510,10 @@ void remove_unrecorded_files(Run& run) {
 // score, training seconds and the RNG, so that the run goes on exactly as if
 // never stopped.
 void restore(Run& run, const std::string& bytes) {
+  // Storages map to the run's device, wherever the file was written: a
+  // checkpoint written on a GPU resumes on the CPU and the other way round.
   torch::serialize::InputArchive archive;
-  archive.load_from(bytes.data(), bytes.size());
+  archive.load_from(bytes.data(), bytes.size(), run.device);
   run.model.load(archive);
   torch::serialize::InputArchive opt_archive;
   archive.read("optimizer", opt_archive);
@@ -500,7 +527,7 @@ void restore(Run& run, const std::string& bytes) {
   run.best = read("best").item<double>();
   run.has_best = read("has_best").item<int64_t>() != 0;
   run.prior_seconds = read("train_seconds").item<double>();
-  const at::Tensor rng = read("rng");
+  const at::Tensor rng = read("rng").cpu();  // the CPU generator's state, whatever the mapping
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(rng);
@@ -521,7 +548,7 @@ std::string resumable_state(Run& run) {
 
 // Calibrates data-derived router settings on the first training batches.
 // Returns what calibrated them (JSON), or "" when there were none.
-std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec& spec) {
+std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec& spec, const at::Device& device) {
   const TrainOptions& t = spec.train;
   std::vector<at::Tensor> tokens, valid;
   int64_t longest = 0;
@@ -538,7 +565,7 @@ std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec
   }
   if (sample.empty()) return "";
   auto all_valid = at::cat(valid);
-  model.calibrate_routers(at::cat(tokens), all_valid);
+  model.calibrate_routers(at::cat(tokens).to(device), all_valid.to(device));
   return "{\"batches\": " + std::to_string(t.calibration_batches) +
          ", \"tokens\": " + std::to_string(all_valid.sum().item<int64_t>()) + "}";
 }
@@ -569,7 +596,8 @@ at::Tensor slice_loss_of(const ChiarModel& model, const ModelOutput& out, const 
   if (head == TaskHead::LanguageModel) {
     const double scale = static_cast<double>(ranks) / static_cast<double>(std::max<int64_t>(real_tokens(whole), 1));
     const at::Tensor weights =  // (B / ranks, T)
-        slice.valid.defined() ? slice.valid.to(at::kFloat) * scale : at::full(slice.targets.sizes(), scale);
+        slice.valid.defined() ? slice.valid.to(at::kFloat) * scale
+                              : at::full(slice.targets.sizes(), scale, slice.targets.options().dtype(at::kFloat));
     loss = model.lm_loss(out, slice.targets, weights);
   } else {
     loss = at::cross_entropy_loss(out.logits.to(at::kFloat), slice.targets, {}, at::Reduction::Sum) *
@@ -586,10 +614,11 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
   run.optimizer.zero_grad();
   StepLoss s;
   for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-    const Batch b = run.ctx.task.train_batch(static_cast<uint64_t>(run.spec.seed), step * t.grad_accum + micro, t.batch_size);
+    const Batch host = run.ctx.task.train_batch(static_cast<uint64_t>(run.spec.seed), step * t.grad_accum + micro, t.batch_size);
+    const Batch b = batch_on(host, run.device);
     at::Tensor loss;
     {
-      Autocast cast(run.bf16);
+      Autocast cast(run.bf16, run.device);
       if (ranks == 1) {
         loss = loss_of(run.model, run.model.forward(b.tokens, b.valid, /*logits=*/false), b, run.ctx.task.head());
       } else {
@@ -599,8 +628,8 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
       }
     }
     (loss / static_cast<double>(t.grad_accum)).backward();
-    s.loss += loss.item<double>() / static_cast<double>(t.grad_accum);
-    s.tokens += real_tokens(b);
+    s.loss += loss.item<double>() / static_cast<double>(t.grad_accum);  // host read: the loss, for divergence
+    s.tokens += real_tokens(host);
   }
   return s;
 }
@@ -666,7 +695,7 @@ void validate(Run& run, int64_t done) {
   const bool final_eval = done == run.t.steps;
   EvalResult e;
   timed(run.overhead.evaluation, [&] {
-    e = evaluate(run.model, run.ctx.task, "valid", final_eval ? 0 : run.t.eval_batches, run.t.eval_batch_size, run.bf16);
+    e = evaluate(run.model, run.ctx.task, "valid", final_eval ? 0 : run.t.eval_batches, run.t.eval_batch_size, run.bf16, run.device);
   });
   run.overhead.evaluation -= e.accounting_seconds;
   run.overhead.accounting += e.accounting_seconds;
@@ -742,7 +771,7 @@ void summarise_training(const Run& run, RunSummary& summary) {
 // The test split, scored by the last and by the best-validation model.
 void score_test_split(Run& run, RunSummary& summary) {
   const TrainOptions& t = run.t;
-  EvalResult last = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16);
+  EvalResult last = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device);
   run.ctx.store->add_metrics(run.spec.hash, t.steps, "test", "last", last.metrics);
   summary.eval_tokens_per_s = last.tokens_per_s;
   if (run.has_best) {
@@ -751,11 +780,11 @@ void score_test_split(Run& run, RunSummary& summary) {
         "scoring the last model instead");
     if (best.first >= 0) {
       torch::serialize::InputArchive archive;
-      archive.load_from(best.second.data(), best.second.size());
+      archive.load_from(best.second.data(), best.second.size(), run.device);
       run.model.load(archive);
     }
   }
-  EvalResult best_eval = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16);
+  EvalResult best_eval = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device);
   run.ctx.store->add_metrics(run.spec.hash, t.steps, "test", "best", best_eval.metrics);
 }
 
@@ -779,7 +808,7 @@ void start_or_resume(Run& run, TrainResult& result) {
   if (!state.empty())
     restore(run, state);
   else
-    result.summary.calibration = calibrate_routers(run.model, run.ctx.task, run.spec);
+    result.summary.calibration = calibrate_routers(run.model, run.ctx.task, run.spec, run.device);
   if (!run.group) return;
   std::vector<at::Tensor> tensors = run.model.parameters();
   for (const auto& b : run.model.buffers()) tensors.push_back(b);

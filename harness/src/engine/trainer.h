@@ -38,6 +38,9 @@ struct TrainContext {
   // of each global batch, gradients are averaged over the group, rank 0's
   // checkpoint is the one every rank resumes from. Null: one process.
   ProcessGroup* group = nullptr;
+  // Where the model, its optimiser state and each batch live: a name from
+  // resolve_device (engine/device.h).
+  std::string device = "cpu";
 };
 
 // train_run throws chiar::EnvironmentError when a checkpoint cannot be

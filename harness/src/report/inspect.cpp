@@ -121,7 +121,7 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
   if (named_checkpoint) verify_named_checkpoint(checkpoint_);
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(checkpoint_);
+    archive.load_from(checkpoint_, at::Device(at::kCPU));  // inspection runs on the CPU, wherever it trained
     model_->load(archive);
   } catch (const c10::Error& e) {
     throw UserError(checkpoint_ + ": not a checkpoint of this run's model: " + e.what_without_backtrace());
