@@ -358,6 +358,51 @@ TEST_CASE("faults: 4 concurrent processes on one store run each run exactly once
   CHECK(test::integrity_check(db) == "ok");
 }
 
+TEST_CASE("faults: a stop during an evaluation ends it between batches; reruns finish as if never stopped",
+          "[faults]") {
+  TempDir d("faults-evalstop");
+  write_matrix(d, "evalstop", tiny_tables(16, 6, 3, 3));
+  const std::string reference_db = d.path() + "/reference.db";
+  const auto uninterrupted = test::run_chiar(run_args(d, reference_db));
+  INFO(uninterrupted.output);
+  REQUIRE(uninterrupted.status == 0);
+  const auto reference = all_final_metrics(reference_db);
+
+  // Attempt k sends itself SIGTERM (what scancel and Ctrl-C send) after the
+  // k-th evaluation batch of its process; each rerun resumes from the last
+  // checkpoint, so as k grows the stops walk through every validation and
+  // both passes over the test split of both runs.
+  const std::string db = d.path() + "/stopped.db";
+  const auto args = run_args(d, db);
+  int stops = 0, in_validation = 0, in_test_split = 0;
+  bool finished = false;
+  for (int k = 1; k <= 80 && !finished; ++k) {
+    const std::string log = d.path() + "/attempt-" + std::to_string(k) + ".txt";
+    const int status = test::wait_chiar(
+        test::spawn_chiar_with_env(args, log, {"CHIAR_FAILPOINT=eval.batch:" + std::to_string(k) + ":term"}));
+    const std::string output = test::read_text(log);
+    INFO("attempt " << k << ":\n" << output);
+    check_no_crash_text(output);
+    REQUIRE(test::integrity_check(db) == "ok");
+    if (status == 0) {
+      finished = true;
+      break;
+    }
+    REQUIRE(status == 130);
+    ++stops;
+    in_validation += static_cast<int>(test::occurrences(output, ": interrupted; stopped while validating step "));
+    in_test_split += static_cast<int>(
+        test::occurrences(output, ": interrupted; stopped while scoring the test split, rerun to score it"));
+    CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'interrupted'") == 1);
+  }
+  REQUIRE(finished);
+  CHECK(in_validation >= 2);
+  CHECK(in_test_split >= 2);
+  CHECK(stops == in_validation + in_test_split);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 2);
+  CHECK(all_final_metrics(db) == reference);
+}
+
 TEST_CASE("faults: NaN injected mid-run -> diverged, the matrix goes on", "[faults]") {
   TempDir d("faults-nan");
   test::write_word_corpus(d, kWords, 25, 300, 60);

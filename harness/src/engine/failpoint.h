@@ -3,12 +3,14 @@
 // CHIAR_FAILPOINT=NAME:N makes the process kill itself with SIGKILL the N-th
 // time (1-based) it reaches failpoint(NAME): a crash at an exact moment
 // (between a checkpoint's write and its rename, inside a store commit) that
-// a signal sent from outside would hit only by chance. Unset, a failpoint
-// costs one comparison of a cached pointer.
+// a signal sent from outside would hit only by chance. NAME:N:term sends
+// SIGTERM instead (a stop request, as from scancel or Ctrl-C). Unset, a
+// failpoint costs one comparison of a cached pointer.
 namespace chiar::engine {
 
 // The points the harness has, in the order a run reaches them.
 //   train.step           after a training step's optimiser update
+//   eval.batch           after each batch of an evaluation (validation or test)
 //   eval.scored          after a validation pass, before its metrics are stored
 //   checkpoint.written   a checkpoint's temporary file is fsynced, not yet renamed
 //   checkpoint.renamed   renamed into place, not yet recorded in the store

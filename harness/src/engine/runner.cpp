@@ -238,7 +238,7 @@ RunEnd record_outcome(Store& store, const RunSpec& spec, const TrainResult& resu
       return RunEnd::Finished;
     case RunStatus::Interrupted:
       store.finish(spec.hash, RunStatus::Interrupted, "interrupted by a signal", -1, result.summary);
-      std::cout << tag << ": interrupted; checkpoint saved, rerun to resume\n";
+      std::cout << tag << ": interrupted; " << result.resumption << "\n";
       return RunEnd::Interrupted;
     case RunStatus::Pending:
     case RunStatus::Running:

@@ -156,8 +156,16 @@ void add_class_metrics(std::map<std::string, double>& metrics, double loss_sum, 
   if (examples > 0) metrics["majority_rate"] = static_cast<double>(largest_class) / static_cast<double>(examples);
 }
 
+// Thrown by evaluate when a stop is requested between its batches.
+struct EvaluationStopped {};
+
+// Scores up to max_batches batches of a split (0: all of them). A stop
+// request (SIGTERM, SIGINT) ends it between batches, by EvaluationStopped:
+// scoring a large split can take minutes, more than a scheduler's warning
+// before it kills a job. Null stop: not interruptible (a process group's
+// ranks stop only together, at a step).
 EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
-                    int64_t batch_size, bool bf16, const at::Device& device) {
+                    int64_t batch_size, bool bf16, const at::Device& device, const std::atomic<bool>* stop) {
   at::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -206,6 +214,8 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
         correct[y[j]] += p[j] == y[j];
       }
     }
+    failpoint("eval.batch");
+    if (stop && stop->load()) throw EvaluationStopped{};
   }
   r.tokens_per_s = static_cast<double>(real_count) / std::max(seconds_since(t0) - r.accounting_seconds, 1e-9);
   if (task.head() == TaskHead::LanguageModel) add_lm_metrics(r.metrics, task, split, nll, scored, n == total);
@@ -689,13 +699,18 @@ void save_best(Run& run, int64_t step) {
   write_checkpoint(run, kBest, step, archive_bytes(archive));
 }
 
+// What may stop the run's evaluations between batches: the stop flag in a
+// single process; nothing in a process group, whose ranks stop together.
+const std::atomic<bool>* interruption(const Run& run) { return run.group ? nullptr : run.ctx.stop; }
+
 // Scores the validation split (all of it after the last step), records the
 // metrics and the FLOP / routing accounting, and keeps a new best model.
 void validate(Run& run, int64_t done) {
   const bool final_eval = done == run.t.steps;
   EvalResult e;
   timed(run.overhead.evaluation, [&] {
-    e = evaluate(run.model, run.ctx.task, "valid", final_eval ? 0 : run.t.eval_batches, run.t.eval_batch_size, run.bf16, run.device);
+    e = evaluate(run.model, run.ctx.task, "valid", final_eval ? 0 : run.t.eval_batches, run.t.eval_batch_size,
+                 run.bf16, run.device, interruption(run));
   });
   run.overhead.evaluation -= e.accounting_seconds;
   run.overhead.accounting += e.accounting_seconds;
@@ -748,7 +763,18 @@ void train_steps(Run& run, TrainResult& result) {
     const int64_t done = step + 1;
     if (run.writer) {
       report_step(run, done, s.loss, lr);
-      if (done % t.eval_every == 0 || done == t.steps) validate(run, done);
+      if (done % t.eval_every == 0 || done == t.steps) {
+        try {
+          validate(run, done);
+        } catch (const EvaluationStopped&) {
+          // Stopped mid-validation: no checkpoint of this step, whose
+          // validation is missing; the run resumes from its last checkpoint.
+          result.outcome = RunStatus::Interrupted;
+          result.resumption = "stopped while validating step " + std::to_string(done) +
+                              ", rerun to resume from the last checkpoint";
+          break;
+        }
+      }
     }
     const bool stopping = run.group ? group_stops : stop_requested();
     if (run.writer && (done % t.checkpoint_every == 0 || done == t.steps || stopping)) save_checkpoint(run, done);
@@ -771,7 +797,7 @@ void summarise_training(const Run& run, RunSummary& summary) {
 // The test split, scored by the last and by the best-validation model.
 void score_test_split(Run& run, RunSummary& summary) {
   const TrainOptions& t = run.t;
-  EvalResult last = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device);
+  EvalResult last = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device, interruption(run));
   run.ctx.store->add_metrics(run.spec.hash, t.steps, "test", "last", last.metrics);
   summary.eval_tokens_per_s = last.tokens_per_s;
   if (run.has_best) {
@@ -784,7 +810,8 @@ void score_test_split(Run& run, RunSummary& summary) {
       run.model.load(archive);
     }
   }
-  EvalResult best_eval = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device);
+  EvalResult best_eval =
+      evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device, interruption(run));
   run.ctx.store->add_metrics(run.spec.hash, t.steps, "test", "best", best_eval.metrics);
 }
 
@@ -840,7 +867,15 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   run.started = Clock::now();
   train_steps(run, result);
   summarise_training(run, result.summary);
-  if (result.outcome == RunStatus::Done && run.writer) score_test_split(run, result.summary);
+  if (result.outcome == RunStatus::Done && run.writer) {
+    try {
+      score_test_split(run, result.summary);
+    } catch (const EvaluationStopped&) {
+      // The last step's checkpoint is written: a rerun scores the test split again.
+      result.outcome = RunStatus::Interrupted;
+      result.resumption = "stopped while scoring the test split, rerun to score it";
+    }
+  }
   result.summary.peak_rss_mb = peak_rss_mb();
   return result;
 }

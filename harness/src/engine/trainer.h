@@ -18,6 +18,8 @@ struct TrainResult {
   RunStatus outcome = RunStatus::Done;  // Done, Diverged or Interrupted
   int64_t diverged_step = -1;
   std::string error;
+  // Interrupted: what a rerun does, for the console.
+  std::string resumption = "checkpoint saved, rerun to resume";
   RunSummary summary;
 };
 
