@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,29 @@ TEST_CASE("device: a batch on the CPU is the batch itself; a resolved name is li
   CHECK_FALSE(on.scored.defined());
   CHECK(engine::torch_device("cpu") == at::Device(at::kCPU));
   CHECK(engine::torch_device("cuda:1") == at::Device(at::kCUDA, 1));
+}
+
+TEST_CASE("device: a run records the CPU as cpu, and a GPU as nvidia-smi describes it", "[device]") {
+  CHECK(engine::describe_device("cpu") == "cpu");
+  // A stand-in for the driver's tool, first on PATH for this test.
+  TempDir d("fake-nvidia-smi");
+  const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  struct RestorePath {
+    std::string saved;
+    ~RestorePath() { setenv("PATH", saved.c_str(), 1); }
+  } restore{path};
+  setenv("PATH", (d.path() + ":" + path).c_str(), 1);
+  const std::string tool = d.write("nvidia-smi", "#!/bin/sh\n"
+                                                 "[ \"$4\" = 0 ] || exit 6\n"
+                                                 "echo 'NVIDIA H200, 143771, 9.0, 570.86.15'\n");
+  boost::filesystem::permissions(tool, boost::filesystem::owner_all);
+  CHECK(engine::nvidia_smi_description(0) == "NVIDIA H200, 140.4 GiB, compute capability 9.0, driver 570.86.15");
+  CHECK(engine::nvidia_smi_description(1) == "nvidia-smi: not found or failed");  // exits 6 for -i 1
+  d.write("nvidia-smi", "#!/bin/sh\necho 'No devices were found'\n");
+  CHECK(engine::nvidia_smi_description(0) == "nvidia-smi: not found or failed");
+  setenv("PATH", d.path().c_str(), 1);
+  boost::filesystem::remove(tool);
+  CHECK(engine::nvidia_smi_description(0) == "nvidia-smi: not found or failed");
 }
 
 TEST_CASE("device: the device is not part of a run's hash", "[device][cli]") {

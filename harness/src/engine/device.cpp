@@ -6,6 +6,10 @@
 #include <c10/util/Exception.h>
 
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <vector>
 
 #include "chiar/error.h"
 #include "chiar_build_info.h"
@@ -58,6 +62,39 @@ std::string resolve_device(const std::string& name, const std::string& origin) {
   throw UserError(origin + ": " + quoted +
                   ": this build trains on the CPU only (CUDA training is not yet checked on a GPU: configure with "
                   "-DCHIAR_CUDA_TRAINING=ON to try it); use \"cpu\"");
+}
+
+std::string nvidia_smi_description(int64_t index) {
+  const std::string command = "nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version "
+                              "--format=csv,noheader,nounits -i " + std::to_string(index) + " 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return "nvidia-smi: not found or failed";
+  std::string out;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
+  const int status = ::pclose(pipe);
+  // name, memory (MiB), compute capability, driver
+  std::vector<std::string> fields;
+  std::stringstream line(out.substr(0, out.find('\n')));
+  for (std::string field; std::getline(line, field, ',');) {
+    const auto first = field.find_first_not_of(' '), last = field.find_last_not_of(" \r");
+    fields.push_back(first == std::string::npos ? "" : field.substr(first, last - first + 1));
+  }
+  char* end = nullptr;
+  const double mib = fields.size() == 4 ? std::strtod(fields[1].c_str(), &end) : 0;
+  if (status != 0 || fields.size() != 4 || end == fields[1].c_str() || *end != '\0')
+    return "nvidia-smi: not found or failed";
+  char memory[32];
+  std::snprintf(memory, sizeof memory, "%.1f GiB", mib / 1024.0);
+  return fields[0] + ", " + memory + ", compute capability " + fields[2] + ", driver " + fields[3];
+}
+
+std::string describe_device(const std::string& resolved) {
+  if (resolved.rfind("cuda:", 0) != 0) return resolved;
+  const int64_t index = std::stoll(resolved.substr(5));
+  const auto& hooks = at::detail::getCUDAHooks();
+  return resolved + " (" + nvidia_smi_description(index) + "; libtorch CUDA " +
+         std::to_string(hooks.versionCUDART()) + ", cuDNN " + std::to_string(hooks.versionCuDNN()) + ")";
 }
 
 at::Device torch_device(const std::string& resolved) { return at::Device(resolved); }

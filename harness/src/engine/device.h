@@ -30,6 +30,17 @@ std::string device_name_problem(const std::string& name);
 // "auto" is the CPU for the same reason.
 std::string resolve_device(const std::string& name, const std::string& origin);
 
+// What a run records as its device: "cpu", or for "cuda:N" the GPU as the
+// driver describes it (nvidia_smi_description) and libtorch's CUDA runtime
+// and cuDNN versions, e.g. "cuda:0 (NVIDIA H200, 140.4 GiB, compute
+// capability 9.0, driver 570.86.15; libtorch CUDA 12080, cuDNN 90100)".
+std::string describe_device(const std::string& resolved);
+
+// GPU `index` as `nvidia-smi` (found on PATH) reports it: "NVIDIA H200,
+// 140.4 GiB, compute capability 9.0, driver 570.86.15"; when it cannot be
+// asked, what went wrong ("nvidia-smi: not found or failed").
+std::string nvidia_smi_description(int64_t index);
+
 // libtorch's device for a name resolve_device returned.
 at::Device torch_device(const std::string& resolved);
 

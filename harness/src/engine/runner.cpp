@@ -164,8 +164,10 @@ RunSpec prepare_run(Session& s, const RunSpec& run) {
   RunSpec spec = run;
   if (s.threads > 0) spec.train.threads = s.threads;
   if (!s.device.empty()) spec.train.device = s.device;
-  s.prov.device = resolve_device(spec.train.device, "train.device");
-  if (s.group && s.prov.device != "cpu")
+  // The spec keeps the device it trains on; the store, its description.
+  spec.train.device = resolve_device(spec.train.device, "train.device");
+  s.prov.device = describe_device(spec.train.device);
+  if (s.group && spec.train.device != "cpu")
     throw UserError("train.device: \"" + spec.train.device +
                     "\": the processes of a data-parallel run (--nproc) average gradients over Gloo in host memory; "
                     "train on \"cpu\", or in one process on the GPU");
@@ -265,7 +267,7 @@ void mark_interrupted_by_environment(Store& store, const RunSpec& spec, const En
 RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag, const std::string& run_checkpoints) {
   TrainContext ctx{s.registry, s.task_of(spec), &s.store, run_checkpoints, &g_stop,
                    progress_printer(tag, spec.train, s.tty), tag, s.group};
-  ctx.device = s.prov.device;
+  ctx.device = spec.train.device;
   TrainResult result;
   try {
     result = train_run(spec, ctx);

@@ -210,7 +210,8 @@ void write_problems(Pages& p, const Summary& s) {
 void write_provenance(Pages& pages, const Provenance& p) {
   const std::string footer = "harness commit " + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " +
                              p.threads + "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus +
-                             "); runs from " + p.first + " to " + p.last + "; matrix " + p.matrices + ".";
+                             "); devices " + p.devices + "; runs from " + p.first + " to " + p.last + "; matrix " +
+                             p.matrices + ".";
   pages.md << "\n---\n\nProvenance: " << footer << "\n";
   pages.html << "<footer>Provenance: " << html_escape(footer) << "</footer>\n</body></html>\n";
 }

@@ -189,6 +189,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
   p.threads = joined(db, "threads");
   p.hosts = joined(db, "host");
   p.cpus = joined(db, "cpu");
+  p.devices = joined(db, "device");
   p.allocators = joined(db, "allocator");
   p.matrices = joined(db, "matrix");
   auto dates = db.prepare("SELECT MIN(started_at), MAX(finished_at) FROM runs");

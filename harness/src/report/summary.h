@@ -78,7 +78,7 @@ struct TaskSummary {
 };
 
 struct Provenance {
-  std::string commits, torch, blas, gemm, threads, hosts, cpus, allocators, first, last, matrices;
+  std::string commits, torch, blas, gemm, threads, hosts, cpus, devices, allocators, first, last, matrices;
 };
 
 struct Summary {
