@@ -21,6 +21,7 @@
 #include "engine/store.h"
 #include "chiar/error.h"
 #include "chiar/random.h"
+#include "support/faults.h"
 #include "support/fixtures.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -514,7 +515,8 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   std::ifstream in(json);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
   for (const char* v : {"\"baseline\"", "\"chiar_dct_attn\"", "\"chiar_soft\""}) CHECK(text.find(v) != std::string::npos);
-  for (const char* k : {"train_tokens_per_s", "infer_tokens_per_s", "step_flops", "achieved_gflops", "gemm_gflops", "peak_rss_mb"}) {
+  for (const char* k : {"train_tokens_per_s", "infer_tokens_per_s", "step_flops", "achieved_gflops", "gemm_gflops", "peak_rss_mb",
+                        "\"device\": \"cpu\"", "\"precision\": \"fp32\""}) {
     size_t n = 0;
     for (size_t at = text.find(k); at != std::string::npos; at = text.find(k, at + 1)) ++n;
     CHECK(n == 3);
@@ -525,6 +527,14 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
     return std::stod(text.substr(at + 14));
   };
   CHECK(flops_of("chiar_soft") > flops_of("chiar_dct_attn"));
+  // bf16 autocast in the timed forward passes, on request.
+  const std::string bf16_json = d.path() + "/bf16.json";
+  const auto bf16 = test::run_chiar({"bench-train", "--variants-file", std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
+                                     "--variants", "baseline", "--batch", "2", "--seq", "16", "--d-model", "16", "--heads", "2",
+                                     "--vocab", "50", "--steps", "1", "--warmup", "1", "--precision", "bf16", "--json", bf16_json});
+  INFO(bf16.output);
+  REQUIRE(bf16.status == 0);
+  CHECK(test::read_text(bf16_json).find("\"precision\": \"bf16\"") != std::string::npos);
   CHECK(test::run_chiar({"bench-train", "--variants", "nope", "--variants-file", std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml"}).status == 2);
 }
 

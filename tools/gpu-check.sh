@@ -133,12 +133,12 @@ if step configure 180 configure && step build 420 cmake --build "$build" -j "$(n
   chiar=$build/chiar
   step tests-cuda 180 "$tests" "[cuda]" --reporter compact
   step tests-ops 240 "$tests" "[operator],[routing]" --reporter compact
-  step bench-anchor 180 "$chiar" bench-train --device cuda --variants baseline chiar_dct_attn \
+  step bench-anchor 180 "$chiar" bench-train --device cuda --variants baseline,chiar_dct_attn \
     --json "$out/bench-anchor.json"
-  step bench-large 240 "$chiar" bench-train --device cuda --variants baseline chiar_dct_attn \
+  step bench-large 240 "$chiar" bench-train --device cuda --variants baseline,chiar_dct_attn \
     --batch 16 --seq 2048 --d-model 512 --layers 4 --vocab 50257 --steps 10 --warmup 3 \
     --json "$out/bench-large.json"
-  step bench-t4096 240 "$chiar" bench-train --device cuda --variants baseline chiar_dct_attn \
+  step bench-t4096 240 "$chiar" bench-train --device cuda --variants baseline,chiar_dct_attn \
     --batch 4 --seq 4096 --d-model 512 --layers 4 --vocab 50257 --steps 10 --warmup 3 \
     --json "$out/bench-t4096.json"
   # The quickstart's matrix at 300 steps on the GPU. Its corpus: carry

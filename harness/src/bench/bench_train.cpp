@@ -1,6 +1,7 @@
 #include "bench_train.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include <malloc.h>
@@ -15,6 +16,7 @@
 
 #include <boost/filesystem.hpp>
 
+#include "core/autocast_compat.h"
 #include "model/model.h"
 #include "engine/runtime.h"
 #include "engine/accounting.h"
@@ -47,12 +49,26 @@ std::vector<std::string> stretch(const std::vector<std::string>& plan, int64_t l
   return out;
 }
 
+// Waits for the device's queued work: a GPU runs a step's kernels after the
+// host has moved on, so a host clock stops only once they are done.
+void synchronize(const at::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// The model's parameters, once it is on the device (built on the CPU under
+// its seed, so every device starts from the same weights).
+std::vector<at::Tensor> parameters_on(ChiarModel& model, const at::Device& device) {
+  if (!device.is_cpu()) model.to(device);
+  return model.parameters();
+}
+
 // One variant under test: its model, optimiser and the step it times.
 class Variant {
  public:
-  Variant(const PluginRegistry& registry, const ModelOptions& options, const at::Tensor& tokens)
+  Variant(const PluginRegistry& registry, const ModelOptions& options, const at::Tensor& tokens, bool bf16)
       : model_(registry, options),
-        opt_(model_.parameters(), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95})) {
+        opt_(parameters_on(model_, tokens.device()), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95})),
+        bf16_(bf16) {
     model_.calibrate_routers(tokens);
   }
 
@@ -60,20 +76,28 @@ class Variant {
   void train_step(const at::Tensor& tokens, const at::Tensor& targets, int64_t outputs) {
     model_.train();
     opt_.zero_grad();
-    // A language model's loss through the fused head, as `chiar run` trains it.
-    auto out = model_.forward(tokens, {}, /*logits=*/false);
-    auto loss = out.hidden.defined() ? model_.lm_loss(out, targets)
-                                     : at::cross_entropy_loss(out.logits.reshape({-1, outputs}), targets.reshape({-1}));
-    if (out.aux_loss.defined()) loss = loss + out.aux_loss;
+    at::Tensor loss;
+    {
+      const autocast::Bf16Scope cast(bf16_, tokens.device());
+      // A language model's loss through the fused head, as `chiar run` trains it.
+      auto out = model_.forward(tokens, {}, /*logits=*/false);
+      loss = out.hidden.defined() ? model_.lm_loss(out, targets)
+                                  : at::cross_entropy_loss(out.logits.to(at::kFloat).reshape({-1, outputs}),
+                                                           targets.reshape({-1}));
+      if (out.aux_loss.defined()) loss = loss + out.aux_loss;
+    }
     loss.backward();
     opt_.step();
+    synchronize(tokens.device());
   }
 
   // Keeps the logits until the next call, as a caller consuming them would.
   void infer(const at::Tensor& tokens) {
     model_.eval();
     at::NoGradGuard no_grad;
+    const autocast::Bf16Scope cast(bf16_, tokens.device());
     last_ = model_.forward(tokens);
+    synchronize(tokens.device());
   }
 
   // FLOPs of a training step as executed, from the model's own accounting
@@ -93,12 +117,41 @@ class Variant {
  private:
   ChiarModel model_;
   FusedAdamW opt_;
+  bool bf16_;
   ModelOutput last_;
+};
+
+// The device's matrix-product rate in the training precision: one n^3
+// product per call, timed between synchronisations (the GPU's counterpart
+// of GemmProbe).
+class DeviceGemmProbe {
+ public:
+  DeviceGemmProbe(const at::Device& device, bool bf16, int64_t n) : device_(device), n_(n) {
+    const auto options = at::TensorOptions().device(device).dtype(bf16 ? at::kBFloat16 : at::kFloat);
+    a_ = at::randn({n, n}, options);
+    b_ = at::randn({n, n}, options);
+    for (int i = 0; i < 2; ++i) at::mm(a_, b_);  // warm-up: the library's first call picks its kernels
+    synchronize(device_);
+  }
+  double gflops() {
+    const auto t0 = Clock::now();
+    c_ = at::mm(a_, b_);
+    synchronize(device_);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return 2.0 * static_cast<double>(n_) * static_cast<double>(n_) * static_cast<double>(n_) / seconds / 1e9;
+  }
+
+ private:
+  at::Device device_;
+  int64_t n_;
+  at::Tensor a_, b_, c_;
 };
 
 void check_options(const TrainBenchOptions& o) {
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) throw UserError("bench-train: steps, batch and seq must be positive");
   if (o.classes < 0 || o.classes == 1) throw UserError("bench-train: --classes must be 0 (language model) or at least 2");
+  if (o.device != "cpu" && !o.gemm_backends.empty())
+    throw UserError("bench-train: --compare-gemm compares the CPU's libraries; it does not go with --device " + o.device);
 }
 
 // The variants' definitions, through a one-task matrix over them.
@@ -132,11 +185,13 @@ struct Synthetic {
 
 Synthetic synthetic_batch(const TrainBenchOptions& o) {
   const auto longs = at::TensorOptions().dtype(at::kLong);
+  const at::Device device(o.device);
   at::manual_seed(0);
   Synthetic s;
-  s.tokens = at::randint(o.vocab, {o.batch, o.seq}, longs);        // (B, T)
-  s.targets = o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)           // (B,)
-                            : at::randint(o.vocab, {o.batch, o.seq}, longs);  // (B, T)
+  s.tokens = at::randint(o.vocab, {o.batch, o.seq}, longs).to(device);        // (B, T)
+  s.targets = (o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)           // (B,)
+                             : at::randint(o.vocab, {o.batch, o.seq}, longs))  // (B, T)
+                  .to(device);
   s.outputs = o.classes > 0 ? o.classes : o.vocab;
   return s;
 }
@@ -191,7 +246,7 @@ std::vector<TrainBenchResult> measure_alone(const PluginRegistry& registry, cons
     malloc_trim(0);
     reset_peak_rss();
     {
-      Variant v(registry, options_for(*entry.run, o), s.tokens);
+      Variant v(registry, options_for(*entry.run, o), s.tokens, o.bf16);
       // At least two steps: the first creates the optimiser's state after its
       // activations are gone, the second holds both, as every later one does.
       for (int64_t i = 0; i < std::max<int64_t>(2, o.warmup); ++i) v.train_step(s.tokens, s.targets, s.outputs);
@@ -221,15 +276,25 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
   std::vector<std::unique_ptr<Variant>> models;
   for (const auto& entry : entries) {
     set_gemm_backend(entry.gemm);
-    models.push_back(std::make_unique<Variant>(registry, options_for(*entry.run, o), s.tokens));
+    models.push_back(std::make_unique<Variant>(registry, options_for(*entry.run, o), s.tokens, o.bf16));
   }
   const int64_t n = static_cast<int64_t>(models.size());
   Timings t;
   t.train_s.resize(static_cast<size_t>(n));
   t.infer_s.resize(static_cast<size_t>(n));
-  // One probe per compared library, plus the BLAS's for the records.
+  // One probe per compared library, plus the BLAS's for the records; on a
+  // GPU, the device's.
   t.gemm.resize(backends.size());
-  GemmProbe probe(2048), blas_probe(2048, /*blas_only=*/true);
+  const at::Device device(o.device);
+  const bool gpu = !device.is_cpu();
+  std::unique_ptr<GemmProbe> probe, blas_probe;
+  std::unique_ptr<DeviceGemmProbe> device_probe;
+  if (gpu) {
+    device_probe = std::make_unique<DeviceGemmProbe>(device, o.bf16, 8192);
+  } else {
+    probe = std::make_unique<GemmProbe>(2048);
+    blas_probe = std::make_unique<GemmProbe>(2048, /*blas_only=*/true);
+  }
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     for (int64_t k = 0; k < n; ++k) {
       set_gemm_backend(entries[k].gemm);
@@ -238,11 +303,16 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
       if (i >= o.warmup) t.train_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (i < o.warmup) continue;
+    if (gpu) {
+      t.gemm[0].push_back(device_probe->gflops());
+      t.blas.push_back(0);
+      continue;
+    }
     for (size_t b = 0; b < backends.size(); ++b) {
       set_gemm_backend(backends[b]);
-      t.gemm[b].push_back(probe.gflops());
+      t.gemm[b].push_back(probe->gflops());
     }
-    t.blas.push_back(blas_probe.gflops());
+    t.blas.push_back(blas_probe->gflops());
   }
   for (int64_t i = 0; i < o.warmup + o.steps; ++i)
     for (int64_t k = 0; k < n; ++k) {
@@ -291,6 +361,8 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
 
   std::vector<TrainBenchResult> out = measure_alone(registry, entries, o, batch, allocator);
   add_rates(out, time_interleaved(registry, entries, backends, o, batch), entries, backends, o);
+  if (!at::Device(o.device).is_cpu())
+    for (auto& r : out) r.gemm = o.device;  // the device ran the products, not a CPU library
   return out;
 }
 

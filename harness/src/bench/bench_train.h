@@ -23,19 +23,24 @@ struct TrainBenchOptions {
   int64_t classes = 0;  // 0: causal language model; N: bidirectional classifier of N classes
   int threads = 0;
   // Each variant under each of these GEMM libraries, interleaved like the
-  // variants; empty: the library configured now.
+  // variants; empty: the library configured now. CPU only.
   std::vector<GemmBackend> gemm_backends;
+  // "cpu" or "cuda:N" (engine::resolve_device). On a GPU every timed region
+  // ends with a device synchronisation, and the GEMM rate is the device's
+  // (8192^3 in the training precision) instead of the CPU libraries'.
+  std::string device = "cpu";
+  bool bf16 = false;  // bf16 autocast in the forward passes, fp32 master weights
 };
 
 struct TrainBenchResult {
   std::string variant;  // "name", or "name@backend" when several backends are compared
-  std::string gemm;     // the library that ran its products: blas or onednn
+  std::string gemm;     // the library that ran its products: blas or onednn (a GPU: the device)
   double train_tokens_per_s = 0, infer_tokens_per_s = 0;
   double step_flops = 0;       // executed FLOPs of one training step (forward + backward)
   double achieved_gflops = 0;  // step_flops / median step time
-  double gemm_gflops = 0;      // 2048^3 fp32 on that library, median of the rounds in this process
-  double blas_gflops = 0;      // the same on libtorch's BLAS
-  double peak_rss_mb = 0;      // high-water mark of a first pass with this variant alone
+  double gemm_gflops = 0;      // 2048^3 fp32 on that library (a GPU: 8192^3 in the training precision), median of the rounds
+  double blas_gflops = 0;      // the same on libtorch's BLAS (0 on a GPU)
+  double peak_rss_mb = 0;      // high-water mark of a first pass with this variant alone (host memory)
   double train_ms = 0, infer_ms = 0;  // medians
   std::string allocator;              // the allocator behaviour chosen for these shapes
 };

@@ -14,12 +14,8 @@
 namespace chiar::cli {
 
 int run_bench_train(const Global& g, const BenchTrainArgs& a) {
-  // The CPU, or refused before anything runs. The benchmark's timing (host
-  // clocks around steps that would run asynchronously on a GPU) and its GEMM
-  // probe are the CPU's: a CUDA device is refused here even where training
-  // may use one.
-  if (const std::string device = engine::resolve_device(a.device, "--device"); device != "cpu")
-    throw UserError("--device: \"" + a.device + "\": bench-train times the CPU only in this version");
+  // Refused before anything runs when this build or machine cannot give it.
+  const std::string device = engine::resolve_device(a.device, "--device");
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   bench::TrainBenchOptions o;
@@ -35,13 +31,19 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   o.warmup = a.warmup;
   o.classes = a.classes;
   o.threads = g.threads;
+  o.device = device;
+  o.bf16 = a.precision == "bf16" || (a.precision == "auto" && device != "cpu");
   for (const auto& b : a.gemm_backends) o.gemm_backends.push_back(gemm_backend_from_string(b));
   const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
+  const std::string precision = o.bf16 ? "bf16" : "fp32";
   const auto results = bench::bench_train(registry, o);
   std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers
             << " layers, " << o.heads << " heads, vocab " << o.vocab
             << (o.classes > 0 ? ", classifier of " + std::to_string(o.classes) + " classes" : ", causal LM") << "; medians of " << o.steps << " steps after "
-            << o.warmup << " warm-up, variants interleaved step by step with 2048^3 GEMMs each round\n" << describe(info) << "\n\n";
+            << o.warmup << " warm-up, variants interleaved step by step with "
+            << (device == "cpu" ? "2048^3 GEMMs" : "8192^3 " + precision + " GEMMs on " + device) << " each round; "
+            << precision << (device == "cpu" ? "" : ", peak memory is the host's") << "\n"
+            << describe(info) << "\n\n";
   std::cout << std::left << std::setw(22) << "variant" << std::right << std::setw(12) << "train tok/s" << std::setw(12)
             << "infer tok/s" << std::setw(11) << "step ms" << std::setw(14) << "step GFLOP" << std::setw(12) << "GFLOP/s"
             << std::setw(12) << "of GEMM" << std::setw(11) << "peak MB" << std::setw(10) << "train x" << std::setw(10) << "infer x" << "\n";
@@ -55,12 +57,13 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
               << std::setw(10) << r.infer_tokens_per_s / base.infer_tokens_per_s << "\n";
   }
   std::cout << "allocator: " << results.front().allocator << "\n";
-  std::cout << "GEMM 2048^3 fp32 in this process (median of the rounds):";
+  std::cout << (device == "cpu" ? std::string("GEMM 2048^3 fp32") : "GEMM 8192^3 " + precision)
+            << " in this process (median of the rounds):";
   std::set<std::string> shown;  // each library once
   for (const auto& r : results)
     if (shown.insert(r.gemm).second)
       std::cout << " " << r.gemm << " " << std::setprecision(1) << r.gemm_gflops << " GFLOP/s";
-  if (!shown.count("blas"))
+  if (device == "cpu" && !shown.count("blas"))
     std::cout << "; libtorch's BLAS " << std::setprecision(1) << results.front().blas_gflops << " GFLOP/s";
   std::cout << "\n\"of GEMM\" is against the rate of the library that ran the variant's products; ratios are against "
             << results.front().variant << "\n";
@@ -74,7 +77,8 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
            << ", \"infer_tokens_per_s\": " << r.infer_tokens_per_s << ", \"step_flops\": " << r.step_flops
            << ", \"achieved_gflops\": " << r.achieved_gflops << ", \"gemm\": \"" << r.gemm
            << "\", \"gemm_gflops\": " << r.gemm_gflops << ", \"blas_gflops\": " << r.blas_gflops
-           << ", \"peak_rss_mb\": " << r.peak_rss_mb << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+           << ", \"peak_rss_mb\": " << r.peak_rss_mb << ", \"device\": \"" << device << "\", \"precision\": \""
+           << precision << "\"}" << (i + 1 < results.size() ? "," : "") << "\n";
     }
     json << "}\n";
   }

@@ -124,6 +124,7 @@ struct BenchTrainArgs {
   int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4, steps = 10, warmup = 3;
   int64_t classes = 0;
   std::string device = "auto";  // engine/device.h
+  std::string precision = "auto";  // auto: bf16 on a GPU, fp32 on the CPU
   std::vector<std::string> gemm_backends;  // compare these libraries (blas, onednn); empty: --gemm's choice
 };
 int run_bench_train(const Global& g, const BenchTrainArgs& a);

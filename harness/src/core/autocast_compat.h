@@ -40,4 +40,31 @@ inline void set_cuda(bool on, at::ScalarType dtype = at::kBFloat16) {
 #endif
 }
 
+// bf16 autocast on `device`'s type for a scope (the forward pass; master
+// weights and the optimiser stay fp32); nothing when `on` is false.
+class Bf16Scope {
+ public:
+  Bf16Scope(bool on, const at::Device& device) : on_(on), cuda_(device.is_cuda()) {
+    if (!on_) return;
+    switch_to(true);
+    at::autocast::increment_nesting();
+  }
+  ~Bf16Scope() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    switch_to(false);
+  }
+  Bf16Scope(const Bf16Scope&) = delete;
+  Bf16Scope& operator=(const Bf16Scope&) = delete;
+
+ private:
+  void switch_to(bool enabled) const {
+    if (cuda_)
+      set_cuda(enabled, at::kBFloat16);
+    else
+      set_cpu(enabled, at::kBFloat16);
+  }
+  bool on_, cuda_;
+};
+
 }  // namespace chiar::autocast

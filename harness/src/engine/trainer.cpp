@@ -49,28 +49,6 @@ double peak_rss_mb() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;
 }
 
-// bf16 autocast for the forward pass on the run's device; master weights
-// and the optimizer stay fp32.
-struct Autocast {
-  Autocast(bool on, const at::Device& device) : on_(on), cuda_(device.is_cuda()) {
-    if (!on_) return;
-    switch_to(true);
-    at::autocast::increment_nesting();
-  }
-  ~Autocast() {
-    if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    switch_to(false);
-  }
-  void switch_to(bool enabled) const {
-    if (cuda_)
-      chiar::autocast::set_cuda(enabled, at::kBFloat16);
-    else
-      chiar::autocast::set_cpu(enabled, at::kBFloat16);
-  }
-  bool on_, cuda_;
-};
-
 // Loss of a batch: mean token cross-entropy over the real tokens (language
 // model, from the hidden states through the fused head: out has no logits)
 // or example cross-entropy (classifier), plus the routers' regularisers.
@@ -185,7 +163,7 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
     ModelOutput out;
     at::Tensor batch_nll;  // () summed over the scored tokens (language model)
     {
-      Autocast cast(bf16, device);
+      const autocast::Bf16Scope cast(bf16, device);
       // A language model's loss through the fused head (no (B, T, V) logits;
       // under bf16 it takes the same autocast path as training).
       out = model.forward(b.tokens, b.valid, /*logits=*/!lm);
@@ -628,7 +606,7 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
     const Batch b = batch_on(host, run.device);
     at::Tensor loss;
     {
-      Autocast cast(run.bf16, run.device);
+      const autocast::Bf16Scope cast(run.bf16, run.device);
       if (ranks == 1) {
         loss = loss_of(run.model, run.model.forward(b.tokens, b.valid, /*logits=*/false), b, run.ctx.task.head());
       } else {
