@@ -94,6 +94,11 @@ TEST_CASE("device: a run records the CPU as cpu, and a GPU as nvidia-smi describ
   boost::filesystem::permissions(tool, boost::filesystem::owner_all);
   CHECK(engine::nvidia_smi_description(0) == "NVIDIA H200, 140.4 GiB, compute capability 9.0, driver 570.86.15");
   CHECK(engine::nvidia_smi_description(1) == "nvidia-smi: not found or failed");  // exits 6 for -i 1
+  // nvidia-smi ignores CUDA_VISIBLE_DEVICES: CUDA's device 1 is its GPU 0 here.
+  setenv("CUDA_VISIBLE_DEVICES", "3,0", 1);
+  CHECK(engine::nvidia_smi_description(1) == "NVIDIA H200, 140.4 GiB, compute capability 9.0, driver 570.86.15");
+  CHECK(engine::nvidia_smi_description(0) == "nvidia-smi: not found or failed");
+  unsetenv("CUDA_VISIBLE_DEVICES");
   d.write("nvidia-smi", "#!/bin/sh\necho 'No devices were found'\n");
   CHECK(engine::nvidia_smi_description(0) == "nvidia-smi: not found or failed");
   setenv("PATH", d.path().c_str(), 1);

@@ -371,10 +371,11 @@ TEST_CASE("faults: a stop during an evaluation ends it between batches; reruns f
   // Attempt k sends itself SIGTERM (what scancel and Ctrl-C send) after the
   // k-th evaluation batch of its process; each rerun resumes from the last
   // checkpoint, so as k grows the stops walk through every validation and
-  // both passes over the test split of both runs.
+  // both passes over the test split of both runs. A stop after an
+  // evaluation's last batch lets that evaluation count.
   const std::string db = d.path() + "/stopped.db";
   const auto args = run_args(d, db);
-  int stops = 0, in_validation = 0, in_test_split = 0;
+  int in_validation = 0, in_test_split = 0;
   bool finished = false;
   for (int k = 1; k <= 80 && !finished; ++k) {
     const std::string log = d.path() + "/attempt-" + std::to_string(k) + ".txt";
@@ -384,23 +385,19 @@ TEST_CASE("faults: a stop during an evaluation ends it between batches; reruns f
     INFO("attempt " << k << ":\n" << output);
     check_no_crash_text(output);
     REQUIRE(test::integrity_check(db) == "ok");
-    if (status == 0) {
-      finished = true;
-      break;
-    }
-    REQUIRE(status == 130);
-    ++stops;
+    CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'interrupted'") <= 1);
+    finished = count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 2;
+    REQUIRE((status == 0 || status == 130));
     in_validation += static_cast<int>(test::occurrences(output, ": interrupted; stopped while validating step "));
     in_test_split += static_cast<int>(
         test::occurrences(output, ": interrupted; stopped while scoring the test split, rerun to score it"));
-    CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'interrupted'") == 1);
   }
   REQUIRE(finished);
   CHECK(in_validation >= 2);
   CHECK(in_test_split >= 2);
-  CHECK(stops == in_validation + in_test_split);
-  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 2);
   CHECK(all_final_metrics(db) == reference);
+  // Stopped runs keep the step times their training measured.
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE step_ms > 0 AND train_tokens_per_s > 0") == 2);
 }
 
 TEST_CASE("faults: NaN injected mid-run -> diverged, the matrix goes on", "[faults]") {

@@ -8,6 +8,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -650,6 +651,7 @@ struct Trained {
   std::vector<at::Tensor> choices;     // per step, every routed layer's
   at::Tensor eval_logits;              // after training, without autograd
   std::vector<at::Tensor> eval_choices;
+  uint64_t host_kernels = 0;           // host kernel entries over all of it
 };
 
 ModelOptions tiny_model(std::vector<std::string> layers, const std::string& router = "threshold", int64_t vocab = 50) {
@@ -666,6 +668,7 @@ ModelOptions tiny_model(std::vector<std::string> layers, const std::string& rout
 Trained train_tiny(const ModelOptions& options, bool calibrate, KernelPolicy p) {
   ScopedKernelPolicy policy(p);
   Trained t;
+  const uint64_t kernels_before = host_kernel_count();
   ChiarModel model(test::plugins(), options);  // seeds itself: the same model under both policies
   {
     // Spread the learned gates so that every operator is chosen somewhere.
@@ -707,6 +710,7 @@ Trained train_tiny(const ModelOptions& options, bool calibrate, KernelPolicy p) 
   const auto out = model.forward(eval_tokens);
   t.eval_logits = out.logits;
   for (const auto& r : out.routing) t.eval_choices.push_back(r.choice);
+  t.host_kernels = host_kernel_count() - kernels_before;
   return t;
 }
 
@@ -759,5 +763,48 @@ TEST_CASE("kernel policy: a tiny model trains to the same losses under both poli
       CHECK(same(a.eval_choices[j], b.eval_choices[j]));
     }
     CHECK(max_error(a.eval_logits, b.eval_logits) < 1e-4);
+    // Equal results could also mean both runs took the same path: the host
+    // kernels ran under Auto, and none under Compositions.
+    CHECK(a.host_kernels > 0);
+    CHECK(b.host_kernels == 0);
+  }
+}
+
+TEST_CASE("kernel policy: each fast path enters its host kernel under Auto and never under Compositions",
+          "[kernels][kernel_policy]") {
+  test::BackendScope gemm(fast_gemm());
+  at::manual_seed(5);
+  const auto x = at::randn({4, 6, 16});     // (B, T, d)
+  const auto w = at::randn({24, 16});       // (out, d)
+  const auto b = at::randn({24});
+  const auto ln_w = at::randn({16}), ln_b = at::randn({16});
+  const auto targets = at::randint(24, {24}, at::TensorOptions().dtype(at::kLong));
+  const auto key = at::tensor(std::vector<int64_t>{0, 0, 1, 3, 3, 3}, at::TensorOptions().dtype(at::kLong));
+  const auto outs = std::vector<at::Tensor>{at::randn({2, 3, 16}), at::randn({2, 3, 16})};  // (B, T, d) each
+  const auto mix = at::softmax(at::randn({2, 3, 2}), -1);                                     // (B, T, K)
+  const auto choice =                                                                          // (B, T)
+      at::tensor(std::vector<int64_t>{0, 1, 1, 0, 1, 0}, at::TensorOptions().dtype(at::kLong)).view({2, 3});
+  const std::vector<std::pair<const char*, std::function<void()>>> paths = {
+      {"linear", [&] { chiar::linear(x, w, b); }},
+      {"batch_matmul", [&] { chiar::batch_matmul(x, x.transpose(1, 2)); }},
+      {"layer_norm", [&] { chiar::layer_norm(x, ln_w, ln_b, 1e-5); }},
+      {"bias_gelu", [&] { chiar::bias_gelu(x, ln_b); }},
+      {"linear_cross_entropy", [&] { chiar::linear_cross_entropy(x.reshape({-1, 16}), w, targets, {}, 0); }},
+      {"group_rows", [&] { chiar::group_rows(key); }},
+      {"spectral_entropy", [&] { at::NoGradGuard g; chiar::spectral_entropy_from_coeffs(x); }},
+      {"blend_outputs", [&] { chiar::blend_outputs(outs, mix); }},
+      {"choose_outputs", [&] { chiar::choose_outputs(outs, choice, {}); }},
+  };
+  for (const auto& [name, run] : paths) {
+    INFO(name);
+    for (const auto p : kPolicies) {
+      ScopedKernelPolicy policy(p);
+      const uint64_t before = host_kernel_count();
+      run();
+      if (p == KernelPolicy::Auto)
+        CHECK(host_kernel_count() > before);
+      else
+        CHECK(host_kernel_count() == before);
+    }
   }
 }

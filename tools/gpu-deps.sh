@@ -26,7 +26,7 @@ packages=(
   catch2                                            # tests (headers)
   libbenchmark-dev libbenchmark1debian              # chiar_bench
   libgloo-dev                                       # Gloo's headers, for c10d's
-  zlib1g-dev                                        # checkpoint checksums
+  zlib1g-dev zlib1g                                 # checkpoint checksums
 )
 
 if ! apt-cache show "${packages[0]}" > /dev/null 2>&1; then

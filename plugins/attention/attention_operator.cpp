@@ -179,6 +179,7 @@ class AttentionOperator final : public Operator {
     auto [kt, v] = keys_values(x);  // (B, h, dh, T), (B, h, T, dh)
     at::Tensor o;                   // (B, h, T, dh)
     if (fuses(q)) {
+      chiar::count_host_kernel();
       o = chiar_attention::fused_attention(q, kt, v, {}, ctx.valid, ctx.causal ? block_ : 0);
     } else if (sdpa_for(q)) {
       // Causal in one call: SDPA's kernels skip the masked half themselves.
@@ -511,6 +512,7 @@ class AttentionOperator final : public Operator {
     auto qpos = pack_rows(t, g).view({g.count, 1, g.width, 1});
     at::Tensor o;  // (G, h, m, dh)
     if (fuses(qp)) {
+      chiar::count_host_kernel();
       // Masking from key 0 rather than mask_from changes nothing: no real
       // query is before mask_from - 1, and padding slots are dropped.
       o = chiar_attention::fused_attention(qp, kt.narrow(3, 0, e), first_keys(v, e),

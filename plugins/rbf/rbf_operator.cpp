@@ -56,6 +56,7 @@ struct ExclusiveScan : public torch::autograd::Function<ExclusiveScan> {
       auto out = at::cat({at::zeros_like(ordered.narrow(1, 0, 1)), ordered.cumsum(1).narrow(1, 0, n - 1)}, 1);
       return reverse ? out.flip(1) : out;
     }
+    chiar::count_host_kernel();
     const auto in = s.contiguous();
     auto out = at::empty_like(in);
     const int64_t B = in.size(0), n = in.size(1), inner = n > 0 ? in.numel() / (B * n) : 0;

@@ -56,6 +56,7 @@ class ThresholdRouter final : public Router {
     RouteResult r;
     r.mode = RouteMode::Hard;
     if (on_host(x, entropy)) {
+      chiar::count_host_kernel();
       route_on_host(x, entropy, r);
       return r;
     }

@@ -8,6 +8,7 @@
 // libtorch operators, which runs on every device. The policy makes the CPU
 // take those compositions too, so that the code a GPU run takes is tested on
 // machines without one, against the host kernels it replaces.
+#include <cstdint>
 #include <string>
 
 #include "chiar/export.h"
@@ -31,6 +32,12 @@ CHIAR_API KernelPolicy kernel_policy();
 // Whether a host kernel may run at all (the policy is Auto); each fast path
 // also checks that its tensors are fp32 (or its own types) in host memory.
 CHIAR_API bool host_kernels_enabled();
+
+// Entries into host kernels since the process started (every fast path
+// counts itself where it takes its host kernel): the tests check that none
+// runs under Compositions.
+CHIAR_API void count_host_kernel();
+CHIAR_API uint64_t host_kernel_count();
 
 // Sets a policy for the scope and restores the previous one.
 class ScopedKernelPolicy {

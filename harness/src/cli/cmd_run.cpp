@@ -59,8 +59,11 @@ void check_task_options_of(const RunArgs& a, const engine::Matrix& matrix, const
 }
 
 // Every run's device checked against this build and machine (engine/device.h)
-// before a store, a data file or a rank is touched.
+// before a store, a data file or a rank is touched. The processes of a
+// data-parallel run (--nproc, or ranks a launcher started) average gradients
+// over Gloo in host memory: they train on the CPU.
 void check_devices_of(const RunArgs& a, const engine::Matrix& matrix) {
+  const bool data_parallel = a.nproc > 1 || engine::world_from_environment().distributed();
   std::vector<std::string> checked;
   for (const auto& r : matrix.runs) {
     const std::string name = a.device.empty() ? r.train.device : a.device;
@@ -68,7 +71,11 @@ void check_devices_of(const RunArgs& a, const engine::Matrix& matrix) {
     checked.push_back(name);
     std::string origin =
         !a.device.empty() ? "--device" : option_origin(a, matrix, "train.device", {"sweep.train.device", "train.device"});
-    engine::resolve_device(name, origin.empty() ? "train.device" : origin);
+    if (origin.empty()) origin = "train.device";
+    if (engine::resolve_device(name, origin) != "cpu" && data_parallel)
+      throw UserError(origin + ": \"" + name +
+                      "\": the processes of a data-parallel run average gradients over Gloo in host memory; train on "
+                      "\"cpu\", or in one process on the GPU");
   }
 }
 

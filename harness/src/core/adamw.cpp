@@ -120,6 +120,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     }
   }
   last_step_fused_ = true;
+  count_host_kernel();
   return {};
 }
 

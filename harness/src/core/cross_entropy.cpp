@@ -131,6 +131,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
   const int64_t V = std::max<int64_t>(weight.size(0), 1);
   if (rows_per_pass <= 0) rows_per_pass = std::max<int64_t>(1, kBufferBytes / (V * static_cast<int64_t>(sizeof(float))));
   const bool want_grads = torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  count_host_kernel();
   return FusedLinearCrossEntropy::apply(hidden.contiguous(), weight.contiguous(), targets.contiguous(),
                                         token_weights.defined() ? token_weights.contiguous()
                                                                 : at::empty({0}, hidden.options()),

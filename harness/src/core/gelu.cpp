@@ -118,6 +118,7 @@ at::Tensor bias_gelu(const at::Tensor& u, const at::Tensor& bias) {
   RECORD_FUNCTION("chiar::bias_gelu", std::vector<c10::IValue>({u, bias}));
   check(u, bias);
   if (!fast_path(u, bias)) return at::gelu(u + bias.to(u.scalar_type()));
+  count_host_kernel();
   return BiasGelu::apply(u.contiguous(), bias.contiguous());
 }
 

@@ -21,4 +21,11 @@ void set_kernel_policy(KernelPolicy policy) { g_policy.store(policy, std::memory
 KernelPolicy kernel_policy() { return g_policy.load(std::memory_order_relaxed); }
 bool host_kernels_enabled() { return kernel_policy() == KernelPolicy::Auto; }
 
+namespace {
+std::atomic<uint64_t> g_host_kernels{0};
+}  // namespace
+
+void count_host_kernel() { g_host_kernels.fetch_add(1, std::memory_order_relaxed); }
+uint64_t host_kernel_count() { return g_host_kernels.load(std::memory_order_relaxed); }
+
 }  // namespace chiar

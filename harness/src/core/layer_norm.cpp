@@ -139,6 +139,7 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
   if (!host_kernels_enabled() || !fp32_cpu(x) || !fp32_cpu(weight) || !fp32_cpu(bias) || autocast::any_enabled() ||
       x.size(-1) == 0)
     return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+  count_host_kernel();
   const bool wants_grad = torch::autograd::GradMode::is_enabled() &&
                           (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
   if (!wants_grad) {

@@ -363,6 +363,7 @@ at::Tensor batch_matmul(const at::Tensor& a, const at::Tensor& b) {
   if (!onednn_selected() || autocasting() || !host_kernels_enabled() || !fp32_cpu(a) || !fp32_cpu(b) ||
       !batch_shapes_match(a, b))
     return at::matmul(a, b);
+  count_host_kernel();
   if (torch::autograd::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad()))
     return MatmulFunction::apply(a, b);
   return batched_product(a, b);
@@ -384,6 +385,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     auto y = at::linear(x, weight, bias);
     return addend.defined() ? y + addend : y;
   }
+  count_host_kernel();
   TORCH_CHECK(x.size(-1) == weight.size(1), "linear: input ", x.sizes(), " and weight ", weight.sizes(),
               " do not match");
   TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ",

@@ -45,8 +45,10 @@ RowGroups group_rows_host(const at::Tensor& key) {
 }  // namespace
 
 RowGroups group_rows(const at::Tensor& key) {
-  if (host_kernels_enabled() && key.device().is_cpu() && key.scalar_type() == at::kLong && key.dim() == 1)
+  if (host_kernels_enabled() && key.device().is_cpu() && key.scalar_type() == at::kLong && key.dim() == 1) {
+    count_host_kernel();
     return group_rows_host(key);
+  }
   RowGroups g;
   auto [keys, inverse, counts] = at::unique_consecutive(key, /*return_inverse=*/true,
                                                         /*return_counts=*/true);

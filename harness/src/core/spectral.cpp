@@ -147,6 +147,7 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
     // of a routed layer: one pass per row (entropy_rows.h).
     const auto rows = c.contiguous();
     auto h = at::empty(c.sizes().slice(0, c.dim() - 1), c.options());
+    count_host_kernel();
     spectral_entropy_rows(rows.data_ptr<float>(), h.numel(), d, h.data_ptr<float>());
     return h;
   }

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cctype>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -64,9 +65,30 @@ std::string resolve_device(const std::string& name, const std::string& origin) {
                   "-DCHIAR_CUDA_TRAINING=ON to try it); use \"cpu\"");
 }
 
+namespace {
+
+// nvidia-smi's name for CUDA device `index`: nvidia-smi ignores
+// CUDA_VISIBLE_DEVICES, so a visible device's entry there (an index or a
+// UUID) names it; without the variable the indices agree when the GPUs are
+// of one kind (CUDA orders the fastest first, nvidia-smi by PCI bus).
+std::string nvidia_smi_id(int64_t index) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!visible || !*visible) return std::to_string(index);
+  std::stringstream list(visible);
+  std::string entry;
+  for (int64_t i = 0; std::getline(list, entry, ','); ++i)
+    if (i == index) return entry;
+  return std::to_string(index);
+}
+
+}  // namespace
+
 std::string nvidia_smi_description(int64_t index) {
-  const std::string command = "nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version "
-                              "--format=csv,noheader,nounits -i " + std::to_string(index) + " 2>/dev/null";
+  const std::string id = nvidia_smi_id(index);
+  if (id.find_first_not_of("0123456789abcdefABCDEF-:.GPUMI") != std::string::npos) return "nvidia-smi: not found or failed";
+  // Bounded: a hung driver must not hold up every run's claim.
+  const std::string command = "timeout 20 nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version "
+                              "--format=csv,noheader,nounits -i " + id + " 2>/dev/null";
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return "nvidia-smi: not found or failed";
   std::string out;
@@ -91,10 +113,16 @@ std::string nvidia_smi_description(int64_t index) {
 
 std::string describe_device(const std::string& resolved) {
   if (resolved.rfind("cuda:", 0) != 0) return resolved;
-  const int64_t index = std::stoll(resolved.substr(5));
-  const auto& hooks = at::detail::getCUDAHooks();
-  return resolved + " (" + nvidia_smi_description(index) + "; libtorch CUDA " +
-         std::to_string(hooks.versionCUDART()) + ", cuDNN " + std::to_string(hooks.versionCuDNN()) + ")";
+  // Asked once per device and process: every run of a matrix records it.
+  static std::map<std::string, std::string> described;
+  auto& text = described[resolved];
+  if (text.empty()) {
+    const int64_t index = std::stoll(resolved.substr(5));
+    const auto& hooks = at::detail::getCUDAHooks();
+    text = resolved + " (" + nvidia_smi_description(index) + "; libtorch CUDA " +
+           std::to_string(hooks.versionCUDART()) + ", cuDNN " + std::to_string(hooks.versionCuDNN()) + ")";
+  }
+  return text;
 }
 
 at::Device torch_device(const std::string& resolved) { return at::Device(resolved); }

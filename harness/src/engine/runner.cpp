@@ -167,10 +167,6 @@ RunSpec prepare_run(Session& s, const RunSpec& run) {
   // The spec keeps the device it trains on; the store, its description.
   spec.train.device = resolve_device(spec.train.device, "train.device");
   s.prov.device = describe_device(spec.train.device);
-  if (s.group && spec.train.device != "cpu")
-    throw UserError("train.device: \"" + spec.train.device +
-                    "\": the processes of a data-parallel run (--nproc) average gradients over Gloo in host memory; "
-                    "train on \"cpu\", or in one process on the GPU");
   s.prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : s.runtime_threads;
   const Task& task = s.task_of(spec);
   const ModelOptions mo = model_options_for(spec, task);

@@ -348,15 +348,21 @@ void Store::finish(const std::string& hash, RunStatus status, const std::string&
   db_.transaction([&] {
     auto u = db_.prepare(
         "UPDATE runs SET status = ?, error = ?, diverged_step = ?, finished_at = ?, params = ?, "
-        "train_seconds = ?, train_tokens_per_s = ?, eval_tokens_per_s = ?, step_ms = ?, "
-        "peak_rss_mb = ?, tau = ?, calibration = COALESCE(NULLIF(?, ''), calibration), "
-        "overhead_fraction = ?, overhead = ? WHERE hash = ?");
+        "train_seconds = ?, train_tokens_per_s = COALESCE(?, train_tokens_per_s), eval_tokens_per_s = ?, "
+        "step_ms = COALESCE(?, step_ms), peak_rss_mb = COALESCE(?, peak_rss_mb), tau = ?, "
+        "calibration = COALESCE(NULLIF(?, ''), calibration), overhead_fraction = COALESCE(?, overhead_fraction), "
+        "overhead = COALESCE(?, overhead) WHERE hash = ?");
     u.bind(1, to_string(status));
     if (error.empty()) u.bind_null(2); else u.bind(2, error);
     if (diverged_step < 0) u.bind_null(3); else u.bind(3, diverged_step);
-    u.bind(4, now_iso()).bind(5, s.params).bind(6, s.train_seconds).bind(7, s.train_tokens_per_s)
-        .bind(8, s.eval_tokens_per_s).bind(9, s.step_ms).bind(10, s.peak_rss_mb).bind(11, s.tau)
-        .bind(12, s.calibration).bind(13, s.overhead_fraction).bind(14, s.overhead).bind(15, hash);
+    u.bind(4, now_iso()).bind(5, s.params).bind(6, s.train_seconds).bind(8, s.eval_tokens_per_s).bind(11, s.tau)
+        .bind(12, s.calibration).bind(15, hash);
+    if (s.trained_steps) {
+      u.bind(7, s.train_tokens_per_s).bind(9, s.step_ms).bind(10, s.peak_rss_mb).bind(13, s.overhead_fraction)
+          .bind(14, s.overhead);
+    } else {
+      for (int column : {7, 9, 10, 13, 14}) u.bind_null(column);
+    }
     u.run();
   });
 }

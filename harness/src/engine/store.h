@@ -60,6 +60,10 @@ struct RunSummary {
   // breakdown in seconds, checkpoints included, as JSON.
   double overhead_fraction = 0;
   std::string overhead;
+  // Whether this process trained any step. A process that resumed after the
+  // last step (to score the test split) measured no step: finish() then
+  // keeps the timings an earlier process recorded.
+  bool trained_steps = true;
 };
 
 // One row of a per-layer, per-operator FLOP record (FLOPs per sequence).

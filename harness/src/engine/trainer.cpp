@@ -193,7 +193,7 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
       }
     }
     failpoint("eval.batch");
-    if (stop && stop->load()) throw EvaluationStopped{};
+    if (i + 1 < n && stop && stop->load()) throw EvaluationStopped{};  // a finished evaluation counts
   }
   r.tokens_per_s = static_cast<double>(real_count) / std::max(seconds_since(t0) - r.accounting_seconds, 1e-9);
   if (task.head() == TaskHead::LanguageModel) add_lm_metrics(r.metrics, task, split, nll, scored, n == total);
@@ -246,8 +246,10 @@ std::string archive_bytes(torch::serialize::OutputArchive& archive) {
   return bytes;
 }
 
+// `validated`: false when a stop cut this step's validation short; the
+// resuming process validates the step before it trains on.
 std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, int64_t step, double best, bool has_best,
-                        double train_seconds) {
+                        double train_seconds, bool validated) {
   torch::serialize::OutputArchive archive;
   model.save(archive);
   torch::serialize::OutputArchive optimizer;
@@ -257,6 +259,7 @@ std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, int64_t ste
   archive.write("best", at::tensor(best, at::TensorOptions().dtype(at::kDouble)));
   archive.write("has_best", at::tensor(static_cast<int64_t>(has_best)));
   archive.write("train_seconds", at::tensor(train_seconds, at::TensorOptions().dtype(at::kDouble)));
+  if (!validated) archive.write("unvalidated", at::tensor(int64_t{1}));
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -313,6 +316,7 @@ struct Run {
   int64_t start = 0;         // the first step this process trains
   double best = -INFINITY;   // the best validation score so far
   bool has_best = false;     // whether a best-<step>.pt holds it
+  bool validate_first = false;  // the resumed step's validation was cut short
   double prior_seconds = 0;  // training seconds of earlier processes
   Clock::time_point started;
   std::vector<double> step_ms, step_tps;
@@ -515,6 +519,8 @@ void restore(Run& run, const std::string& bytes) {
   run.best = read("best").item<double>();
   run.has_best = read("has_best").item<int64_t>() != 0;
   run.prior_seconds = read("train_seconds").item<double>();
+  at::Tensor unvalidated;  // written only when a stop cut the step's validation short
+  run.validate_first = archive.try_read("unvalidated", unvalidated);
   const at::Tensor rng = read("rng").cpu();  // the CPU generator's state, whatever the mapping
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -704,11 +710,11 @@ void validate(Run& run, int64_t done) {
   }
 }
 
-void save_checkpoint(Run& run, int64_t done) {
+void save_checkpoint(Run& run, int64_t done, bool validated = true) {
   timed(run.overhead.checkpoints, [&] {
     write_checkpoint(run, kState, done,
                      state_bytes(run.model, run.optimizer, done, run.best, run.has_best,
-                                 run.prior_seconds + seconds_since(run.started)));
+                                 run.prior_seconds + seconds_since(run.started), validated));
   });
 }
 
@@ -745,11 +751,11 @@ void train_steps(Run& run, TrainResult& result) {
         try {
           validate(run, done);
         } catch (const EvaluationStopped&) {
-          // Stopped mid-validation: no checkpoint of this step, whose
-          // validation is missing; the run resumes from its last checkpoint.
+          // Stopped mid-validation: the step is kept, its validation owed.
+          save_checkpoint(run, done, /*validated=*/false);
           result.outcome = RunStatus::Interrupted;
           result.resumption = "stopped while validating step " + std::to_string(done) +
-                              ", rerun to resume from the last checkpoint";
+                              "; checkpoint saved, a rerun validates it and goes on";
           break;
         }
       }
@@ -764,6 +770,7 @@ void train_steps(Run& run, TrainResult& result) {
 }
 
 void summarise_training(const Run& run, RunSummary& summary) {
+  summary.trained_steps = !run.step_ms.empty();
   summary.train_seconds = run.prior_seconds + seconds_since(run.started);
   summary.step_ms = median(run.step_ms);
   summary.train_tokens_per_s = median(run.step_tps);
@@ -843,7 +850,16 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   run.model.train();
 
   run.started = Clock::now();
-  train_steps(run, result);
+  if (run.validate_first && run.writer) {
+    try {
+      validate(run, run.start);
+    } catch (const EvaluationStopped&) {
+      result.outcome = RunStatus::Interrupted;
+      result.resumption = "stopped while validating step " + std::to_string(run.start) +
+                          " again; a rerun validates it and goes on";
+    }
+  }
+  if (result.outcome == RunStatus::Done) train_steps(run, result);
   summarise_training(run, result.summary);
   if (result.outcome == RunStatus::Done && run.writer) {
     try {

@@ -94,6 +94,7 @@ void MixingLayer::check_choices(const at::Tensor& flat_choice) const {
   const auto K = static_cast<int64_t>(operators_.size());
   int64_t outside = 0;
   if (host_kernels_enabled() && flat_choice.device().is_cpu() && flat_choice.scalar_type() == at::kLong) {
+    count_host_kernel();
     const auto c = flat_choice.contiguous();
     const int64_t* in = c.data_ptr<int64_t>();
     for (int64_t i = 0; i < c.numel(); ++i) outside += in[i] < 0 || in[i] >= K;
@@ -135,6 +136,7 @@ std::vector<at::Tensor> rows_by_operator(const at::Tensor& choice, int64_t K) {
     for (int64_t k = 0; k < K; ++k) rows.push_back((choice == k).nonzero().squeeze(1));
     return rows;
   }
+  count_host_kernel();
   const auto c = choice.contiguous();
   const int64_t n = c.numel();
   const int64_t* in = c.data_ptr<int64_t>();
@@ -170,10 +172,12 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
     auto out = operators_[k]->forward_rows(x, rows, ctx);  // (N_k, d)
     if (rows.numel() == flat_choice.numel()) return out.view_as(x);  // one operator took every token
     if (host_kernels_enabled() && y.device().is_cpu() &&
-        !(torch::autograd::GradMode::is_enabled() && out.requires_grad()))
+        !(torch::autograd::GradMode::is_enabled() && out.requires_grad())) {
+      count_host_kernel();
       scatter_rows(y, rows, out);
-    else
+    } else {
       y.index_copy_(0, rows, out);
+    }
   }
   if (written != flat_choice.numel()) check_choices(flat_choice);
   return y.view_as(x);

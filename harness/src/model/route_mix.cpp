@@ -189,6 +189,7 @@ at::Tensor blend_outputs(const std::vector<at::Tensor>& outputs, const at::Tenso
       y = y + outputs[k] * weights.select(-1, static_cast<int64_t>(k)).unsqueeze(-1);
     return y;
   }
+  count_host_kernel();
   return MixFunction::apply(at::TensorList(outputs), weights, at::empty({0}, weights.options().dtype(at::kLong)));
 }
 
@@ -205,6 +206,7 @@ at::Tensor choose_outputs(const std::vector<at::Tensor>& outputs, const at::Tens
     return y + (stacked * delta.unsqueeze(2)).sum(-1);
   }
   const auto none = at::empty({0}, outputs.front().options());
+  count_host_kernel();
   return MixFunction::apply(at::TensorList(outputs), weights.defined() ? weights : none, choice);
 }
 

@@ -68,7 +68,7 @@ std::vector<EqualTimeTable> equal_time_tables(const Summary& s) {
     const std::string metric = t.language_model ? "valid token PPL" : "valid accuracy %";
     const double scale = t.language_model ? 1 : 100;
     e.table.header = {"variant", "seeds", metric + " at " + fixed(e.seconds, 1) + " s", "steps by then",
-                      metric + " at its last step", "training s to its last step"};
+                      metric + " at its curve's end", "training s to its curve's end"};
     std::vector<double> at_equal_means;
     for (const auto& v : t.variants) {
       std::vector<double> at, steps, last, seconds;
