@@ -18,53 +18,44 @@ inline bool any_enabled() {
 #endif
 }
 
-// Switches CPU autocast on (to dtype) or off.
-inline void set_cpu(bool on, at::ScalarType dtype = at::kBFloat16) {
+// Switches autocast on `type`'s device (the CPU or CUDA) on (to dtype) or off.
+inline void set(at::DeviceType type, bool on, at::ScalarType dtype = at::kBFloat16) {
 #if CHIAR_TORCH_AT_LEAST(2, 4)
-  at::autocast::set_autocast_enabled(at::kCPU, on);
-  if (on) at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  at::autocast::set_autocast_enabled(type, on);
+  if (on) at::autocast::set_autocast_dtype(type, dtype);
 #else
-  at::autocast::set_cpu_enabled(on);
-  if (on) at::autocast::set_autocast_cpu_dtype(dtype);
+  if (type == at::kCUDA) {
+    at::autocast::set_enabled(on);
+    if (on) at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(on);
+    if (on) at::autocast::set_autocast_cpu_dtype(dtype);
+  }
 #endif
 }
 
-// Switches CUDA autocast on (to dtype) or off.
-inline void set_cuda(bool on, at::ScalarType dtype = at::kBFloat16) {
-#if CHIAR_TORCH_AT_LEAST(2, 4)
-  at::autocast::set_autocast_enabled(at::kCUDA, on);
-  if (on) at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-#else
-  at::autocast::set_enabled(on);
-  if (on) at::autocast::set_autocast_gpu_dtype(dtype);
-#endif
-}
+inline void set_cpu(bool on, at::ScalarType dtype = at::kBFloat16) { set(at::kCPU, on, dtype); }
 
 // bf16 autocast on `device`'s type for a scope (the forward pass; master
 // weights and the optimiser stay fp32); nothing when `on` is false.
 class Bf16Scope {
  public:
-  Bf16Scope(bool on, const at::Device& device) : on_(on), cuda_(device.is_cuda()) {
+  Bf16Scope(bool on, const at::Device& device) : on_(on), type_(device.is_cuda() ? at::kCUDA : at::kCPU) {
     if (!on_) return;
-    switch_to(true);
+    set(type_, true, at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~Bf16Scope() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    switch_to(false);
+    set(type_, false);
   }
   Bf16Scope(const Bf16Scope&) = delete;
   Bf16Scope& operator=(const Bf16Scope&) = delete;
 
  private:
-  void switch_to(bool enabled) const {
-    if (cuda_)
-      set_cuda(enabled, at::kBFloat16);
-    else
-      set_cpu(enabled, at::kBFloat16);
-  }
-  bool on_, cuda_;
+  bool on_;
+  at::DeviceType type_;
 };
 
 }  // namespace chiar::autocast
