@@ -6,6 +6,7 @@
 
 #include <boost/filesystem.hpp>
 
+#include "engine/sqlite.h"
 #include "engine/store.h"
 #include "report/claims.h"
 #include "report/equal_time.h"
@@ -122,6 +123,25 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   CHECK(st.mean == Approx(2.5));
   CHECK(st.std == Approx(1.2909944));
   CHECK(st.ci95 == Approx(3.182 * 1.2909944 / 2));
+}
+
+TEST_CASE("report provenance: which runs came from which commit; auto's product without its rates", "[report]") {
+  TempDir d("report-provenance");
+  const std::string db = make_store(d);
+  CHECK(summary_of(db).provenance.commits == "abc123");
+  {
+    engine::Database w(db);
+    w.exec("UPDATE runs SET git_commit = 'fedcba9876543210aa', git_dirty = 1, started_at = '2999-01-01T00:00:00Z' "
+           "WHERE variant = 'chiar_soft'");
+    w.exec("UPDATE runs SET blas = 'libblas.so.3', gemm = 'onednn: oneDNN x; auto: 2048x256x1024 at 121 GFLOP/s on "
+           "oneDNN, 66 on the BLAS' WHERE variant = 'baseline'");
+    w.exec("UPDATE runs SET blas = 'libblas.so.3', gemm = 'onednn: oneDNN x; auto: 2048x256x1024 at 285 GFLOP/s on "
+           "oneDNN, 202 on the BLAS' WHERE variant = 'chiar_dct_attn'");
+  }
+  const auto p = summary_of(db).provenance;
+  // 5 + 5 + 4 runs on abc123 started first; chiar_soft's 4 later, from a dirty tree.
+  CHECK(p.commits == "abc123 (14 runs); fedcba987654 with uncommitted changes (4 runs)");
+  CHECK(p.gemm == "onednn: oneDNN x (chosen by auto)");
 }
 
 TEST_CASE("quality at equal training time: read off each run's learning curve", "[report]") {

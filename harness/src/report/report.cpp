@@ -208,7 +208,8 @@ void write_problems(Pages& p, const Summary& s) {
 }
 
 void write_provenance(Pages& pages, const Provenance& p) {
-  const std::string footer = "harness commit " + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " +
+  const bool one_commit = p.commits.find("; ") == std::string::npos;
+  const std::string footer = (one_commit ? "harness commit " : "harness commits ") + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " +
                              p.threads + "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus +
                              "); devices " + p.devices + "; runs from " + p.first + " to " + p.last + "; matrix " +
                              p.matrices + ".";

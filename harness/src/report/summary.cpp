@@ -64,6 +64,22 @@ std::string joined(engine::Database& db, const std::string& column) {
   return out;
 }
 
+// The distinct values of `column` in the order runs first had them, each with
+// its number of runs when there is more than one: a store filled over several
+// sittings says which runs came from which commit.
+std::string counted(engine::Database& db, const std::string& column) {
+  auto q = db.prepare("SELECT " + column + ", COUNT(*), MIN(COALESCE(started_at, created_at)) FROM runs WHERE " +
+                      column + " IS NOT NULL GROUP BY 1 ORDER BY 3, 1");
+  std::vector<std::pair<std::string, int64_t>> values;
+  while (q.step()) values.emplace_back(q.text(0), q.integer(1));
+  std::string out;
+  for (const auto& [value, runs] : values) {
+    out += (out.empty() ? "" : "; ") + value;
+    if (values.size() > 1) out += " (" + std::to_string(runs) + (runs == 1 ? " run)" : " runs)");
+  }
+  return out;
+}
+
 void read_valid_curve(engine::Database& db, RunRow& r) {
   auto q = db.prepare(
       "SELECT step, name, value FROM metrics WHERE run_id = ? AND split = 'valid' AND checkpoint = 'current' "
@@ -182,10 +198,16 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
     s.tasks.push_back(std::move(t));
   }
   auto& p = s.provenance;
-  p.commits = joined(db, "git_commit || CASE WHEN git_dirty THEN ' (dirty)' ELSE '' END");
+  p.commits = counted(db, "substr(git_commit, 1, 12) || CASE WHEN git_dirty THEN ' with uncommitted changes' ELSE '' END");
   p.torch = joined(db, "torch_version");
   p.blas = joined(db, "blas");
-  p.gemm = joined(db, "CASE WHEN blas IS NULL THEN NULL ELSE COALESCE(gemm, 'blas (recorded before schema 4)') END");
+  // `auto` appends the rates it measured in that process (configure_gemm in
+  // engine/runtime.cpp), different in every run: the footer names the product
+  // library it chose, and the rates stay in each run's gemm column.
+  p.gemm = counted(db,
+                   "CASE WHEN blas IS NULL THEN NULL WHEN instr(gemm, '; auto: ') > 0 "
+                   "THEN substr(gemm, 1, instr(gemm, '; auto: ') - 1) || ' (chosen by auto)' "
+                   "ELSE COALESCE(gemm, 'blas (recorded before schema 4)') END");
   p.threads = joined(db, "threads");
   p.hosts = joined(db, "host");
   p.cpus = joined(db, "cpu");
