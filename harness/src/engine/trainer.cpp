@@ -248,8 +248,8 @@ std::string archive_bytes(torch::serialize::OutputArchive& archive) {
 
 // `validated`: false when a stop cut this step's validation short; the
 // resuming process validates the step before it trains on.
-std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, int64_t step, double best, bool has_best,
-                        double train_seconds, bool validated) {
+std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, const at::Device& device, int64_t step,
+                        double best, bool has_best, double train_seconds, bool validated) {
   torch::serialize::OutputArchive archive;
   model.save(archive);
   torch::serialize::OutputArchive optimizer;
@@ -264,6 +264,13 @@ std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, int64_t ste
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     archive.write("rng", gen.get_state());
+  }
+  if (device.is_cuda()) {
+    // Dropout on a GPU draws from the device's own generator: without its
+    // state a resumed run would draw other masks than an uninterrupted one.
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    archive.write("cuda_rng", gen.get_state());
   }
   return archive_bytes(archive);
 }
@@ -522,9 +529,20 @@ void restore(Run& run, const std::string& bytes) {
   at::Tensor unvalidated;  // written only when a stop cut the step's validation short
   run.validate_first = archive.try_read("unvalidated", unvalidated);
   const at::Tensor rng = read("rng").cpu();  // the CPU generator's state, whatever the mapping
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(rng);
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+  }
+  // A GPU checkpoint resumed on the CPU has no use for the device's state; a
+  // CPU checkpoint resumed on a GPU has none, and its dropout masks go on
+  // from the device generator's seed instead.
+  at::Tensor cuda_rng;
+  if (run.device.is_cuda() && archive.try_read("cuda_rng", cuda_rng)) {
+    at::Generator gen = at::globalContext().defaultGenerator(run.device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(cuda_rng.cpu());
+  }
 }
 
 // Finds where the run goes on: the bytes of the newest state checkpoint
@@ -713,7 +731,7 @@ void validate(Run& run, int64_t done) {
 void save_checkpoint(Run& run, int64_t done, bool validated = true) {
   timed(run.overhead.checkpoints, [&] {
     write_checkpoint(run, kState, done,
-                     state_bytes(run.model, run.optimizer, done, run.best, run.has_best,
+                     state_bytes(run.model, run.optimizer, run.device, done, run.best, run.has_best,
                                  run.prior_seconds + seconds_since(run.started), validated));
   });
 }
