@@ -64,12 +64,12 @@ std::string joined(engine::Database& db, const std::string& column) {
   return out;
 }
 
-// The distinct values of `column` in the order runs first had them, each with
-// its number of runs when there is more than one: a store filled over several
-// sittings says which runs came from which commit.
+// The distinct non-empty values of `column` in the order runs first had them,
+// each with its number of runs when there is more than one: a store filled
+// over several sittings says which runs came from which commit.
 std::string counted(engine::Database& db, const std::string& column) {
   auto q = db.prepare("SELECT " + column + ", COUNT(*), MIN(COALESCE(started_at, created_at)) FROM runs WHERE " +
-                      column + " IS NOT NULL GROUP BY 1 ORDER BY 3, 1");
+                      column + " <> '' GROUP BY 1 ORDER BY 3, 1");
   std::vector<std::pair<std::string, int64_t>> values;
   while (q.step()) values.emplace_back(q.text(0), q.integer(1));
   std::string out;
