@@ -221,7 +221,9 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
         "execution; listops_flat: -62.5% executed (8.0000 -> 3.0000 GFLOPs per sequence; 2 and 2 seeds; a verdict "
         "needs 3 per side)");
   CHECK(claims[6].verdict == "holds");  // 32 < 42 on the one task both finished
-  CHECK(claims[7].measured == "mean RBF share in routed layers at the end of training: 2.0% over 3 runs");
+  CHECK(claims[7].measured ==
+        "mean RBF share in routed layers at the end of training: 2.0% over 3 runs, 95% CI [2.0%, 2.0%] against the "
+        "claim's 10.0%");
   // --baseline moves every "$baseline" of the file.
   const auto other = report::evaluate_claims(report::load_claims(kClaims), summary_of(db), "chiar_soft");
   CHECK(other[0].measured.rfind(
@@ -298,6 +300,46 @@ report::Claim judge(const TempDir& d, const std::string& db, const std::string& 
 }
 
 }  // namespace
+
+// Finished runs of variant "hard" whose routed layer ends with the given RBF shares.
+std::string share_store(const TempDir& d, const std::string& name, const std::vector<double>& rbf) {
+  const std::string db = d.path() + "/" + name;
+  engine::Store store(db);
+  std::vector<engine::RunSpec> runs;
+  for (size_t seed = 0; seed < rbf.size(); ++seed) runs.push_back(spec("hard", "lm", static_cast<int64_t>(seed)));
+  store.register_runs(runs);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    store.claim(runs[i], engine::Provenance{});
+    store.add_routing(runs[i].hash, 10, 1, {{"dct", 0.5}, {"rbf", rbf[i]}, {"attention", 0.5 - rbf[i]}},
+                      std::vector<int64_t>(20, 1));
+    store.finish(runs[i].hash, engine::RunStatus::Done, "", -1, {});
+  }
+  return db;
+}
+
+TEST_CASE("share claims: judged by the runs' 95% interval against the threshold", "[report]") {
+  TempDir d("share-claims");
+  d.write("variants.toml", "[variants.hard]\n");
+  const std::string file = d.write(
+      "share.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"collapse\"\ntext = \"hard rejects RBF\"\n"
+                    "kind = \"share\"\ntask = \"*\"\nvariants = [\"hard\"]\nmetric = \"share\"\nbetter = \"lower\"\n"
+                    "operator = \"rbf\"\nthreshold = 0.10\n");
+  auto judge_share = [&](const std::string& name, const std::vector<double>& rbf) {
+    return report::evaluate_claims(report::load_claims(file), summary_of(share_store(d, name, rbf)), "hard").front();
+  };
+  // Mean 3%, sd 1%: t(2) 4.303 x 1% / sqrt 3 = 2.48% either side, wholly below 10%.
+  const auto low = judge_share("low.db", {0.02, 0.03, 0.04});
+  CHECK(low.verdict == "holds");
+  CHECK(low.measured ==
+        "mean RBF share in routed layers at the end of training: 3.0% over 3 runs, 95% CI [0.5%, 5.5%] against the "
+        "claim's 10.0%");
+  // Mean 9% below the threshold, but sd 4% gives [-0.9%, 18.9%]: a mean is not a verdict.
+  const auto spread = judge_share("spread.db", {0.05, 0.09, 0.13});
+  CHECK(spread.verdict == "inconclusive");
+  CHECK_THAT(spread.measured, Catch::Matchers::EndsWith("9.0% over 3 runs, 95% CI [-0.9%, 18.9%] against the claim's 10.0%"));
+  CHECK(judge_share("high.db", {0.30, 0.31, 0.32}).verdict == "does not hold");
+  CHECK(judge_share("two.db", {0.01, 0.01}).verdict == "not enough seeds");
+}
 
 TEST_CASE("claim verdicts: a real difference, the same variant twice, too few seeds", "[report]") {
   TempDir d("verdicts");

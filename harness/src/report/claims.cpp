@@ -509,11 +509,20 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
   std::string who;
   for (const auto& op : seen) who += (who.empty() ? "" : " + ") + s.operators.traits(op).display_name;
   const Stat st = stat_of(shares);
-  out.measured = "mean " + who + " share in routed layers at the end of training: " +
-                 shown(*metric_info("share"), st.mean) + fmt(" over %.0f runs", st.n);
+  const MetricInfo& share = *metric_info("share");
+  out.measured = "mean " + who + " share in routed layers at the end of training: " + shown(share, st.mean) +
+                 fmt(" over %.0f runs", st.n);
   if (!enough) return out;
-  const bool better = c.better.front() == "lower" ? st.mean < c.threshold : st.mean > c.threshold;
-  out.verdict = better ? "holds" : "does not hold";
+  // Like a comparison, a share is judged by its interval, not its mean: the
+  // claim holds when the runs' whole 95% interval lies on its side of the
+  // threshold, fails when it lies wholly on the other.
+  const double lo = st.mean - st.ci95, hi = st.mean + st.ci95;
+  out.measured += ", 95% CI [" + shown(share, lo) + ", " + shown(share, hi) + "] against the claim's " +
+                  shown(share, c.threshold);
+  const bool lower = c.better.front() == "lower";
+  if (lower ? hi < c.threshold : lo > c.threshold) out.verdict = "holds";
+  else if (lower ? lo > c.threshold : hi < c.threshold) out.verdict = "does not hold";
+  else out.verdict = "inconclusive";
   return out;
 }
 
