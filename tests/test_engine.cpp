@@ -16,6 +16,7 @@
 #include <boost/filesystem.hpp>
 
 #include "model/model.h"
+#include "engine/build_commit.h"
 #include "engine/matrix.h"
 #include "engine/sqlite.h"
 #include "engine/store.h"
@@ -258,6 +259,36 @@ TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]"
   CHECK(std::count(csv.output.begin(), csv.output.end(), '\n') == 9);
   const auto json = test::run_chiar({"export", db, "--json"});
   CHECK_THAT(json.output, Catch::Matchers::Contains("\"metric\": \"accuracy\""));
+}
+
+// Runs name the commit the binary was built from, not the working
+// directory's: here the CLI runs from a folder outside any git checkout.
+TEST_CASE("run: provenance names the build's commit wherever the CLI runs from", "[engine][e2e]") {
+  const engine::BuildCommit built = engine::build_commit();
+  const bool from_checkout = boost::filesystem::exists(std::string(CHIAR_SOURCE_DIR) + "/.git");
+  if (from_checkout) {
+    REQUIRE(built.commit.size() == 40);
+    CHECK(built.commit.find_first_not_of("0123456789abcdef") == std::string::npos);
+  } else {
+    CHECK(built.commit.empty());
+  }
+  TempDir d("provenance");
+  test::write_tiny_matrix(d, R"(name = "prov"
+variants = ["base"]
+tasks = ["flat"]
+seeds = [0]
+)", test::tiny_train_body());
+  const auto here = boost::filesystem::current_path();
+  boost::filesystem::current_path(d.path());  // the child inherits it
+  const auto run = test::run_chiar(run_args(d, "r.db"));
+  boost::filesystem::current_path(here);
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  engine::Database con(d.path() + "/r.db");
+  auto q = con.prepare("SELECT git_commit, git_dirty FROM runs");
+  REQUIRE(q.step());
+  CHECK(q.text(0) == built.commit);
+  CHECK((q.integer(1) != 0) == built.dirty);
 }
 
 TEST_CASE("store: an older database is migrated to the current schema on open", "[engine][store]") {

@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "chiar/registry.h"
+#include "engine/build_commit.h"
 #include "engine/matrix.h"
 #include "engine/runtime.h"
 #include "commands.h"
@@ -14,8 +15,11 @@ void start_compute(const Global& g) {
 
 int run_info(const Global& g) {
   const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
+  const engine::BuildCommit built = engine::build_commit();
   std::cout << "libtorch   " << info.torch_version << "\n"
             << "build      " << info.build_type << "\n"
+            << "commit     " << (built.commit.empty() ? std::string("- (not built from a git checkout)") : built.commit)
+            << (built.dirty ? " with uncommitted changes" : "") << "\n"
             << "threads    " << info.threads << "\n"
             << "BLAS       " << info.blas << "\n"
             << "BLAS core  " << (info.blas_core.empty() ? std::string("- (not OpenBLAS)") : info.blas_core) << "\n"

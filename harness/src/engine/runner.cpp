@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 
 #include "model/model.h"
+#include "engine/build_commit.h"
 #include "engine/device.h"
 #include "engine/distributed.h"
 #include "engine/data_parallel.h"
@@ -126,7 +127,9 @@ Tasks load_tasks_and_check_models(const Matrix& matrix, const PluginRegistry& re
 
 Provenance provenance_of(const RuntimeInfo& runtime) {
   Provenance prov;
-  std::tie(prov.git_commit, prov.git_dirty) = git_state(".");
+  const BuildCommit built = build_commit();
+  prov.git_commit = built.commit;
+  prov.git_dirty = built.dirty;
   prov.torch_version = runtime.torch_version;
   prov.blas = runtime.blas;
   prov.gemm_gflops = runtime.gemm_gflops;

@@ -3,10 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <array>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <ctime>
 #include <stdexcept>
 
@@ -483,22 +481,6 @@ void Store::forget_checkpoint(const std::string& hash, const std::string& kind, 
     db_.prepare("DELETE FROM checkpoints WHERE run_id = ? AND kind = ? AND step = ?")
         .bind(1, id).bind(2, kind).bind(3, step).run();
   });
-}
-
-std::pair<std::string, bool> git_state(const std::string& dir) {
-  auto read = [&](const std::string& cmd) {
-    std::string out;
-    if (FILE* p = popen(("git -C '" + dir + "' " + cmd + " 2>/dev/null").c_str(), "r")) {
-      std::array<char, 256> buf{};
-      while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-      pclose(p);
-    }
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-    return out;
-  };
-  const std::string commit = read("rev-parse HEAD");
-  if (commit.empty()) return {"", false};
-  return {commit, !read("status --porcelain --untracked-files=no").empty()};
 }
 
 }  // namespace chiar::engine

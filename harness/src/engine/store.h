@@ -34,8 +34,8 @@ enum class StoreAccess {
 };
 
 struct Provenance {
-  std::string git_commit;
-  bool git_dirty = false;
+  std::string git_commit;  // the commit the binary was built from (engine/build_commit.h)
+  bool git_dirty = false;   // built with tracked files differing from it
   std::string torch_version, blas, device, host, cpu, build_type, allocator;
   std::string gemm;  // the library behind the model's products, and why (configure_gemm)
   double gemm_gflops = 0;
@@ -155,9 +155,5 @@ StoredRuns read_stored_runs(const std::string& file);
 // Whether the database file passes PRAGMA integrity_check; opened read-only,
 // changing nothing. False as well when it cannot be read as a database.
 bool integrity_ok(const std::string& file);
-
-// The project's commit and whether the tree differs from it ("" when not a
-// git checkout).
-std::pair<std::string, bool> git_state(const std::string& dir);
 
 }  // namespace chiar::engine
