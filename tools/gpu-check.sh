@@ -3,7 +3,8 @@
 # GPUs, nvcc, CMake, ninja, a C++17 compiler and PyTorch (with CUDA), but no
 # package registry. It unpacks the .debs that tools/gpu-deps.sh fetched into a
 # prefix, configures against PyTorch's libtorch, builds, runs the [cuda]
-# tests and the operator and routing tests, benchmarks training on the GPU
+# tests, the CUDA kernels' benchmarks and the operator and routing tests,
+# benchmarks training on the GPU
 # and trains a 300-step quickstart on it. Every log and JSON goes into one
 # folder, with summary.txt listing each step's exit status and seconds.
 #
@@ -152,6 +153,11 @@ if step configure 180 configure && step build 420 cmake --build "$build" -j "$(n
   tests=$build/chiar_tests
   chiar=$build/chiar
   step tests-cuda 180 "$tests" "[cuda]" --reporter compact
+  # The CUDA kernels against the compositions they replace, and the sparse
+  # layer's row moves against the layer (harness/src/bench/chiar_bench.cpp).
+  step bench-kernels 120 "$build/chiar_bench" --benchmark_filter='^cuda/' --benchmark_min_time=0.1 \
+    --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+    --benchmark_out="$out/bench-kernels.json" --benchmark_out_format=json
   step tests-ops 240 "$tests" "[operator],[routing]" --reporter compact
   step bench-anchor 180 "$chiar" bench-train --device cuda --variants baseline,chiar_dct_attn \
     --json "$out/bench-anchor.json"

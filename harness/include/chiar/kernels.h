@@ -7,7 +7,9 @@
 // host memory only; for any other tensor it hands over to a composition of
 // libtorch operators, which runs on every device. The policy makes the CPU
 // take those compositions too, so that the code a GPU run takes is tested on
-// machines without one, against the host kernels it replaces.
+// machines without one, against the host kernels it replaces. The two CUDA
+// kernels (harness/cuda) replace compositions on a GPU where a build has
+// them, and are tested there against the host kernels of the same contract.
 #include <cstdint>
 #include <string>
 
@@ -16,8 +18,9 @@
 namespace chiar {
 
 enum class KernelPolicy {
-  Auto,          // host kernels for fp32 CPU tensors, compositions for the rest
-  Compositions,  // libtorch compositions for every tensor (what a GPU runs)
+  Auto,          // host kernels for fp32 CPU tensors, the CUDA kernels (where built)
+                 // for theirs on a GPU, compositions for the rest
+  Compositions,  // libtorch compositions for every tensor
 };
 
 CHIAR_API const char* to_string(KernelPolicy policy);
@@ -33,11 +36,21 @@ CHIAR_API KernelPolicy kernel_policy();
 // also checks that its tensors are fp32 (or its own types) in host memory.
 CHIAR_API bool host_kernels_enabled();
 
+// Whether the harness's CUDA kernels (harness/cuda: the router's spectral
+// entropy, the sparse layer's row lists) may run: the policy is Auto and this
+// build has them (built when libtorch has CUDA and CMake finds nvcc). Each
+// call site also checks that its tensors are on a CUDA device.
+CHIAR_API bool cuda_kernels_enabled();
+
 // Entries into host kernels since the process started (every fast path
 // counts itself where it takes its host kernel): the tests check that none
 // runs under Compositions.
 CHIAR_API void count_host_kernel();
 CHIAR_API uint64_t host_kernel_count();
+// The same for calls into the CUDA kernels: the [cuda] tests check that the
+// kernel, not the composition, gave the result they compare.
+CHIAR_API void count_cuda_kernel();
+CHIAR_API uint64_t cuda_kernel_count();
 
 // Sets a policy for the scope and restores the previous one.
 class ScopedKernelPolicy {

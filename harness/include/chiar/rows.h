@@ -21,6 +21,11 @@ struct RowGroups {
   int64_t width = 0; // largest group
 };
 
+// The rows each of K operators takes, from a routed layer's flattened
+// choices (N,) int64: K index tensors (N_k,) int64, ascending. Choices
+// outside 0..K-1 land in no list (the caller counts what was written).
+CHIAR_API std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K);
+
 // key: (N,) int64, non-decreasing (true for sorted rows and monotone keys).
 CHIAR_API RowGroups group_rows(const at::Tensor& key);
 

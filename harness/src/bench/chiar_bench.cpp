@@ -5,6 +5,7 @@
 //     --benchmark_out=bench.json --benchmark_out_format=json (one command line)
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
+#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "engine/runtime.h"
 #include "engine/accounting.h"
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/linear.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
@@ -258,12 +260,12 @@ struct RoutedCase {
   double flop_ratio = 0;
 };
 
-RoutedCase routed_case(benchmark::State& state, bool sparse) {
+RoutedCase routed_case(benchmark::State& state, bool sparse, at::Device device = at::kCPU) {
   const int64_t T = state.range(0), d = state.range(1);
   const double share = static_cast<double>(state.range(2)) / 100.0;
   RoutedCase c;
   at::manual_seed(0);
-  c.x = at::randn({kBatch, T, d});
+  c.x = at::randn({kBatch, T, d}).to(device);
   auto h = spectral_entropy(c.x).reshape({-1});
   const double tau = share <= 0 ? 2.0 : share >= 1 ? -1.0 : at::quantile(h, 1.0 - share).item<double>();
   RouterSpec rs;
@@ -274,6 +276,7 @@ RoutedCase routed_case(benchmark::State& state, bool sparse) {
   auto layer = std::make_shared<MixingLayer>(1, rs.operators,
                                              std::vector<std::shared_ptr<Operator>>{make(pair.cheap, d), make(pair.global, d)},
                                              registry().make_router(pair.router, rs));
+  layer->to(device);
   layer->eval();
   OpContext ctx;
   ctx.causal = true;
@@ -291,7 +294,7 @@ RoutedCase routed_case(benchmark::State& state, bool sparse) {
   layer->forward(c.x, ctx, &routing);
   const auto& ops = layer->operators();
   double executed = static_cast<double>(kBatch * 2 * T * d * d);  // entropy: one d x d transform per token
-  const auto positions = engine::positions_by_operator(routing.choice, 2);
+  const auto positions = engine::positions_by_operator(routing.choice.to(at::kCPU), 2);
   for (int64_t b = 0; b < kBatch; ++b)
     for (int64_t k = 0; k < 2; ++k)
       executed += static_cast<double>(
@@ -313,6 +316,123 @@ void BM_routed(benchmark::State& state, bool sparse) {
   state.counters["attention_share"] = static_cast<double>(state.range(2)) / 100.0;
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * state.range(0)),
                                                   benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The CUDA kernels (harness/cuda) against the libtorch compositions they
+// replace, on the GPU, each result checked against the other's first; the
+// sparse routed layer on the GPU, and the gather and scatter of its rows
+// alone, whose ratio says whether a fused gather/scatter would pay.
+// Registered where the build has the kernels and a GPU is visible.
+#if CHIAR_CUDA_KERNELS
+void synchronize() { torch::cuda::synchronize(); }
+
+void BM_cuda_entropy(benchmark::State& state, bool kernel) {
+  const int64_t T = state.range(0), d = state.range(1);
+  at::manual_seed(0);
+  auto c = at::randn({kBatch, T, d}, at::TensorOptions().device(at::kCUDA));
+  at::NoGradGuard g;
+  at::Tensor composed;
+  {
+    ScopedKernelPolicy aten(KernelPolicy::Compositions);
+    composed = spectral_entropy_from_coeffs(c);
+  }
+  ScopedKernelPolicy policy(kernel ? KernelPolicy::Auto : KernelPolicy::Compositions);
+  const double err = (spectral_entropy_from_coeffs(c) - composed).abs().max().item<double>();
+  if (err > 1e-5) {
+    state.SkipWithError(("kernel and composition disagree: " + std::to_string(err)).c_str());
+    return;
+  }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(spectral_entropy_from_coeffs(c).data_ptr());
+    synchronize();
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_cuda_rows(benchmark::State& state, bool kernel) {
+  const int64_t T = state.range(0), K = state.range(1);
+  at::manual_seed(0);
+  auto choice = at::randint(0, K, {kBatch * T}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+  std::vector<at::Tensor> composed;
+  {
+    ScopedKernelPolicy aten(KernelPolicy::Compositions);
+    composed = rows_by_choice(choice, K);
+  }
+  ScopedKernelPolicy policy(kernel ? KernelPolicy::Auto : KernelPolicy::Compositions);
+  const auto rows = rows_by_choice(choice, K);
+  for (int64_t k = 0; k < K; ++k)
+    if (!at::equal(rows[k], composed[k])) {
+      state.SkipWithError("kernel and composition list different rows");
+      return;
+    }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(rows_by_choice(choice, K).back().data_ptr());
+    synchronize();
+  }
+}
+
+void BM_cuda_routed(benchmark::State& state) {
+  const auto c = routed_case(state, /*sparse=*/true, at::kCUDA);
+  if (!c.layer) return;
+  OpContext ctx;
+  ctx.causal = true;
+  at::NoGradGuard g;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(c.layer->forward(c.x, ctx).data_ptr());
+    synchronize();
+  }
+  state.counters["attention_share"] = static_cast<double>(state.range(2)) / 100.0;
+}
+
+// What the sparse layer spends moving rows: every row gathered once (into
+// the operator that takes it) and scattered once (back into the output).
+void BM_cuda_gather_scatter(benchmark::State& state) {
+  const int64_t T = state.range(0), d = state.range(1);
+  const double share = static_cast<double>(state.range(2)) / 100.0;
+  at::manual_seed(0);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  auto x = at::randn({kBatch * T, d}, cuda);                                   // (B*T, d)
+  const auto global = at::rand({kBatch * T}, cuda) < share;                    // (B*T,)
+  const auto rows = rows_by_choice(global.to(at::kLong), 2);                   // 2 x (N_k,)
+  auto y = at::empty_like(x);
+  at::NoGradGuard g;
+  for (auto _ : state) {
+    for (const auto& r : rows) y.index_copy_(0, r, x.index_select(0, r));
+    synchronize();
+  }
+  if (!at::equal(y, x)) state.SkipWithError("gathered and scattered rows are not the input");
+}
+#endif
+
+void register_cuda() {
+#if CHIAR_CUDA_KERNELS
+  if (!torch::cuda::is_available()) return;
+  for (bool kernel : {true, false}) {
+    const std::string how = kernel ? "kernel" : "aten";
+    auto* e = benchmark::RegisterBenchmark(("cuda/router_entropy/" + how).c_str(),
+                                          [kernel](benchmark::State& s) { BM_cuda_entropy(s, kernel); });
+    for (int64_t T : {512, 2048, 8192})
+      for (int64_t d : {256, 512}) e->Args({T, d});
+    e->Unit(benchmark::kMicrosecond)->UseRealTime();
+    auto* r = benchmark::RegisterBenchmark(("cuda/rows_by_choice/" + how).c_str(),
+                                          [kernel](benchmark::State& s) { BM_cuda_rows(s, kernel); });
+    for (int64_t T : {512, 2048, 8192})
+      for (int64_t K : {2, 3}) r->Args({T, K});
+    r->Unit(benchmark::kMicrosecond)->UseRealTime();
+  }
+  if (!routed_pair().cheap.empty()) {
+    const std::string routed = routed_pair().cheap_short + "_" + routed_pair().global_short;
+    auto* layer = benchmark::RegisterBenchmark(("cuda/routed_" + routed + "/sparse").c_str(), BM_cuda_routed);
+    auto* moves = benchmark::RegisterBenchmark("cuda/gather_scatter", BM_cuda_gather_scatter);
+    for (int64_t T : {512, 2048, 8192})
+      for (int64_t share : {25, 50}) {
+        layer->Args({T, 512, share});
+        moves->Args({T, 512, share});
+      }
+    layer->Unit(benchmark::kMicrosecond)->UseRealTime();
+    moves->Unit(benchmark::kMicrosecond)->UseRealTime();
+  }
+#endif
 }
 
 // Does wall-clock track FLOPs? The sparse routed layer and a full-attention
@@ -482,6 +602,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("blas_gemm_512_gflops", std::to_string(info.blas_gflops));
   benchmark::AddCustomContext("allocator", info.allocator);
   register_all();
+  register_cuda();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "chiar/error.h"
+#include "chiar_build_info.h"
 
 namespace chiar {
 namespace {
@@ -20,6 +21,7 @@ KernelPolicy kernel_policy_from_string(const std::string& name) {
 void set_kernel_policy(KernelPolicy policy) { g_policy.store(policy, std::memory_order_relaxed); }
 KernelPolicy kernel_policy() { return g_policy.load(std::memory_order_relaxed); }
 bool host_kernels_enabled() { return kernel_policy() == KernelPolicy::Auto; }
+bool cuda_kernels_enabled() { return CHIAR_CUDA_KERNELS && kernel_policy() == KernelPolicy::Auto; }
 
 namespace {
 std::atomic<uint64_t> g_host_kernels{0};
@@ -27,5 +29,12 @@ std::atomic<uint64_t> g_host_kernels{0};
 
 void count_host_kernel() { g_host_kernels.fetch_add(1, std::memory_order_relaxed); }
 uint64_t host_kernel_count() { return g_host_kernels.load(std::memory_order_relaxed); }
+
+namespace {
+std::atomic<uint64_t> g_cuda_kernels{0};
+}  // namespace
+
+void count_cuda_kernel() { g_cuda_kernels.fetch_add(1, std::memory_order_relaxed); }
+uint64_t cuda_kernel_count() { return g_cuda_kernels.load(std::memory_order_relaxed); }
 
 }  // namespace chiar

@@ -6,7 +6,12 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "chiar/error.h"
 #include "chiar/kernels.h"
+#include "chiar_build_info.h"
+#if CHIAR_CUDA_KERNELS
+#include "cuda_routing.h"
+#endif
 
 namespace chiar {
 
@@ -43,6 +48,36 @@ RowGroups group_rows_host(const at::Tensor& key) {
 }
 
 }  // namespace
+
+std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K) {
+  if (choice.dim() != 1) throw UserError("rows_by_choice: expected a (N,) choice tensor");
+  std::vector<at::Tensor> rows;
+#if CHIAR_CUDA_KERNELS
+  if (cuda_kernels_enabled() && choice.is_cuda() && choice.scalar_type() == at::kLong)
+    return rows_by_choice_cuda(choice, K);
+#endif
+  if (!host_kernels_enabled() || !choice.device().is_cpu() || choice.scalar_type() != at::kLong) {
+    for (int64_t k = 0; k < K; ++k) rows.push_back((choice == k).nonzero().squeeze(1));
+    return rows;
+  }
+  // One pass over the choices instead of K comparisons and K nonzero()
+  // calls, each a host sync.
+  count_host_kernel();
+  const auto c = choice.contiguous();
+  const int64_t n = c.numel();
+  const int64_t* in = c.data_ptr<int64_t>();
+  std::vector<int64_t> count(static_cast<size_t>(K), 0);
+  for (int64_t i = 0; i < n; ++i)
+    if (in[i] >= 0 && in[i] < K) ++count[static_cast<size_t>(in[i])];
+  std::vector<int64_t*> out;
+  for (int64_t k = 0; k < K; ++k) {
+    rows.push_back(at::empty({count[static_cast<size_t>(k)]}, c.options()));
+    out.push_back(rows.back().data_ptr<int64_t>());
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (in[i] >= 0 && in[i] < K) *out[static_cast<size_t>(in[i])]++ = i;
+  return rows;
+}
 
 RowGroups group_rows(const at::Tensor& key) {
   if (host_kernels_enabled() && key.device().is_cpu() && key.scalar_type() == at::kLong && key.dim() == 1) {

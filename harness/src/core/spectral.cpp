@@ -12,7 +12,11 @@
 #include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar/linear.h"
+#include "chiar_build_info.h"
 #include "entropy_rows.h"
+#if CHIAR_CUDA_KERNELS
+#include "cuda_routing.h"
+#endif
 
 namespace chiar {
 namespace {
@@ -151,6 +155,11 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
     spectral_entropy_rows(rows.data_ptr<float>(), h.numel(), d, h.data_ptr<float>());
     return h;
   }
+#if CHIAR_CUDA_KERNELS
+  if (cuda_kernels_enabled() && c.is_cuda() && cuda_entropy_takes(c) &&
+      !(torch::autograd::GradMode::is_enabled() && c.requires_grad()))
+    return spectral_entropy_cuda(c);  // one kernel for the chain below
+#endif
   // A zero vector divides by 1 instead of 0, so p = 0 and H = 0 with finite
   // gradients; the smallest normal number keeps 0 * log 0 at 0.
   const double tiny = c.scalar_type() == at::kDouble

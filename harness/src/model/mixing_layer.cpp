@@ -8,6 +8,7 @@
 
 #include "chiar/error.h"
 #include "chiar/kernels.h"
+#include "chiar/rows.h"
 #include "chiar/spectral.h"
 #include "route_mix.h"
 
@@ -127,32 +128,6 @@ void scatter_rows(at::Tensor& y, const at::Tensor& rows, const at::Tensor& src) 
   });
 }
 
-// The rows each operator takes, ascending: K index tensors (N_k,) int64.
-// Choices outside 0..K-1 land in no list. On the CPU one pass over the
-// choices instead of K comparisons and K nonzero() calls, each a host sync.
-std::vector<at::Tensor> rows_by_operator(const at::Tensor& choice, int64_t K) {
-  std::vector<at::Tensor> rows;
-  if (!host_kernels_enabled() || !choice.device().is_cpu() || choice.scalar_type() != at::kLong) {
-    for (int64_t k = 0; k < K; ++k) rows.push_back((choice == k).nonzero().squeeze(1));
-    return rows;
-  }
-  count_host_kernel();
-  const auto c = choice.contiguous();
-  const int64_t n = c.numel();
-  const int64_t* in = c.data_ptr<int64_t>();
-  std::vector<int64_t> count(static_cast<size_t>(K), 0);
-  for (int64_t i = 0; i < n; ++i)
-    if (in[i] >= 0 && in[i] < K) ++count[static_cast<size_t>(in[i])];
-  std::vector<int64_t*> out;
-  for (int64_t k = 0; k < K; ++k) {
-    rows.push_back(at::empty({count[static_cast<size_t>(k)]}, c.options()));
-    out.push_back(rows.back().data_ptr<int64_t>());
-  }
-  for (int64_t i = 0; i < n; ++i)
-    if (in[i] >= 0 && in[i] < K) *out[static_cast<size_t>(in[i])]++ = i;
-  return rows;
-}
-
 }  // namespace
 
 at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
@@ -163,7 +138,7 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
   // routed_dct_attn/sparse/2048/256/*).
   auto y = at::empty({x.size(0) * x.size(1), d}, x.options());  // (B*T, d)
   const auto flat_choice = choice.reshape({-1});
-  const auto rows_of = rows_by_operator(flat_choice, static_cast<int64_t>(operators_.size()));
+  const auto rows_of = rows_by_choice(flat_choice, static_cast<int64_t>(operators_.size()));
   int64_t written = 0;
   for (size_t k = 0; k < operators_.size(); ++k) {
     const auto& rows = rows_of[k];  // (N_k,)

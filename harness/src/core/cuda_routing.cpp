@@ -1,0 +1,75 @@
+#include "cuda_routing.h"
+
+#include <string>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "chiar/error.h"
+#include "chiar/kernels.h"
+#include "routing_kernels.h"  // harness/cuda
+
+namespace chiar {
+namespace {
+
+// A kernel that fails to launch or run met a device problem (memory, a
+// lost device): an environment failure, named with CUDA's own words.
+void check(cudaError_t err, const char* kernel) {
+  if (err != cudaSuccess)
+    throw EnvironmentError(std::string(kernel) + ": CUDA error: " + cudaGetErrorString(err));
+}
+
+cuda::Real real_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return cuda::Real::F32;
+    case at::kBFloat16: return cuda::Real::BF16;
+    case at::kHalf: return cuda::Real::F16;
+    default: throw UserError(std::string("spectral entropy kernel: no CUDA kernel for ") + at::toString(t.scalar_type()));
+  }
+}
+
+}  // namespace
+
+bool cuda_entropy_takes(const at::Tensor& c) {
+  const auto type = c.scalar_type();
+  return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
+}
+
+at::Tensor spectral_entropy_cuda(const at::Tensor& c) {
+  const int64_t d = c.size(-1);
+  const c10::cuda::CUDAGuard guard(c.device());
+  count_cuda_kernel();
+  const auto rows = c.contiguous();                                     // (..., d)
+  auto h = at::empty(c.sizes().slice(0, c.dim() - 1), c.options());  // (...)
+  check(cuda::spectral_entropy_rows(rows.data_ptr(), real_of(c), h.numel(), d, h.data_ptr(),
+                                    c10::cuda::getCurrentCUDAStream(c.device().index()).stream()),
+        "spectral entropy kernel");
+  return h;
+}
+
+std::vector<at::Tensor> rows_by_choice_cuda(const at::Tensor& choice, int64_t K) {
+  if (K < 1 || K > INT32_MAX) throw UserError("rows_by_choice: K must lie in 1.." + std::to_string(INT32_MAX));
+  const c10::cuda::CUDAGuard guard(choice.device());
+  count_cuda_kernel();
+  const auto c = choice.reshape({-1}).contiguous();  // (N,)
+  const int64_t n = c.numel();
+  const auto k = static_cast<int>(K);
+  auto workspace = at::empty({static_cast<int64_t>(cuda::rows_by_choice_workspace(n, k))}, c.options().dtype(at::kByte));
+  auto rows = at::empty({n}, c.options());    // (N,) every operator's rows, operator by operator
+  auto counts = at::empty({K}, c.options());  // (K,)
+  check(cuda::rows_by_choice(c.data_ptr<int64_t>(), n, k, workspace.data_ptr(), rows.data_ptr<int64_t>(),
+                             counts.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream(c.device().index()).stream()),
+        "routing compaction kernel");
+  const auto host_counts = counts.to(at::kCPU);  // the one synchronisation: the lists' sizes
+  const int64_t* count = host_counts.data_ptr<int64_t>();
+  std::vector<at::Tensor> out;
+  int64_t start = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    out.push_back(rows.narrow(0, start, count[j]));  // (N_j,)
+    start += count[j];
+  }
+  return out;
+}
+
+}  // namespace chiar

@@ -1,0 +1,22 @@
+#pragma once
+// Tensor entry points to the routed layer's CUDA kernels (harness/cuda),
+// compiled only into a build that has them (CHIAR_CUDA_KERNELS in
+// chiar_build_info.h): callers check cuda_kernels_enabled() (chiar/kernels.h)
+// and the tensor's device and type first.
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace chiar {
+
+// Whether the entropy kernel takes c's type: fp32, bf16 or fp16.
+bool cuda_entropy_takes(const at::Tensor& c);
+// spectral_entropy_from_coeffs without autograd: c (..., d) on a CUDA
+// device, d >= 2 -> H (...) of c's type.
+at::Tensor spectral_entropy_cuda(const at::Tensor& c);
+// rows_by_choice for an int64 choice on a CUDA device: K index tensors,
+// views of one buffer, sized by one copy of the K counts to the host.
+std::vector<at::Tensor> rows_by_choice_cuda(const at::Tensor& choice, int64_t K);
+
+}  // namespace chiar

@@ -1,0 +1,119 @@
+// The routed layer's CUDA kernels (harness/cuda) against the host kernels of
+// the same contract and the float64 definition. The [cuda] cases are hidden:
+// chiar_tests "[cuda]" runs them on a machine with a GPU (tools/gpu-check.sh).
+#include <catch2/catch.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <vector>
+
+#include "chiar/kernels.h"
+#include "chiar/rows.h"
+#include "chiar/spectral.h"
+#include "support/reference.h"
+
+using namespace chiar;
+
+namespace {
+
+// Choices in -1..K: out-of-range values included, which land in no list.
+at::Tensor random_choices(int64_t n, int64_t K, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(-1, K + 1, {n}, gen, at::TensorOptions().dtype(at::kLong));  // (n,)
+}
+
+// Rows of every kind the entropy meets: random, zero (H = 0), one
+// coefficient (H = 0), flat (H = 1).
+at::Tensor coefficient_rows(int64_t rows, int64_t d, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto c = at::randn({rows, d}, gen, at::TensorOptions().dtype(at::kDouble));  // (rows, d)
+  c[0].zero_();
+  c[1].zero_();
+  c[1][d / 2] = 3.0;
+  c[2].fill_(0.5);
+  return c;
+}
+
+void require_cuda_kernels() {
+  REQUIRE(torch::cuda::is_available());
+  INFO("this build has no CUDA kernels: configure found no CUDA libtorch or no nvcc (see its 'CUDA kernels:' line)");
+  REQUIRE(cuda_kernels_enabled());
+}
+
+}  // namespace
+
+TEST_CASE("rows_by_choice: the host pass lists the same rows as the composition", "[routing][rows]") {
+  for (const int64_t n : {0, 1, 255, 257, 4099})
+    for (const int64_t K : {1, 2, 3, 5}) {
+      const auto choice = random_choices(n, K, static_cast<uint64_t>(n * 10 + K));
+      std::vector<at::Tensor> composed;
+      {
+        ScopedKernelPolicy aten(KernelPolicy::Compositions);
+        composed = rows_by_choice(choice, K);
+      }
+      const uint64_t before = host_kernel_count();
+      const auto host = rows_by_choice(choice, K);
+      CHECK(host_kernel_count() == before + 1);
+      REQUIRE(host.size() == static_cast<size_t>(K));
+      for (int64_t k = 0; k < K; ++k) {
+        INFO("n " << n << ", K " << K << ", operator " << k);
+        CHECK(at::equal(host[static_cast<size_t>(k)], composed[static_cast<size_t>(k)]));
+      }
+    }
+}
+
+TEST_CASE("cuda kernels: the row lists on the GPU equal the host pass's", "[.cuda]") {
+  require_cuda_kernels();
+  // Sizes around the kernel's tile of 256 choices, and many tiles.
+  for (const int64_t n : {0, 1, 255, 256, 257, 4099, 70000})
+    for (const int64_t K : {1, 2, 3, 5}) {
+      const auto choice = random_choices(n, K, static_cast<uint64_t>(n * 10 + K));
+      const auto host = rows_by_choice(choice, K);
+      const uint64_t before = cuda_kernel_count();
+      const auto gpu = rows_by_choice(choice.to(at::kCUDA), K);
+      CHECK(cuda_kernel_count() == before + 1);
+      REQUIRE(gpu.size() == static_cast<size_t>(K));
+      for (int64_t k = 0; k < K; ++k) {
+        INFO("n " << n << ", K " << K << ", operator " << k);
+        CHECK(gpu[static_cast<size_t>(k)].is_cuda());
+        CHECK(at::equal(gpu[static_cast<size_t>(k)].to(at::kCPU), host[static_cast<size_t>(k)]));
+      }
+    }
+}
+
+TEST_CASE("cuda kernels: spectral entropy on the GPU equals the float64 definition and the host kernel", "[.cuda]") {
+  require_cuda_kernels();
+  at::NoGradGuard no_grad;
+  for (const int64_t d : {2, 31, 64, 256, 1000}) {
+    INFO("d " << d);
+    const auto c = coefficient_rows(2053, d, static_cast<uint64_t>(d));  // (2053, d) float64
+    const auto c32 = c.to(at::kFloat);
+    const auto expected = test::ref::entropy_from_coeffs(c32.to(at::kDouble));  // (2053,)
+    const auto host = spectral_entropy_from_coeffs(c32);
+    const uint64_t before = cuda_kernel_count();
+    const auto gpu = spectral_entropy_from_coeffs(c32.to(at::kCUDA)).to(at::kCPU);
+    CHECK(cuda_kernel_count() == before + 1);
+    CHECK(gpu.scalar_type() == at::kFloat);
+    // fp32 sums of d terms in another order than the host kernel's, and
+    // logf for its polynomial: within 1e-5 of H <= 1 (the host kernel's
+    // bound against the definition, test_spectral.cpp).
+    CHECK((gpu.to(at::kDouble) - expected).abs().max().item<double>() < 1e-5);
+    CHECK((gpu - host).abs().max().item<double>() < 1e-5);
+    // Decisions at thresholds: equal wherever H is not within that error of tau.
+    for (const double tau : {0.3, 0.7, 0.9}) {
+      const auto clear = (expected - tau).abs() > 2e-5;
+      CHECK(at::equal((gpu.to(at::kDouble) > tau).masked_select(clear), (expected > tau).masked_select(clear)));
+    }
+    // bf16 and fp16 coefficients: sums in fp32, H rounded to the storage type
+    // (bf16 keeps 8 bits: 2^-9 relative at H near 1).
+    for (const auto type : {at::kBFloat16, at::kHalf}) {
+      const auto rounded = c32.to(type);
+      const auto reference = test::ref::entropy_from_coeffs(rounded.to(at::kDouble));
+      const auto low = spectral_entropy_from_coeffs(rounded.to(at::kCUDA));
+      CHECK(low.scalar_type() == type);
+      const double tolerance = type == at::kBFloat16 ? 4e-3 : 5e-4;
+      CHECK((low.to(at::kCPU, at::kDouble) - reference).abs().max().item<double>() < tolerance);
+    }
+  }
+}
