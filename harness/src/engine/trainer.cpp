@@ -246,6 +246,21 @@ std::string archive_bytes(torch::serialize::OutputArchive& archive) {
   return bytes;
 }
 
+// The state of a device's default generator (the CPU's, or a GPU's, from
+// which dropout on that device draws), read and set under its lock. A state
+// is a CPU byte tensor whatever the checkpoint's mapping.
+at::Tensor generator_state(at::Device device) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_generator_state(at::Device device, const at::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state.cpu());
+}
+
 // `validated`: false when a stop cut this step's validation short; the
 // resuming process validates the step before it trains on.
 std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, const at::Device& device, int64_t step,
@@ -260,18 +275,10 @@ std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, const at::D
   archive.write("has_best", at::tensor(static_cast<int64_t>(has_best)));
   archive.write("train_seconds", at::tensor(train_seconds, at::TensorOptions().dtype(at::kDouble)));
   if (!validated) archive.write("unvalidated", at::tensor(int64_t{1}));
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    archive.write("rng", gen.get_state());
-  }
-  if (device.is_cuda()) {
-    // Dropout on a GPU draws from the device's own generator: without its
-    // state a resumed run would draw other masks than an uninterrupted one.
-    at::Generator gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    archive.write("cuda_rng", gen.get_state());
-  }
+  archive.write("rng", generator_state(at::kCPU));
+  // Dropout on a GPU draws from the device's own generator: without its
+  // state a resumed run would draw other masks than an uninterrupted one.
+  if (device.is_cuda()) archive.write("cuda_rng", generator_state(device));
   return archive_bytes(archive);
 }
 
@@ -528,21 +535,12 @@ void restore(Run& run, const std::string& bytes) {
   run.prior_seconds = read("train_seconds").item<double>();
   at::Tensor unvalidated;  // written only when a stop cut the step's validation short
   run.validate_first = archive.try_read("unvalidated", unvalidated);
-  const at::Tensor rng = read("rng").cpu();  // the CPU generator's state, whatever the mapping
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng);
-  }
+  set_generator_state(at::kCPU, read("rng"));
   // A GPU checkpoint resumed on the CPU has no use for the device's state; a
   // CPU checkpoint resumed on a GPU has none, and its dropout masks go on
   // from the device generator's seed instead.
   at::Tensor cuda_rng;
-  if (run.device.is_cuda() && archive.try_read("cuda_rng", cuda_rng)) {
-    at::Generator gen = at::globalContext().defaultGenerator(run.device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(cuda_rng.cpu());
-  }
+  if (run.device.is_cuda() && archive.try_read("cuda_rng", cuda_rng)) set_generator_state(run.device, cuda_rng);
 }
 
 // Finds where the run goes on: the bytes of the newest state checkpoint
