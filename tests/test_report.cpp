@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -106,9 +107,12 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   CHECK(lm.rows[1][2] == "32.00 ± 2.00 (95% CI ± 4.97)");
   CHECK(lm.best[1][2]);   // lowest perplexity
   CHECK_FALSE(lm.best[0][2]);
-  CHECK(lm.rows[1][5] == "3.00000");  // attention GFLOPs
-  CHECK(lm.rows[1][6] == "-62.5%");
-  CHECK(lm.rows[1][9] == "1.50×");
+  // Word perplexity equal to token perplexity (a word-level vocabulary): not repeated.
+  CHECK(lm.header[3] == "bits/byte");
+  CHECK(std::find(lm.header.begin(), lm.header.end(), "word PPL") == lm.header.end());
+  CHECK(lm.rows[1][4] == "3.00000");  // attention GFLOPs
+  CHECK(lm.rows[1][5] == "-62.5%");
+  CHECK(lm.rows[1][8] == "1.50×");
   const auto& cls = tables[1].second;
   CHECK(cls.rows.size() == 2);                    // failed and diverged runs are not averaged in
   CHECK(cls.rows[0][2] == "91.00 ± 1.41");        // 90 and 92: two seeds, no CI
@@ -123,6 +127,20 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   CHECK(st.mean == Approx(2.5));
   CHECK(st.std == Approx(1.2909944));
   CHECK(st.ci95 == Approx(3.182 * 1.2909944 / 2));
+}
+
+TEST_CASE("report tables: word perplexity is shown where it differs from token perplexity", "[report]") {
+  TempDir d("report-word-ppl");
+  const std::string db = make_store(d);
+  // One run of a subword or byte vocabulary: a word spans several tokens.
+  engine::Database(db).exec(
+      "UPDATE metrics SET value = value * 3 WHERE name = 'word_ppl' AND run_id = (SELECT MIN(run_id) FROM metrics "
+      "WHERE name = 'word_ppl')");
+  const auto lm = report::task_tables(summary_of(db), "baseline")[0].second;
+  REQUIRE(lm.header.size() > 4);
+  CHECK(lm.header[2] == "token PPL");
+  CHECK(lm.header[3] == "word PPL");
+  CHECK(lm.header[4] == "bits/byte");
 }
 
 TEST_CASE("report provenance: which runs came from which commit; auto's product without its rates", "[report]") {

@@ -217,6 +217,18 @@ void write_provenance(Pages& pages, const Provenance& p) {
   pages.html << "<footer>Provenance: " << html_escape(footer) << "</footer>\n</body></html>\n";
 }
 
+// Whether every finished run of the task scored the same word and token
+// perplexity (to 1e-9 relative).
+bool word_ppl_repeats_token_ppl(const TaskSummary& t) {
+  for (const auto& v : t.variants)
+    for (const RunRow* r : v.runs) {
+      const auto token = r->test_best.find("token_ppl"), word = r->test_best.find("word_ppl");
+      if (token == r->test_best.end() || word == r->test_best.end()) continue;
+      if (std::abs(word->second - token->second) > 1e-9 * std::abs(token->second)) return false;
+    }
+  return true;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const std::string& baseline) {
@@ -234,8 +246,13 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       bool ranked;
     };
     std::vector<Col> metric_cols;
-    if (t.language_model)
-      metric_cols = {{"token PPL", "token_ppl", 1, 2, true}, {"word PPL", "word_ppl", 1, 2, true}, {"bits/byte", "bits_per_byte", 1, 4, true}};
+    if (t.language_model) {
+      metric_cols = {{"token PPL", "token_ppl", 1, 2, true}};
+      // On a word-level vocabulary a token is a word, and the word
+      // perplexity repeats the token perplexity: shown only where it differs.
+      if (!word_ppl_repeats_token_ppl(t)) metric_cols.push_back({"word PPL", "word_ppl", 1, 2, true});
+      metric_cols.push_back({"bits/byte", "bits_per_byte", 1, 4, true});
+    }
     else  // the test split's majority class: the rate a model must beat to have learned anything
       metric_cols = {{"accuracy %", "accuracy", 100, 2, true}, {"majority class %", "majority_rate", 100, 2, false}};
     table.header = {"variant", "seeds"};
