@@ -4,9 +4,13 @@
 // where the name came from.
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
+#include <torch/cuda.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <boost/filesystem.hpp>
@@ -170,4 +174,89 @@ TEST_CASE("device: a device name of the wrong form in a matrix is refused at its
   CHECK(out.status == 2);
   CHECK(out.output.find("must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"") != std::string::npos);
   CHECK(out.output.rfind("chiar: " + d.path() + "/m.toml:", 0) == 0);
+}
+
+// Hidden (chiar_tests "[cuda]" on a GPU, in a build with
+// -DCHIAR_CUDA_TRAINING=ON: tools/gpu-check.sh). A CPU run's NULLs are
+// checked by the engine's end-to-end test.
+TEST_CASE("device: a run on a GPU records the caching allocator's peaks", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  TempDir d("device-gpu-memory");
+  write_matrix(d);
+  auto args = run_args(d, d.path() + "/gpu.db");
+  args.insert(args.end(), {"--device", "cuda"});
+  const auto out = test::run_chiar(args);
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+  engine::Database con(d.path() + "/gpu.db");
+  auto q = con.prepare("SELECT peak_gpu_allocated_mb, peak_gpu_reserved_mb, device FROM runs");
+  REQUIRE(q.step());
+  CHECK(q.real(0) > 0);
+  CHECK(q.real(1) >= q.real(0));  // the allocator holds at least what its tensors use
+  CHECK(q.text(2) != "cpu");
+}
+
+namespace {
+
+// The tiny matrix's test metrics trained on `device`, in a fresh store.
+std::vector<double> metrics_on(const TempDir& d, const std::string& db, const std::string& device) {
+  auto args = run_args(d, d.path() + "/" + db);
+  args.insert(args.end(), {"--device", device});
+  const auto out = test::run_chiar(args);
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+  return test::test_split_metrics(d.path() + "/" + db);
+}
+
+// Equal within 1e-4, relative to values of at least 1 in size.
+void check_close(const std::vector<double>& got, const std::vector<double>& expected) {
+  REQUIRE(got.size() == expected.size());
+  REQUIRE_FALSE(expected.empty());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("metric " << i << ": " << got[i] << " against " << expected[i]);
+    CHECK(std::abs(got[i] - expected[i]) <= 1e-4 * std::max(1.0, std::abs(expected[i])));
+  }
+}
+
+}  // namespace
+
+// Hidden (as above). fp32 on both devices and no dropout (the tiny model's
+// default), so the two differ by rounding alone: attention layers, a
+// threshold-routed DCT|attention layer, a language model and a classifier.
+TEST_CASE("device: three fp32 training steps on a GPU score what they score on the CPU", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  TempDir d("device-gpu-equal");
+  test::write_tiny_matrix(d, R"(name = "equal"
+variants = ["base", "routed"]
+tasks = ["lm", "flat"]
+seeds = [0]
+)", test::tiny_train_body(3, 3, 3));
+  check_close(metrics_on(d, "gpu.db", "cuda"), metrics_on(d, "cpu.db", "cpu"));
+}
+
+// Hidden (as above). A run stopped on one device by SIGTERM (what scancel
+// sends) after its fourth step, past its step-3 checkpoint, and resumed on
+// the other ends where a run on the second device alone ends, to rounding.
+TEST_CASE("device: a checkpoint written on a GPU resumes on the CPU, and one from the CPU on a GPU", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  TempDir d("device-gpu-resume");
+  test::write_tiny_matrix(d, R"(name = "resume"
+variants = ["routed"]
+tasks = ["lm"]
+seeds = [0]
+)", test::tiny_train_body(6, 3, 3));
+  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{{"cuda", "cpu"}, {"cpu", "cuda"}}) {
+    INFO(first << " then " << second);
+    const std::string db = first + "-" + second + ".db";
+    auto args = run_args(d, d.path() + "/" + db);
+    args.insert(args.end(), {"--device", first});
+    setenv("CHIAR_FAILPOINT", "train.step:4:term", 1);
+    const auto stopped = test::run_chiar(args);
+    unsetenv("CHIAR_FAILPOINT");
+    INFO(stopped.output);
+    REQUIRE(stopped.status == 130);
+    REQUIRE(test::query_integer(d.path() + "/" + db, "SELECT COUNT(*) FROM runs WHERE status = 'interrupted'") == 1);
+    const auto resumed = metrics_on(d, db, second);
+    check_close(resumed, metrics_on(d, second + "-alone.db", second));
+  }
 }

@@ -238,6 +238,8 @@ TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]"
   CHECK(count(db, "SELECT COUNT(*) FROM routing WHERE operator = 'attention'") == 4 * 2);  // 4 routed runs x 2 evals
   CHECK(count(db, "SELECT COUNT(*) FROM histograms WHERE bin = 19") == 4 * 2);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE blas LIKE '%blas%' AND gemm_gflops > 0 AND threads = 1") == 8);
+  // Trained on the CPU: no GPU memory marks.
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE peak_gpu_allocated_mb IS NULL AND peak_gpu_reserved_mb IS NULL") == 8);
   // The library that ran the products, and why ("auto" times both).
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE gemm LIKE 'onednn: oneDNN % sgemm, ISA %; auto: %' OR "
                   "gemm = 'blas (auto: this build has no oneDNN)' OR gemm LIKE 'blas (libtorch''s path); auto: %'") == 8);

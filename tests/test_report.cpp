@@ -143,6 +143,30 @@ TEST_CASE("report tables: word perplexity is shown where it differs from token p
   CHECK(lm.header[4] == "bits/byte");
 }
 
+TEST_CASE("report tables: peak GPU memory where runs trained on a GPU", "[report]") {
+  TempDir d("report-gpu-memory");
+  const std::string db = make_store(d);
+  const std::string gpu_column = "peak GPU MiB alloc / reserved";
+  {
+    const auto cpu_only = report::task_tables(summary_of(db), "baseline")[0].second.header;
+    CHECK(std::find(cpu_only.begin(), cpu_only.end(), gpu_column) == cpu_only.end());
+  }
+  // The language model's baseline on a GPU: 100, 110, 120 MiB allocated, 200 reserved.
+  engine::Database(db).exec(
+      "UPDATE runs SET peak_gpu_allocated_mb = 100 + 10 * seed, peak_gpu_reserved_mb = 200 "
+      "WHERE task = 'wikitext103' AND variant = 'baseline'");
+  const auto tables = report::task_tables(summary_of(db), "baseline");
+  const auto& lm = tables[0].second;
+  const auto column = std::find(lm.header.begin(), lm.header.end(), gpu_column);
+  REQUIRE(column != lm.header.end());
+  CHECK(column + 1 == lm.header.end() - 1);  // just before "scored"
+  const auto c = static_cast<size_t>(column - lm.header.begin());
+  CHECK(lm.rows[0][c] == "110 / 200");
+  CHECK(lm.rows[1][c].empty());  // DCT+Attn trained on the CPU
+  const auto& cls = tables[1].second;
+  CHECK(std::find(cls.header.begin(), cls.header.end(), gpu_column) == cls.header.end());
+}
+
 TEST_CASE("report provenance: which runs came from which commit; auto's product without its rates", "[report]") {
   TempDir d("report-provenance");
   const std::string db = make_store(d);

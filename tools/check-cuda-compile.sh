@@ -3,9 +3,10 @@
 # libtorch: nvcc builds every harness/cuda/*.cu for the architectures the
 # build targets (sm_80, sm_90), with warnings as errors, and the host
 # compiler checks the C++ that only a CUDA build compiles (the tensor
-# wrappers, and the CHIAR_CUDA_KERNELS branches of the files that call
-# them) against this machine's libtorch headers and the CUDA Toolkit's. An
-# optional check, not a CI step: the CUDA Toolkit is not in Debian's main.
+# wrappers, the CHIAR_CUDA_KERNELS branches of the files that call them, the
+# GPU memory records) against this machine's libtorch headers and the CUDA
+# Toolkit's. An optional check, not a CI step: the CUDA Toolkit is not in
+# Debian's main.
 #
 #   tools/check-cuda-compile.sh            # uses $NVCC, else nvcc on PATH or in /usr/local/cuda
 #   tools/check-cuda-compile.sh --install  # first installs Debian's nvidia-cuda-toolkit (non-free; root)
@@ -75,7 +76,7 @@ done
 # libtorch, is supplied with the value CUDA builds give it.
 mkdir -p "$work/generated" "$work/shim/c10/cuda/impl"
 sed -e 's/@CMAKE_BUILD_TYPE@/Release/' -e 's/@PROJECT_VERSION@/0/' -e 's/@CHIAR_HAVE_ONEDNN@/0/' \
-    -e 's/@CHIAR_CUDA_TRAINING@/1/' -e 's/@CHIAR_CUDA_KERNELS@/1/' \
+    -e 's/@CHIAR_CUDA_TRAINING@/1/' -e 's/@CHIAR_CUDA_KERNELS@/1/' -e 's/@CHIAR_TORCH_CUDA@/1/' \
     harness/src/core/build_info.h.in > "$work/generated/chiar_build_info.h"
 echo '#define C10_CUDA_BUILD_SHARED_LIBS' > "$work/shim/c10/cuda/impl/cuda_cmake_macros.h"
 torch_include=${TORCH_INCLUDE:-/usr/include}
@@ -85,7 +86,7 @@ includes=(-I harness/include -I harness/src -I harness/src/core -I harness/cuda 
 [ "$torch_include" = /usr/include ] || includes+=(-isystem "$torch_include")
 [ "$cuda_include" = /usr/include ] || includes+=(-isystem "$cuda_include")
 for source in harness/src/core/cuda_routing.cpp harness/src/core/spectral.cpp harness/src/core/rows.cpp \
-              harness/src/core/kernels.cpp harness/src/bench/chiar_bench.cpp; do
+              harness/src/core/kernels.cpp harness/src/bench/chiar_bench.cpp harness/src/engine/gpu_memory.cpp; do
   if g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -fopenmp "${includes[@]}" "$source"; then
     echo "checked   $source (as a CUDA build compiles it)"
   else

@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "engine/runtime.h"
 #include "engine/accounting.h"
+#include "engine/gpu_memory.h"
 #include "engine/matrix.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
@@ -245,6 +246,8 @@ std::vector<TrainBenchResult> measure_alone(const PluginRegistry& registry, cons
     set_gemm_backend(entry.gemm);
     malloc_trim(0);
     reset_peak_rss();
+    engine::release_gpu_cache(s.tokens.device());
+    engine::reset_gpu_memory_peak(s.tokens.device());
     {
       Variant v(registry, options_for(*entry.run, o), s.tokens, o.bf16);
       // At least two steps: the first creates the optimiser's state after its
@@ -253,6 +256,9 @@ std::vector<TrainBenchResult> measure_alone(const PluginRegistry& registry, cons
       v.infer(s.tokens);
       r.step_flops = v.step_flops(s.tokens, o.batch, o.seq);
       r.peak_rss_mb = peak_rss_mb();
+      const auto gpu = engine::gpu_memory_peak(s.tokens.device());
+      r.peak_gpu_allocated_mb = gpu.allocated_mb;
+      r.peak_gpu_reserved_mb = gpu.reserved_mb;
     }
     malloc_trim(0);
     out.push_back(r);

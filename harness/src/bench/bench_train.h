@@ -41,6 +41,7 @@ struct TrainBenchResult {
   double gemm_gflops = 0;      // 2048^3 fp32 on that library (a GPU: 8192^3 in the training precision), median of the rounds
   double blas_gflops = 0;      // the same on libtorch's BLAS (0 on a GPU)
   double peak_rss_mb = 0;      // high-water mark of a first pass with this variant alone (host memory)
+  double peak_gpu_allocated_mb = -1, peak_gpu_reserved_mb = -1;  // the same pass on a GPU; -1 on the CPU
   double train_ms = 0, infer_ms = 0;  // medians
   std::string allocator;              // the allocator behaviour chosen for these shapes
 };

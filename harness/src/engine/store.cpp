@@ -237,6 +237,11 @@ void Store::migrate() {
     if (version < 6) add_column_if_missing("task_family TEXT");
     // 6: how many data-parallel processes trained each run.
     if (version < 6) add_column_if_missing("processes INTEGER");
+    // 7: the GPU caching allocator's peaks (NULL for runs on the CPU).
+    if (version < 7) {
+      add_column_if_missing("peak_gpu_allocated_mb REAL");
+      add_column_if_missing("peak_gpu_reserved_mb REAL");
+    }
     if (!c.marked) db_.exec("PRAGMA application_id = " + std::to_string(kApplicationId));
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
@@ -349,17 +354,24 @@ void Store::finish(const std::string& hash, RunStatus status, const std::string&
         "train_seconds = ?, train_tokens_per_s = COALESCE(?, train_tokens_per_s), eval_tokens_per_s = ?, "
         "step_ms = COALESCE(?, step_ms), peak_rss_mb = COALESCE(?, peak_rss_mb), tau = ?, "
         "calibration = COALESCE(NULLIF(?, ''), calibration), overhead_fraction = COALESCE(?, overhead_fraction), "
-        "overhead = COALESCE(?, overhead) WHERE hash = ?");
+        "overhead = COALESCE(?, overhead), peak_gpu_allocated_mb = COALESCE(?, peak_gpu_allocated_mb), "
+        "peak_gpu_reserved_mb = COALESCE(?, peak_gpu_reserved_mb) WHERE hash = ?");
     u.bind(1, to_string(status));
     if (error.empty()) u.bind_null(2); else u.bind(2, error);
     if (diverged_step < 0) u.bind_null(3); else u.bind(3, diverged_step);
     u.bind(4, now_iso()).bind(5, s.params).bind(6, s.train_seconds).bind(8, s.eval_tokens_per_s).bind(11, s.tau)
-        .bind(12, s.calibration).bind(15, hash);
+        .bind(12, s.calibration).bind(17, hash);
     if (s.trained_steps) {
       u.bind(7, s.train_tokens_per_s).bind(9, s.step_ms).bind(10, s.peak_rss_mb).bind(13, s.overhead_fraction)
           .bind(14, s.overhead);
     } else {
       for (int column : {7, 9, 10, 13, 14}) u.bind_null(column);
+    }
+    // Like the other peaks, kept from an earlier process when this one trained no step.
+    if (s.trained_steps && s.peak_gpu_allocated_mb >= 0) {
+      u.bind(15, s.peak_gpu_allocated_mb).bind(16, s.peak_gpu_reserved_mb);
+    } else {
+      u.bind_null(15).bind_null(16);
     }
     u.run();
   });

@@ -22,7 +22,7 @@
 
 namespace chiar::engine {
 
-constexpr int kSchemaVersion = 6;
+constexpr int kSchemaVersion = 7;
 // The oldest schema read-only commands read without a migration.
 constexpr int kOldestReadableSchema = 5;
 // PRAGMA application_id of a chiar store: "chia" in ASCII.
@@ -53,6 +53,9 @@ enum class ClaimOutcome {
 struct RunSummary {
   int64_t params = 0;
   double train_seconds = 0, train_tokens_per_s = 0, eval_tokens_per_s = 0, step_ms = 0, peak_rss_mb = 0;
+  // The GPU caching allocator's high-water marks over the run; -1 (NULL in
+  // the store) when it trained on no GPU (engine/gpu_memory.h).
+  double peak_gpu_allocated_mb = -1, peak_gpu_reserved_mb = -1;
   std::string tau;          // thresholds in force, JSON
   std::string calibration;  // what calibrated them, JSON
   // Harness work during training (store writes, FLOP accounting, routing

@@ -22,6 +22,7 @@
 
 #include "core/autocast_compat.h"
 #include "model/model.h"
+#include "engine/gpu_memory.h"
 #include "engine/runtime.h"
 #include "accounting.h"
 #include "data_parallel.h"
@@ -858,6 +859,7 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   configure_threads(static_cast<int>(spec.train.threads));
   Run run(spec, ctx);
   result.summary.params = run.model.parameter_count();
+  reset_gpu_memory_peak(run.device);  // from the model and optimiser in place
   if (run.writer) {
     prepare_checkpoint_dir(spec, ctx.checkpoint_dir);
     warn_if_short_of_space(ctx.checkpoint_dir, result.summary.params);
@@ -887,6 +889,9 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
     }
   }
   result.summary.peak_rss_mb = peak_rss_mb();
+  const GpuMemoryPeak gpu = gpu_memory_peak(run.device);
+  result.summary.peak_gpu_allocated_mb = gpu.allocated_mb;
+  result.summary.peak_gpu_reserved_mb = gpu.reserved_mb;
   return result;
 }
 

@@ -1,5 +1,6 @@
 #include "report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -260,6 +261,11 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
     for (const char* h : {"attn GFLOPs", "attn vs base", "total GFLOPs exec / sparse", "train tok/s", "speed-up",
                           "eval tok/s", "params", "scored"})
       table.header.push_back(h);
+    // Where runs trained on a GPU: its caching allocator's peaks (MiB, mean
+    // over those runs), ranked by what was allocated.
+    const bool on_gpu = std::any_of(t.variants.begin(), t.variants.end(),
+                                    [](const VariantSummary& v) { return v.gpu_allocated_mb.n > 0; });
+    if (on_gpu) table.header.insert(table.header.end() - 1, "peak GPU MiB alloc / reserved");
     // Per column: the values to rank (NaN = not ranked) and whether lower wins.
     std::vector<std::vector<double>> rank(table.header.size());
     std::vector<bool> lower(table.header.size(), false);
@@ -291,6 +297,12 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       values.push_back(v.eval_tps.mean);
       row.push_back(std::to_string(v.params));
       values.push_back(NAN);
+      if (on_gpu) {
+        const bool has = v.gpu_allocated_mb.n > 0;
+        row.push_back(has ? fixed(v.gpu_allocated_mb.mean, 0) + " / " + fixed(v.gpu_reserved_mb.mean, 0) : "");
+        values.push_back(has ? v.gpu_allocated_mb.mean : NAN);
+        lower[row.size() - 1] = true;
+      }
       row.push_back("best valid");
       values.push_back(NAN);
       for (size_t c = 0; c < values.size(); ++c) rank[c].push_back(values[c]);

@@ -110,7 +110,8 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
     auto q = db.prepare(
         "SELECT id, name, variant, task, seed, status, COALESCE(error, ''), COALESCE(diverged_step, -1), "
         "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, ''), "
-        "COALESCE(task_family, ''), COALESCE(step_ms, 0) FROM runs ORDER BY id");
+        "COALESCE(task_family, ''), COALESCE(step_ms, 0), COALESCE(peak_gpu_allocated_mb, -1), "
+        "COALESCE(peak_gpu_reserved_mb, -1) FROM runs ORDER BY id");
     while (q.step()) {
       RunRow r;
       r.id = q.integer(0);
@@ -127,6 +128,8 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
       r.tau = q.text(11);
       r.family = q.text(12);
       r.step_ms = q.real(13);
+      r.gpu_allocated_mb = q.real(14);
+      r.gpu_reserved_mb = q.real(15);
       s.runs.push_back(r);
     }
   }
@@ -174,7 +177,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
         if (r.task == task && r.variant == variant && r.status == engine::RunStatus::Done) v.runs.push_back(&r);
       if (v.runs.empty()) continue;
       std::map<std::string, std::vector<double>> metrics;
-      std::vector<double> attn, attn_sp, total, total_sp, ttps, etps;
+      std::vector<double> attn, attn_sp, total, total_sp, ttps, etps, gpu_alloc, gpu_reserved;
       for (const RunRow* r : v.runs) {
         for (const auto& [k, val] : r->test_best) metrics[k].push_back(val);
         attn.push_back(r->attn_fwd / 1e9);
@@ -183,6 +186,10 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
         total_sp.push_back(r->total_fwd_sparse / 1e9);
         ttps.push_back(r->train_tps);
         etps.push_back(r->eval_tps);
+        if (r->gpu_allocated_mb >= 0) {
+          gpu_alloc.push_back(r->gpu_allocated_mb);
+          gpu_reserved.push_back(r->gpu_reserved_mb);
+        }
         v.params = r->params;
         if (r->test_best.count("token_ppl")) t.language_model = true;
       }
@@ -193,6 +200,8 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
       v.total_sparse_gflops = stat_of(total_sp);
       v.train_tps = stat_of(ttps);
       v.eval_tps = stat_of(etps);
+      v.gpu_allocated_mb = stat_of(gpu_alloc);
+      v.gpu_reserved_mb = stat_of(gpu_reserved);
       t.variants.push_back(std::move(v));
     }
     s.tasks.push_back(std::move(t));

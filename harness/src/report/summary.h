@@ -55,6 +55,7 @@ struct RunRow {
   std::map<std::string, double> final_share;  // operator -> mean share over routed layers
   std::string tau;  // JSON
   double step_ms = 0;  // median training step
+  double gpu_allocated_mb = -1, gpu_reserved_mb = -1;  // peaks on a GPU; -1 for a run on the CPU
   // The task's quality metric (token_ppl or accuracy) at each validation that
   // scored as many tokens or examples as the first one: intermediate
   // validations may score part of the split and the last one all of it, and
@@ -67,6 +68,7 @@ struct VariantSummary {
   std::vector<const RunRow*> runs;  // finished ("done") runs
   std::map<std::string, Stat> metric;  // test, best checkpoint
   Stat attn_gflops, attn_sparse_gflops, total_gflops, total_sparse_gflops, train_tps, eval_tps;
+  Stat gpu_allocated_mb, gpu_reserved_mb;  // over the runs that trained on a GPU (n = 0: none did)
   int64_t params = 0;
 };
 
