@@ -187,11 +187,7 @@ seeds = [0]
 TEST_CASE("data parallel: a global batch that does not divide is refused before any rank starts",
           "[data_parallel][cli]") {
   TempDir d("dp-divide");
-  test::write_tiny_matrix(d, R"(name = "dp"
-variants = ["base"]
-tasks = ["flat"]
-seeds = [0]
-)", test::tiny_train_body());
+  test::write_one_run_matrix(d, "dp", test::tiny_train_body());
   auto args = run_args(d, d.path() + "/x.db");
   args.insert(args.end(), {"--nproc", "3"});
   const auto out = test::run_chiar(args);

@@ -29,11 +29,7 @@ using test::TempDir;
 namespace {
 
 void write_matrix(const TempDir& d, const std::string& train_extra = "") {
-  test::write_tiny_matrix(d, R"(name = "dev"
-variants = ["base"]
-tasks = ["flat"]
-seeds = [0]
-)", test::tiny_train_body() + train_extra);
+  test::write_one_run_matrix(d, "dev", test::tiny_train_body() + train_extra);
 }
 
 std::vector<std::string> run_args(const TempDir& d, const std::string& db) { return test::tiny_run_args(d, db); }

@@ -275,11 +275,7 @@ TEST_CASE("run: provenance names the build's commit wherever the CLI runs from",
     CHECK(built.commit.empty());
   }
   TempDir d("provenance");
-  test::write_tiny_matrix(d, R"(name = "prov"
-variants = ["base"]
-tasks = ["flat"]
-seeds = [0]
-)", test::tiny_train_body());
+  test::write_one_run_matrix(d, "prov", test::tiny_train_body());
   const auto here = boost::filesystem::current_path();
   boost::filesystem::current_path(d.path());  // the child inherits it
   const auto run = test::run_chiar(run_args(d, "r.db"));

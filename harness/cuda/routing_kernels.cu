@@ -1,6 +1,7 @@
 #include "routing_kernels.h"
 
 #include <cfloat>
+#include <cstdint>
 
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
@@ -13,6 +14,7 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;  // one warp per row
 constexpr int kTile = 256;        // choices per block in the compaction
+constexpr int kMaxOperators = 4096;
 
 template <typename T>
 __device__ float load(const T* p);
@@ -131,6 +133,7 @@ cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_
                                   cudaStream_t stream) {
   if (rows < 0 || d < 2) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
+  if ((rows + kRowsPerBlock - 1) / kRowsPerBlock > INT32_MAX) return cudaErrorInvalidValue;  // the grid's x limit
   switch (type) {
     case Real::F32: return launch_entropy<float>(c, rows, d, h, stream);
     case Real::BF16: return launch_entropy<__nv_bfloat16>(c, rows, d, h, stream);
@@ -147,7 +150,8 @@ size_t rows_by_choice_workspace(int64_t n, int k) {
 
 cudaError_t rows_by_choice(const int64_t* choice, int64_t n, int k, void* workspace, int64_t* rows_out,
                            int64_t* counts, cudaStream_t stream) {
-  if (n < 0 || k < 1) return cudaErrorInvalidValue;
+  // k counters in the count kernel's shared memory, within its 48 KiB.
+  if (n < 0 || k < 1 || k > kMaxOperators) return cudaErrorInvalidValue;
   if (n == 0) return cudaMemsetAsync(counts, 0, static_cast<size_t>(k) * sizeof(int64_t), stream);
   const int64_t tiles = (n + kTile - 1) / kTile;
   // The scan counts its items in int; so does the grid.

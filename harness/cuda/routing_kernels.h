@@ -19,9 +19,10 @@ enum class Real { F32, BF16, F16 };
 cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_t d, void* h,
                                   cudaStream_t stream);
 
-// Stream compaction of routing choices: the rows each of k operators takes,
-// concatenated by operator, ascending within each; choices outside 0..k-1
-// land in no list.
+// Stream compaction of routing choices: the rows each of k operators takes
+// (1 <= k <= 4096), concatenated by operator, ascending within each; choices
+// outside 0..k-1 land in no list. Arguments out of range return
+// cudaErrorInvalidValue before anything is launched.
 //   choice (n,) int64; rows_out (n,) int64: operator 0's rows first, then 1's, ...;
 //   counts (k,) int64: how many rows each operator takes.
 // workspace: rows_by_choice_workspace(n, k) bytes of device memory.

@@ -50,6 +50,10 @@ void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const s
                         extra);
 }
 
+void write_one_run_matrix(const TempDir& d, const std::string& name, const std::string& train_body) {
+  write_tiny_matrix(d, "name = \"" + name + "\"\nvariants = [\"base\"]\ntasks = [\"flat\"]\nseeds = [0]\n", train_body);
+}
+
 std::vector<std::string> tiny_run_args(const TempDir& d, const std::string& db) {
   return {"run", d.path() + "/m.toml", "--db", db, "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
 }

@@ -38,6 +38,10 @@ void write_tiny_corpus(const TempDir& d);
 void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const std::string& train_body,
                        const std::string& extra = "");
 
+// write_tiny_matrix with one run: the attention baseline on flat ListOps,
+// seed 0, in a matrix called `name`.
+void write_one_run_matrix(const TempDir& d, const std::string& name, const std::string& train_body);
+
 // `chiar run <d>/m.toml --db DB` with the data and cache folders under d.
 std::vector<std::string> tiny_run_args(const TempDir& d, const std::string& db);
 
