@@ -80,6 +80,21 @@ TEST_CASE("cuda kernels: the row lists on the GPU equal the host pass's", "[.cud
         CHECK(at::equal(gpu[static_cast<size_t>(k)].to(at::kCPU), host[static_cast<size_t>(k)]));
       }
     }
+  // More operators than a block has threads (the counters' strided loops),
+  // the most the kernel takes, and one more, which the composition serves.
+  for (const int64_t K : {257, 4096, 4097}) {
+    const auto choice = random_choices(70000, K, static_cast<uint64_t>(K));
+    const auto host = rows_by_choice(choice, K);
+    const uint64_t before = cuda_kernel_count();
+    const auto gpu = rows_by_choice(choice.to(at::kCUDA), K);
+    CHECK(cuda_kernel_count() == before + (K <= 4096 ? 1 : 0));
+    REQUIRE(gpu.size() == static_cast<size_t>(K));
+    int64_t differing = 0;
+    for (int64_t k = 0; k < K; ++k)
+      differing += at::equal(gpu[static_cast<size_t>(k)].to(at::kCPU), host[static_cast<size_t>(k)]) ? 0 : 1;
+    INFO("K " << K);
+    CHECK(differing == 0);
+  }
 }
 
 TEST_CASE("cuda kernels: spectral entropy on the GPU equals the float64 definition and the host kernel", "[.cuda]") {
@@ -110,7 +125,9 @@ TEST_CASE("cuda kernels: spectral entropy on the GPU equals the float64 definiti
     for (const auto type : {at::kBFloat16, at::kHalf}) {
       const auto rounded = c32.to(type);
       const auto reference = test::ref::entropy_from_coeffs(rounded.to(at::kDouble));
+      const uint64_t kernels = cuda_kernel_count();
       const auto low = spectral_entropy_from_coeffs(rounded.to(at::kCUDA));
+      CHECK(cuda_kernel_count() == kernels + 1);
       CHECK(low.scalar_type() == type);
       const double tolerance = type == at::kBFloat16 ? 4e-3 : 5e-4;
       CHECK((low.to(at::kCPU, at::kDouble) - reference).abs().max().item<double>() < tolerance);

@@ -104,6 +104,8 @@ __global__ void place_rows_kernel(const int64_t* __restrict__ choice, int64_t n,
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
   const int64_t c = i < n ? choice[i] : -1;
   for (int j = 0; j < k; ++j) {
+    // The same for the whole block, so the scan and its barrier are skipped together.
+    if (tile_counts[j * tiles + blockIdx.x] == 0) continue;
     const int flag = c == j ? 1 : 0;
     int before = 0;
     Scan(scan_storage).ExclusiveSum(flag, before);

@@ -1,5 +1,7 @@
 #include "cuda_routing.h"
 
+#include <cstdint>
+#include <iostream>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -31,6 +33,23 @@ cuda::Real real_of(const at::Tensor& t) {
 
 }  // namespace
 
+bool cuda_kernels_usable() {
+  static const bool usable = [] {
+    int runtime = 0, driver = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess || cudaDriverGetVersion(&driver) != cudaSuccess) {
+      std::cerr << "chiar: the CUDA kernels are off: the CUDA runtime or driver cannot be queried\n";
+      return false;
+    }
+    if (driver < runtime) {
+      std::cerr << "chiar: the CUDA kernels are off: they were built with CUDA runtime " << runtime
+                << ", newer than this driver's " << driver << "; libtorch's compositions run instead\n";
+      return false;
+    }
+    return true;
+  }();
+  return usable;
+}
+
 bool cuda_entropy_takes(const at::Tensor& c) {
   const auto type = c.scalar_type();
   return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
@@ -49,11 +68,17 @@ at::Tensor spectral_entropy_cuda(const at::Tensor& c) {
 }
 
 std::vector<at::Tensor> rows_by_choice_cuda(const at::Tensor& choice, int64_t K) {
-  if (K < 1 || K > 4096) throw UserError("rows_by_choice: K must lie in 1..4096 on a GPU, found " + std::to_string(K));
+  if (K < 1 || K > kMaxCudaOperators)
+    throw UserError("rows_by_choice: K must lie in 1.." + std::to_string(kMaxCudaOperators) + " on a GPU, found " +
+                    std::to_string(K));
   const c10::cuda::CUDAGuard guard(choice.device());
-  count_cuda_kernel();
   const auto c = choice.reshape({-1}).contiguous();  // (N,)
   const int64_t n = c.numel();
+  // The kernels count tiles of 256 choices per operator in int.
+  if (K * ((n + 255) / 256) > INT32_MAX)
+    throw UserError("rows_by_choice: " + std::to_string(n) + " choices of " + std::to_string(K) +
+                    " operators exceed the CUDA kernel's table");
+  count_cuda_kernel();
   const auto k = static_cast<int>(K);
   auto workspace = at::empty({static_cast<int64_t>(cuda::rows_by_choice_workspace(n, k))}, c.options().dtype(at::kByte));
   auto rows = at::empty({n}, c.options());    // (N,) every operator's rows, operator by operator
@@ -61,7 +86,13 @@ std::vector<at::Tensor> rows_by_choice_cuda(const at::Tensor& choice, int64_t K)
   check(cuda::rows_by_choice(c.data_ptr<int64_t>(), n, k, workspace.data_ptr(), rows.data_ptr<int64_t>(),
                              counts.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream(c.device().index()).stream()),
         "routing compaction kernel");
-  const auto host_counts = counts.to(at::kCPU);  // the one synchronisation: the lists' sizes
+  at::Tensor host_counts;  // the one synchronisation: the lists' sizes
+  try {
+    host_counts = counts.to(at::kCPU);
+  } catch (const c10::Error& e) {
+    // A kernel fault surfaces at the first synchronisation after it.
+    throw EnvironmentError(std::string("routing compaction kernel: ") + e.what_without_backtrace());
+  }
   const int64_t* count = host_counts.data_ptr<int64_t>();
   std::vector<at::Tensor> out;
   int64_t start = 0;

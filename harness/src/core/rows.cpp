@@ -53,7 +53,8 @@ std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K) {
   if (choice.dim() != 1) throw UserError("rows_by_choice: expected a (N,) choice tensor");
   std::vector<at::Tensor> rows;
 #if CHIAR_CUDA_KERNELS
-  if (cuda_kernels_enabled() && choice.is_cuda() && choice.scalar_type() == at::kLong)
+  if (cuda_kernels_enabled() && choice.is_cuda() && choice.scalar_type() == at::kLong && K >= 1 &&
+      K <= kMaxCudaOperators && cuda_kernels_usable())
     return rows_by_choice_cuda(choice, K);
 #endif
   if (!host_kernels_enabled() || !choice.device().is_cpu() || choice.scalar_type() != at::kLong) {

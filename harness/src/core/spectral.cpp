@@ -157,7 +157,7 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
   }
 #if CHIAR_CUDA_KERNELS
   if (cuda_kernels_enabled() && c.is_cuda() && cuda_entropy_takes(c) &&
-      !(torch::autograd::GradMode::is_enabled() && c.requires_grad()))
+      !(torch::autograd::GradMode::is_enabled() && c.requires_grad()) && cuda_kernels_usable())
     return spectral_entropy_cuda(c);  // one kernel for the chain below
 #endif
   // A zero vector divides by 1 instead of 0, so p = 0 and H = 0 with finite

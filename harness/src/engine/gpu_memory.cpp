@@ -3,6 +3,7 @@
 #include "chiar_build_info.h"  // CHIAR_TORCH_CUDA
 #if CHIAR_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace chiar::engine {
@@ -14,8 +15,9 @@ namespace {
 // pools (StatType::AGGREGATE, whose namespace moved between libtorch versions).
 constexpr size_t kAggregate = 0;
 
+// "cuda" without an index is the current device, as libtorch places tensors.
 c10::DeviceIndex index_of(const at::Device& device) {
-  return device.has_index() ? device.index() : static_cast<c10::DeviceIndex>(0);
+  return device.has_index() ? device.index() : c10::cuda::current_device();
 }
 
 }  // namespace
