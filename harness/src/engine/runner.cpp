@@ -1,9 +1,7 @@
 #include "runner.h"
 
-#include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
@@ -21,31 +19,13 @@
 #include "engine/distributed.h"
 #include "engine/data_parallel.h"
 #include "engine/runtime.h"
+#include "engine/stop_signals.h"
 #include "chiar/error.h"
 #include "chiar/linear.h"
 #include "trainer.h"
 
 namespace chiar::engine {
 namespace {
-
-std::atomic<bool> g_stop{false};
-
-extern "C" void on_signal(int) { g_stop.store(true); }
-
-struct SignalScope {
-  SignalScope() {
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalScope() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  struct sigaction old_int_ {}, old_term_ {};
-};
 
 std::string task_key(const TaskConfig& c) { return c.plugin + "|" + c.params.describe(); }
 
@@ -264,7 +244,7 @@ void mark_interrupted_by_environment(Store& store, const RunSpec& spec, const En
 // a failing environment, which is recorded as interrupted and rethrown for
 // the CLI to report (exit status 3).
 RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag, const std::string& run_checkpoints) {
-  TrainContext ctx{s.registry, s.task_of(spec), &s.store, run_checkpoints, &g_stop,
+  TrainContext ctx{s.registry, s.task_of(spec), &s.store, run_checkpoints, &stop_requested(),
                    progress_printer(tag, spec.train, s.tty), tag, s.group};
   ctx.device = spec.train.device;
   TrainResult result;
@@ -324,7 +304,7 @@ int run_claimed(Session& session, const Matrix& matrix, const std::string& db) {
       ++failed;
       continue;
     }
-    if (end == RunEnd::Interrupted || g_stop.load()) return 130;
+    if (end == RunEnd::Interrupted || stop_requested().load()) return 130;
   }
   std::cout << "matrix '" << matrix.name << "': " << ran << " run, " << skipped << " skipped";
   if (failed > 0) std::cout << ", " << failed << " failed (the error of each is above and in runs.error)";
@@ -341,8 +321,7 @@ int follow_rank_zero(const Matrix& matrix, const PluginRegistry& registry, const
   // The same library behind the products as rank 0's, so every rank computes alike.
   configure_threads(options.threads);
   configure_gemm(group.broadcast_string(""));
-  SignalScope signals;
-  g_stop.store(false);
+  StopSignals signals;
   bool ended = false;
   for (const auto& run : matrix.runs) {
     const std::string word = group.broadcast_string("");
@@ -354,7 +333,7 @@ int follow_rank_zero(const Matrix& matrix, const PluginRegistry& registry, const
     RunSpec spec = run;
     if (options.threads > 0) spec.train.threads = options.threads;
     const Task& task = *tasks.at(task_key(spec.task_config));
-    train_run(spec, TrainContext{registry, task, nullptr, "", &g_stop, {}, "", &group});
+    train_run(spec, TrainContext{registry, task, nullptr, "", &stop_requested(), {}, "", &group});
   }
   if (!ended) group.broadcast_string("");  // rank 0's kEnd after the last run
   group.barrier();
@@ -392,8 +371,7 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   Provenance prov = provenance_of(runtime);
   prov.processes = world.world_size;
 
-  SignalScope signals;
-  g_stop.store(false);
+  StopSignals signals;
   // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
   Session session{registry, tasks, store, std::move(prov), runtime.threads, options.threads, options.sole_writer,
                   group.get(), options.device, boost::filesystem::absolute(db).string() + ".checkpoints",

@@ -23,6 +23,7 @@
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar_build_info.h"
+#include "engine/stop_signals.h"
 
 
 namespace chiar {
@@ -203,6 +204,7 @@ int configure_threads(int requested) {
   // The harness's own parallel loops run in the OpenMP runtime it was linked
   // with; a libtorch that bundles its own copy would not pass the count on.
   omp_set_num_threads(n);
+  engine::keep_stop_signals_off_workers(n);
   return at::get_num_threads();
 }
 
