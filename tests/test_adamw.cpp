@@ -217,3 +217,22 @@ TEST_CASE("FusedAdamW marks the parameters it updates as changed", "[adamw]") {
   }
   CHECK(rel_error(chiar::linear(x, weight).detach(), at::matmul(x, weight.detach().t())) < 1e-5);
 }
+
+TEST_CASE("FusedAdamW leaves moments that do not fit their parameter to libtorch's step", "[adamw]") {
+  // The fused loop writes p.numel() floats through each moment. Moments of
+  // another shape (a checkpoint of another model loaded by mistake) must not
+  // be written through: libtorch's step runs and refuses them.
+  at::manual_seed(17);
+  auto weight = at::randn({4, 8}).requires_grad_(true);  // (4, 8)
+  FusedAdamW opt(std::vector<at::Tensor>{weight}, torch::optim::AdamWOptions(0.1));
+  weight.square().sum().backward();
+  opt.step();
+  REQUIRE(opt.last_step_fused());
+  auto& state = static_cast<torch::optim::AdamWParamState&>(*opt.state().begin()->second);
+  const auto kept = state.exp_avg_sq().clone();
+  state.exp_avg(at::zeros({2, 8}));  // (2, 8): half the parameter
+  CHECK_THROWS(opt.step());
+  CHECK_FALSE(opt.last_step_fused());
+  CHECK(state.exp_avg().sizes() == at::IntArrayRef{2, 8});
+  CHECK(rel_error(state.exp_avg_sq(), kept) == 0);
+}

@@ -65,6 +65,17 @@ bool fusable(const at::Tensor& p, const torch::optim::AdamWOptions& options) {
          g.sizes() == p.sizes();
 }
 
+// The loop writes p.numel() floats through each moment: state loaded from a
+// checkpoint must hold exactly that, on the host, or libtorch's step runs
+// (and says what is wrong) instead.
+bool state_fits(const torch::optim::OptimizerParamState* state, const at::Tensor& p) {
+  if (!state) return true;  // created below, shaped like p
+  const auto& st = static_cast<const torch::optim::AdamWParamState&>(*state);
+  for (const at::Tensor* m : {&st.exp_avg(), &st.exp_avg_sq()})
+    if (!m->defined() || !m->device().is_cpu() || m->scalar_type() != at::kFloat || m->sizes() != p.sizes()) return false;
+  return true;
+}
+
 }  // namespace
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
@@ -72,8 +83,12 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   if (closure) return torch::optim::AdamW::step(std::move(closure));
   for (auto& group : param_groups())
     for (auto& p : group.params())
-      if (p.grad().defined() && !fusable(p, static_cast<const torch::optim::AdamWOptions&>(group.options())))
-        return torch::optim::AdamW::step();
+      if (p.grad().defined()) {
+        const auto found = state().find(state_key<StateKey>(p.unsafeGetTensorImpl()));
+        if (!fusable(p, static_cast<const torch::optim::AdamWOptions&>(group.options())) ||
+            !state_fits(found == state().end() ? nullptr : found->second.get(), p))
+          return torch::optim::AdamW::step();
+      }
   at::NoGradGuard no_grad;
   for (auto& group : param_groups()) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
