@@ -127,6 +127,44 @@ TEST_CASE("device: the device is not part of a run's hash", "[device][cli]") {
   CHECK(q.text(1) == "cpu");
 }
 
+TEST_CASE("device: precision auto is bf16 on a GPU and fp32 on the CPU, and it is resolved before the hash", "[device][cli]") {
+  CHECK(engine::resolve_precision("auto", "cpu") == "fp32");
+  CHECK(engine::resolve_precision("auto", "cuda") == "bf16");
+  CHECK(engine::resolve_precision("auto", "cuda:3") == "bf16");
+  CHECK(engine::resolve_precision("auto", "gpu") == "fp32");  // refused later, at its key
+  CHECK(engine::resolve_precision("auto", "auto") == (engine::auto_device() == "cpu" ? "fp32" : "bf16"));
+  CHECK(engine::resolve_precision("auto", "auto", /*host_only=*/true) == "fp32");
+  CHECK(engine::resolve_precision("fp32", "cuda") == "fp32");
+  CHECK(engine::resolve_precision("bf16", "cpu") == "bf16");
+  CHECK(engine::auto_device(/*host_only=*/true) == "cpu");
+
+  TempDir d("device-precision");
+  write_matrix(d);
+  const std::string plain = dry_run_hash(d);
+  const std::string fp32 = dry_run_hash(d, {"--set", "train.precision=fp32"});
+  const std::string bf16 = dry_run_hash(d, {"--set", "train.precision=bf16"});
+  CHECK(bf16 != fp32);
+  // On the CPU the default is fp32, hashed as fp32: stores written before
+  // "auto" existed keep their runs. A dry run checks no device, so the hash
+  // a GPU would give is visible here: the explicit bf16 one.
+  CHECK(dry_run_hash(d, {"--device", "cpu"}) == fp32);
+  CHECK(dry_run_hash(d, {"--device", "cuda"}) == bf16);
+  CHECK(dry_run_hash(d, {"--device", "cuda", "--set", "train.precision=fp32"}) == fp32);
+  if (engine::auto_device() == "cpu") CHECK(plain == fp32);
+  write_matrix(d, "precision = \"auto\"\ndevice = \"cuda:0\"\n");
+  CHECK(dry_run_hash(d) == bf16);
+  CHECK(dry_run_hash(d, {"--device", "cpu"}) == fp32);
+  // What a run stores is what it computed in, never "auto".
+  write_matrix(d);
+  const std::string db = d.path() + "/r.db";
+  auto args = run_args(d, db);
+  args.insert(args.end(), {"--device", "cpu"});
+  REQUIRE(test::run_chiar(args).status == 0);
+  CHECK(test::query_integer(db, "SELECT COUNT(*) FROM runs WHERE hash = '" + fp32 +
+                                    "' AND spec LIKE '%\"precision\" : \"fp32\"%' AND spec_toml LIKE "
+                                    "'%precision = ''fp32''%'") == 1);
+}
+
 TEST_CASE("device: CUDA on a libtorch without it is refused before anything runs, naming the source", "[device][cli]") {
   if (engine::built_with_cuda()) CHIAR_SKIP("[device]", "this libtorch has CUDA; the refusals checked here are a CPU build's");
   TempDir d("device-refuse");
@@ -229,8 +267,25 @@ TEST_CASE("device: three fp32 training steps on a GPU score what they score on t
 variants = ["base", "routed"]
 tasks = ["lm", "flat"]
 seeds = [0]
-)", test::tiny_train_body(3, 3, 3));
+)", test::tiny_train_body(3, 3, 3) + "precision = \"fp32\"\n");
   check_close(metrics_on(d, "gpu.db", "cuda"), metrics_on(d, "cpu.db", "cpu"));
+}
+
+// Hidden (as above). The default precision on a GPU is bf16: the run's
+// hash is the one an explicit bf16 gives, and it trains and scores.
+TEST_CASE("device: a run on a GPU computes in bf16 unless its precision is set", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  TempDir d("device-gpu-bf16");
+  write_matrix(d);
+  const std::string bf16 = dry_run_hash(d, {"--set", "train.precision=bf16"});
+  CHECK(dry_run_hash(d, {"--device", "cuda"}) == bf16);
+  const std::string db = d.path() + "/gpu.db";
+  auto args = run_args(d, db);
+  args.insert(args.end(), {"--device", "cuda"});
+  const auto out = test::run_chiar(args);
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+  CHECK(test::query_integer(db, "SELECT COUNT(*) FROM runs WHERE hash = '" + bf16 + "' AND status = 'done'") == 1);
 }
 
 // Hidden (as above). A run stopped on one device by SIGTERM (what scancel
@@ -243,7 +298,7 @@ TEST_CASE("device: a checkpoint written on a GPU resumes on the CPU, and one fro
 variants = ["routed"]
 tasks = ["lm"]
 seeds = [0]
-)", test::tiny_train_body(6, 3, 3));
+)", test::tiny_train_body(6, 3, 3) + "precision = \"fp32\"\n");  // explicit: the run moves between devices
   for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{{"cuda", "cpu"}, {"cpu", "cuda"}}) {
     INFO(first << " then " << second);
     const std::string db = first + "-" + second + ".db";

@@ -218,7 +218,7 @@ TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][
   CHECK_THROWS_WITH(engine::load_matrix(with("[variants.routed]\nlayrs = [\"dct\"]\n")),
                     d.path() + "/bad.toml:3:9: key 'variants.routed.layrs': unknown key (did you mean 'layers'?)");
   CHECK_THROWS_WITH(engine::load_matrix(with("[train]\nprecision = \"fp8\"\n")),
-                    Catch::Matchers::EndsWith("train.precision must be \"fp32\" or \"bf16\""));
+                    Catch::Matchers::EndsWith("train.precision must be \"auto\", \"fp32\" or \"bf16\""));
   engine::MatrixOptions o;
   o.set = {"train.stepz=4"};
   CHECK_THROWS_WITH(engine::load_matrix(m, o), "--set train.stepz: 'train.stepz': unknown key (did you mean 'steps'?)");

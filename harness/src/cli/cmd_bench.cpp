@@ -32,7 +32,7 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   o.classes = a.classes;
   o.threads = g.threads;
   o.device = device;
-  o.bf16 = a.precision == "bf16" || (a.precision == "auto" && device != "cpu");
+  o.bf16 = engine::resolve_precision(a.precision, device) == "bf16";
   for (const auto& b : a.gemm_backends) o.gemm_backends.push_back(gemm_backend_from_string(b));
   const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
   const std::string precision = o.bf16 ? "bf16" : "fp32";

@@ -72,7 +72,7 @@ void check_devices_of(const RunArgs& a, const engine::Matrix& matrix) {
     std::string origin =
         !a.device.empty() ? "--device" : option_origin(a, matrix, "train.device", {"sweep.train.device", "train.device"});
     if (origin.empty()) origin = "train.device";
-    if (engine::resolve_device(name, origin) != "cpu" && data_parallel)
+    if (engine::resolve_device(name, origin, data_parallel) != "cpu" && data_parallel)
       throw UserError(origin + ": \"" + name +
                       "\": the processes of a data-parallel run average gradients over Gloo in host memory; train on "
                       "\"cpu\", or in one process on the GPU");
@@ -132,6 +132,8 @@ int run_run(const Global& g, const RunArgs& a) {
   engine::MatrixOptions m;
   m.set = a.set;
   m.only = a.only;
+  m.device = a.device;
+  m.host_only = a.nproc > 1 || engine::world_from_environment().distributed();
   if (!a.shard.empty()) {
     const auto slash = a.shard.find('/');
     try {

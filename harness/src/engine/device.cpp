@@ -42,10 +42,16 @@ std::string device_name_problem(const std::string& name) {
   return "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"";
 }
 
-std::string resolve_device(const std::string& name, const std::string& origin) {
+std::string auto_device(bool host_only) {
+  if (!CHIAR_CUDA_TRAINING || host_only || !built_with_cuda()) return "cpu";
+  return at::detail::getCUDAHooks().getNumGPUs() > 0 ? "cuda:0" : "cpu";
+}
+
+std::string resolve_device(const std::string& name, const std::string& origin, bool host_only) {
   if (const std::string problem = device_name_problem(name); !problem.empty())
     throw UserError(origin + ": \"" + name + "\" " + problem);
-  if (name == "auto" || name == "cpu") return "cpu";
+  if (name == "auto") return auto_device(host_only);
+  if (name == "cpu") return "cpu";
   const std::string quoted = "\"" + name + "\"";
   if (!built_with_cuda())
     throw UserError(origin + ": " + quoted + " needs a libtorch built with CUDA; this build has none");
@@ -63,6 +69,13 @@ std::string resolve_device(const std::string& name, const std::string& origin) {
   throw UserError(origin + ": " + quoted +
                   ": this build trains on the CPU only (CUDA training is not yet checked on a GPU: configure with "
                   "-DCHIAR_CUDA_TRAINING=ON to try it); use \"cpu\"");
+}
+
+std::string resolve_precision(const std::string& precision, const std::string& device, bool host_only) {
+  if (precision != "auto") return precision;
+  const bool gpu = device == "auto" ? auto_device(host_only) != "cpu"
+                                    : device_name_problem(device).empty() && device.rfind("cuda", 0) == 0;
+  return gpu ? "bf16" : "fp32";
 }
 
 namespace {

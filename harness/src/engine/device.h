@@ -2,7 +2,8 @@
 // The device a run trains on: train.device (or --device) is "auto", "cpu",
 // "cuda" or "cuda:N". Like the thread count it is recorded with the run but
 // is not part of the run's hash: a matrix finished on one device is not
-// rerun on another.
+// rerun on another, unless the device changes its default precision
+// (resolve_precision below), which is.
 #include <string>
 
 #include <c10/core/Device.h>
@@ -18,17 +19,33 @@ bool built_with_cuda();
 // complaint, for the option table's check).
 std::string device_name_problem(const std::string& name);
 
+// What "auto" trains on: in a build with -DCHIAR_CUDA_TRAINING=ON, cuda:0
+// when libtorch has CUDA and the machine shows a GPU; otherwise, and for the
+// processes of a data-parallel run (`host_only`: they average gradients in
+// host memory), the CPU. A build without that option trains on the CPU only
+// (CUDA training is not yet checked on a GPU), so there "auto" is the CPU.
+std::string auto_device(bool host_only = false);
+
 // What this process can train on, as a device name ("cpu", or "cuda:N").
 // Throws UserError, prefixed by `origin` (where the name came from:
 // "m.toml:12:10: key 'train.device'", "--device"), for a device this build
 // or this machine cannot give:
 //   <origin>: "cuda" needs a libtorch built with CUDA; this build has none
 //   <origin>: "cuda:2": this machine shows 1 CUDA device (cuda:0)
-// and, in a build without -DCHIAR_CUDA_TRAINING=ON (CUDA training is not yet
-// checked on a GPU), for any CUDA device:
+// and, in a build without -DCHIAR_CUDA_TRAINING=ON, for any CUDA device:
 //   <origin>: "cuda": this build trains on the CPU only (...); use "cpu"
-// "auto" is the CPU for the same reason.
-std::string resolve_device(const std::string& name, const std::string& origin);
+std::string resolve_device(const std::string& name, const std::string& origin, bool host_only = false);
+
+// The precision a run computes in: train.precision as given, except "auto",
+// which is bf16 (autocast, fp32 master weights) on a GPU and fp32 on the CPU.
+// `device` is a train.device value, resolved or not: "cuda" and "cuda:N"
+// count as a GPU whether or not this machine has one (resolve_device refuses
+// a device it cannot give before anything runs). A matrix resolves "auto"
+// before it hashes a run, so a run's hash names its arithmetic: a
+// default-precision matrix finished on the CPU is a different set of runs on
+// a GPU, and a run moves between devices (resumes on the other) when its
+// precision is set explicitly.
+std::string resolve_precision(const std::string& precision, const std::string& device, bool host_only = false);
 
 // What a run records as its device: "cpu", or for "cuda:N" the GPU as the
 // driver describes it (nvidia_smi_description) and libtorch's CUDA runtime

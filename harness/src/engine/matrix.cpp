@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "engine/device.h"
 #include "engine/option_table.h"
 #include "engine/suggest.h"
 #include "chiar/error.h"
@@ -353,10 +354,22 @@ struct RunFilter {
   }
 };
 
+// precision = "auto" made what it is on the run's device (--device, else
+// train.device), before the run is hashed: the hash names the arithmetic.
+// A value of another kind is left for spec_of to refuse at its key.
+void resolve_precision_of(toml::table& run, const MatrixOptions& options) {
+  toml::table& train = *run["train"].as_table();
+  const auto* precision = train["precision"].as_string();
+  const auto* device = train["device"].as_string();
+  if (!precision || !device) return;
+  const std::string name = options.device.empty() ? device->get() : options.device;
+  train.insert_or_assign("precision", resolve_precision(precision->get(), name, options.host_only));
+}
+
 // Every point of the sweep grid, each seed: the runs of one variant on one task.
 void expand(const toml::table& base, const std::vector<SweepAxis>& axes, const std::vector<int64_t>& seeds,
-            const std::vector<std::pair<std::string, toml::table>>& sets, const std::string& vwhere,
-            RunFilter& filter, std::vector<RunSpec>& runs) {
+            const std::vector<std::pair<std::string, toml::table>>& sets, const MatrixOptions& options,
+            const std::string& vwhere, RunFilter& filter, std::vector<RunSpec>& runs) {
   std::vector<size_t> pick(axes.size(), 0);
   while (true) {
     for (int64_t seed : seeds) {
@@ -369,6 +382,7 @@ void expand(const toml::table& base, const std::vector<SweepAxis>& axes, const s
         sweep.emplace_back(axes[a].first.substr(axes[a].first.find('.') + 1), value_text(value));
       }
       for (const auto& [path, value] : sets) apply(run, path, *value.get("v"), "--set " + path);
+      resolve_precision_of(run, options);
       RunSpec spec = spec_of(run, vwhere);
       spec.sweep = std::move(sweep);
       if (filter.keep(spec)) runs.push_back(std::move(spec));
@@ -409,7 +423,7 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
       const toml::table& tt = definition(root, tnode, "tasks", "task");
       out.where["tasks." + task] = where(tt, "tasks." + task);
       const size_t first = out.runs.size();
-      expand(resolve_run(root, out, variant, vt, task, tt), axes, seeds, sets, vwhere, filter, out.runs);
+      expand(resolve_run(root, out, variant, vt, task, tt), axes, seeds, sets, options, vwhere, filter, out.runs);
       const std::string family = read_task_table(tt, task, "tasks." + task).family;
       for (size_t i = first; i < out.runs.size(); ++i) out.runs[i].task_family = family;
     }

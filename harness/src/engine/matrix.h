@@ -11,6 +11,10 @@ struct MatrixOptions {
   std::vector<std::string> set;  // --set key=value: model.X, train.X, task.X, router.X
   std::string only;              // glob on run names; empty = all
   int shard_index = 1, shard_count = 1;  // --shard K/N
+  // --device, and whether the runs train in a data-parallel process group:
+  // they decide what precision "auto" is (engine/device.h), and so the hash.
+  std::string device;
+  bool host_only = false;
 };
 
 struct Matrix {

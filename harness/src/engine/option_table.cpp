@@ -127,7 +127,7 @@ std::string positive(const double& v) { return v > 0 ? "" : "must be positive"; 
 std::string unit_interval(const double& v) { return v >= 0 && v < 1 ? "" : "must lie in [0, 1)"; }
 
 std::string precision_name(const std::string& v) {
-  return v == "fp32" || v == "bf16" ? "" : "must be \"fp32\" or \"bf16\"";
+  return v == "auto" || v == "fp32" || v == "bf16" ? "" : "must be \"auto\", \"fp32\" or \"bf16\"";
 }
 
 }  // namespace
@@ -219,10 +219,13 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
       field("calibration_batches", &T::calibration_batches, "training batches whose entropies calibrate the routers"),
       field("threads", &T::threads, "intra-op threads; 0 = all cores"),
       field("log_every", &T::log_every, "steps between training-loss records", at_least(1)),
-      field("precision", &T::precision, "fp32, or bf16 (autocast, fp32 master weights)", {precision_name}),
+      field("precision", &T::precision,
+            "auto (bf16 on a GPU, fp32 on the CPU; resolved before the run is hashed), fp32, or bf16 (autocast, fp32 "
+            "master weights)",
+            {precision_name}),
       field("device", &T::device,
-            "auto (the CPU), cpu, cuda or cuda:N; recorded with the run, not part of its hash (CUDA needs a CUDA "
-            "libtorch and a build with -DCHIAR_CUDA_TRAINING=ON)",
+            "auto (the first GPU in a build with -DCHIAR_CUDA_TRAINING=ON and a CUDA libtorch, else the CPU), cpu, "
+            "cuda or cuda:N; recorded with the run, not part of its hash",
             {device_name_problem}),
       field("fail_loss_above", &T::fail_loss_above, "testing aid: a loss above this counts as divergence; 0 = off"),
   };

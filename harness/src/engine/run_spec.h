@@ -31,7 +31,7 @@ struct TrainOptions {
   int64_t calibration_batches = 4;
   int64_t threads = 0;
   int64_t log_every = 10;
-  std::string precision = "fp32";
+  std::string precision = "auto";  // engine/device.h: bf16 on a GPU, fp32 on the CPU
   std::string device = "auto";  // engine/device.h; recorded, not hashed
   double fail_loss_above = 0;
 };

@@ -148,7 +148,7 @@ RunSpec prepare_run(Session& s, const RunSpec& run) {
   if (s.threads > 0) spec.train.threads = s.threads;
   if (!s.device.empty()) spec.train.device = s.device;
   // The spec keeps the device it trains on; the store, its description.
-  spec.train.device = resolve_device(spec.train.device, "train.device");
+  spec.train.device = resolve_device(spec.train.device, "train.device", s.group != nullptr);
   s.prov.device = describe_device(spec.train.device);
   s.prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : s.runtime_threads;
   const Task& task = s.task_of(spec);

@@ -310,7 +310,7 @@ struct Run {
       : spec(s),
         ctx(c),
         t(s.train),
-        bf16(s.train.precision == "bf16"),
+        bf16(resolve_precision(s.train.precision, c.device) == "bf16"),
         device(torch_device(c.device)),
         model(c.registry, model_options_for(s, c.task)),
         optimizer(param_groups(on_device(model, device), s.train)),
