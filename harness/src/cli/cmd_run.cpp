@@ -62,8 +62,7 @@ void check_task_options_of(const RunArgs& a, const engine::Matrix& matrix, const
 // before a store, a data file or a rank is touched. The processes of a
 // data-parallel run (--nproc, or ranks a launcher started) average gradients
 // over Gloo in host memory: they train on the CPU.
-void check_devices_of(const RunArgs& a, const engine::Matrix& matrix) {
-  const bool data_parallel = a.nproc > 1 || engine::world_from_environment().distributed();
+void check_devices_of(const RunArgs& a, const engine::Matrix& matrix, bool data_parallel) {
   std::vector<std::string> checked;
   for (const auto& r : matrix.runs) {
     const std::string name = a.device.empty() ? r.train.device : a.device;
@@ -132,8 +131,9 @@ int run_run(const Global& g, const RunArgs& a) {
   engine::MatrixOptions m;
   m.set = a.set;
   m.only = a.only;
+  const bool data_parallel = a.nproc > 1 || engine::world_from_environment().distributed();
   m.device = a.device;
-  m.host_only = a.nproc > 1 || engine::world_from_environment().distributed();
+  m.host_only = data_parallel;
   if (!a.shard.empty()) {
     const auto slash = a.shard.find('/');
     try {
@@ -149,7 +149,7 @@ int run_run(const Global& g, const RunArgs& a) {
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   check_task_options_of(a, matrix, registry);
-  if (!a.dry_run) check_devices_of(a, matrix);
+  if (!a.dry_run) check_devices_of(a, matrix, data_parallel);
   if (a.nproc > 1 && !a.dry_run) {
     engine::check_batches_divide(matrix, a.nproc);  // before any rank starts
     return launch_ranks(g, a);

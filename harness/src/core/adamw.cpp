@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "chiar/kernels.h"
 #include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
@@ -81,29 +82,34 @@ bool state_fits(const torch::optim::OptimizerParamState* state, const at::Tensor
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   last_step_fused_ = false;
   if (closure) return torch::optim::AdamW::step(std::move(closure));
+  // Each parameter's state (null: none yet), looked up once: the first pass
+  // decides whether every update can be fused, the second makes them.
+  std::vector<torch::optim::OptimizerParamState*> states;
   for (auto& group : param_groups())
     for (auto& p : group.params())
       if (p.grad().defined()) {
         const auto found = state().find(state_key<StateKey>(p.unsafeGetTensorImpl()));
+        states.push_back(found == state().end() ? nullptr : found->second.get());
         if (!fusable(p, static_cast<const torch::optim::AdamWOptions&>(group.options())) ||
-            !state_fits(found == state().end() ? nullptr : found->second.get(), p))
+            !state_fits(states.back(), p))
           return torch::optim::AdamW::step();
       }
   at::NoGradGuard no_grad;
+  size_t next = 0;
   for (auto& group : param_groups()) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const auto key = state_key<StateKey>(p.unsafeGetTensorImpl());
-      auto it = state().find(key);
-      if (it == state().end()) {
+      torch::optim::OptimizerParamState* found = states[next++];
+      if (!found) {
         auto fresh = std::make_unique<torch::optim::AdamWParamState>();
         fresh->step(0);
         fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Contiguous));
         fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Contiguous));
-        it = state().insert_or_assign(key, std::move(fresh)).first;
+        found = fresh.get();
+        state().insert_or_assign(state_key<StateKey>(p.unsafeGetTensorImpl()), std::move(fresh));
       }
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*found);
       // State loaded from a checkpoint may be strided; the loop needs it dense.
       if (!st.exp_avg().is_contiguous()) st.exp_avg(st.exp_avg().contiguous());
       if (!st.exp_avg_sq().is_contiguous()) st.exp_avg_sq(st.exp_avg_sq().contiguous());
