@@ -326,6 +326,13 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   CHECK_THAT(bad_router.output, Catch::Matchers::StartsWith("chiar: " + d.path() + "/bad.toml:2:1: variant 'routed'"));
   CHECK_THAT(bad_router.output, Catch::Matchers::Contains(
                                     "variant 'routed' on task 'lm': unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)"));
+  // The harness has no layer plan of its own: a variant without one is refused.
+  d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nlayers = []\n");
+  const auto no_layers = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
+  CHECK(no_layers.status == 2);
+  CHECK(no_layers.output == "chiar: " + d.path() + "/bad.toml:2:1: variant 'routed' on task 'lm': model.layers is required: "
+                            "one operator per block, or operators joined by '|' for a routed layer (operators loaded: "
+                            "attention (attn), dct, fourier, rbf)\n");
   d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.lm]\npath = \"missing\"\n");
   const auto bad_data = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_data.status == 2);

@@ -198,7 +198,9 @@ TEST_CASE("model options are checked with clear messages", "[model][errors]") {
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct|", "attn"})), "layer 'dct|': empty operator name");
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct|attn"}, "mystery")),
                     "unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)");
-  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({}).layers({})), "model: the layer plan is empty");
+  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({}).layers({})),
+                    "model.layers is required: one operator per block, or operators joined by '|' for a routed layer "
+                    "(operators loaded: attention (attn), dct, fourier, rbf)");
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"attn"}).n_heads(3)),
                     "model: d_model (16) must be a positive multiple of n_heads (3)");
   CHECK_THROWS_WITH(meta_router_from_string("global"),

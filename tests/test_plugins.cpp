@@ -170,7 +170,10 @@ TEST_CASE("CLI: exit status 2 and one clear message for bad input", "[plugins][c
   CHECK(missing.output == "chiar: /nonexistent/vectors.txt: cannot open the file\n");
   auto unknown_option = run_cli("plugins --colour");
   CHECK(unknown_option.status == 2);
-  auto unknown_router = run_cli("model --router mystery");
+  auto no_layers = run_cli("model --router threshold");
+  CHECK(no_layers.status == 2);
+  CHECK(no_layers.output == "chiar: --layers is required\n");
+  auto unknown_router = run_cli("model --layers 'dct|attn' --router mystery");
   CHECK(unknown_router.status == 2);
   CHECK(unknown_router.output == "chiar: unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)\n");
 }

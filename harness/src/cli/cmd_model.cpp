@@ -44,8 +44,8 @@ int run_model(const Global& g, const ModelArgs& a) {
       .router_params(Params::from_assignments(a.router_set))
       .operator_params(parse_operator_set(a.operator_set))
       .meta_router(meta_router_from_string(a.meta_router))
+      .layers(a.layers)
       .seed(a.seed);
-  if (!a.layers.empty()) options.layers(a.layers);
   ChiarModel model(registry, options);
   std::cout << model.describe() << "\n";
   std::cout << "parameters: " << model.parameter_count() << "\n";

@@ -60,7 +60,8 @@ void add_model_command(CLI::App& app, Args& a, Commands& c) {
   ModelArgs& m = a.m;
   auto* model = c.model = app.add_subcommand("model", "build a model from a layer plan; print it and its size");
   model->add_option("--layers", m.layers, "layer plan, e.g. dct 'dct|attn' 'dct|attn' attn")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->required();
   model->add_option("--router", m.router, "router plugin for routed layers");
   model->add_option("--router-set", m.router_set, "router option key=value (repeatable)");
   model->add_option("--op-set", m.operator_set, "operator option op.key=value (repeatable)");

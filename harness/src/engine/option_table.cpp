@@ -188,7 +188,7 @@ const std::vector<OptionField<ModelOptions>>& model_option_fields() {
       field("ffn_mult", &M::ffn_mult_, "FFN hidden width as a multiple of d_model"),
       field("dropout", &M::dropout_, "dropout after the embedding and inside each FFN"),
       field("layers", &M::layers_,
-            "one entry per block: an operator, or operators joined by '|' for a routed layer, cheapest first"),
+            "required: one entry per block, an operator or operators joined by '|' for a routed layer, cheapest first"),
       field("router", &M::router_, "the router plugin of every routed layer"),
       field("router_params", &M::router_params_, "the router's options (also settable as router.KEY)"),
       field("operators", &M::operator_params_, "options per operator name, applied to every instance"),

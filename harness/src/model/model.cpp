@@ -51,6 +51,21 @@ std::vector<std::string> split_layer_spec(const std::string& spec) {
   return parts;
 }
 
+namespace {
+
+// What a layer plan may name, for the message when a model has none.
+std::string loaded_operators(const PluginRegistry& registry) {
+  std::string names;
+  for (const auto& e : registry.entries()) {
+    if (e.kind != "operator") continue;
+    names += (names.empty() ? "" : ", ") + e.name;
+    for (const auto& alias : e.aliases) names += " (" + alias + ")";
+  }
+  return names.empty() ? "none; no plugins loaded" : names;
+}
+
+}  // namespace
+
 FeedForward::FeedForward(int64_t d, int64_t mult, double dropout) {
   up_ = register_module("up", torch::nn::Linear(d, mult * d));
   down_ = register_module("down", torch::nn::Linear(mult * d, d));
@@ -74,7 +89,9 @@ at::Tensor FeedForward::forward(const at::Tensor& x) {
 ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
     : options_(std::move(options)) {
   const auto& o = options_;
-  if (o.layers().empty()) throw UserError("model: the layer plan is empty");
+  if (o.layers().empty())
+    throw UserError("model.layers is required: one operator per block, or operators joined by '|' for a routed "
+                    "layer (operators loaded: " + loaded_operators(registry) + ")");
   if (o.d_model() < 1 || o.n_heads() < 1 || o.d_model() % o.n_heads() != 0)
     throw UserError("model: d_model (" + std::to_string(o.d_model()) +
                     ") must be a positive multiple of n_heads (" + std::to_string(o.n_heads()) + ")");

@@ -40,8 +40,8 @@ using OperatorParams = std::map<std::string, Params>;  // operator name -> its o
   const type& name() const { return name##_; }       \
   type name##_
 
-// Everything that defines a model; the defaults give the paper's v1 DCT+Attn
-// model (4 layers, d 256, 4 heads). Setters chain: ModelOptions().d_model(128).
+// Everything that defines a model. Setters chain: ModelOptions().d_model(128).
+// `layers` has no default: which operators exist is the plugins' business.
 struct ModelOptions {
   CHIAR_OPTION(int64_t, vocab_size) = 8192;
   CHIAR_OPTION(int64_t, d_model) = 256;
@@ -50,11 +50,10 @@ struct ModelOptions {
   CHIAR_OPTION(int64_t, n_classes) = 2;
   CHIAR_OPTION(double, dropout) = 0.0;
   CHIAR_OPTION(TaskHead, head) = TaskHead::LanguageModel;
-  // One entry per block: an operator name, or names joined by '|' for a routed
-  // layer, cheapest first ("dct|attn", "dct|rbf|attn"). The default is the
-  // paper's v1 plan, a value that every run not setting `layers` hashes, not
-  // logic: nothing in the harness branches on these names.
-  CHIAR_OPTION(std::vector<std::string>, layers) = {"dct", "dct|attn", "dct|attn", "attn"};
+  // Required. One entry per block: a registered operator name, or names joined
+  // by '|' for a routed layer, cheapest first (configs/variants.toml has the
+  // paper's plans). Nothing in the harness branches on these names.
+  CHIAR_OPTION(std::vector<std::string>, layers) = {};
   CHIAR_OPTION(std::string, router) = "threshold";
   CHIAR_OPTION(Params, router_params) = {};
   CHIAR_OPTION(OperatorParams, operator_params) = {};  // applied to every instance
