@@ -21,10 +21,12 @@
 #include "engine/sqlite.h"
 #include "engine/store.h"
 #include "chiar/error.h"
+#include "chiar/linear.h"
 #include "chiar/random.h"
 #include "support/faults.h"
 #include "support/fixtures.h"
 #include "support/process.h"
+#include "support/skip.h"
 #include "support/temp_dir.h"
 #include "support/tiny_matrix.h"
 
@@ -50,9 +52,9 @@ std::vector<std::string> run_args(const TempDir& d, const std::string& db, std::
   return args;
 }
 
-// For runs whose metrics are compared bit for bit across processes (a run
-// and its resumption): with "auto" each process times both product libraries
-// at start-up and, on a busy machine, two of them may pick different ones.
+// For runs whose metrics are compared bit for bit across stores: with "auto"
+// each process times both product libraries at start-up and, on a busy
+// machine, two of them may pick different ones (a resumed run keeps its own).
 std::vector<std::string> pinned_run_args(const TempDir& d, const std::string& db, std::vector<std::string> extra = {}) {
   std::vector<std::string> args = run_args(d, db, std::move(extra));
   args.insert(args.begin(), {"--gemm", "blas"});
@@ -383,6 +385,61 @@ TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an unint
     CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 1);
     CHECK(final_metrics(db, "routed/lm/seed=1") == reference);
   }
+}
+
+TEST_CASE("run: a resumed run keeps the GEMM library it began on, or says that it switched", "[engine][resume]") {
+  if (!onednn_available()) CHIAR_SKIP("[resume]", "this build has no oneDNN, so every run has one library");
+  TempDir d("e2e-gemm-resume");
+  write_fixture(d);
+  const auto args = [&](const std::string& gemm, const std::string& db) {
+    auto a = run_args(d, db, {"--only", "routed/lm/seed=0", "--set", "train.steps=12"});
+    if (!gemm.empty()) a.insert(a.begin(), {"--gemm", gemm});
+    return a;
+  };
+  const auto gemm_of = [](const std::string& db) {
+    engine::Database con(db);
+    auto q = con.prepare("SELECT gemm FROM runs WHERE status = 'done'");
+    return q.step() ? q.text(0) : std::string("(no finished run)");
+  };
+  const auto stopped_on = [&](const std::string& gemm, const std::string& db) {
+    setenv("CHIAR_FAILPOINT", "train.step:5:term", 1);
+    const auto stopped = test::run_chiar(args(gemm, db));
+    unsetenv("CHIAR_FAILPOINT");
+    INFO(stopped.output);
+    REQUIRE(stopped.status == 130);
+    engine::Database con(d.path() + "/" + db);
+    auto q = con.prepare("SELECT gemm FROM runs WHERE status = 'interrupted'");
+    REQUIRE(q.step());
+    return q.text(0);
+  };
+
+  // Begun on each library, resumed with the default "auto": whichever library
+  // the timing picks (so one of the two resumptions is timed onto the other
+  // library), the run ends on the one it began on, with that process's record.
+  for (const std::string library : {"blas", "onednn"}) {
+    INFO("begun on " << library);
+    REQUIRE(test::run_chiar(args(library, "ref-" + library + ".db")).status == 0);
+    const auto reference = final_metrics(d.path() + "/ref-" + library + ".db", "routed/lm/seed=0");
+    REQUIRE(!reference.empty());
+    const std::string db = "auto-" + library + ".db";
+    const std::string began = stopped_on(library, db);
+    REQUIRE_THAT(began, Catch::Matchers::StartsWith(library));
+    const auto resumed = test::run_chiar(args("", db));
+    INFO(resumed.output);
+    REQUIRE(resumed.status == 0);
+    CHECK(gemm_of(d.path() + "/" + db) == began);
+    CHECK(final_metrics(d.path() + "/" + db, "routed/lm/seed=0") == reference);
+  }
+
+  // Resumed asking for the BLAS: obeyed, and the console and the record say so.
+  stopped_on("onednn", "asked.db");
+  const auto asked = test::run_chiar(args("blas", "asked.db"));
+  INFO(asked.output);
+  REQUIRE(asked.status == 0);
+  CHECK_THAT(asked.output, Catch::Matchers::Contains(
+                               "; resumes on blas (as asked); it began on onednn, so its results will differ from an "
+                               "uninterrupted run's\n"));
+  CHECK(gemm_of(d.path() + "/asked.db") == "blas (libtorch's path); switched from onednn at resumption");
 }
 
 TEST_CASE("run: checkpoints left by a deleted database are discarded, not resumed", "[engine][resume]") {

@@ -315,3 +315,58 @@ TEST_CASE("the GEMM library is chosen by name, and a wrong name says which are k
                       "(configure with libdnnl-dev installed and CHIAR_WITH_ONEDNN=ON)");
   }
 }
+
+TEST_CASE("a resumed run keeps the GEMM library it began on unless another is asked for", "[linear][runtime][resume]") {
+  RuntimeInfo timed;  // a process whose start-up timing chose oneDNN
+  timed.gemm_library = "onednn";
+  timed.gemm = "onednn: oneDNN 2.6.3 sgemm; auto: 2048x256x1024 at 280 GFLOP/s on oneDNN, 190 on the BLAS";
+  timed.gemm_timed = true;
+  const std::string began_blas = "blas (libtorch's path); auto: 2048x256x1024 at 150 GFLOP/s on oneDNN, 160 on the BLAS";
+
+  // A fresh run (and a run from before the store kept the library) takes the process's choice.
+  for (const std::string& none : {std::string(), std::string("mkl: from another harness")}) {
+    const RunGemm fresh = gemm_for_run(timed, none);
+    CHECK(fresh.library == "onednn");
+    CHECK(fresh.record == timed.gemm);
+    CHECK(fresh.note.empty());
+  }
+  // Timing chose the library the run began on: the record of that first decision stays.
+  const std::string began_onednn = "onednn: oneDNN 2.6.3 sgemm; auto: 2048x256x1024 at 250 GFLOP/s on oneDNN, 200 on the BLAS";
+  const RunGemm same = gemm_for_run(timed, began_onednn);
+  CHECK(same.library == "onednn");
+  CHECK(same.record == began_onednn);
+  CHECK(same.note.empty());
+  // Timing chose another library: the run keeps its own, and says so.
+  const RunGemm kept = gemm_for_run(timed, began_blas);
+  CHECK(kept.library == "blas");
+  CHECK(kept.record == began_blas);
+  CHECK(kept.note == "keeps blas, the library it began on (this process timed onednn faster)");
+
+  // A library asked for is obeyed; the record and the note say the run switched.
+  RuntimeInfo asked;
+  asked.gemm_library = "onednn";
+  asked.gemm = "onednn: oneDNN 2.6.3 sgemm";
+  const RunGemm switched = gemm_for_run(asked, began_blas);
+  CHECK(switched.library == "onednn");
+  CHECK(switched.record == "onednn: oneDNN 2.6.3 sgemm; switched from blas at resumption");
+  CHECK(switched.note ==
+        "resumes on onednn (as asked); it began on blas, so its results will differ from an uninterrupted run's");
+  const RunGemm obeyed = gemm_for_run(asked, began_onednn);
+  CHECK(obeyed.record == asked.gemm);
+  CHECK(obeyed.note.empty());
+
+  // A run that began on oneDNN, resumed by a build without it.
+  RuntimeInfo no_onednn;
+  no_onednn.gemm_library = "blas";
+  no_onednn.gemm = "blas (auto: this build has no oneDNN)";
+  no_onednn.gemm_timed = true;
+  const RunGemm without = gemm_for_run(no_onednn, began_onednn);
+  if (onednn_available()) {
+    CHECK(without.library == "onednn");  // this build has it, so the run keeps it
+    CHECK(without.record == began_onednn);
+  } else {
+    CHECK(without.library == "blas");
+    CHECK(without.note == "resumes on blas (this build has no oneDNN); it began on onednn, so its results will "
+                          "differ from an uninterrupted run's");
+  }
+}

@@ -128,8 +128,8 @@ struct Session {
   const PluginRegistry& registry;
   const Tasks& tasks;
   Store& store;
-  Provenance prov;          // threads and allocator set per run
-  int runtime_threads;      // what the runtime uses when a run sets none
+  Provenance prov;          // threads, allocator and gemm set per run
+  const RuntimeInfo& runtime;  // this process's threads (when a run sets none) and product library
   int threads;              // RunnerOptions::threads
   bool sole_writer;         // RunnerOptions::sole_writer
   ProcessGroup* group;      // a data-parallel run's ranks (this is rank 0); null for one process
@@ -137,6 +137,7 @@ struct Session {
   std::string checkpoints;  // <db>.checkpoints
   bool tty;
   size_t total;             // runs in the matrix
+  double kept_onednn_gflops = -1;  // oneDNN's GEMM rate, once a resumed run kept it against this process's choice
 
   const Task& task_of(const RunSpec& spec) const { return *tasks.at(task_key(spec.task_config)); }
 };
@@ -150,7 +151,7 @@ RunSpec prepare_run(Session& s, const RunSpec& run) {
   // The spec keeps the device it trains on; the store, its description.
   spec.train.device = resolve_device(spec.train.device, "train.device", s.group != nullptr);
   s.prov.device = describe_device(spec.train.device);
-  s.prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : s.runtime_threads;
+  s.prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : s.runtime.threads;
   const Task& task = s.task_of(spec);
   const ModelOptions mo = model_options_for(spec, task);
   s.prov.allocator = configure_allocator(estimate_activation_bytes(
@@ -275,16 +276,31 @@ RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag,
 // another process holds it.
 RunEnd claim_and_train(Session& s, const RunSpec& run, int64_t index) {
   const RunSpec spec = prepare_run(s, run);
+  const RunGemm gemm = gemm_for_run(s.runtime, s.store.recorded_gemm(spec.hash));
+  set_gemm_backend(gemm_backend_from_string(gemm.library));
+  s.prov.gemm = gemm.record;
+  // The start-up probe timed this process's library and the BLAS; a oneDNN kept
+  // against this process's choice is timed when first kept.
+  if (gemm.library == s.runtime.gemm_library) {
+    s.prov.gemm_gflops = s.runtime.gemm_gflops;
+  } else if (gemm.library == "blas") {
+    s.prov.gemm_gflops = s.runtime.blas_gflops;
+  } else {
+    if (s.kept_onednn_gflops < 0) s.kept_onednn_gflops = measure_gemm_gflops(s.runtime.gemm_size);
+    s.prov.gemm_gflops = s.kept_onednn_gflops;
+  }
   bool resumed = false;
   const ClaimOutcome claim = s.store.claim(spec, s.prov, &resumed, s.sole_writer);
   const std::string tag = "[" + std::to_string(index) + "/" + std::to_string(s.total) + "] " + spec.name();
-  // The other ranks train exactly the runs rank 0 claims.
+  // The other ranks train exactly the runs rank 0 claims, on its library.
   if (s.group) s.group->broadcast_string(claim == ClaimOutcome::Claimed ? kTrain : kSkip);
   if (claim != ClaimOutcome::Claimed) {
     std::cout << tag << ": " << (claim == ClaimOutcome::Done ? "finished before, skipped" : "running in another process, skipped") << "\n";
     return RunEnd::Skipped;
   }
-  std::cout << tag << (resumed ? ": resuming" : ": starting") << " (" << spec.hash << ")\n" << std::flush;
+  if (s.group) s.group->broadcast_string(gemm.library);
+  std::cout << tag << (resumed ? ": resuming" : ": starting") << " (" << spec.hash << ")"
+            << (gemm.note.empty() ? "" : "; " + gemm.note) << "\n" << std::flush;
   const std::string run_checkpoints = s.checkpoints + "/" + spec.hash;
   if (!resumed) discard_stale_checkpoints(run_checkpoints, tag);
   return train_and_record(s, spec, tag, run_checkpoints);
@@ -318,9 +334,7 @@ int run_claimed(Session& session, const Matrix& matrix, const std::string& db) {
 // checkpoint and no console output of their own.
 int follow_rank_zero(const Matrix& matrix, const PluginRegistry& registry, const Tasks& tasks,
                      const RunnerOptions& options, ProcessGroup& group) {
-  // The same library behind the products as rank 0's, so every rank computes alike.
   configure_threads(options.threads);
-  configure_gemm(group.broadcast_string(""));
   StopSignals signals;
   bool ended = false;
   for (const auto& run : matrix.runs) {
@@ -330,6 +344,8 @@ int follow_rank_zero(const Matrix& matrix, const PluginRegistry& registry, const
       break;
     }
     if (word != kTrain) continue;
+    // The same library behind the products as rank 0's, so every rank computes alike.
+    set_gemm_backend(gemm_backend_from_string(group.broadcast_string("")));
     RunSpec spec = run;
     if (options.threads > 0) spec.train.threads = options.threads;
     const Task& task = *tasks.at(task_key(spec.task_config));
@@ -367,13 +383,12 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
   store.register_runs(matrix.runs);
   const RuntimeInfo runtime = probe_runtime(options.threads, options.gemm);
   std::cerr << describe(runtime) << "\n";
-  if (group) group->broadcast_string(chiar::gemm_backend() == chiar::GemmBackend::Blas ? "blas" : "onednn");
   Provenance prov = provenance_of(runtime);
   prov.processes = world.world_size;
 
   StopSignals signals;
   // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
-  Session session{registry, tasks, store, std::move(prov), runtime.threads, options.threads, options.sole_writer,
+  Session session{registry, tasks, store, std::move(prov), runtime, options.threads, options.sole_writer,
                   group.get(), options.device, boost::filesystem::absolute(db).string() + ".checkpoints",
                   isatty(STDOUT_FILENO) != 0, matrix.runs.size()};
   try {

@@ -158,6 +158,20 @@ std::string configure_gemm(const std::string& requested) {
   return g_gemm;
 }
 
+RunGemm gemm_for_run(const RuntimeInfo& process, const std::string& began_record) {
+  const std::string& mine = process.gemm_library;
+  // The library is the record's first word: "blas (libtorch's path)", "onednn: oneDNN ...".
+  const std::string began = began_record.substr(0, began_record.find_first_of(" :"));
+  if ((began != "blas" && began != "onednn") || began == mine)
+    return {mine, began == mine && process.gemm_timed ? began_record : process.gemm, ""};
+  if (process.gemm_timed && (began == "blas" || onednn_available()))
+    return {began, began_record, "keeps " + began + ", the library it began on (this process timed " + mine + " faster)"};
+  const std::string why = process.gemm_timed ? "this build has no oneDNN" : "as asked";
+  return {mine, process.gemm + "; switched from " + began + " at resumption",
+          "resumes on " + mine + " (" + why + "); it began on " + began +
+              ", so its results will differ from an uninterrupted run's"};
+}
+
 int64_t estimate_activation_bytes(int64_t batch, int64_t seq, int64_t d_model, int64_t layers, int64_t ffn_width,
                                   int64_t lm_vocab) {
   const int64_t per_token = layers * (16 * d_model + 3 * ffn_width) + 3 * lm_vocab;
@@ -296,6 +310,8 @@ RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm) {
   RuntimeInfo info;
   info.threads = configure_threads(requested_threads);
   info.gemm = configure_gemm(gemm);
+  info.gemm_library = to_string(gemm_backend());
+  info.gemm_timed = g_gemm_choice == "auto";
   info.gemm_size = 512;
   info.gemm_gflops = measure_gemm_gflops(info.gemm_size);
   info.blas_gflops = gemm_backend() == GemmBackend::Blas ? info.gemm_gflops

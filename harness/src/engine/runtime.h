@@ -27,6 +27,8 @@ struct RuntimeInfo {
   std::vector<std::string> cpu_flags;  // the first processor's "flags" in /proc/cpuinfo
   std::string allocator;     // what configure_allocator() set
   std::string gemm;          // what configure_gemm() chose, and why
+  std::string gemm_library;  // ... its name: "blas" | "onednn"
+  bool gemm_timed = false;   // ... chosen by timing both ("auto"), rather than as asked
   double blas_gflops = 0;    // the same GEMM through libtorch's BLAS, for comparison
 };
 
@@ -81,6 +83,24 @@ std::string blas_warning(const RuntimeInfo& info);
 // choice again returns the first answer without measuring. Returns the
 // description runs record.
 std::string configure_gemm(const std::string& choice = "auto");
+
+// The product library a claimed run trains on, what its record says of it,
+// and a note for the console ("" for none).
+struct RunGemm {
+  std::string library;  // "blas" | "onednn"
+  std::string record;   // runs.gemm
+  std::string note;
+};
+
+// The library of a run this process claims. A run that began in an earlier
+// process (began_record: its runs.gemm, "" for none) keeps the library it
+// began on when this process chose by timing: the two libraries round
+// differently and threshold routing follows the rounding (docs/performance.md,
+// 'GEMM libraries'), so a start-up timing that flips on a busy machine must not
+// switch a run half-way. A library asked for (--gemm, CHIAR_GEMM) is obeyed,
+// and so is the lack of oneDNN in this build: the record and the note then
+// say that the run switched.
+RunGemm gemm_for_run(const RuntimeInfo& process, const std::string& began_record);
 
 // The middle value (upper middle for an even count); 0 for none.
 double median(std::vector<double> values);

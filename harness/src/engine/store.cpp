@@ -383,6 +383,12 @@ RunStatus Store::status(const std::string& hash) {
   return q.step() ? run_status_from_string(q.text(0)) : RunStatus::Pending;
 }
 
+std::string Store::recorded_gemm(const std::string& hash) {
+  auto q = db_.prepare("SELECT gemm FROM runs WHERE hash = ? AND status IN ('running', 'interrupted') AND gemm IS NOT NULL");
+  q.bind(1, hash);
+  return q.step() ? q.text(0) : "";
+}
+
 const char* to_string(RunStatus s) {
   switch (s) {
     case RunStatus::Pending: return "pending";

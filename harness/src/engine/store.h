@@ -113,6 +113,9 @@ class Store {
               int64_t diverged_step, const RunSummary& summary);
   // The run's status; Pending for a hash the store does not hold.
   RunStatus status(const std::string& hash);
+  // The product library an earlier process recorded for an unfinished run
+  // (runs.gemm of a run 'running' or 'interrupted'); "" for any other.
+  std::string recorded_gemm(const std::string& hash);
 
   void add_metrics(const std::string& hash, int64_t step, const std::string& split,
                    const std::string& checkpoint, const std::map<std::string, double>& values);
