@@ -3,7 +3,6 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <cstdlib>
 #include <vector>
 
 namespace chiar::engine {
