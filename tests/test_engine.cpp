@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -332,9 +333,15 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nlayers = []\n");
   const auto no_layers = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(no_layers.status == 2);
-  CHECK(no_layers.output == "chiar: " + d.path() + "/bad.toml:2:1: variant 'routed' on task 'lm': model.layers is required: "
-                            "one operator per block, or operators joined by '|' for a routed layer (operators loaded: "
-                            "attention (attn), dct, fourier, rbf)\n");
+  const std::string no_layers_message = "chiar: " + d.path() +
+                                        "/bad.toml:2:1: variant 'routed' on task 'lm': model.layers is required: one "
+                                        "operator per block, or operators joined by '|' for a routed layer (`chiar "
+                                        "plugins` lists the operators)\n";
+  CHECK(no_layers.output == no_layers_message);
+  // Before anything is listed (or submitted to Slurm) too.
+  const auto no_layers_listed = test::run_chiar({"run", d.path() + "/bad.toml", "--dry-run", "--data-root", d.path()});
+  CHECK(no_layers_listed.status == 2);
+  CHECK(no_layers_listed.output == no_layers_message);
   d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.lm]\npath = \"missing\"\n");
   const auto bad_data = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_data.status == 2);
@@ -389,6 +396,15 @@ TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an unint
 
 TEST_CASE("run: a resumed run keeps the GEMM library it began on, or says that it switched", "[engine][resume]") {
   if (!onednn_available()) CHIAR_SKIP("[resume]", "this build has no oneDNN, so every run has one library");
+  // CHIAR_GEMM would make "auto" a library asked for: the children run without it.
+  const char* inherited = std::getenv("CHIAR_GEMM");
+  const std::string kept_gemm = inherited ? inherited : "";
+  unsetenv("CHIAR_GEMM");
+  struct Restore {
+    const std::string& value;
+    bool set;
+    ~Restore() { if (set) setenv("CHIAR_GEMM", value.c_str(), 1); }
+  } restore{kept_gemm, inherited != nullptr};
   TempDir d("e2e-gemm-resume");
   write_fixture(d);
   const auto args = [&](const std::string& gemm, const std::string& db) {

@@ -354,19 +354,27 @@ TEST_CASE("a resumed run keeps the GEMM library it began on unless another is as
   const RunGemm obeyed = gemm_for_run(asked, began_onednn);
   CHECK(obeyed.record == asked.gemm);
   CHECK(obeyed.note.empty());
+  // Resumed again on the library it switched to: the record keeps saying so.
+  const RunGemm again = gemm_for_run(asked, switched.record);
+  CHECK(again.library == "onednn");
+  CHECK(again.record == "onednn: oneDNN 2.6.3 sgemm; switched from blas at resumption");
+  CHECK(again.note.empty());
 
   // A run that began on oneDNN, resumed by a build without it.
   RuntimeInfo no_onednn;
   no_onednn.gemm_library = "blas";
   no_onednn.gemm = "blas (auto: this build has no oneDNN)";
   no_onednn.gemm_timed = true;
-  const RunGemm without = gemm_for_run(no_onednn, began_onednn);
-  if (onednn_available()) {
-    CHECK(without.library == "onednn");  // this build has it, so the run keeps it
-    CHECK(without.record == began_onednn);
-  } else {
-    CHECK(without.library == "blas");
-    CHECK(without.note == "resumes on blas (this build has no oneDNN); it began on onednn, so its results will "
-                          "differ from an uninterrupted run's");
-  }
+  const RunGemm without = gemm_for_run(no_onednn, began_onednn, /*onednn_built=*/false);
+  CHECK(without.library == "blas");
+  CHECK(without.record == "blas (auto: this build has no oneDNN); switched from onednn at resumption");
+  CHECK(without.note == "resumes on blas (this build has no oneDNN); it began on onednn, so its results will "
+                        "differ from an uninterrupted run's");
+  // A process whose timing chose the BLAS, in a build with oneDNN, keeps it.
+  RuntimeInfo chose_blas = no_onednn;
+  chose_blas.gemm = "blas (libtorch's path); auto: 2048x256x1024 at 150 GFLOP/s on oneDNN, 160 on the BLAS";
+  const RunGemm with = gemm_for_run(chose_blas, began_onednn, /*onednn_built=*/true);
+  CHECK(with.library == "onednn");
+  CHECK(with.record == began_onednn);
+  CHECK(with.note == "keeps onednn, the library it began on (this process timed blas faster)");
 }

@@ -328,6 +328,12 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere) {
   RunSpec spec = read_run_table(run, vwhere + ": variant '" + variant + "'", "tasks." + task);
   if (const std::string bad = check_options(spec.train, train_option_fields(), "train"); !bad.empty())
     throw UserError(vwhere + ": variant '" + variant + "' on task '" + task + "': " + bad);
+  // Refused here as well as where the model is built, so that --dry-run and
+  // `chiar slurm` refuse it before anything is listed or submitted.
+  if (spec.model.layers().empty())
+    throw UserError(vwhere + ": variant '" + variant + "' on task '" + task +
+                    "': model.layers is required: one operator per block, or operators joined by '|' for a routed "
+                    "layer (`chiar plugins` lists the operators)");
   std::ostringstream json, text;
   // The device, like the thread count on the command line, says where a
   // run trains, not what it is: outside the hash.

@@ -137,7 +137,6 @@ struct Session {
   std::string checkpoints;  // <db>.checkpoints
   bool tty;
   size_t total;             // runs in the matrix
-  double kept_onednn_gflops = -1;  // oneDNN's GEMM rate, once a resumed run kept it against this process's choice
 
   const Task& task_of(const RunSpec& spec) const { return *tasks.at(task_key(spec.task_config)); }
 };
@@ -279,16 +278,7 @@ RunEnd claim_and_train(Session& s, const RunSpec& run, int64_t index) {
   const RunGemm gemm = gemm_for_run(s.runtime, s.store.recorded_gemm(spec.hash));
   set_gemm_backend(gemm_backend_from_string(gemm.library));
   s.prov.gemm = gemm.record;
-  // The start-up probe timed this process's library and the BLAS; a oneDNN kept
-  // against this process's choice is timed when first kept.
-  if (gemm.library == s.runtime.gemm_library) {
-    s.prov.gemm_gflops = s.runtime.gemm_gflops;
-  } else if (gemm.library == "blas") {
-    s.prov.gemm_gflops = s.runtime.blas_gflops;
-  } else {
-    if (s.kept_onednn_gflops < 0) s.kept_onednn_gflops = measure_gemm_gflops(s.runtime.gemm_size);
-    s.prov.gemm_gflops = s.kept_onednn_gflops;
-  }
+  s.prov.gemm_gflops = gemm.library == "blas" ? s.runtime.blas_gflops : s.runtime.onednn_gflops;
   bool resumed = false;
   const ClaimOutcome claim = s.store.claim(spec, s.prov, &resumed, s.sole_writer);
   const std::string tag = "[" + std::to_string(index) + "/" + std::to_string(s.total) + "] " + spec.name();

@@ -158,16 +158,18 @@ std::string configure_gemm(const std::string& requested) {
   return g_gemm;
 }
 
-RunGemm gemm_for_run(const RuntimeInfo& process, const std::string& began_record) {
+RunGemm gemm_for_run(const RuntimeInfo& process, const std::string& began_record, bool onednn_built) {
   const std::string& mine = process.gemm_library;
   // The library is the record's first word: "blas (libtorch's path)", "onednn: oneDNN ...".
   const std::string began = began_record.substr(0, began_record.find_first_of(" :"));
+  const size_t switched = began_record.find("; switched from ");
+  const std::string history = switched == std::string::npos ? "" : began_record.substr(switched);
   if ((began != "blas" && began != "onednn") || began == mine)
-    return {mine, began == mine && process.gemm_timed ? began_record : process.gemm, ""};
-  if (process.gemm_timed && (began == "blas" || onednn_available()))
+    return {mine, began == mine && process.gemm_timed ? began_record : process.gemm + history, ""};
+  if (process.gemm_timed && (began == "blas" || onednn_built))
     return {began, began_record, "keeps " + began + ", the library it began on (this process timed " + mine + " faster)"};
   const std::string why = process.gemm_timed ? "this build has no oneDNN" : "as asked";
-  return {mine, process.gemm + "; switched from " + began + " at resumption",
+  return {mine, process.gemm + history + "; switched from " + began + " at resumption",
           "resumes on " + mine + " (" + why + "); it began on " + began +
               ", so its results will differ from an uninterrupted run's"};
 }
@@ -316,6 +318,15 @@ RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm) {
   info.gemm_gflops = measure_gemm_gflops(info.gemm_size);
   info.blas_gflops = gemm_backend() == GemmBackend::Blas ? info.gemm_gflops
                                                          : measure_gemm_gflops(info.gemm_size, 10, /*blas_only=*/true);
+  // A resumed run may keep oneDNN against this process's choice
+  // (gemm_for_run): its rate is measured now, at the start-up thread count.
+  if (gemm_backend() == GemmBackend::OneDnn) {
+    info.onednn_gflops = info.gemm_gflops;
+  } else if (onednn_available()) {
+    set_gemm_backend(GemmBackend::OneDnn);
+    info.onednn_gflops = measure_gemm_gflops(info.gemm_size);
+    set_gemm_backend(GemmBackend::Blas);
+  }
   info.blas = detect_blas();  // after a GEMM, so a lazily loaded BLAS is mapped
   info.blas_core = detect_blas_core();
   info.torch_version = CHIAR_TORCH_VERSION_STRING;

@@ -5,6 +5,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "chiar/linear.h"
+
 
 namespace chiar {
 
@@ -30,6 +32,7 @@ struct RuntimeInfo {
   std::string gemm_library;  // ... its name: "blas" | "onednn"
   bool gemm_timed = false;   // ... chosen by timing both ("auto"), rather than as asked
   double blas_gflops = 0;    // the same GEMM through libtorch's BLAS, for comparison
+  double onednn_gflops = 0;  // ... and through oneDNN (0 when this build has none)
 };
 
 // Rough bytes a training step keeps alive for backward: per token and layer
@@ -98,9 +101,11 @@ struct RunGemm {
 // differently and threshold routing follows the rounding (docs/performance.md,
 // 'GEMM libraries'), so a start-up timing that flips on a busy machine must not
 // switch a run half-way. A library asked for (--gemm, CHIAR_GEMM) is obeyed,
-// and so is the lack of oneDNN in this build: the record and the note then
-// say that the run switched.
-RunGemm gemm_for_run(const RuntimeInfo& process, const std::string& began_record);
+// and so is the lack of oneDNN in this build (onednn_built): the record and
+// the note then say that the run switched. A record keeps what it said of
+// earlier switches.
+RunGemm gemm_for_run(const RuntimeInfo& process, const std::string& began_record,
+                     bool onednn_built = onednn_available());
 
 // The middle value (upper middle for an even count); 0 for none.
 double median(std::vector<double> values);
