@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -126,7 +127,12 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   const auto st = report::stat_of({1, 2, 3, 4});
   CHECK(st.mean == Approx(2.5));
   CHECK(st.std == Approx(1.2909944));
-  CHECK(st.ci95 == Approx(3.182 * 1.2909944 / 2));
+  CHECK(st.ci95 == Approx(3.1824463 * 1.2909944 / 2).epsilon(1e-7));  // t(0.975, 3 df)
+  // Beyond 30 degrees of freedom too, Student's t and not the normal 1.96.
+  std::vector<double> many(32);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<double>(i % 2);
+  const auto wide = report::stat_of(many);
+  CHECK(wide.ci95 == Approx(2.0395134 * wide.std / std::sqrt(32.0)).epsilon(1e-7));  // t(0.975, 31 df)
 }
 
 TEST_CASE("report tables: word perplexity is shown where it differs from token perplexity", "[report]") {
@@ -242,7 +248,9 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
   CHECK(verdict["WikiText-103: DCT+At"] == "holds");             // 32 < 62 on every seed
   CHECK(verdict["WikiText-2: full att"] == "not enough seeds");  // no such task
   CHECK(verdict["Flat ListOps: full a"] == "not enough seeds");  // 2 seeds a side
-  CHECK(verdict["DCT+Attn cuts attent"] == "holds");             // exactly -62.5% where 3 seeds ran
+  // Exactly -62.5% where 3 seeds ran, but listops_flat has 2: a claim about
+  // every task waits for them.
+  CHECK(verdict["DCT+Attn cuts attent"] == "not enough seeds");
   CHECK(verdict["Hard (STE) routing b"] == "holds");             // 42 < 52
   CHECK(verdict["Routing collapse: th"] == "holds");             // RBF 2%
   // Seeds 0-2 on both sides: paired; the fixture's differences have no
@@ -263,6 +271,12 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
         "execution; listops_flat: -62.5% executed (8.0000 -> 3.0000 GFLOPs per sequence; 2 and 2 seeds; a verdict "
         "needs 3 per side)");
   CHECK(claims[6].verdict == "holds");  // 32 < 42 on the one task both finished
+  // The reduction about the task with 3 seeds alone holds.
+  auto cut = report::load_claims(kClaims)[4];
+  REQUIRE(cut.kind == "reduction");
+  cut.task = "wikitext103";
+  cut.family.clear();
+  CHECK(report::evaluate_claim(cut, summary_of(db), "baseline").verdict == "holds");
   CHECK(claims[7].measured ==
         "mean RBF share in routed layers at the end of training: 2.0% over 3 runs, 95% CI [2.0%, 2.0%] against the "
         "claim's 10.0%");
@@ -270,6 +284,52 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
   const auto other = report::evaluate_claims(report::load_claims(kClaims), summary_of(db), "chiar_soft");
   CHECK(other[0].measured.rfind(
             "wikitext103 (family: large natural text): chiar_dct_attn 32.00 vs chiar_soft 52.00 (3 and 3 seeds)", 0) == 0);
+}
+
+TEST_CASE("report claims: runs left out are named; a claim over several tasks needs all of them", "[report]") {
+  // "a" beats "b" on lm (3 finished seeds a side, b's seed 3 diverged); lm2
+  // has 2 seeds a side.
+  TempDir d("claims-left-out");
+  const std::string db = d.path() + "/left.db";
+  {
+    engine::Store store(db);
+    std::vector<engine::RunSpec> runs;
+    for (const char* v : {"a", "b"})
+      for (int seed = 0; seed < 3; ++seed) runs.push_back(spec(v, "lm", seed));
+    runs.push_back(spec("b", "lm", 3));
+    for (const char* v : {"a", "b"})
+      for (int seed = 0; seed < 2; ++seed) runs.push_back(spec(v, "lm2", seed));
+    store.register_runs(runs);
+    for (const auto& r : runs) {
+      store.claim(r, engine::Provenance{});
+      if (r.seed == 3) {
+        store.finish(r.hash, engine::RunStatus::Diverged, "loss nan at step 2", 2, {});
+        continue;
+      }
+      const double ppl = (r.variant == "a" ? 10.0 : 20.0) + static_cast<double>(r.seed);
+      store.add_metrics(r.hash, 10, "test", "best", {{"token_ppl", ppl}});
+      engine::RunSummary sum;
+      sum.tau = "{}";
+      store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
+    }
+  }
+  report::ClaimSpec c;
+  c.id = "a-beats-b";
+  c.text = "a beats b";
+  c.kind = "compare";
+  c.task = "lm";
+  c.variants = {"a", "b"};
+  c.metrics = {"token_ppl"};
+  c.better = {"lower"};
+  const auto one = report::evaluate_claim(c, summary_of(db), "a");
+  CHECK(one.verdict == "holds");
+  CHECK(one.measured ==
+        "lm: a 11.00 vs b 21.00 (3 and 3 seeds; left out: b 1 diverged); difference -10.00, 95% CI [-10.00, -10.00], "
+        "paired by seed, p < 0.001, d_z n/a (no spread)");
+  c.task = "lm*";
+  const auto both = report::evaluate_claim(c, summary_of(db), "a");
+  CHECK(both.comparisons.size() == 2);
+  CHECK(both.verdict == "not enough seeds");
 }
 
 TEST_CASE("verdict statistics: paired and Welch intervals, p-values, effect sizes, Holm", "[report]") {

@@ -258,6 +258,27 @@ std::vector<double> values(const std::map<int64_t, double>& by_seed) {
   return out;
 }
 
+// The runs of a variant on a task that give it no value (diverged, failed or
+// unfinished), e.g. "chiar_soft 2 diverged, 1 unfinished"; "" for none. Only
+// finished runs are compared, so a variant judged on its survivors says so.
+std::string left_out(const Summary& s, const std::string& task, const std::string& variant) {
+  int diverged = 0, failed = 0, unfinished = 0;
+  for (const auto& r : s.runs) {
+    if (r.task != task || r.variant != variant) continue;
+    if (r.status == engine::RunStatus::Diverged) ++diverged;
+    else if (r.status == engine::RunStatus::Failed) ++failed;
+    else if (r.status != engine::RunStatus::Done) ++unfinished;
+  }
+  std::string out;
+  const auto add = [&](int n, const char* what) {
+    if (n > 0) out += (out.empty() ? variant + " " : ", ") + std::to_string(n) + " " + what;
+  };
+  add(diverged, "diverged");
+  add(failed, "failed");
+  add(unfinished, "unfinished");
+  return out;
+}
+
 bool same_seeds(const std::map<int64_t, double>& x, const std::map<int64_t, double>& y) {
   return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(),
                                             [](const auto& p, const auto& q) { return p.first == q.first; });
@@ -285,6 +306,9 @@ std::optional<Comparison> compare_on(const Summary& s, const ClaimSpec& c, const
     out.n_b = static_cast<int>(y.size());
     out.mean_a = stat_of(values(x)).mean;
     out.mean_b = stat_of(values(y)).mean;
+    for (const std::string& side : {a, b})
+      if (const std::string missing = left_out(s, task, side); !missing.empty())
+        out.left_out += (out.left_out.empty() ? "" : "; ") + missing;
     if (out.n_a >= kMinSeedsPerSide && out.n_b >= kMinSeedsPerSide) {
       out.test = same_seeds(x, y) ? paired_difference(values(x), values(y)) : welch_difference(values(x), values(y));
       out.p_adjusted = out.test->p;
@@ -314,6 +338,7 @@ std::string describe(const Comparison& c, size_t tests) {
   const MetricInfo& m = *metric_info(c.metric);
   std::string out = c.task + ": " + c.a + " " + shown(m, c.mean_a) + " vs " + c.b + " " + shown(m, c.mean_b) +
                     fmt(" (%.0f and %.0f seeds", c.n_a, c.n_b);
+  if (!c.left_out.empty()) out += "; left out: " + c.left_out;
   if (!c.test) return out + fmt("; a verdict needs %.0f per side)", kMinSeedsPerSide);
   const Difference& d = *c.test;
   const std::string unit = m.scale == 100 ? " pp" : "";  // percentages differ by percentage points
@@ -339,7 +364,7 @@ std::string direction_of(const ClaimSpec& spec, const Claim& claim) {
 }
 
 // The claim's verdict and text from its comparisons, after Holm: one task
-// decides alone; over a pattern every tested task must agree.
+// decides alone; over a pattern every task must be tested and agree.
 void conclude(Claim& claim, size_t tests) {
   if (claim.comparisons.empty()) return;
   std::vector<std::string> verdicts;
@@ -348,7 +373,7 @@ void conclude(Claim& claim, size_t tests) {
     claim.measured += (claim.measured.empty() ? "" : "; ") + describe(c, tests);
     if (c.verdict != "not enough seeds") verdicts.push_back(c.verdict);
   }
-  if (verdicts.empty()) {
+  if (verdicts.size() < claim.comparisons.size()) {
     claim.verdict = "not enough seeds";
     return;
   }
@@ -476,7 +501,8 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
       ++total;
       holds += std::abs(cut - c.reduction) <= c.tolerance;
     }
-    if (total) out.verdict = holds == total ? "holds" : "does not hold";
+    // Like a comparison over a pattern: every task, or no verdict.
+    if (total && !thin) out.verdict = holds == total ? "holds" : "does not hold";
     else if (!thin) out.measured = needs(c, a, b);
     return out;
   }

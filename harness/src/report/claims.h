@@ -15,8 +15,8 @@ namespace chiar::report {
 struct ClaimSpec {
   std::string id;
   std::string text;  // the paper's statement, with its numbers
-  // "compare": variants[0] beats variants[1] on the metric's mean, on the task,
-  //   or by majority over the tasks a pattern matches;
+  // "compare": variants[0] beats variants[1] on the metric, on the task, or on
+  //   every task a pattern (or family) matches that has both;
   // "reduction": variants[0]'s metric is `reduction` % below variants[1]'s,
   //   within `tolerance` points, on every task the pattern matches that has both;
   // "share": the mean final routing share that variants[0]'s finished runs give
@@ -44,6 +44,7 @@ struct Comparison {
   std::string task, a, b, metric;  // "a beats b" on the metric
   bool lower_better = true;
   int n_a = 0, n_b = 0;            // finished seeds per side
+  std::string left_out;            // runs without a value, e.g. "chiar_soft 2 diverged"; "" for none
   double mean_a = 0, mean_b = 0;   // as stored (accuracy as a fraction)
   std::optional<Difference> test;  // none below kMinSeedsPerSide seeds on a side
   double p_adjusted = 1;           // Holm-adjusted over every comparison the report tests
@@ -58,7 +59,8 @@ struct Claim {
   // "holds" | "does not hold" | "inconclusive" | "not enough seeds"
   std::string verdict;
   // Whether our difference points the way the paper's values do: "agrees",
-  // "disagrees", or "" (no paper values, or nothing measured).
+  // "disagrees", "mixed" (over several tasks, some each way), or "" (no paper
+  // values, or nothing measured).
   std::string direction;
   std::vector<Comparison> comparisons;  // compare claims: one per task tested
 };
@@ -81,8 +83,10 @@ std::string default_claims_file();
 //     metrics with its 95% CI (paired by seed when both ran the same seeds,
 //     else Welch's t); "holds" when the interval and the Holm-adjusted p
 //     (< 0.05) put it on the claimed side, "does not hold" on the other side,
-//     "inconclusive" when the interval contains zero. Over a task pattern:
-//     holds (or does not) when every tested task says so, else inconclusive.
+//     "inconclusive" when the interval contains zero or the adjusted p is
+//     0.05 or more. Over a task pattern or family: holds (or does not) when
+//     every task says so, inconclusive when they differ, and not enough seeds
+//     while any task lacks them (a family is not judged by some members).
 //   reduction: the metric's cut on every task, each side from >= 3 seeds.
 //   share: the variant's mean final share over >= 3 finished runs.
 Claim evaluate_claim(const ClaimSpec& claim, const Summary& s, const std::string& baseline);

@@ -170,8 +170,12 @@ void write_claims(Pages& p, const std::vector<Claim>& claims) {
                   : std::to_string(tests) + (tests == 1 ? " comparison was" : " comparisons were") +
                         " tested; the p-values shown are Holm-adjusted over all of them.") +
       " A claim holds (or does not) only when its "
-      "interval excludes zero on one side and the adjusted p is below 0.05; an interval containing zero is "
-      "inconclusive; fewer than " + std::to_string(kMinSeedsPerSide) + " finished seeds on a side give no verdict.";
+      "interval excludes zero on one side and the adjusted p is below 0.05, otherwise it is inconclusive; fewer "
+      "than " + std::to_string(kMinSeedsPerSide) + " finished seeds on a side give no verdict. A claim about "
+      "several tasks (a family or pattern) needs every one of them tested and agreeing. Only finished runs "
+      "count; diverged, failed and unfinished ones are named beside the seeds. Share claims are judged by their "
+      "own 95% interval and reduction claims by the mean cut against the claim's tolerance; neither is part of "
+      "the Holm correction.";
   p.md << "## The paper's claims against this database\n\n" << how
        << "\n\n| claim | paper | measured | direction vs paper | verdict |\n|---|---|---|---|---|\n";
   p.html << "<h2>The paper's claims against this database</h2>\n<p>" << html_escape(how)

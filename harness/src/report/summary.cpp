@@ -10,6 +10,7 @@
 #include "engine/store.h"
 #include "chiar/error.h"
 #include "chiar/registry.h"
+#include "verdict_stats.h"
 
 namespace chiar::report {
 
@@ -39,14 +40,7 @@ Stat stat_of(const std::vector<double>& v) {
   double ss = 0;
   for (double x : v) ss += (x - s.mean) * (x - s.mean);
   s.std = std::sqrt(ss / (s.n - 1));
-  if (s.n >= 3) {
-    // Two-sided 95% quantiles of Student's t for 2..30 degrees of freedom.
-    static const double t[] = {0, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-                               2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-                               2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
-    const int df = s.n - 1;
-    s.ci95 = (df <= 30 ? t[df] : 1.960) * s.std / std::sqrt(static_cast<double>(s.n));
-  }
+  if (s.n >= 3) s.ci95 = t_quantile_95(s.n - 1) * s.std / std::sqrt(static_cast<double>(s.n));
   return s;
 }
 

@@ -24,21 +24,32 @@ double variance_of(const std::vector<double>& v, double mean) {
 
 // Fills the interval and the p-value of `d.diff` with standard error `se` on
 // `d.df` degrees of freedom. A zero standard error (every seed agreeing
-// exactly) gives a zero-width interval, and p = 1 for no difference, 0 for one.
+// exactly, as FLOP counts do) gives a zero-width interval, and p = 1 for no
+// difference, 0 for one. A value that is not finite (a NaN metric) gives an
+// interval of NaNs and p = 1: no verdict.
 void fill_interval(Difference& d, double se) {
+  if (!std::isfinite(d.diff) || !std::isfinite(se)) {
+    d.lo = d.hi = std::numeric_limits<double>::quiet_NaN();
+    d.p = 1.0;
+    return;
+  }
   if (!(se > 0)) {
     d.lo = d.hi = d.diff;
     d.p = d.diff == 0 ? 1.0 : 0.0;
     return;
   }
-  const boost::math::students_t t(d.df);
-  const double q = boost::math::quantile(boost::math::complement(t, 0.025));
+  const double q = t_quantile_95(d.df);
   d.lo = d.diff - q * se;
   d.hi = d.diff + q * se;
+  const boost::math::students_t t(d.df);
   d.p = std::min(1.0, 2 * boost::math::cdf(boost::math::complement(t, std::abs(d.diff) / se)));
 }
 
 }  // namespace
+
+double t_quantile_95(double df) {
+  return boost::math::quantile(boost::math::complement(boost::math::students_t(df), 0.025));
+}
 
 Difference welch_difference(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() < 2 || b.size() < 2) throw std::invalid_argument("welch_difference: each side needs 2 values");

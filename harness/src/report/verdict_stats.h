@@ -27,6 +27,10 @@ Difference welch_difference(const std::vector<double>& a, const std::vector<doub
 // The one-sample t-test of a[i] - b[i]; a and b are aligned by seed, n >= 2.
 Difference paired_difference(const std::vector<double>& a, const std::vector<double>& b);
 
+// The 0.975 quantile of Student's t on df degrees of freedom (any df > 0):
+// the half-width of a two-sided 95% interval in standard errors.
+double t_quantile_95(double df);
+
 // Holm-Bonferroni adjusted p-values, in the order of `p`: the k-th smallest
 // (1-based) becomes max over j <= k of min(1, (m - j + 1) p_(j)).
 std::vector<double> holm_adjusted(const std::vector<double>& p);
