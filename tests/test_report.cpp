@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 
 #include <boost/filesystem.hpp>
 
@@ -286,9 +287,11 @@ TEST_CASE("report claims: verdicts from the numbers", "[report]") {
             "wikitext103 (family: large natural text): chiar_dct_attn 32.00 vs chiar_soft 52.00 (3 and 3 seeds)", 0) == 0);
 }
 
-TEST_CASE("report claims: runs left out are named; a claim over several tasks needs all of them", "[report]") {
-  // "a" beats "b" on lm (3 finished seeds a side, b's seed 3 diverged); lm2
-  // has 2 seeds a side.
+TEST_CASE("report claims: runs left out are named, pairs are the seeds both finished; a claim over several tasks "
+          "needs all of them", "[report]") {
+  // Perplexity 10 + seed for a (seeds 0-2), 20 + seed for b (0-2; seed 3
+  // diverged), 15 + seed for c (0-3), 30 + seed for d (10-12) on lm; lm2 has
+  // a and b with 2 seeds each.
   TempDir d("claims-left-out");
   const std::string db = d.path() + "/left.db";
   {
@@ -297,16 +300,19 @@ TEST_CASE("report claims: runs left out are named; a claim over several tasks ne
     for (const char* v : {"a", "b"})
       for (int seed = 0; seed < 3; ++seed) runs.push_back(spec(v, "lm", seed));
     runs.push_back(spec("b", "lm", 3));
+    for (int seed = 0; seed < 4; ++seed) runs.push_back(spec("c", "lm", seed));
+    for (int seed = 10; seed < 13; ++seed) runs.push_back(spec("d", "lm", seed));
     for (const char* v : {"a", "b"})
       for (int seed = 0; seed < 2; ++seed) runs.push_back(spec(v, "lm2", seed));
     store.register_runs(runs);
     for (const auto& r : runs) {
       store.claim(r, engine::Provenance{});
-      if (r.seed == 3) {
+      if (r.variant == "b" && r.seed == 3) {
         store.finish(r.hash, engine::RunStatus::Diverged, "loss nan at step 2", 2, {});
         continue;
       }
-      const double ppl = (r.variant == "a" ? 10.0 : 20.0) + static_cast<double>(r.seed);
+      const std::map<std::string, double> base = {{"a", 10}, {"b", 20}, {"c", 15}, {"d", 30}};
+      const double ppl = base.at(r.variant) + static_cast<double>(r.seed);
       store.add_metrics(r.hash, 10, "test", "best", {{"token_ppl", ppl}});
       engine::RunSummary sum;
       sum.tau = "{}";
@@ -326,6 +332,19 @@ TEST_CASE("report claims: runs left out are named; a claim over several tasks ne
   CHECK(one.measured ==
         "lm: a 11.00 vs b 21.00 (3 and 3 seeds; left out: b 1 diverged); difference -10.00, 95% CI [-10.00, -10.00], "
         "paired by seed, p < 0.001, d_z n/a (no spread)");
+  // c's seed 3 has no partner: the pairs are seeds 0-2, each 5 apart.
+  c.variants = {"c", "b"};
+  CHECK(report::evaluate_claim(c, summary_of(db), "a").measured ==
+        "lm: c 16.50 vs b 21.00 (4 and 3 seeds; left out: b 1 diverged); difference -5.00, 95% CI [-5.00, -5.00], "
+        "paired by seed over the 3 both finished, p < 0.001, d_z n/a (no spread)");
+  // No seed in common: Welch's t, df 4 (t 2.776445), Hedges' g = 30 x (1 - 3/15).
+  c.variants = {"d", "a"};
+  const auto welch = report::evaluate_claim(c, summary_of(db), "a");
+  CHECK(welch.verdict == "does not hold");
+  CHECK(welch.measured ==
+        "lm: d 41.00 vs a 11.00 (3 and 3 seeds); difference +30.00, 95% CI [+27.73, +32.27], Welch's t, "
+        "p < 0.001, g = +24.00");
+  c.variants = {"a", "b"};
   c.task = "lm*";
   const auto both = report::evaluate_claim(c, summary_of(db), "a");
   CHECK(both.comparisons.size() == 2);
@@ -468,11 +487,16 @@ TEST_CASE("claim verdicts: a real difference, the same variant twice, too few se
   CHECK(few.verdict == "not enough seeds");
   CHECK(few.comparisons[0].n_a == 2);
   CHECK_FALSE(few.comparisons[0].test.has_value());
-  // Seeds that differ between the sides: Welch's t.
+  // Seeds 0-2 against 0-3: paired over the three both finished (slow's seed
+  // 3 has no partner); seeds with nothing in common get Welch's t ("report
+  // claims: runs left out are named...").
   const std::string shifted = verdict_store(d, "w.db", {{"fast", {30.1, 31.5, 29.8}}, {"slow", {35.2, 36.9, 34.1, 35.5}}});
-  const auto welch = judge(d, shifted, "fast", "slow");
-  CHECK_FALSE(welch.comparisons[0].test->paired);
-  CHECK_THAT(welch.measured, Catch::Matchers::Contains("Welch's t"));
+  const auto partial = judge(d, shifted, "fast", "slow");
+  REQUIRE(partial.comparisons[0].test.has_value());
+  CHECK(partial.comparisons[0].test->paired);
+  CHECK(partial.comparisons[0].test->n_a == 3);
+  CHECK_THAT(partial.measured, Catch::Matchers::Contains("(3 and 4 seeds); difference -4.93, 95% CI [-6.35, -3.52], "
+                                                         "paired by seed over the 3 both finished"));
   // A noisy difference whose interval contains zero is inconclusive, not "holds".
   const std::string noisy = verdict_store(d, "n.db", {{"fast", {30, 40, 35}}, {"slow", {36, 31, 38}}});
   CHECK(judge(d, noisy, "fast", "slow").verdict == "inconclusive");

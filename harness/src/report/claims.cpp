@@ -279,9 +279,16 @@ std::string left_out(const Summary& s, const std::string& task, const std::strin
   return out;
 }
 
-bool same_seeds(const std::map<int64_t, double>& x, const std::map<int64_t, double>& y) {
-  return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(),
-                                            [](const auto& p, const auto& q) { return p.first == q.first; });
+// Both sides' values over the seeds both finished, aligned by seed.
+std::pair<std::vector<double>, std::vector<double>> shared_seeds(const std::map<int64_t, double>& x,
+                                                                 const std::map<int64_t, double>& y) {
+  std::pair<std::vector<double>, std::vector<double>> out;
+  for (const auto& [seed, value] : x)
+    if (const auto it = y.find(seed); it != y.end()) {
+      out.first.push_back(value);
+      out.second.push_back(it->second);
+    }
+  return out;
 }
 
 // "a beats b" on one task, by the first metric of the claim's list that a
@@ -310,7 +317,13 @@ std::optional<Comparison> compare_on(const Summary& s, const ClaimSpec& c, const
       if (const std::string missing = left_out(s, task, side); !missing.empty())
         out.left_out += (out.left_out.empty() ? "" : "; ") + missing;
     if (out.n_a >= kMinSeedsPerSide && out.n_b >= kMinSeedsPerSide) {
-      out.test = same_seeds(x, y) ? paired_difference(values(x), values(y)) : welch_difference(values(x), values(y));
+      // A seed fixes both variants' initialisation and data order, so the
+      // test is paired over the seeds both finished when there are enough:
+      // what the seed alone explains cancels, and a seed one variant lost
+      // (diverged, failed) leaves the other's run out too. Else Welch's t.
+      const auto [shared_x, shared_y] = shared_seeds(x, y);
+      out.test = static_cast<int>(shared_x.size()) >= kMinSeedsPerSide ? paired_difference(shared_x, shared_y)
+                                                                       : welch_difference(values(x), values(y));
       out.p_adjusted = out.test->p;
     }
     return out;
@@ -344,7 +357,10 @@ std::string describe(const Comparison& c, size_t tests) {
   const std::string unit = m.scale == 100 ? " pp" : "";  // percentages differ by percentage points
   out += fmt("); difference %+.2f", d.diff * m.scale) + unit +
          fmt(", 95%% CI [%+.2f, %+.2f]", d.lo * m.scale, d.hi * m.scale) +
-         (d.paired ? ", paired by seed, " : ", Welch's t, ") + p_text(c.p_adjusted);
+         (!d.paired                                  ? ", Welch's t, "
+          : d.n_a == c.n_a && d.n_b == c.n_b ? ", paired by seed, "
+                                               : fmt(", paired by seed over the %.0f both finished, ", d.n_a)) +
+         p_text(c.p_adjusted);
   if (tests > 1) out += fmt(" (Holm, %.0f tests)", static_cast<double>(tests));
   if (std::isnan(d.effect)) return out + (d.paired ? ", d_z n/a (no spread)" : ", g n/a (no spread)");
   return out + fmt(d.paired ? ", d_z = %+.2f" : ", g = %+.2f", d.effect);

@@ -80,9 +80,9 @@ std::string default_claims_file();
 // with fewer than kMinSeedsPerSide finished seeds on a side of every task it
 // is about is "not enough seeds": no verdict comes from one or two seeds.
 //   compare: per task, the difference of the two variants' per-seed test
-//     metrics with its 95% CI (paired by seed when both ran the same seeds,
-//     else Welch's t); "holds" when the interval and the Holm-adjusted p
-//     (< 0.05) put it on the claimed side, "does not hold" on the other side,
+//     metrics with its 95% CI (paired by seed over the seeds both finished
+//     when there are 3 of them, else Welch's t); "holds" when the interval and
+//     the Holm-adjusted p (< 0.05) put it on the claimed side, "does not hold" on the other side,
 //     "inconclusive" when the interval contains zero or the adjusted p is
 //     0.05 or more. Over a task pattern or family: holds (or does not) when
 //     every task says so, inconclusive when they differ, and not enough seeds

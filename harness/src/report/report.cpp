@@ -164,7 +164,7 @@ void write_claims(Pages& p, const std::vector<Claim>& claims) {
     for (const auto& comparison : c.comparisons) tests += comparison.test.has_value();
   const std::string how =
       "Each comparison is the difference of two variants' per-seed test metrics with its 95% confidence interval "
-      "(paired by seed when both variants ran the same seeds, else Welch's t), a two-sided p-value and an effect "
+      "(paired by seed over the seeds both variants finished when there are 3 of them, else Welch's t), a two-sided p-value and an effect "
       "size (d_z paired, Hedges' g unpaired). " +
       (tests == 0 ? std::string("No comparison here has the seeds to be tested.")
                   : std::to_string(tests) + (tests == 1 ? " comparison was" : " comparisons were") +

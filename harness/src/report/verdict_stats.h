@@ -10,7 +10,7 @@ namespace chiar::report {
 
 // mean(a) - mean(b): what a claim "a beats b" is decided on.
 struct Difference {
-  bool paired = false;  // by seed (both variants ran the same seeds), else Welch's t
+  bool paired = false;  // by seed (over the seeds both variants finished), else Welch's t
   int n_a = 0, n_b = 0;
   double diff = 0;          // paired: the mean per-seed difference (equal to the difference of means)
   double lo = 0, hi = 0;    // its 95% confidence interval
