@@ -332,8 +332,7 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere) {
   // `chiar slurm` refuse it before anything is listed or submitted.
   if (spec.model.layers().empty())
     throw UserError(vwhere + ": variant '" + variant + "' on task '" + task +
-                    "': model.layers is required: one operator per block, or operators joined by '|' for a routed "
-                    "layer (`chiar plugins` lists the operators)");
+                    "': " + missing_layers_message("`chiar plugins` lists the operators"));
   std::ostringstream json, text;
   // The device, like the thread count on the command line, says where a
   // run trains, not what it is: outside the hash.

@@ -66,6 +66,11 @@ std::string loaded_operators(const PluginRegistry& registry) {
 
 }  // namespace
 
+std::string missing_layers_message(const std::string& operators_hint) {
+  return "model.layers is required: one operator per block, or operators joined by '|' for a routed layer (" +
+         operators_hint + ")";
+}
+
 FeedForward::FeedForward(int64_t d, int64_t mult, double dropout) {
   up_ = register_module("up", torch::nn::Linear(d, mult * d));
   down_ = register_module("down", torch::nn::Linear(mult * d, d));
@@ -90,8 +95,7 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
     : options_(std::move(options)) {
   const auto& o = options_;
   if (o.layers().empty())
-    throw UserError("model.layers is required: one operator per block, or operators joined by '|' for a routed "
-                    "layer (operators loaded: " + loaded_operators(registry) + ")");
+    throw UserError(missing_layers_message("operators loaded: " + loaded_operators(registry)));
   if (o.d_model() < 1 || o.n_heads() < 1 || o.d_model() % o.n_heads() != 0)
     throw UserError("model: d_model (" + std::to_string(o.d_model()) +
                     ") must be a positive multiple of n_heads (" + std::to_string(o.n_heads()) + ")");

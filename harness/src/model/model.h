@@ -129,4 +129,8 @@ class ChiarModel : public torch::nn::Module {
 // "a|b" -> {"a", "b"}; whitespace trimmed; empty parts are an error.
 std::vector<std::string> split_layer_spec(const std::string& spec);
 
+// The refusal of a model without `layers`; `operators_hint` says where the
+// operator names come from (the loaded plugins, or `chiar plugins`).
+std::string missing_layers_message(const std::string& operators_hint);
+
 }  // namespace chiar

@@ -263,11 +263,11 @@ std::vector<double> values(const std::map<int64_t, double>& by_seed) {
 // finished runs are compared, so a variant judged on its survivors says so.
 std::string left_out(const Summary& s, const std::string& task, const std::string& variant) {
   int diverged = 0, failed = 0, unfinished = 0;
-  for (const auto& r : s.runs) {
-    if (r.task != task || r.variant != variant) continue;
-    if (r.status == engine::RunStatus::Diverged) ++diverged;
-    else if (r.status == engine::RunStatus::Failed) ++failed;
-    else if (r.status != engine::RunStatus::Done) ++unfinished;
+  for (const RunRow* r : s.problems) {  // every run not done
+    if (r->task != task || r->variant != variant) continue;
+    if (r->status == engine::RunStatus::Diverged) ++diverged;
+    else if (r->status == engine::RunStatus::Failed) ++failed;
+    else ++unfinished;
   }
   std::string out;
   const auto add = [&](int n, const char* what) {
