@@ -30,6 +30,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include "chiar/error.h"
 
@@ -204,18 +205,36 @@ std::string seconds_text(std::chrono::milliseconds d) {
   return s.str();
 }
 
-// Silences glog (which c10d logs through) while it lives: c10d logs a failed
-// connection to the store as an error line of its own, and the harness's
-// policy is one message per failure, the EnvironmentError's.
-class QuietGlog {
+// Silences libtorch's logging (which c10d logs through) while it lives: c10d
+// logs a failed connection to the store as an error line of its own, and the
+// harness's policy is one message per failure, the EnvironmentError's. c10d
+// gates its lines on caffe2_log_level in every build; a libtorch built with
+// glog (Debian's) also filters by glog's own level, which PyTorch's wheels,
+// built without glog, do not declare.
+class QuietTorchLog {
  public:
-  QuietGlog() : saved_(FLAGS_minloglevel) { FLAGS_minloglevel = google::GLOG_FATAL; }
-  ~QuietGlog() { FLAGS_minloglevel = saved_; }
-  QuietGlog(const QuietGlog&) = delete;
-  QuietGlog& operator=(const QuietGlog&) = delete;
+  QuietTorchLog() : saved_(FLAGS_caffe2_log_level) {
+    FLAGS_caffe2_log_level = kFatal;
+#ifdef C10_USE_GLOG
+    saved_glog_ = FLAGS_minloglevel;
+    FLAGS_minloglevel = google::GLOG_FATAL;
+#endif
+  }
+  ~QuietTorchLog() {
+    FLAGS_caffe2_log_level = saved_;
+#ifdef C10_USE_GLOG
+    FLAGS_minloglevel = saved_glog_;
+#endif
+  }
+  QuietTorchLog(const QuietTorchLog&) = delete;
+  QuietTorchLog& operator=(const QuietTorchLog&) = delete;
 
  private:
-  int saved_;
+  static constexpr int kFatal = 3;  // c10's and glog's severity numbering: INFO 0 .. FATAL 3
+  std::decay_t<decltype(FLAGS_caffe2_log_level)> saved_;
+#ifdef C10_USE_GLOG
+  std::decay_t<decltype(FLAGS_minloglevel)> saved_glog_ = 0;
+#endif
 };
 
 // Blocks SIGPIPE in the calling thread while it lives, and so in every
@@ -639,7 +658,7 @@ ProcessGroup::ProcessGroup(const WorldInfo& world, const ProcessGroupOptions& op
   store_options.waitWorkers = false;
   store_options.timeout = options.join_timeout;
   try {
-    QuietGlog quiet;
+    QuietTorchLog quiet;
     m.store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
   } catch (...) {
     throw EnvironmentError(m.prefix() +
