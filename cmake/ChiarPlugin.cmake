@@ -18,14 +18,13 @@ function(chiar_add_plugin name)
   set(target chiar_plugin_${name})
   add_library(${target} MODULE ${ARG_SOURCES})
   target_link_libraries(${target} PRIVATE chiar::core)
-  # The harness's own settings, also for plugins built out of tree: C++17,
-  # hidden visibility (only the entry point is exported), position independent.
+  # The harness's own settings, also for plugins built out of tree: its C++
+  # standard (chiar::core requires it), hidden visibility (only the entry
+  # point is exported), position independent.
   set_target_properties(${target} PROPERTIES
     OUTPUT_NAME chiar_${name}
     PREFIX "lib"
     LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR}
-    CXX_STANDARD 17
-    CXX_STANDARD_REQUIRED ON
     CXX_EXTENSIONS OFF
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON

@@ -25,7 +25,7 @@ struct Hyper {
 // float64: p <- p (1 - lr wd) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps),
 // m <- b1 m + (1 - b1) g, v <- b2 v + (1 - b2) g^2.
 std::vector<double> reference(std::vector<double> p, const std::vector<std::vector<double>>& grads, const Hyper& h) {
-  std::vector<double> m(p.size(), 0.0), v(p.size(), 0.0);
+  std::vector<double> m(p.size()), v(p.size());  // zero-initialised
   for (size_t t = 1; t <= grads.size(); ++t) {
     const double bc1 = 1 - std::pow(h.beta1, static_cast<double>(t));
     const double bc2 = 1 - std::pow(h.beta2, static_cast<double>(t));

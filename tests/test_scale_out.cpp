@@ -68,7 +68,10 @@ std::string dump(const std::string& db) {
     std::vector<std::string> rows;
     while (q.step()) {
       std::string row = table + ":";
-      for (int c = 0; c < q.columns(); ++c) row += " " + (q.is_null(c) ? std::string("NULL") : q.text(c));
+      for (int c = 0; c < q.columns(); ++c) {
+        row += ' ';
+        row += q.is_null(c) ? std::string("NULL") : q.text(c);
+      }
       rows.push_back(row);
     }
     std::sort(rows.begin(), rows.end());

@@ -40,7 +40,7 @@ struct Review {
 };
 
 std::string clean(std::string text) {
-  for (size_t at; (at = text.find("<br />")) != std::string::npos;) text.replace(at, 6, " ");
+  for (size_t at; (at = text.find("<br />")) != std::string::npos;) text.replace(at, 6, 1, ' ');
   return text;
 }
 

@@ -109,7 +109,10 @@ std::string integrity_check(const std::string& db) {
     engine::Database con(db, engine::OpenMode::ReadOnly);
     auto q = con.prepare("PRAGMA integrity_check");
     std::string rows;
-    while (q.step()) rows += (rows.empty() ? "" : "\n") + q.text(0);
+    while (q.step()) {
+      if (!rows.empty()) rows += '\n';
+      rows += q.text(0);
+    }
     return rows;
   } catch (const std::exception& e) {
     return e.what();

@@ -57,7 +57,10 @@ std::vector<int64_t> WordTokenizer::encode(const std::string& line) const {
 
 std::string WordTokenizer::decode(const std::vector<int64_t>& ids) const {
   std::string out;
-  for (int64_t id : ids) out += (out.empty() ? "" : " ") + token_text(id);
+  for (int64_t id : ids) {
+    if (!out.empty()) out += ' ';
+    out += token_text(id);
+  }
   return out;
 }
 

@@ -47,7 +47,12 @@ bool is_environment_failure(int rc) {
   throw EnvironmentError(file + ": " + doing + ": " + cause);
 }
 
-std::string sql_start(const std::string& sql) { return "'" + sql.substr(0, 60) + (sql.size() > 60 ? "...'" : "'"); }
+std::string sql_start(const std::string& sql) {
+  std::string quoted = "'";
+  quoted.append(sql, 0, 60);
+  quoted += sql.size() > 60 ? "...'" : "'";
+  return quoted;
+}
 
 bool file_exists(const std::string& path) {
   struct stat st {};
