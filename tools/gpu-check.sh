@@ -16,6 +16,8 @@
 # in all (default 540): each step has its own time limit, cut to what is
 # left of the budget, and a step that fails does not stop the later ones
 # that can still run. Exit status: 0 when every step passed, 1 otherwise.
+# Run again on the same machine, it keeps the unpacked prefix and the build
+# folder: a build cut off at its limit goes on where it stopped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -67,6 +69,19 @@ facts() {
   cmake --version | head -1
   ninja --version
   "${CXX:-c++}" --version | head -1
+  # libtorch's CUDA libraries load their NVIDIA dependencies from the
+  # wheel's neighbours; a missing one shows here before a link fails on it.
+  "$python" - <<'EOF'
+import glob, os, subprocess, torch
+lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+for so in sorted(glob.glob(os.path.join(lib, "libtorch_cuda*.so"))):
+    ldd = subprocess.run(["ldd", so], capture_output=True, text=True).stdout.splitlines()
+    missing = [l.strip() for l in ldd if "not found" in l]
+    print(os.path.basename(so), "resolves every library" if not missing else "misses: " + "; ".join(missing))
+macros = os.path.join(os.path.dirname(torch.__file__), "include", "c10", "macros", "cmake_macros.h")
+if os.path.exists(macros):
+    print("libtorch built with glog:", "yes" if "#define C10_USE_GLOG" in open(macros).read() else "no")
+EOF
   "$python" - <<'EOF'
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
@@ -84,6 +99,12 @@ EOF
 unpack() {
   [ -f "$debs/SHA256SUMS" ] || { echo "no $debs/SHA256SUMS: run tools/gpu-deps.sh and carry $debs"; return 2; }
   (cd "$debs" && sha256sum --check --quiet SHA256SUMS) || return 2
+  # A second call on a warm machine (one that resumes a build cut off at
+  # its limit) keeps the prefix, so nothing built against it is rebuilt.
+  if cmp -s "$debs/SHA256SUMS" "$prefix/.unpacked"; then
+    echo "already unpacked into $prefix"
+    return 0
+  fi
   rm -rf "$prefix"
   mkdir -p "$prefix"
   local deb member
@@ -106,6 +127,7 @@ unpack() {
           elif [ -e "$prefix/usr$target" ]; then ln -sfn "$prefix/usr$target" "$link"; fi ;;
     esac
   done < <(find "$prefix" -type l)
+  cp "$debs/SHA256SUMS" "$prefix/.unpacked"
   echo "unpacked $(ls "$debs"/*.deb | wc -l) packages into $prefix"
 }
 
@@ -133,10 +155,20 @@ configure() {
     -DSQLite3_LIBRARY="$lib/libsqlite3.so"
     -DCMAKE_LIBRARY_PATH="$lib"
   )
+  # The CUDA Toolkit by the nvcc on PATH (else /usr/local/cuda), named to
+  # libtorch's CUDA configuration too, which otherwise may find another one;
+  # the GPU's own architecture, so that it does not compile a probe to learn it.
+  local nvcc cuda arch
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  [ -x "$nvcc" ] || { echo "no nvcc on PATH or in /usr/local/cuda/bin"; return 2; }
+  cuda=$(cd "$(dirname "$nvcc")/.." && pwd)
+  arch=$("$python" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null || echo 9.0)
   # Torch's own prefix first: Gloo headers bundled with it match its c10d.
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_prefix/../..;$torch_prefix;$prefix/usr" \
     -DTorch_DIR="$torch_prefix/Torch" \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$cuda" -DCUDA_TOOLKIT_ROOT_DIR="$cuda" \
+    -DTORCH_CUDA_ARCH_LIST="$arch" \
     "${hints[@]}" \
     -DCHIAR_WITH_ONEDNN=OFF -DCHIAR_CUDA_TRAINING=ON \
     -DCMAKE_BUILD_RPATH="$lib"
@@ -152,6 +184,9 @@ step unpack 60 unpack
 if step configure 180 configure && step build 420 cmake --build "$build" -j "$(nproc)"; then
   tests=$build/chiar_tests
   chiar=$build/chiar
+  # Which libtorch, CUDA runtime and OpenMP runtime(s) the binary loads: a
+  # wheel's own libgomp beside the system's would be two thread pools.
+  step linkage 20 ldd "$chiar"
   step tests-cuda 180 "$tests" "[cuda]" --reporter compact
   # The CUDA kernels against the compositions they replace, and the sparse
   # layer's row moves against the layer (harness/src/bench/chiar_bench.cpp).
