@@ -102,6 +102,7 @@ seeds = [0, 3]
 [model]
 d_model = 32
 n_heads = 2
+router = "threshold"  # the default until the harness stopped naming one; stored specs hold it
 [train]
 steps = 12
 lr = 2e-3
@@ -342,6 +343,13 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   const auto no_layers_listed = test::run_chiar({"run", d.path() + "/bad.toml", "--dry-run", "--data-root", d.path()});
   CHECK(no_layers_listed.status == 2);
   CHECK(no_layers_listed.output == no_layers_message);
+  // Nor a router: a routed plan names its own, at its variant's line.
+  d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nrouter = \"\"\n");
+  const auto no_router = test::run_chiar({"run", d.path() + "/bad.toml", "--dry-run", "--data-root", d.path()});
+  CHECK(no_router.status == 2);
+  CHECK(no_router.output == "chiar: " + d.path() +
+                                "/bad.toml:2:1: variant 'routed' on task 'lm': model.router is required: layer 2 "
+                                "('dct|attn') is routed (`chiar plugins` lists the routers)\n");
   d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.lm]\npath = \"missing\"\n");
   const auto bad_data = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_data.status == 2);

@@ -201,6 +201,10 @@ TEST_CASE("model options are checked with clear messages", "[model][errors]") {
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({}).layers({})),
                     "model.layers is required: one operator per block, or operators joined by '|' for a routed layer "
                     "(operators loaded: attention (attn), dct, fourier, rbf)");
+  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct", "dct|attn"}, "")),
+                    "model.router is required: layer 2 ('dct|attn') is routed (routers loaded: hard_ste, soft, "
+                    "threshold, topk_entropy)");
+  CHECK_NOTHROW(ChiarModel(test::plugins(), small({"dct", "attn"}, "")));  // nothing routed, nothing to name
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"attn"}).n_heads(3)),
                     "model: d_model (16) must be a positive multiple of n_heads (3)");
   CHECK_THROWS_WITH(meta_router_from_string("global"),

@@ -176,6 +176,12 @@ TEST_CASE("CLI: exit status 2 and one clear message for bad input", "[plugins][c
   auto unknown_router = run_cli("model --layers 'dct|attn' --router mystery");
   CHECK(unknown_router.status == 2);
   CHECK(unknown_router.output == "chiar: unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)\n");
+  // The harness has no router of its own: a routed plan names one.
+  auto no_router = run_cli("model --layers 'dct,dct|attn'");
+  CHECK(no_router.status == 2);
+  CHECK(no_router.output == "chiar: model.router is required: layer 2 ('dct|attn') is routed (routers loaded: "
+                            "hard_ste, soft, threshold, topk_entropy)\n");
+  CHECK(run_cli("model --layers 'dct,attn'").status == 0);  // nothing routed, nothing to name
 }
 
 TEST_CASE("CLI: plugins lists, entropy prints H per line", "[plugins][cli]") {

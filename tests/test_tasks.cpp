@@ -150,7 +150,7 @@ TEST_CASE("a padded task batch gives the classifier the same output as each exam
   write_imdb(d);
   auto task = make_task("imdb", Params().set("path", std::string("imdb")).set("max_len", int64_t{64}), d.path());
   auto options = ModelOptions().vocab_size(task->vocab_size()).d_model(16).n_heads(2)
-                     .layers({"dct", "dct|attn", "attn"}).head(TaskHead::Classifier).n_classes(2).seed(4);
+                     .layers({"dct", "dct|attn", "attn"}).router("threshold").head(TaskHead::Classifier).n_classes(2).seed(4);
   ChiarModel model(test::plugins(), options);
   model.eval();
   at::NoGradGuard g;

@@ -30,7 +30,7 @@ int run_entropy(const Global& g, const std::string& input, const std::string& dc
 
 struct ModelArgs {
   std::vector<std::string> layers;
-  std::string router = "threshold";
+  std::string router;  // required when a layer is routed
   std::vector<std::string> router_set;    // key=value
   std::vector<std::string> operator_set;  // op.key=value
   std::string head = "lm";

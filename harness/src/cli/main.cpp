@@ -62,7 +62,7 @@ void add_model_command(CLI::App& app, Args& a, Commands& c) {
   model->add_option("--layers", m.layers, "layer plan, e.g. dct 'dct|attn' 'dct|attn' attn")
       ->delimiter(',')
       ->required();
-  model->add_option("--router", m.router, "router plugin for routed layers");
+  model->add_option("--router", m.router, "router plugin of the routed layers (required when a layer is routed)");
   model->add_option("--router-set", m.router_set, "router option key=value (repeatable)");
   model->add_option("--op-set", m.operator_set, "operator option op.key=value (repeatable)");
   model->add_option("--head", m.head, "lm or classifier");

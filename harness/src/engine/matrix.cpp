@@ -333,6 +333,8 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere) {
   if (spec.model.layers().empty())
     throw UserError(vwhere + ": variant '" + variant + "' on task '" + task +
                     "': " + missing_layers_message("`chiar plugins` lists the operators"));
+  if (const std::string m = missing_router_message(spec.model, "`chiar plugins` lists the routers"); !m.empty())
+    throw UserError(vwhere + ": variant '" + variant + "' on task '" + task + "': " + m);
   std::ostringstream json, text;
   // The device, like the thread count on the command line, says where a
   // run trains, not what it is: outside the hash.

@@ -189,7 +189,7 @@ const std::vector<OptionField<ModelOptions>>& model_option_fields() {
       field("dropout", &M::dropout_, "dropout after the embedding and inside each FFN"),
       field("layers", &M::layers_,
             "required: one entry per block, an operator or operators joined by '|' for a routed layer, cheapest first"),
-      field("router", &M::router_, "the router plugin of every routed layer"),
+      field("router", &M::router_, "required when a layer is routed: the router plugin of every routed layer"),
       field("router_params", &M::router_params_, "the router's options (also settable as router.KEY)"),
       field("operators", &M::operator_params_, "options per operator name, applied to every instance"),
       field("meta_router", &M::meta_router_,

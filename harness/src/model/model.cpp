@@ -54,10 +54,11 @@ std::vector<std::string> split_layer_spec(const std::string& spec) {
 namespace {
 
 // What a layer plan may name, for the message when a model has none.
-std::string loaded_operators(const PluginRegistry& registry) {
+// The loaded plugins of one kind ("operator", "router"), with their aliases.
+std::string loaded(const PluginRegistry& registry, const std::string& kind) {
   std::string names;
   for (const auto& e : registry.entries()) {
-    if (e.kind != "operator") continue;
+    if (e.kind != kind) continue;
     names += (names.empty() ? "" : ", ") + e.name;
     for (const auto& alias : e.aliases) names += " (" + alias + ")";
   }
@@ -69,6 +70,16 @@ std::string loaded_operators(const PluginRegistry& registry) {
 std::string missing_layers_message(const std::string& operators_hint) {
   return "model.layers is required: one operator per block, or operators joined by '|' for a routed layer (" +
          operators_hint + ")";
+}
+
+std::string missing_router_message(const ModelOptions& options, const std::string& routers_hint) {
+  if (!options.router().empty()) return "";
+  const auto& layers = options.layers();
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (layers[i].find('|') != std::string::npos)
+      return "model.router is required: layer " + std::to_string(i + 1) + " ('" + layers[i] + "') is routed (" +
+             routers_hint + ")";
+  return "";
 }
 
 FeedForward::FeedForward(int64_t d, int64_t mult, double dropout) {
@@ -95,7 +106,9 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
     : options_(std::move(options)) {
   const auto& o = options_;
   if (o.layers().empty())
-    throw UserError(missing_layers_message("operators loaded: " + loaded_operators(registry)));
+    throw UserError(missing_layers_message("operators loaded: " + loaded(registry, "operator")));
+  if (const std::string m = missing_router_message(o, "routers loaded: " + loaded(registry, "router")); !m.empty())
+    throw UserError(m);
   if (o.d_model() < 1 || o.n_heads() < 1 || o.d_model() % o.n_heads() != 0)
     throw UserError("model: d_model (" + std::to_string(o.d_model()) +
                     ") must be a positive multiple of n_heads (" + std::to_string(o.n_heads()) + ")");

@@ -54,7 +54,9 @@ struct ModelOptions {
   // by '|' for a routed layer, cheapest first (configs/variants.toml has the
   // paper's plans). Nothing in the harness branches on these names.
   CHIAR_OPTION(std::vector<std::string>, layers) = {};
-  CHIAR_OPTION(std::string, router) = "threshold";
+  // Required when a layer is routed: the router plugin of every routed layer
+  // (configs/variants.toml names the paper's in its [model] table).
+  CHIAR_OPTION(std::string, router) = {};
   CHIAR_OPTION(Params, router_params) = {};
   CHIAR_OPTION(OperatorParams, operator_params) = {};  // applied to every instance
   CHIAR_OPTION(MetaRouterKind, meta_router) = MetaRouterKind::None;
@@ -132,5 +134,10 @@ std::vector<std::string> split_layer_spec(const std::string& spec);
 // The refusal of a model without `layers`; `operators_hint` says where the
 // operator names come from (the loaded plugins, or `chiar plugins`).
 std::string missing_layers_message(const std::string& operators_hint);
+
+// The refusal of a plan that routes a layer but names no `router`, or ""
+// when it routes none or names one; `routers_hint` says where the router
+// names come from.
+std::string missing_router_message(const ModelOptions& options, const std::string& routers_hint);
 
 }  // namespace chiar
