@@ -199,8 +199,17 @@ class RbfOperator final : public Operator {
   }
 
  private:
+  // The phases u W in at least fp32, also under bf16 autocast: cos and sin
+  // of a phase a few radians large, rounded to bf16's 8 bits, put errors of
+  // about 1e-2 into every feature, which the normaliser then divides.
   at::Tensor phi(const at::Tensor& u) const {  // (..., d) -> (..., 2R)
-    auto p = chiar::linear(u, omega_.to(u.scalar_type()).t());
+    at::Tensor p;  // (..., R)
+    if (u.scalar_type() == at::kDouble) {
+      p = chiar::linear(u, omega_.to(at::kDouble).t());
+    } else {
+      c10::impl::ExcludeDispatchKeyGuard full_precision(c10::autocast_dispatch_keyset);
+      p = chiar::linear(u.to(at::kFloat), omega_.to(at::kFloat).t());
+    }
     return at::cat({at::cos(p), at::sin(p)}, -1) * (1.0 / std::sqrt(static_cast<double>(features_)));
   }
 
