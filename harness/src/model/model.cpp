@@ -53,8 +53,8 @@ std::vector<std::string> split_layer_spec(const std::string& spec) {
 
 namespace {
 
-// What a layer plan may name, for the message when a model has none.
-// The loaded plugins of one kind ("operator", "router"), with their aliases.
+// The loaded plugins of one kind ("operator", "router"), with their aliases:
+// what a plan may name, for the message when a model lacks one.
 std::string loaded(const PluginRegistry& registry, const std::string& kind) {
   std::string names;
   for (const auto& e : registry.entries()) {
