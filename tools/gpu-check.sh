@@ -18,9 +18,9 @@
 # build (a second call that finishes what a first one left).
 #
 # Carry .gpu-debs/ (tools/gpu-deps.sh, run on a Debian 12 machine) and
-# .cache/sotu/corpus (tools/prepare-sotu.sh, here) with the tree. Sized for
-# about 8 minutes on one H200 with 16 cores, within CHIAR_GPU_BUDGET seconds
-# in all (default 540): each step has its own time limit, cut to what is
+# .cache/sotu/corpus (tools/prepare-sotu.sh, here) with the tree. At most 8
+# minutes on one H200 with 16 cores: CHIAR_GPU_BUDGET seconds in all
+# (default 480), each step with its own time limit, cut to what is
 # left of the budget, and a step that fails does not stop the later ones
 # that can still run. Exit status: 0 when every step passed, 1 otherwise.
 # Run again on the same machine, it keeps the unpacked prefix and the build
@@ -42,7 +42,7 @@ python=${PYTHON:-python3}
 summary=$out/summary.txt
 : > "$summary"
 failed=0
-budget=${CHIAR_GPU_BUDGET:-540}
+budget=${CHIAR_GPU_BUDGET:-480}
 started=$SECONDS
 
 # With --bundle: the logs so far into OUT, replacing the last bundle whole.
