@@ -1,6 +1,7 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <sstream>
 
 #include "engine/vector_text.h"
@@ -108,6 +109,41 @@ TEST_CASE("spectral entropy: the fp32 row kernel of inference equals the float64
     auto trained = spectral_entropy_from_coeffs(c32.clone().requires_grad_(true));
     CHECK(at::allclose(trained.detach(), got, /*rtol=*/0, /*atol=*/2e-6));
   }
+}
+
+TEST_CASE("spectral entropy: bf16 and fp16 coefficients give fp32 H, non-finite rows give NaN", "[spectral]") {
+  at::manual_seed(37);
+  for (int64_t d : {1, 2, 17, 64, 256}) {
+    INFO("d " << d);
+    auto c = at::randn({40, d}, at::TensorOptions().dtype(at::kDouble));  // (40, d)
+    c[0].zero_();
+    if (d > 1) c[1].narrow(0, 1, d - 1).zero_();  // zeros beside energy: 0 log 0 in fp16 too
+    for (const auto type : {at::kBFloat16, at::kHalf}) {
+      INFO(at::toString(type));
+      const auto rounded = c.to(type);                                       // (40, d)
+      const auto want = test::ref::entropy_from_coeffs(rounded.to(at::kDouble));  // (40,)
+      // Inference (the row kernel after widening) and training (the
+      // composition with autograd) compute the same fp32 H from the rounded values.
+      const auto inferred = spectral_entropy_from_coeffs(rounded);
+      CHECK(inferred.scalar_type() == at::kFloat);
+      CHECK(at::allclose(inferred.to(at::kDouble), want, /*rtol=*/0, /*atol=*/2e-6));
+      const auto trained = spectral_entropy_from_coeffs(rounded.clone().requires_grad_(true));
+      CHECK(trained.scalar_type() == at::kFloat);
+      CHECK(at::allclose(trained.detach().to(at::kDouble), want, /*rtol=*/0, /*atol=*/2e-6));
+    }
+  }
+  // A diverging model's NaN or infinity shows as NaN in H on every path,
+  // not as a clamped 0 or 1 that a router would act on.
+  auto bad = at::randn({3, 16});  // (3, 16)
+  bad[0][3] = std::numeric_limits<float>::quiet_NaN();
+  bad[1][5] = std::numeric_limits<float>::infinity();
+  bad[2][0] = 1e30f;  // its square overflows fp32
+  for (const bool grad : {false, true}) {
+    INFO("autograd " << grad);
+    const auto h = spectral_entropy_from_coeffs(grad ? bad.clone().requires_grad_(true) : bad);  // (3,)
+    CHECK(h.isnan().all().item<bool>());
+  }
+  CHECK(spectral_entropy_from_coeffs(bad.to(at::kDouble)).isnan().narrow(0, 0, 2).all().item<bool>());
 }
 
 TEST_CASE("spectral entropy has finite gradients, also at a zero vector", "[spectral][grad]") {

@@ -25,15 +25,6 @@ __device__ float load<__nv_bfloat16>(const __nv_bfloat16* p) { return __bfloat16
 template <>
 __device__ float load<__half>(const __half* p) { return __half2float(*p); }
 
-template <typename T>
-__device__ void store(T* p, float v);
-template <>
-__device__ void store<float>(float* p, float v) { *p = v; }
-template <>
-__device__ void store<__nv_bfloat16>(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
-template <>
-__device__ void store<__half>(__half* p, float v) { *p = __float2half(v); }
-
 __device__ float warp_sum(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
@@ -41,10 +32,11 @@ __device__ float warp_sum(float v) {
 
 // H = clamp(-sum_j p_j log max(p_j, FLT_MIN) / log d, 0, 1), p_j = c_j^2 / sum c^2
 // (the sum taken as 1 when it is 0): two strided passes over the row, the
-// second from cache.
+// second from cache. H is fp32 whatever the storage type, as the
+// composition's is under autocast (spectral.cpp).
 template <typename T>
 __global__ void spectral_entropy_kernel(const T* __restrict__ c, int64_t rows, int64_t d, float inv_log_d,
-                                        T* __restrict__ h) {
+                                        float* __restrict__ h) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;  // the whole warp leaves together, so the shuffles stay full
   const int lane = static_cast<int>(threadIdx.x % kWarp);
@@ -63,15 +55,18 @@ __global__ void spectral_entropy_kernel(const T* __restrict__ c, int64_t rows, i
     plogp += p * logf(fmaxf(p, FLT_MIN));
   }
   plogp = warp_sum(plogp);
-  if (lane == 0) store(h + row, fminf(fmaxf(-plogp * inv_log_d, 0.f), 1.f));
+  // Comparisons, not fminf/fmaxf, which would turn the NaN of a row with a
+  // NaN or an infinity into 0: the host kernel and at::clamp keep it.
+  const float entropy = -plogp * inv_log_d;
+  if (lane == 0) h[row] = entropy < 0.f ? 0.f : entropy > 1.f ? 1.f : entropy;
 }
 
 template <typename T>
-cudaError_t launch_entropy(const void* c, int64_t rows, int64_t d, void* h, cudaStream_t stream) {
+cudaError_t launch_entropy(const void* c, int64_t rows, int64_t d, float* h, cudaStream_t stream) {
   const float inv_log_d = static_cast<float>(1.0 / log(static_cast<double>(d)));
   const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
   spectral_entropy_kernel<T><<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(static_cast<const T*>(c), rows, d,
-                                                                           inv_log_d, static_cast<T*>(h));
+                                                                           inv_log_d, h);
   return cudaGetLastError();
 }
 
@@ -131,7 +126,14 @@ size_t scan_bytes(int items) {
 
 }  // namespace
 
-cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_t d, void* h,
+cudaError_t kernels_loadable() {
+  // Fails with cudaErrorInvalidDeviceFunction (or NoKernelImageForDevice)
+  // where the image holds neither code nor PTX the current device can run.
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, count_choices_kernel);
+}
+
+cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_t d, float* h,
                                   cudaStream_t stream) {
   if (rows < 0 || d < 2) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
@@ -146,6 +148,8 @@ cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_
 
 size_t rows_by_choice_workspace(int64_t n, int k) {
   const int64_t tiles = (n + kTile - 1) / kTile;
+  // rows_by_choice refuses these sizes (its scan counts in int).
+  if (n < 0 || k < 1 || static_cast<int64_t>(k) * tiles > INT32_MAX) return 0;
   const size_t table = align_up(static_cast<size_t>(k * tiles) * sizeof(int64_t));
   return 2 * table + align_up(scan_bytes(static_cast<int>(k * tiles)));
 }

@@ -41,6 +41,12 @@ CHIAR_API bool host_kernels_enabled();
 // build has them (built when libtorch has CUDA and CMake finds nvcc). Each
 // call site also checks that its tensors are on a CUDA device.
 CHIAR_API bool cuda_kernels_enabled();
+// Whether they can run in this process: the build has them, the driver
+// supports the CUDA runtime they were built with, and they were built for
+// the GPU's architecture. Where they cannot, every
+// call site takes libtorch's composition, and the first call says why once
+// on stderr.
+CHIAR_API bool cuda_kernels_usable();
 
 // Entries into host kernels since the process started (every fast path
 // counts itself where it takes its host kernel): the tests check that none

@@ -29,7 +29,9 @@ CHIAR_API at::Tensor idct2(const at::Tensor& c, DctImpl impl = DctImpl::Auto);
 
 // Normalised spectral entropy of each vector along the last axis:
 //   c = dct2(x), p_k = c_k^2 / sum_j c_j^2, H = -sum_k p_k log p_k / log d.
-// (..., d) -> (...), in [0, 1]; H(0) = 0 and H = 0 when d == 1. Differentiable.
+// (..., d) -> (...), in [0, 1]; H(0) = 0 and H = 0 when d == 1; NaN for a
+// vector holding a NaN or an infinity. H is float64 for float64 input and
+// fp32 otherwise (bf16 and fp16 are widened first). Differentiable.
 CHIAR_API at::Tensor spectral_entropy(const at::Tensor& x, DctImpl impl = DctImpl::Auto);
 // The same from DCT coefficients already computed (lets a caller reuse them).
 CHIAR_API at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c);

@@ -337,7 +337,12 @@ void BM_cuda_entropy(benchmark::State& state, bool kernel) {
     composed = spectral_entropy_from_coeffs(c);
   }
   ScopedKernelPolicy policy(kernel ? KernelPolicy::Auto : KernelPolicy::Compositions);
+  const uint64_t launched = cuda_kernel_count();
   const double err = (spectral_entropy_from_coeffs(c) - composed).abs().max().item<double>();
+  if (kernel && cuda_kernel_count() == launched) {
+    state.SkipWithError("the CUDA kernel did not run (cuda_kernels_usable(): see stderr)");
+    return;
+  }
   if (err > 1e-5) {
     state.SkipWithError(("kernel and composition disagree: " + std::to_string(err)).c_str());
     return;
@@ -359,7 +364,12 @@ void BM_cuda_rows(benchmark::State& state, bool kernel) {
     composed = rows_by_choice(choice, K);
   }
   ScopedKernelPolicy policy(kernel ? KernelPolicy::Auto : KernelPolicy::Compositions);
+  const uint64_t launched = cuda_kernel_count();
   const auto rows = rows_by_choice(choice, K);
+  if (kernel && cuda_kernel_count() == launched) {
+    state.SkipWithError("the CUDA kernel did not run (cuda_kernels_usable(): see stderr)");
+    return;
+  }
   for (int64_t k = 0; k < K; ++k)
     if (!at::equal(rows[k], composed[k])) {
       state.SkipWithError("kernel and composition list different rows");

@@ -33,7 +33,7 @@ cuda::Real real_of(const at::Tensor& t) {
 
 }  // namespace
 
-bool cuda_kernels_usable() {
+bool cuda_kernels_runnable() {
   static const bool usable = [] {
     int runtime = 0, driver = 0;
     if (cudaRuntimeGetVersion(&runtime) != cudaSuccess || cudaDriverGetVersion(&driver) != cudaSuccess) {
@@ -43,6 +43,12 @@ bool cuda_kernels_usable() {
     if (driver < runtime) {
       std::cerr << "chiar: the CUDA kernels are off: they were built with CUDA runtime " << runtime
                 << ", newer than this driver's " << driver << "; libtorch's compositions run instead\n";
+      return false;
+    }
+    if (const cudaError_t err = cuda::kernels_loadable(); err != cudaSuccess) {
+      (void)cudaGetLastError();  // the failed query must not surface at a later launch check
+      std::cerr << "chiar: the CUDA kernels are off: " << cudaGetErrorString(err)
+                << " (built for the architectures in CHIAR_CUDA_ARCHITECTURES); libtorch's compositions run instead\n";
       return false;
     }
     return true;
@@ -60,8 +66,10 @@ at::Tensor spectral_entropy_cuda(const at::Tensor& c) {
   const c10::cuda::CUDAGuard guard(c.device());
   count_cuda_kernel();
   const auto rows = c.contiguous();                                     // (..., d)
-  auto h = at::empty(c.sizes().slice(0, c.dim() - 1), c.options());  // (...)
-  check(cuda::spectral_entropy_rows(rows.data_ptr(), real_of(c), h.numel(), d, h.data_ptr(),
+  auto h = at::empty(c.sizes().slice(0, c.dim() - 1), c.options().dtype(at::kFloat));  // (...)
+  // Checks the launch only: a fault while the kernel runs surfaces at the
+  // next synchronisation, the routing compaction's copy of its counts.
+  check(cuda::spectral_entropy_rows(rows.data_ptr(), real_of(c), h.numel(), d, h.data_ptr<float>(),
                                     c10::cuda::getCurrentCUDAStream(c.device().index()).stream()),
         "spectral entropy kernel");
   return h;

@@ -10,17 +10,17 @@
 
 namespace chiar {
 
-// Whether the kernels can run in this process: the driver supports the CUDA
-// runtime they were built with (a toolkit newer than the driver makes every
-// launch fail; the callers then take the compositions, and the first call
-// says so once on stderr).
-bool cuda_kernels_usable();
+// Whether the driver supports the CUDA runtime the kernels were built with
+// (a toolkit newer than the driver makes every launch fail) and the build
+// holds code for the current device's architecture; the first call says once
+// on stderr when not. cuda_kernels_usable() (chiar/kernels.h) answers with it.
+bool cuda_kernels_runnable();
 // The most operators rows_by_choice_cuda takes.
 constexpr int64_t kMaxCudaOperators = 4096;
 // Whether the entropy kernel takes c's type: fp32, bf16 or fp16.
 bool cuda_entropy_takes(const at::Tensor& c);
 // spectral_entropy_from_coeffs without autograd: c (..., d) on a CUDA
-// device, d >= 2 -> H (...) of c's type.
+// device, d >= 2 -> H (...) fp32.
 at::Tensor spectral_entropy_cuda(const at::Tensor& c);
 // rows_by_choice for an int64 choice on a CUDA device and 1 <= K <=
 // kMaxCudaOperators: K index tensors, views of one buffer, sized by one copy

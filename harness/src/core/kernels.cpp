@@ -4,6 +4,9 @@
 
 #include "chiar/error.h"
 #include "chiar_build_info.h"
+#if CHIAR_CUDA_KERNELS
+#include "cuda_routing.h"
+#endif
 
 namespace chiar {
 namespace {
@@ -22,6 +25,14 @@ void set_kernel_policy(KernelPolicy policy) { g_policy.store(policy, std::memory
 KernelPolicy kernel_policy() { return g_policy.load(std::memory_order_relaxed); }
 bool host_kernels_enabled() { return kernel_policy() == KernelPolicy::Auto; }
 bool cuda_kernels_enabled() { return CHIAR_CUDA_KERNELS && kernel_policy() == KernelPolicy::Auto; }
+
+bool cuda_kernels_usable() {
+#if CHIAR_CUDA_KERNELS
+  return cuda_kernels_runnable();
+#else
+  return false;
+#endif
+}
 
 namespace {
 std::atomic<uint64_t> g_host_kernels{0};

@@ -144,32 +144,37 @@ at::Tensor idct2(const at::Tensor& c, DctImpl impl) {
 at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
   check_input(c, "spectral_entropy");
   const int64_t d = c.size(-1);
-  if (d == 1) return at::zeros(c.sizes().slice(0, c.dim() - 1), c.options());
-  if (host_kernels_enabled() && c.scalar_type() == at::kFloat && c.device().is_cpu() &&
-      !(torch::autograd::GradMode::is_enabled() && c.requires_grad())) {
+#if CHIAR_CUDA_KERNELS
+  if (cuda_kernels_enabled() && c.is_cuda() && d >= 2 && cuda_entropy_takes(c) &&
+      !(torch::autograd::GradMode::is_enabled() && c.requires_grad()) && cuda_kernels_usable())
+    return spectral_entropy_cuda(c);  // one kernel for the chain below; it reads bf16 and fp16 as they are
+#endif
+  // H in fp32 at least, whatever the coefficients' storage: bf16 or fp16
+  // coefficients (autocast) are widened, as the CUDA kernel widens them, so
+  // that every path compares the same H against thresholds calibrated in
+  // fp32, and fp16's range does not flush the floor below to 0.
+  const auto wide = c.scalar_type() == at::kDouble ? c : c.to(at::kFloat);  // (..., d)
+  if (d == 1) return at::zeros(wide.sizes().slice(0, wide.dim() - 1), wide.options());
+  if (host_kernels_enabled() && wide.scalar_type() == at::kFloat && wide.device().is_cpu() &&
+      !(torch::autograd::GradMode::is_enabled() && wide.requires_grad())) {
     // Inference and calibration, where the router runs this on every token
     // of a routed layer: one pass per row (entropy_rows.h).
-    const auto rows = c.contiguous();
-    auto h = at::empty(c.sizes().slice(0, c.dim() - 1), c.options());
+    const auto rows = wide.contiguous();
+    auto h = at::empty(wide.sizes().slice(0, wide.dim() - 1), wide.options());
     count_host_kernel();
     spectral_entropy_rows(rows.data_ptr<float>(), h.numel(), d, h.data_ptr<float>());
     return h;
   }
-#if CHIAR_CUDA_KERNELS
-  if (cuda_kernels_enabled() && c.is_cuda() && cuda_entropy_takes(c) &&
-      !(torch::autograd::GradMode::is_enabled() && c.requires_grad()) && cuda_kernels_usable())
-    return spectral_entropy_cuda(c);  // one kernel for the chain below
-#endif
   // A zero vector divides by 1 instead of 0, so p = 0 and H = 0 with finite
   // gradients; the smallest normal number keeps 0 * log 0 at 0.
-  const double tiny = c.scalar_type() == at::kDouble
+  const double tiny = wide.scalar_type() == at::kDouble
                           ? std::numeric_limits<double>::min()
                           : static_cast<double>(std::numeric_limits<float>::min());
-  auto energy = c.square();
+  auto energy = wide.square();
   auto total = energy.sum(-1, /*keepdim=*/true);
   const auto safe_total = at::where(total > 0, total, at::ones_like(total));
   at::Tensor plogp;
-  if (torch::autograd::GradMode::is_enabled() && c.requires_grad()) {
+  if (torch::autograd::GradMode::is_enabled() && wide.requires_grad()) {
     auto p = energy / safe_total;
     plogp = p * p.clamp_min(tiny).log();
   } else {
