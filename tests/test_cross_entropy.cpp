@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 #include <torch/autograd.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <limits>
@@ -11,7 +12,9 @@
 
 #include "chiar/cross_entropy.h"
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/linear.h"
+#include "core/autocast_compat.h"
 #include "support/fixtures.h"
 
 using namespace chiar;
@@ -157,4 +160,147 @@ TEST_CASE("linear_cross_entropy rejects targets outside the vocabulary and misma
   REQUIRE_THROWS_WITH(linear_cross_entropy(hidden, weight, at::zeros({4}, at::TensorOptions().dtype(at::kLong)),
                                            at::ones({3})),
                       "linear_cross_entropy: token_weights must be (4,), found [3]");
+}
+
+namespace {
+
+// chunked_linear_cross_entropy's loss and gradients against the float64
+// definition, the gradients through a backward that scales them by 0.5.
+void check_chunked(const at::Tensor& hidden0, const at::Tensor& weight0, const at::Tensor& targets, const at::Tensor& w,
+                   at::ScalarType compute, int64_t rows_per_pass, const Expected& expected, double tol) {
+  auto hidden = hidden0.detach().clone().requires_grad_(true);
+  auto weight = weight0.detach().clone().requires_grad_(true);
+  auto loss = chunked_linear_cross_entropy(hidden, weight, targets, w, compute, rows_per_pass);
+  REQUIRE(loss.dim() == 0);
+  REQUIRE(loss.scalar_type() == hidden.scalar_type());
+  CHECK(std::abs(loss.item<double>() - expected.loss) <= tol * std::max(1.0, std::abs(expected.loss)));
+  (loss * 0.5).backward();
+  REQUIRE(hidden.grad().scalar_type() == hidden.scalar_type());
+  REQUIRE(weight.grad().scalar_type() == weight.scalar_type());
+  CHECK(rel_error(hidden.grad().cpu(), expected.grad_hidden * 0.5) < tol);
+  CHECK(rel_error(weight.grad().cpu(), expected.grad_weight * 0.5) < tol);
+  at::NoGradGuard no_grad;  // the same value without gradients
+  CHECK(chunked_linear_cross_entropy(hidden, weight, targets, w, compute, rows_per_pass).item<double>() ==
+        Approx(loss.item<double>()).epsilon(1e-6));
+}
+
+// Cases around the padding of V to 64 rows and blocks that split the batch.
+const std::vector<Case> kChunkedCases{
+    {1, 3, 2, Weights::Mean, 0, 0},      {7, 5, 11, Weights::Mask, 3, 0},      {64, 16, 1000, Weights::Random, 0, 0},
+    {130, 16, 8192, Weights::Mask, 64, 0}, {65, 8, 50257, Weights::Mean, 16, 0}};
+
+}  // namespace
+
+TEST_CASE("chunked_linear_cross_entropy (a GPU's blocks) matches the float64 definition on the CPU",
+          "[cross_entropy][chunked]") {
+  for (const auto& c : kChunkedCases) {
+    CAPTURE(c.N, c.d, c.V, static_cast<int>(c.weights), c.rows_per_pass);
+    at::manual_seed(21);
+    const auto hidden = at::randn({c.N, c.d}, at::TensorOptions().dtype(at::kDouble));
+    const auto weight = at::randn({c.V, c.d}, at::TensorOptions().dtype(at::kDouble)) * 0.5;
+    const auto targets = at::randint(c.V, {c.N}, at::TensorOptions().dtype(at::kLong));
+    const auto w = token_weights(c.weights, c.N);
+    {
+      INFO("float64 products");
+      const auto w64 = w.defined() ? w.to(at::kDouble) : w;
+      check_chunked(hidden, weight, targets, w64, at::kDouble, c.rows_per_pass,
+                    reference(hidden, weight, targets, w64), 1e-10);
+    }
+    const auto h32 = hidden.to(at::kFloat), w32 = weight.to(at::kFloat);
+    {
+      INFO("fp32 products");
+      check_chunked(h32, w32, targets, w, at::kFloat, c.rows_per_pass, reference(h32, w32, targets, w), 2e-5);
+    }
+    {
+      // bf16 products from fp32 tensors, as under autocast: against the
+      // definition of the rounded operands, within what bf16 logits and
+      // gradients (8 bits) leave.
+      INFO("bf16 products");
+      const auto expected = reference(h32.to(at::kBFloat16), w32.to(at::kBFloat16), targets, w);
+      check_chunked(h32, w32, targets, w, at::kBFloat16, c.rows_per_pass, expected, 3e-2);
+    }
+  }
+}
+
+TEST_CASE("chunked_linear_cross_entropy: non-finite rows and targets outside the vocabulary give NaN, no exception",
+          "[cross_entropy][chunked]") {
+  at::manual_seed(22);
+  const auto weight = at::randn({70, 4});
+  auto hidden = at::randn({5, 4});
+  auto targets = at::randint(70, {5}, at::TensorOptions().dtype(at::kLong));
+  CHECK(std::isfinite(chunked_linear_cross_entropy(hidden, weight, targets, {}, at::kFloat).item<double>()));
+  for (const int64_t outside : {int64_t{70}, int64_t{-1}}) {
+    auto bad = targets.clone();
+    bad[3] = outside;
+    CHECK(std::isnan(chunked_linear_cross_entropy(hidden, weight, bad, {}, at::kFloat, 2).item<double>()));
+  }
+  hidden[1][0] = std::numeric_limits<float>::infinity();
+  auto h = hidden.clone().requires_grad_(true);
+  const auto loss = chunked_linear_cross_entropy(h, weight, targets, {}, at::kFloat, 2);
+  CHECK(std::isnan(loss.item<double>()));
+  loss.backward();
+  CHECK(h.grad()[1].isnan().all().item<bool>());
+  CHECK(h.grad()[0].isfinite().all().item<bool>());
+  // The mean of no rows is NaN; a weighted sum over none is 0.
+  const auto none = at::zeros({0, 4});
+  const auto no_targets = at::zeros({0}, at::TensorOptions().dtype(at::kLong));
+  CHECK(std::isnan(chunked_linear_cross_entropy(none, weight, no_targets, {}, at::kFloat).item<double>()));
+  CHECK(chunked_linear_cross_entropy(none, weight, no_targets, at::zeros({0}), at::kFloat).item<double>() == 0.0);
+}
+
+TEST_CASE("cuda: the language model head on a GPU takes the blocks and the head kernel, and matches the definition",
+          "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const at::Device gpu(at::kCUDA);
+  for (const auto& c : kChunkedCases) {
+    CAPTURE(c.N, c.d, c.V, static_cast<int>(c.weights), c.rows_per_pass);
+    at::manual_seed(23);
+    const auto hidden = at::randn({c.N, c.d});
+    const auto weight = at::randn({c.V, c.d}) * 0.5;
+    const auto targets = at::randint(c.V, {c.N}, at::TensorOptions().dtype(at::kLong));
+    const auto w = token_weights(c.weights, c.N);
+    const auto wg = w.defined() ? w.to(gpu) : w;
+    const auto expected = reference(hidden, weight, targets, w);
+    const uint64_t before = cuda_kernel_count();
+    {
+      INFO("fp32 through linear_cross_entropy, with the head kernel");
+      check_chunked(hidden.to(gpu), weight.to(gpu), targets.to(gpu), wg, at::kFloat, c.rows_per_pass, expected, 2e-5);
+      if (cuda_kernels_usable()) CHECK(cuda_kernel_count() > before);
+    }
+    {
+      INFO("fp32 with the composition in place of the kernel");
+      ScopedKernelPolicy aten(KernelPolicy::Compositions);
+      const uint64_t kernels = cuda_kernel_count();
+      check_chunked(hidden.to(gpu), weight.to(gpu), targets.to(gpu), wg, at::kFloat, c.rows_per_pass, expected, 2e-5);
+      CHECK(cuda_kernel_count() == kernels);
+    }
+    {
+      INFO("bf16 products");
+      const auto rounded = reference(hidden.to(at::kBFloat16), weight.to(at::kBFloat16), targets, w);
+      check_chunked(hidden.to(gpu), weight.to(gpu), targets.to(gpu), wg, at::kBFloat16, c.rows_per_pass, rounded, 3e-2);
+    }
+  }
+  // A language model's loss on the GPU under autocast takes the blocks in
+  // bf16: within bf16's reach of the CPU's fp32 value.
+  at::manual_seed(24);
+  const auto hidden = at::randn({300, 32}), weight = at::randn({8192, 32}) * 0.5;
+  const auto targets = at::randint(8192, {300}, at::TensorOptions().dtype(at::kLong));
+  const double cpu = linear_cross_entropy(hidden, weight, targets).item<double>();
+  double cast = 0;
+  {
+    const autocast::Bf16Scope bf16(true, gpu);
+    cast = linear_cross_entropy(hidden.to(gpu), weight.to(gpu), targets.to(gpu)).item<double>();
+  }
+  CHECK(cast == Approx(cpu).epsilon(2e-2));
+  // Rows the kernel must mark: a non-finite logit, a target outside.
+  auto bad_hidden = hidden.narrow(0, 0, 4).clone();
+  bad_hidden[1][0] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(std::isnan(chunked_linear_cross_entropy(bad_hidden.to(gpu), weight.to(gpu), targets.narrow(0, 0, 4).to(gpu), {},
+                                                at::kBFloat16)
+                       .item<double>()));
+  auto bad_targets = targets.narrow(0, 0, 4).clone();
+  bad_targets[2] = 8192;
+  CHECK(std::isnan(chunked_linear_cross_entropy(hidden.narrow(0, 0, 4).to(gpu), weight.to(gpu), bad_targets.to(gpu), {},
+                                                at::kFloat)
+                       .item<double>()));
 }

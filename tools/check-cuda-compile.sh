@@ -85,7 +85,8 @@ includes=(-I harness/include -I harness/src -I harness/src/core -I harness/cuda 
           -isystem "$torch_include/torch/csrc/api/include" -isystem "$work/shim")
 [ "$torch_include" = /usr/include ] || includes+=(-isystem "$torch_include")
 [ "$cuda_include" = /usr/include ] || includes+=(-isystem "$cuda_include")
-for source in harness/src/core/cuda_routing.cpp harness/src/core/spectral.cpp harness/src/core/rows.cpp \
+for source in harness/src/core/cuda_routing.cpp harness/src/core/cuda_head.cpp harness/src/core/chunked_cross_entropy.cpp \
+              harness/src/core/spectral.cpp harness/src/core/rows.cpp \
               harness/src/core/kernels.cpp harness/src/bench/chiar_bench.cpp harness/src/engine/gpu_memory.cpp; do
   if g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -fopenmp "${includes[@]}" "$source"; then
     echo "checked   $source (as a CUDA build compiles it)"

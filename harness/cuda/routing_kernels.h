@@ -8,9 +8,9 @@
 
 #include <cuda_runtime_api.h>
 
-namespace chiar::cuda {
+#include "real_type.h"
 
-enum class Real { F32, BF16, F16 };
+namespace chiar::cuda {
 
 // Whether the current device can run these kernels: cudaSuccess where the
 // build holds code or PTX for its architecture (CHIAR_CUDA_ARCHITECTURES).

@@ -10,14 +10,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <utility>
 
+#include "core/autocast_compat.h"
 #include "model/mixing_layer.h"
 #include "chiar/registry.h"
 #include "engine/runtime.h"
 #include "engine/accounting.h"
+#include "chiar/cross_entropy.h"
 #include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar/linear.h"
@@ -412,6 +417,47 @@ void BM_cuda_gather_scatter(benchmark::State& state) {
   }
   if (!at::equal(y, x)) state.SkipWithError("gathered and scattered rows are not the input");
 }
+
+// The language model head's loss, forward and backward under bf16 autocast,
+// three ways: the blocks with the head kernel (what a run takes), the same
+// blocks with libtorch's composition in the kernel's place, and libtorch's
+// plain path, which makes the (N, V) logits. Each loss is checked against
+// the plain path's first.
+enum class HeadWay { Kernel, BlocksAten, Plain };
+
+at::Tensor head_loss(HeadWay way, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets) {
+  ScopedKernelPolicy policy(way == HeadWay::Kernel ? KernelPolicy::Auto : KernelPolicy::Compositions);
+  const autocast::Bf16Scope cast(true, hidden.device());
+  if (way == HeadWay::BlocksAten) return chunked_linear_cross_entropy(hidden, weight, targets, {}, at::kBFloat16);
+  return linear_cross_entropy(hidden, weight, targets);
+}
+
+void BM_cuda_lm_head(benchmark::State& state, HeadWay way) {
+  const int64_t N = state.range(0), V = state.range(1), d = 512;
+  at::manual_seed(0);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  auto hidden = at::randn({N, d}, cuda).requires_grad_(true);               // (N, d)
+  auto weight = (at::randn({V, d}, cuda) * 0.05).requires_grad_(true);      // (V, d)
+  const auto targets = at::randint(V, {N}, cuda.dtype(at::kLong));          // (N,)
+  const double plain = head_loss(HeadWay::Plain, hidden, weight, targets).item<double>();
+  const uint64_t launched = cuda_kernel_count();
+  const double loss = head_loss(way, hidden, weight, targets).item<double>();
+  if (way == HeadWay::Kernel && cuda_kernel_count() == launched) {
+    state.SkipWithError("the head kernel did not run (cuda_kernels_usable(): see stderr)");
+    return;
+  }
+  if (std::abs(loss - plain) > 1e-2 * std::abs(plain)) {
+    state.SkipWithError(("loss " + std::to_string(loss) + " against the plain path's " + std::to_string(plain)).c_str());
+    return;
+  }
+  for (auto _ : state) {
+    hidden.mutable_grad() = at::Tensor();
+    weight.mutable_grad() = at::Tensor();
+    head_loss(way, hidden, weight, targets).backward();
+    synchronize();
+  }
+  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(N), benchmark::Counter::kIsIterationInvariantRate);
+}
 #endif
 
 void register_cuda() {
@@ -429,6 +475,15 @@ void register_cuda() {
     for (int64_t T : {512, 2048, 8192})
       for (int64_t K : {2, 3}) r->Args({T, K});
     r->Unit(benchmark::kMicrosecond)->UseRealTime();
+  }
+  // Rows and vocabulary: the target shape (B 16, T 2048, GPT-2's
+  // vocabulary) and the anchor's (B 8, T 2048, V 8192).
+  for (const auto& [name, way] : {std::make_pair("kernel", HeadWay::Kernel),
+                                  std::make_pair("blocks_aten", HeadWay::BlocksAten),
+                                  std::make_pair("plain", HeadWay::Plain)}) {
+    auto* head = benchmark::RegisterBenchmark((std::string("cuda/lm_head/") + name).c_str(),
+                                             [way = way](benchmark::State& s) { BM_cuda_lm_head(s, way); });
+    head->Args({32768, 50257})->Args({16384, 8192})->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   if (!routed_pair().cheap.empty()) {
     const std::string routed = routed_pair().cheap_short + "_" + routed_pair().global_short;

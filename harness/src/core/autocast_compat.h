@@ -18,6 +18,17 @@ inline bool any_enabled() {
 #endif
 }
 
+// The type autocast computes in on `type`'s device (the CPU or CUDA) in this
+// thread, or Undefined when it is off there.
+inline at::ScalarType enabled_dtype(at::DeviceType type) {
+#if CHIAR_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(type) ? at::autocast::get_autocast_dtype(type) : at::ScalarType::Undefined;
+#else
+  if (type == at::kCUDA) return at::autocast::is_enabled() ? at::autocast::get_autocast_gpu_dtype() : at::ScalarType::Undefined;
+  return at::autocast::is_cpu_enabled() ? at::autocast::get_autocast_cpu_dtype() : at::ScalarType::Undefined;
+#endif
+}
+
 // Switches autocast on `type`'s device (the CPU or CUDA) on (to dtype) or off.
 inline void set(at::DeviceType type, bool on, at::ScalarType dtype = at::kBFloat16) {
 #if CHIAR_TORCH_AT_LEAST(2, 4)

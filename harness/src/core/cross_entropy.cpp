@@ -93,8 +93,8 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
   }
 };
 
-void check(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-           const at::Tensor& token_weights) {
+void check_shapes(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                  const at::Tensor& token_weights) {
   if (hidden.dim() != 2 || weight.dim() != 2 || hidden.size(1) != weight.size(1))
     throw UserError("linear_cross_entropy: hidden " + c10::str(hidden.sizes()) + " and weight " +
                     c10::str(weight.sizes()) + " are not (N, d) and (V, d)");
@@ -104,6 +104,12 @@ void check(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor&
   if (token_weights.defined() && (token_weights.dim() != 1 || token_weights.size(0) != hidden.size(0)))
     throw UserError("linear_cross_entropy: token_weights must be (" + std::to_string(hidden.size(0)) + ",), found " +
                     c10::str(token_weights.sizes()));
+}
+
+// Every target in [0, V): libtorch's loss would read outside its row (and
+// assert on a GPU). The GPU's block pass skips this (and its host round
+// trip): it gives such a row NaN.
+void check_targets(const at::Tensor& weight, const at::Tensor& targets) {
   const int64_t V = weight.size(0);
   const auto outside = ((targets < 0) | (targets >= V)).nonzero();  // (k, 1)
   if (outside.numel() > 0) {
@@ -118,7 +124,14 @@ void check(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor&
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 const at::Tensor& token_weights, int64_t rows_per_pass) {
   RECORD_FUNCTION("chiar::linear_cross_entropy", std::vector<c10::IValue>({hidden, weight}));
-  check(hidden, weight, targets, token_weights);
+  check_shapes(hidden, weight, targets, token_weights);
+  if (hidden.is_cuda() && kernel_policy() == KernelPolicy::Auto) {
+    // A GPU's blocks of rows, the products in autocast's type where it is on.
+    const at::ScalarType cast = autocast::enabled_dtype(at::kCUDA);
+    return chunked_linear_cross_entropy(hidden, weight, targets, token_weights,
+                                        cast != at::ScalarType::Undefined ? cast : hidden.scalar_type(), rows_per_pass);
+  }
+  check_targets(weight, targets);
   if (!host_kernels_enabled() || !fp32_cpu(hidden) || !fp32_cpu(weight) ||
       (token_weights.defined() && !fp32_cpu(token_weights)) || !targets.device().is_cpu() || autocast::any_enabled()) {
     // Reduced-precision logits (autocast) are normalised in fp32; fp64 stays fp64.

@@ -1,0 +1,21 @@
+#pragma once
+// The block step of chunked_linear_cross_entropy (chiar/cross_entropy.h):
+// between a block's forward product and its two gradient products, the loss
+// of each row and, in place of the logits, their gradient.
+#include <ATen/core/Tensor.h>
+
+namespace chiar {
+
+// One block's loss: for logits (n, V) (rows may be strided), returns the
+// rows' nll (n,) in fp32 (fp64 for fp64 logits), and when write_grads
+// overwrites the logits with w_r (softmax - onehot(t_r)). A row with a
+// non-finite logit or a target outside [0, V) gets NaN throughout.
+//   targets (n,) int64, weights (n,) on the logits' device
+// The CUDA kernel where the build has it and the logits are on a GPU, else
+// the composition, which the tests compare it against.
+at::Tensor softmax_cross_entropy_block(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& weights,
+                                       bool write_grads);
+at::Tensor softmax_cross_entropy_composed(const at::Tensor& logits, const at::Tensor& targets,
+                                          const at::Tensor& weights, bool write_grads);
+
+}  // namespace chiar
