@@ -82,6 +82,27 @@ TEST_CASE("device: a batch on the CPU is the batch itself; a resolved name is li
   CHECK(engine::torch_device("cuda:1") == at::Device(at::kCUDA, 1));
 }
 
+TEST_CASE("device: a batch's targets are checked in host memory before it moves, naming the batch", "[device]") {
+  Batch lm;
+  lm.tokens = at::zeros({2, 3}, at::kLong);
+  lm.targets = at::tensor(std::vector<int64_t>{0, 1, 2, 3, 7, 5}).view({2, 3});
+  CHECK_NOTHROW(engine::check_batch_targets(lm, 8, true, "task 'lm' training step 4"));
+  REQUIRE_THROWS_WITH(engine::check_batch_targets(lm, 7, true, "task 'lm' training step 4"),
+                      "task 'lm' training step 4: target 7 at [1, 1] is outside the vocabulary [0, 7)");
+  lm.targets[0][2] = -1;
+  REQUIRE_THROWS_WITH(engine::check_batch_targets(lm, 8, true, "split 'valid' batch 0"),
+                      "split 'valid' batch 0: target -1 at [0, 2] is outside the vocabulary [0, 8)");
+  Batch labels;
+  labels.tokens = at::zeros({3, 4}, at::kLong);
+  labels.targets = at::tensor(std::vector<int64_t>{1, 0, 2});
+  CHECK_NOTHROW(engine::check_batch_targets(labels, 3, false, "split 'test' batch 2"));
+  REQUIRE_THROWS_WITH(engine::check_batch_targets(labels, 2, false, "split 'test' batch 2"),
+                      "split 'test' batch 2: target 2 at [2] is outside the classes [0, 2)");
+  labels.targets = labels.targets.to(at::kInt);
+  REQUIRE_THROWS_WITH(engine::check_batch_targets(labels, 3, false, "split 'test' batch 2"),
+                      "split 'test' batch 2: targets must be int64 in host memory, found Int on cpu");
+}
+
 TEST_CASE("device: a run records the CPU as cpu, and a GPU as nvidia-smi describes it", "[device]") {
   CHECK(engine::describe_device("cpu") == "cpu");
   // A stand-in for the driver's tool, first on PATH for this test.

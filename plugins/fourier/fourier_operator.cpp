@@ -29,10 +29,12 @@ class FourierOperator final : public Operator {
     if (!ctx.valid.defined()) return chiar::apply_layer_norm(norm_, x + mix(x));
     // Sequences of different real lengths: transform each over its own length.
     const int64_t B = x.size(0), T = x.size(1);
-    auto lengths = ctx.valid.sum(1).to(at::kLong).contiguous();
+    // One host read, for the whole batch: the lengths size each transform.
+    const auto lengths = ctx.valid.sum(1).to(at::kCPU, at::kLong).contiguous();  // (B,)
+    const int64_t* length = lengths.data_ptr<int64_t>();
     std::vector<at::Tensor> rows;
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t L = std::max<int64_t>(1, lengths[b].item<int64_t>());
+      const int64_t L = std::max<int64_t>(1, length[b]);
       auto xb = x[b].narrow(0, 0, L).unsqueeze(0);             // (1, L, d)
       auto yb = mix(xb).squeeze(0);                             // (L, d)
       if (L < T) yb = at::cat({yb, at::zeros({T - L, d_}, x.options())});  // padding rows: unspecified, zero

@@ -1,7 +1,6 @@
 #include "bench_train.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include <malloc.h>
@@ -20,6 +19,7 @@
 #include "model/model.h"
 #include "engine/runtime.h"
 #include "engine/accounting.h"
+#include "engine/device.h"
 #include "engine/gpu_memory.h"
 #include "engine/matrix.h"
 #include "chiar/adamw.h"
@@ -50,12 +50,6 @@ std::vector<std::string> stretch(const std::vector<std::string>& plan, int64_t l
   return out;
 }
 
-// Waits for the device's queued work: a GPU runs a step's kernels after the
-// host has moved on, so a host clock stops only once they are done.
-void synchronize(const at::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
-
 // The model's parameters, once it is on the device (built on the CPU under
 // its seed, so every device starts from the same weights).
 std::vector<at::Tensor> parameters_on(ChiarModel& model, const at::Device& device) {
@@ -70,6 +64,7 @@ class Variant {
       : model_(registry, options),
         opt_(parameters_on(model_, tokens.device()), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95})),
         bf16_(bf16) {
+    const autocast::Bf16Scope cast(bf16_, tokens.device());  // as a run calibrates: in its precision
     model_.calibrate_routers(tokens);
   }
 
@@ -89,7 +84,7 @@ class Variant {
     }
     loss.backward();
     opt_.step();
-    synchronize(tokens.device());
+    engine::synchronize_device(tokens.device());
   }
 
   // Keeps the logits until the next call, as a caller consuming them would.
@@ -98,7 +93,7 @@ class Variant {
     at::NoGradGuard no_grad;
     const autocast::Bf16Scope cast(bf16_, tokens.device());
     last_ = model_.forward(tokens);
-    synchronize(tokens.device());
+    engine::synchronize_device(tokens.device());
   }
 
   // FLOPs of a training step as executed, from the model's own accounting
@@ -106,7 +101,9 @@ class Variant {
   double step_flops(const at::Tensor& tokens, int64_t batch, int64_t seq) {
     model_.train();
     {
+      // In the step's precision, so that routing decides as in the timed steps.
       at::NoGradGuard no_grad;
+      const autocast::Bf16Scope cast(bf16_, tokens.device());
       last_ = model_.forward(tokens);
     }
     double flops = 0;
@@ -132,12 +129,12 @@ class DeviceGemmProbe {
     a_ = at::randn({n, n}, options);
     b_ = at::randn({n, n}, options);
     for (int i = 0; i < 2; ++i) at::mm(a_, b_);  // warm-up: the library's first call picks its kernels
-    synchronize(device_);
+    engine::synchronize_device(device_);
   }
   double gflops() {
     const auto t0 = Clock::now();
     c_ = at::mm(a_, b_);
-    synchronize(device_);
+    engine::synchronize_device(device_);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return 2.0 * static_cast<double>(n_) * static_cast<double>(n_) * static_cast<double>(n_) / seconds / 1e9;
   }
@@ -351,6 +348,7 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   check_options(o);
   configure_threads(o.threads);
   const engine::Matrix m = load_variants(o);
+  engine::configure_device(at::Device(o.device));  // fp32 is IEEE fp32 on a GPU, as in a run
   const Synthetic batch = synthetic_batch(o);
   const std::string allocator = configure_allocator_for(m, o);
 

@@ -7,7 +7,9 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <utility>
 
 #include "chiar/error.h"
 #include "chiar/kernels.h"
@@ -30,14 +32,21 @@ at::TensorOptions real_options(const at::Tensor& x) {
   return at::TensorOptions().dtype(x.scalar_type()).device(x.device());
 }
 
-// Makhoul's even/odd reordering: v = [x0, x2, x4, ..., x5, x3, x1].
+// Makhoul's even/odd reordering: v = [x0, x2, x4, ..., x5, x3, x1]. Cached
+// per (d, device), as the basis is: built in host memory, it would otherwise
+// be a host-to-device copy on every call on a GPU.
 at::Tensor makhoul_permutation(int64_t d, at::Device device) {
-  auto idx = at::empty({d}, at::TensorOptions().dtype(at::kLong));
+  static std::mutex mutex;
+  static std::map<std::pair<int64_t, std::string>, at::Tensor> cache;
+  const auto key = std::make_pair(d, device.str());
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  auto idx = at::empty({d}, at::TensorOptions().dtype(at::kLong));  // (d,)
   auto* p = idx.data_ptr<int64_t>();
   int64_t j = 0;
   for (int64_t n = 0; n < d; n += 2) p[j++] = n;
   for (int64_t n = (d % 2 == 0) ? d - 1 : d - 2; n >= 1; n -= 2) p[j++] = n;
-  return idx.to(device);
+  return cache.emplace(key, idx.to(device)).first->second;
 }
 
 // s_k: sqrt(1/d) for k = 0, sqrt(2/d) otherwise, as a (d,) tensor.

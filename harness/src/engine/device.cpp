@@ -4,6 +4,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
 
 #include <cctype>
 #include <map>
@@ -139,6 +140,34 @@ std::string describe_device(const std::string& resolved) {
 }
 
 at::Device torch_device(const std::string& resolved) { return at::Device(resolved); }
+
+void check_batch_targets(const Batch& host, int64_t top, bool vocabulary, const std::string& where) {
+  const at::Tensor& targets = host.targets;
+  if (targets.scalar_type() != at::kLong || !targets.device().is_cpu())
+    throw UserError(where + ": targets must be int64 in host memory, found " + c10::str(targets.scalar_type()) +
+                    " on " + targets.device().str());
+  const auto flat = targets.contiguous();
+  const int64_t* t = flat.data_ptr<int64_t>();
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    if (t[i] >= 0 && t[i] < top) continue;
+    std::vector<int64_t> index(static_cast<size_t>(flat.dim()));  // i as [b, t] (or [b])
+    for (int64_t dim = flat.dim() - 1, rest = i; dim >= 0; --dim) {
+      index[static_cast<size_t>(dim)] = rest % flat.size(dim);
+      rest /= flat.size(dim);
+    }
+    throw UserError(where + ": target " + std::to_string(t[i]) + " at " + c10::str(at::IntArrayRef(index)) +
+                    " is outside the " +
+                    (vocabulary ? "vocabulary" : "classes") + " [0, " + std::to_string(top) + ")");
+  }
+}
+
+void configure_device(const at::Device& device) {
+  if (device.is_cuda()) at::globalContext().setAllowTF32CuBLAS(false);
+}
+
+void synchronize_device(const at::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
 
 Batch batch_on(const Batch& batch, const at::Device& device) {
   if (device.is_cpu()) return batch;

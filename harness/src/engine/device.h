@@ -61,6 +61,25 @@ std::string nvidia_smi_description(int64_t index);
 // libtorch's device for a name resolve_device returned.
 at::Device torch_device(const std::string& resolved);
 
+// Sets what a run on `device` computes under, process-wide: on a GPU, fp32
+// products in IEEE fp32 rather than TF32 (libtorch's default, which the
+// TORCH_ALLOW_TF32_CUBLAS_OVERRIDE environment variable turns around), so
+// that precision "fp32" means fp32 and a run's CPU and GPU losses agree to
+// fp32's error. Nothing on the CPU.
+void configure_device(const at::Device& device);
+
+// Waits for the work queued on `device` (nothing to wait for on the CPU): a
+// GPU runs a step's kernels after the host has moved on, so a host clock
+// read around them stops only once they are done.
+void synchronize_device(const at::Device& device);
+
+// Checks, in host memory before the batch moves, that every target lies in
+// [0, top): the vocabulary (a language model) or the classes. On a GPU the
+// loss would otherwise read outside its row, or give the row NaN, instead of
+// naming the fault. Throws UserError, e.g.
+//   task 'lm' training step 12: target 8192 at [3, 17] is outside the vocabulary [0, 8192)
+void check_batch_targets(const Batch& host, int64_t top, bool vocabulary, const std::string& where);
+
 // The batch on `device`. Tasks build batches in host memory; on another
 // device each tensor is copied over without blocking the host (the copies
 // queue ahead of the step's kernels). On the CPU: the batch itself.

@@ -159,8 +159,10 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
   for (int64_t i = 0; i < n; ++i) {
     // Counts come from the batch in host memory, the model reads its copy on the device.
     const Batch host = task.eval_batch(split, i, batch_size);
-    const Batch b = batch_on(host, device);
     const bool lm = task.head() == TaskHead::LanguageModel;
+    check_batch_targets(host, lm ? task.vocab_size() : task.n_classes(), lm,
+                        "split '" + split + "' batch " + std::to_string(i));
+    const Batch b = batch_on(host, device);
     ModelOutput out;
     at::Tensor batch_nll;  // () summed over the scored tokens (language model)
     {
@@ -178,7 +180,6 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
       }
     }
     real_count += real_tokens(host);
-    if (i == 0) timed(r.accounting_seconds, [&] { r.accounting = account(model, out, b.valid, b.tokens.size(1)); });
     if (lm) {
       nll += batch_nll.item<double>();  // host read: the batch's loss
     } else {
@@ -193,6 +194,9 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
         correct[y[j]] += p[j] == y[j];
       }
     }
+    // After the batch's host reads, which wait for its kernels: the
+    // accounting's own time only, which is left out of the rate.
+    if (i == 0) timed(r.accounting_seconds, [&] { r.accounting = account(model, out, b.valid, b.tokens.size(1)); });
     failpoint("eval.batch");
     if (i + 1 < n && stop && stop->load()) throw EvaluationStopped{};  // a finished evaluation counts
   }
@@ -557,9 +561,12 @@ std::string resumable_state(Run& run) {
   return state.first < 0 ? std::string() : state.second;
 }
 
-// Calibrates data-derived router settings on the first training batches.
+// Calibrates data-derived router settings on the first training batches,
+// in the precision the run trains in: under bf16 the router sees entropies
+// of bf16 coefficients, and thresholds from fp32 ones would give other shares.
 // Returns what calibrated them (JSON), or "" when there were none.
-std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec& spec, const at::Device& device) {
+std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec& spec, const at::Device& device,
+                              bool bf16) {
   const TrainOptions& t = spec.train;
   std::vector<at::Tensor> tokens, valid;
   int64_t longest = 0;
@@ -576,7 +583,10 @@ std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec
   }
   if (sample.empty()) return "";
   auto all_valid = at::cat(valid);
-  model.calibrate_routers(at::cat(tokens).to(device), all_valid.to(device));
+  {
+    const autocast::Bf16Scope cast(bf16, device);
+    model.calibrate_routers(at::cat(tokens).to(device), all_valid.to(device));
+  }
   return "{\"batches\": " + std::to_string(t.calibration_batches) +
          ", \"tokens\": " + std::to_string(all_valid.sum().item<int64_t>()) + "}";
 }
@@ -626,6 +636,9 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
   StepLoss s;
   for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
     const Batch host = run.ctx.task.train_batch(static_cast<uint64_t>(run.spec.seed), step * t.grad_accum + micro, t.batch_size);
+    const bool lm = run.ctx.task.head() == TaskHead::LanguageModel;
+    check_batch_targets(host, lm ? run.ctx.task.vocab_size() : run.ctx.task.n_classes(), lm,
+                        "task '" + run.spec.task + "' training step " + std::to_string(step + 1));
     const Batch b = batch_on(host, run.device);
     at::Tensor loss;
     {
@@ -757,6 +770,7 @@ void train_steps(Run& run, TrainResult& result) {
     }
     apply_gradients(run);
     failpoint("train.step");
+    synchronize_device(run.device);  // the step's time includes its optimiser's kernels
     const double seconds = seconds_since(t0);
     run.overhead.steps += seconds;
     run.step_ms.push_back(seconds * 1e3);
@@ -837,7 +851,7 @@ void start_or_resume(Run& run, TrainResult& result) {
   if (!state.empty())
     restore(run, state);
   else
-    result.summary.calibration = calibrate_routers(run.model, run.ctx.task, run.spec, run.device);
+    result.summary.calibration = calibrate_routers(run.model, run.ctx.task, run.spec, run.device, run.bf16);
   if (!run.group) return;
   std::vector<at::Tensor> tensors = run.model.parameters();
   for (const auto& b : run.model.buffers()) tensors.push_back(b);
@@ -858,8 +872,13 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   TrainResult result;
   configure_threads(static_cast<int>(spec.train.threads));
   Run run(spec, ctx);
+  configure_device(run.device);
   result.summary.params = run.model.parameter_count();
-  reset_gpu_memory_peak(run.device);  // from the model and optimiser in place
+  // The marks from the model and optimiser in place, after handing back the
+  // blocks earlier runs of this process left cached, so that the reserved
+  // mark is this run's alone.
+  release_gpu_cache(run.device);
+  reset_gpu_memory_peak(run.device);
   if (run.writer) {
     prepare_checkpoint_dir(spec, ctx.checkpoint_dir);
     warn_if_short_of_space(ctx.checkpoint_dir, result.summary.params);

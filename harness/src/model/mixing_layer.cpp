@@ -84,6 +84,9 @@ at::Tensor MixingLayer::dense(const at::Tensor& x, const OpContext& ctx,
   std::vector<at::Tensor> outputs;  // K x (B, T, d)
   for (const auto& op : operators_) outputs.push_back(op->forward(x, ctx));
   if (r.mode == RouteMode::Soft) return blend_outputs(outputs, r.weights);
+  // On a GPU, a host read the routing needs: the choices are checked before
+  // a gather reads by them, where one outside 0..K-1 would be a device-side
+  // assert that ends the process's CUDA context instead of naming the layer.
   check_choices(r.choice.reshape({-1}));
   // Hard decisions: the chosen output, selected exactly (no 1.0 * y rounding);
   // straight-through, the gate gets the soft blend's gradient.
