@@ -184,17 +184,52 @@ TEST_CASE("FusedAdamW matches libtorch's AdamW and shares its state", "[adamw]")
   }
 }
 
-TEST_CASE("FusedAdamW hands float64 parameters to libtorch's step", "[adamw]") {
+TEST_CASE("FusedAdamW updates parameters outside its loop by foreach ops, exactly as libtorch's step",
+          "[adamw]") {
+  // float64 here; on a GPU, every parameter. Two groups (one decayed), a
+  // parameter that misses a gradient (so two step counts in one group), a
+  // checkpoint that crosses into libtorch's AdamW.
   const Hyper h;
   const auto init = make_params(at::kDouble);
-  const auto grads = make_grads(init, 3);
+  const auto grads = make_grads(init, 6);
   auto fused_params = leaves(init), plain_params = leaves(init);
-  FusedAdamW fused(fused_params, options_of(h));
-  torch::optim::AdamW plain(plain_params, options_of(h));
-  run_steps(fused, fused_params, grads);
-  run_steps(plain, plain_params, grads);
-  CHECK_FALSE(fused.last_step_fused());
-  for (size_t i = 0; i < init.size(); ++i) CHECK(rel_error(fused_params[i].detach(), plain_params[i].detach()) == 0);
+  auto groups = [&](std::vector<at::Tensor>& p) {
+    std::vector<torch::optim::OptimizerParamGroup> g;
+    g.emplace_back(std::vector<at::Tensor>{p[1]}, std::make_unique<torch::optim::AdamWOptions>(options_of(h)));
+    g.emplace_back(std::vector<at::Tensor>{p[0], p[2]},
+                   std::make_unique<torch::optim::AdamWOptions>(options_of(h).weight_decay(0.0)));
+    return g;
+  };
+  FusedAdamW fused(groups(fused_params));
+  torch::optim::AdamW plain(groups(plain_params));
+  for (size_t s = 0; s < grads.size(); ++s) {
+    for (size_t i = 0; i < init.size(); ++i) {
+      const bool skip = i == 2 && s == 1;
+      fused_params[i].mutable_grad() = skip ? at::Tensor() : grads[s][i].clone();
+      plain_params[i].mutable_grad() = skip ? at::Tensor() : grads[s][i].clone();
+    }
+    fused.step();
+    plain.step();
+    CHECK_FALSE(fused.last_step_fused());
+    REQUIRE(fused.last_step_foreach());
+    for (size_t i = 0; i < init.size(); ++i) {
+      CAPTURE(s, i);
+      CHECK(at::equal(fused_params[i].detach(), plain_params[i].detach()));
+    }
+  }
+  torch::serialize::OutputArchive out;
+  fused.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  auto resumed_params = leaves(std::vector<at::Tensor>(fused_params.begin(), fused_params.end()));
+  torch::optim::AdamW resumed(groups(resumed_params));
+  torch::serialize::InputArchive in;
+  std::istringstream read(bytes.str());
+  in.load_from(read);
+  resumed.load(in);
+  run_steps(resumed, resumed_params, grads, 3);
+  run_steps(plain, plain_params, grads, 3);
+  for (size_t i = 0; i < init.size(); ++i) CHECK(at::equal(resumed_params[i].detach(), plain_params[i].detach()));
 }
 
 TEST_CASE("FusedAdamW marks the parameters it updates as changed", "[adamw]") {

@@ -5,11 +5,16 @@
 // the seven whole-tensor ops libtorch's step runs per parameter, all of them
 // memory traffic (docs/performance.md, 'What moved it').
 //
-// Falls back to torch::optim::AdamW::step for the whole call when any
-// parameter with a gradient is not fp32, not on the CPU, not contiguous, has
-// a sparse gradient, or belongs to an amsgrad group, or when a closure is
-// given.
+// Where that loop cannot run (a parameter not fp32, not on the CPU, not
+// contiguous, or the "aten" kernel policy), the same update runs as
+// libtorch's foreach ops over each group's parameters: op for op libtorch's
+// step, but a handful of multi-tensor launches per group on a GPU instead of
+// seven per parameter. Falls back to torch::optim::AdamW::step for the whole
+// call when a parameter has a sparse gradient, moments that do not fit it,
+// or belongs to an amsgrad group, or when a closure is given.
 #include <torch/optim/adamw.h>
+
+#include <vector>
 
 #include "chiar/export.h"
 
@@ -21,11 +26,16 @@ class CHIAR_API FusedAdamW : public torch::optim::AdamW {
 
   torch::Tensor step(LossClosure closure = nullptr) override;
 
-  // Whether the last step() took the fused loop (tests, provenance).
+  // Whether the last step() took the fused loop, or the foreach ops (tests,
+  // provenance).
   bool last_step_fused() const { return last_step_fused_; }
+  bool last_step_foreach() const { return last_step_foreach_; }
 
  private:
+  torch::Tensor foreach_step(const std::vector<torch::optim::OptimizerParamState*>& states);
+
   bool last_step_fused_ = false;
+  bool last_step_foreach_ = false;
 };
 
 }  // namespace chiar
