@@ -248,6 +248,29 @@ TEST_CASE("chunked_linear_cross_entropy: non-finite rows and targets outside the
   CHECK(chunked_linear_cross_entropy(none, weight, no_targets, at::zeros({0}), at::kFloat).item<double>() == 0.0);
 }
 
+TEST_CASE("chunked_linear_cross_entropy: one gradient when one input wants it; exact messages for bad input",
+          "[cross_entropy][chunked]") {
+  at::manual_seed(25);
+  const auto hidden = at::randn({9, 6}, at::TensorOptions().dtype(at::kDouble));
+  const auto weight = at::randn({70, 6}, at::TensorOptions().dtype(at::kDouble));
+  const auto targets = at::randint(70, {9}, at::TensorOptions().dtype(at::kLong));
+  const auto expected = reference(hidden, weight, targets, {});
+  auto w = weight.clone().requires_grad_(true);
+  chunked_linear_cross_entropy(hidden, w, targets, {}, at::kDouble, 4).backward();
+  CHECK(rel_error(w.grad(), expected.grad_weight) < 1e-10);
+  auto h = hidden.clone().requires_grad_(true);
+  chunked_linear_cross_entropy(h, weight, targets, {}, at::kDouble, 4).backward();
+  CHECK(rel_error(h.grad(), expected.grad_hidden) < 1e-10);
+  REQUIRE_THROWS_WITH(chunked_linear_cross_entropy(hidden, weight, targets, {}, at::kHalf),
+                      "chunked_linear_cross_entropy: products in Half are not supported (fp64, fp32 or bf16)");
+  REQUIRE_THROWS_WITH(chunked_linear_cross_entropy(hidden, weight.narrow(1, 0, 5), targets, {}, at::kDouble),
+                      "chunked_linear_cross_entropy: hidden [9, 6] and weight [70, 5] are not (N, d) and (V, d)");
+  REQUIRE_THROWS_WITH(chunked_linear_cross_entropy(hidden, weight, targets.narrow(0, 0, 8), {}, at::kDouble),
+                      "chunked_linear_cross_entropy: targets must be (9,) int64, found [8] Long");
+  REQUIRE_THROWS_WITH(chunked_linear_cross_entropy(hidden, weight, targets, at::ones({3}), at::kDouble),
+                      "chunked_linear_cross_entropy: token_weights must be (9,), found [3]");
+}
+
 TEST_CASE("cuda: the language model head on a GPU takes the blocks and the head kernel, and matches the definition",
           "[.cuda]") {
   REQUIRE(torch::cuda::is_available());
@@ -298,6 +321,9 @@ TEST_CASE("cuda: the language model head on a GPU takes the blocks and the head 
   CHECK(std::isnan(chunked_linear_cross_entropy(bad_hidden.to(gpu), weight.to(gpu), targets.narrow(0, 0, 4).to(gpu), {},
                                                 at::kBFloat16)
                        .item<double>()));
+  // Tensors on another device are refused by name, before any launch.
+  REQUIRE_THROWS_WITH(chunked_linear_cross_entropy(hidden.to(gpu), weight.to(gpu), targets, {}, at::kFloat),
+                      "chunked_linear_cross_entropy: every tensor must be on hidden's device (cuda:0), found one on cpu");
   auto bad_targets = targets.narrow(0, 0, 4).clone();
   bad_targets[2] = 8192;
   CHECK(std::isnan(chunked_linear_cross_entropy(hidden.narrow(0, 0, 4).to(gpu), weight.to(gpu), bad_targets.to(gpu), {},

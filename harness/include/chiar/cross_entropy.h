@@ -40,7 +40,8 @@ CHIAR_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Te
 
 // linear_cross_entropy as a GPU computes it, on any device: the same blocks
 // of rows as the host kernel, in libtorch's products. Each block's logits are
-// computed in `compute` (fp64, fp32, bf16 or fp16: bf16 under autocast),
+// computed in `compute` (fp64, fp32 or bf16: bf16 under autocast; not fp16,
+// whose range cannot hold a mean's per-token gradients),
 // turned into their own gradient in place, in fp32 (fp64 for fp64), by the
 // head's CUDA kernel where the build has it and the policy allows
 // (chiar/kernels.h), else by a composition, and multiplied into the
@@ -49,7 +50,8 @@ CHIAR_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Te
 // rows to a multiple of 64: a vocabulary like GPT-2's 50,257 would give the
 // logits a row length no tensor-core GEMM aligns to; the padded columns are
 // left out of the softmax, and what the zero rows add is 0.
-//   arguments as linear_cross_entropy's, targets on hidden's device. A row
+//   arguments as linear_cross_entropy's, all on hidden's device (else
+//   UserError, as for their shapes). A row
 //   with a non-finite logit, or a target outside [0, V), gives NaN (no
 //   UserError: no host round trip). Gradients come back in hidden's and
 //   weight's types.

@@ -9,7 +9,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
+#include <vector>
 
+#include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar_build_info.h"
 #if CHIAR_CUDA_KERNELS
@@ -29,14 +32,16 @@ at::ScalarType accumulation_type(at::ScalarType compute) {
 
 struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinearCrossEntropy> {
   // hidden (N, d), weight (V, d), targets (N,) int64, token_weights (N,)
-  // unless `mean`; `compute` as an int64 (autograd's argument types).
+  // unless `mean`; `compute` as an int64 (autograd's argument types); which
+  // gradients to make.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& targets, const at::Tensor& token_weights, bool mean,
-                            int64_t compute_type, int64_t rows_per_pass, bool want_grads) {
+                            int64_t compute_type, int64_t rows_per_pass, bool want_hidden, bool want_weight) {
     // The types below are chosen here, not by autocast.
     const c10::impl::ExcludeDispatchKeyGuard exact_types(c10::autocast_dispatch_keyset);
     const auto compute = static_cast<at::ScalarType>(compute_type);
     const auto acc = accumulation_type(compute);
+    const bool want_grads = want_hidden || want_weight;
     const int64_t N = hidden.size(0), d = hidden.size(1), V = weight.size(0);
     const int64_t padded = (V + kPadRows - 1) / kPadRows * kPadRows;
     at::Tensor w = weight.to(compute).contiguous();  // (V, d)
@@ -50,10 +55,8 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
     const auto tw = mean ? at::full({N}, N > 0 ? 1.0 / static_cast<double>(N) : 0.0, acc_options)
                        : token_weights.to(acc).contiguous();  // (N,)
     at::Tensor grad_hidden, grad_weight;  // (N, d) in hidden's type, (Vp, d) in the accumulation type
-    if (want_grads) {
-      grad_hidden = at::empty({N, d}, hidden.options());
-      grad_weight = at::zeros({padded, d}, weight.options().dtype(acc));
-    }
+    if (want_hidden) grad_hidden = at::empty({N, d}, hidden.options());
+    if (want_weight) grad_weight = at::zeros({padded, d}, weight.options().dtype(acc));
     auto nll = at::empty({N}, acc_options);  // (N,)
     const int64_t rows =
         rows_per_pass > 0 ? rows_per_pass
@@ -67,13 +70,14 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
       if (!want_grads) continue;
       // logits now hold d loss / d logits; their padded columns meet the
       // zero rows of w, and the padded rows of grad_weight are dropped.
-      grad_hidden.narrow(0, r0, n).copy_(at::mm(logits, w));  // (n, d)
+      if (want_hidden) grad_hidden.narrow(0, r0, n).copy_(at::mm(logits, w));  // (n, d)
+      if (!want_weight) continue;
       if (compute == acc) grad_weight.addmm_(logits.t(), hc);
       else grad_weight.add_(at::mm(logits.t(), hc));  // (Vp, d): products in `compute`, summed over blocks in acc
     }
     at::Tensor loss = (tw * nll).sum();
     if (N == 0 && mean) loss.fill_(std::numeric_limits<double>::quiet_NaN());  // the mean of nothing
-    ctx->save_for_backward({grad_hidden, want_grads ? grad_weight.narrow(0, 0, V).to(weight.scalar_type()) : at::Tensor()});
+    ctx->save_for_backward({grad_hidden, want_weight ? grad_weight.narrow(0, 0, V).to(weight.scalar_type()) : at::Tensor()});
     return loss.to(hidden.scalar_type());
   }
 
@@ -83,11 +87,25 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
     const auto& g = grads[0];  // ()
     at::Tensor dh = saved[0].defined() ? saved[0] * g : at::Tensor();
     at::Tensor dw = saved[1].defined() ? saved[1] * g : at::Tensor();
-    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+void check_head_inputs(const std::string& function, const at::Tensor& hidden, const at::Tensor& weight,
+                       const at::Tensor& targets, const at::Tensor& token_weights) {
+  const std::string name = function + ": ";
+  if (hidden.dim() != 2 || weight.dim() != 2 || hidden.size(1) != weight.size(1))
+    throw UserError(name + "hidden " + c10::str(hidden.sizes()) + " and weight " + c10::str(weight.sizes()) +
+                    " are not (N, d) and (V, d)");
+  if (targets.dim() != 1 || targets.size(0) != hidden.size(0) || targets.scalar_type() != at::kLong)
+    throw UserError(name + "targets must be (" + std::to_string(hidden.size(0)) + ",) int64, found " +
+                    c10::str(targets.sizes()) + " " + c10::str(targets.scalar_type()));
+  if (token_weights.defined() && (token_weights.dim() != 1 || token_weights.size(0) != hidden.size(0)))
+    throw UserError(name + "token_weights must be (" + std::to_string(hidden.size(0)) + ",), found " +
+                    c10::str(token_weights.sizes()));
+}
 
 at::Tensor softmax_cross_entropy_composed(const at::Tensor& logits, const at::Tensor& targets,
                                           const at::Tensor& weights, bool write_grads) {
@@ -123,12 +141,23 @@ at::Tensor chunked_linear_cross_entropy(const at::Tensor& hidden, const at::Tens
                                         const at::Tensor& token_weights, at::ScalarType compute,
                                         int64_t rows_per_pass) {
   RECORD_FUNCTION("chiar::chunked_linear_cross_entropy", std::vector<c10::IValue>({hidden, weight}));
-  const bool want_grads =
-      torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  check_head_inputs("chunked_linear_cross_entropy", hidden, weight, targets, token_weights);
+  const std::string name = "chunked_linear_cross_entropy: ";
+  // The kernel reads targets and weights through device pointers.
+  for (const at::Tensor* t : {&weight, &targets, &token_weights})
+    if (t->defined() && t->device() != hidden.device())
+      throw UserError(name + "every tensor must be on hidden's device (" + hidden.device().str() + "), found one on " +
+                      t->device().str());
+  // fp16's range cannot hold a mean's per-token gradients: w (softmax - onehot)
+  // at w = 1/N and p ~ 1/V falls below its smallest subnormal.
+  if (compute != at::kDouble && compute != at::kFloat && compute != at::kBFloat16)
+    throw UserError(name + "products in " + c10::str(compute) + " are not supported (fp64, fp32 or bf16)");
+  const bool grads = torch::autograd::GradMode::is_enabled();
   const bool mean = !token_weights.defined();
   return ChunkedLinearCrossEntropy::apply(hidden, weight, targets.contiguous(),
                                           mean ? at::empty({0}, hidden.options()) : token_weights, mean,
-                                          static_cast<int64_t>(compute), rows_per_pass, want_grads);
+                                          static_cast<int64_t>(compute), rows_per_pass, grads && hidden.requires_grad(),
+                                          grads && weight.requires_grad());
 }
 
 }  // namespace chiar

@@ -1,10 +1,19 @@
 #pragma once
-// The block step of chunked_linear_cross_entropy (chiar/cross_entropy.h):
-// between a block's forward product and its two gradient products, the loss
-// of each row and, in place of the logits, their gradient.
+// What chunked_linear_cross_entropy (chiar/cross_entropy.h) shares with
+// linear_cross_entropy, and its block step: between a block's forward
+// product and its two gradient products, the loss of each row and, in place
+// of the logits, their gradient.
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 namespace chiar {
+
+// The shapes and types both heads take: hidden (N, d), weight (V, d),
+// targets (N,) int64, token_weights (N,) or undefined. Throws UserError
+// prefixed "<function>: ".
+void check_head_inputs(const std::string& function, const at::Tensor& hidden, const at::Tensor& weight,
+                       const at::Tensor& targets, const at::Tensor& token_weights);
 
 // One block's loss: for logits (n, V) (rows may be strided), returns the
 // rows' nll (n,) in fp32 (fp64 for fp64 logits), and when write_grads

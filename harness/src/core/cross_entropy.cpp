@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "autocast_compat.h"
+#include "chunked_cross_entropy.h"
 #include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar/linear.h"
@@ -93,19 +94,6 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
   }
 };
 
-void check_shapes(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                  const at::Tensor& token_weights) {
-  if (hidden.dim() != 2 || weight.dim() != 2 || hidden.size(1) != weight.size(1))
-    throw UserError("linear_cross_entropy: hidden " + c10::str(hidden.sizes()) + " and weight " +
-                    c10::str(weight.sizes()) + " are not (N, d) and (V, d)");
-  if (targets.dim() != 1 || targets.size(0) != hidden.size(0) || targets.scalar_type() != at::kLong)
-    throw UserError("linear_cross_entropy: targets must be (" + std::to_string(hidden.size(0)) +
-                    ",) int64, found " + c10::str(targets.sizes()) + " " + c10::str(targets.scalar_type()));
-  if (token_weights.defined() && (token_weights.dim() != 1 || token_weights.size(0) != hidden.size(0)))
-    throw UserError("linear_cross_entropy: token_weights must be (" + std::to_string(hidden.size(0)) + ",), found " +
-                    c10::str(token_weights.sizes()));
-}
-
 // Every target in [0, V): libtorch's loss would read outside its row (and
 // assert on a GPU). The GPU's block pass skips this (and its host round
 // trip): it gives such a row NaN.
@@ -124,12 +112,16 @@ void check_targets(const at::Tensor& weight, const at::Tensor& targets) {
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 const at::Tensor& token_weights, int64_t rows_per_pass) {
   RECORD_FUNCTION("chiar::linear_cross_entropy", std::vector<c10::IValue>({hidden, weight}));
-  check_shapes(hidden, weight, targets, token_weights);
+  check_head_inputs("linear_cross_entropy", hidden, weight, targets, token_weights);
   if (hidden.is_cuda() && kernel_policy() == KernelPolicy::Auto) {
-    // A GPU's blocks of rows, the products in autocast's type where it is on.
+    // A GPU's blocks of rows, the products in autocast's type where it is on
+    // (which, like autocast, leaves fp64 alone); fp16 keeps the plain path,
+    // whose logits' gradient a loss scale reaches.
     const at::ScalarType cast = autocast::enabled_dtype(at::kCUDA);
-    return chunked_linear_cross_entropy(hidden, weight, targets, token_weights,
-                                        cast != at::ScalarType::Undefined ? cast : hidden.scalar_type(), rows_per_pass);
+    const at::ScalarType compute =
+        cast == at::ScalarType::Undefined || hidden.scalar_type() == at::kDouble ? hidden.scalar_type() : cast;
+    if (compute != at::kHalf)
+      return chunked_linear_cross_entropy(hidden, weight, targets, token_weights, compute, rows_per_pass);
   }
   check_targets(weight, targets);
   if (!host_kernels_enabled() || !fp32_cpu(hidden) || !fp32_cpu(weight) ||

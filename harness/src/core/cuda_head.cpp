@@ -23,6 +23,13 @@ at::Tensor softmax_cross_entropy_cuda(const at::Tensor& logits, const at::Tensor
     throw UserError("softmax_cross_entropy_cuda: logits must be (n, V) fp32, bf16 or fp16 with contiguous rows, found " +
                     c10::str(logits.sizes()) + " " + c10::str(logits.scalar_type()));
   const int64_t n = logits.size(0), V = logits.size(1);
+  // Read through device pointers: their device, type and length first.
+  for (const at::Tensor* t : {&targets, &weights})
+    if (t->defined() && (t->device() != logits.device() || t->numel() != n))
+      throw UserError("softmax_cross_entropy_cuda: targets and weights must be (" + std::to_string(n) + ",) on " +
+                      logits.device().str());
+  if (targets.scalar_type() != at::kLong || (write_grads && weights.scalar_type() != at::kFloat))
+    throw UserError("softmax_cross_entropy_cuda: targets must be int64 and weights fp32");
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto t = targets.contiguous();                                // (n,)
   const auto w = write_grads ? weights.contiguous() : at::Tensor();  // (n,)
