@@ -79,6 +79,27 @@ std::vector<at::Tensor> leaves(const std::vector<at::Tensor>& params) {
   return out;
 }
 
+// Two groups, as `chiar run` makes them: the matrix decayed, the vectors not.
+std::vector<torch::optim::OptimizerParamGroup> two_groups(std::vector<at::Tensor>& p, const Hyper& h) {
+  std::vector<torch::optim::OptimizerParamGroup> g;
+  g.emplace_back(std::vector<at::Tensor>{p[1]}, std::make_unique<torch::optim::AdamWOptions>(options_of(h)));
+  g.emplace_back(std::vector<at::Tensor>{p[0], p[2]},
+                 std::make_unique<torch::optim::AdamWOptions>(options_of(h).weight_decay(0.0)));
+  return g;
+}
+
+// `to` takes `from`'s state through a checkpoint's bytes.
+void load_state(torch::optim::Optimizer& to, torch::optim::Optimizer& from) {
+  torch::serialize::OutputArchive out;
+  from.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  std::istringstream read(bytes.str());
+  in.load_from(read);
+  to.load(in);
+}
+
 }  // namespace
 
 TEST_CASE("FusedAdamW follows AdamW's definition in float64", "[adamw]") {
@@ -108,14 +129,7 @@ TEST_CASE("FusedAdamW matches libtorch's AdamW and shares its state", "[adamw]")
   const auto init = make_params();
   const auto grads = make_grads(init, 8);
   auto fused_params = leaves(init), plain_params = leaves(init);
-  // Two groups, as `chiar run` makes them: matrices decayed, vectors not.
-  auto groups = [&](std::vector<at::Tensor>& p) {
-    std::vector<torch::optim::OptimizerParamGroup> g;
-    g.emplace_back(std::vector<at::Tensor>{p[1]}, std::make_unique<torch::optim::AdamWOptions>(options_of(h)));
-    g.emplace_back(std::vector<at::Tensor>{p[0], p[2]},
-                   std::make_unique<torch::optim::AdamWOptions>(options_of(h).weight_decay(0.0)));
-    return g;
-  };
+  auto groups = [&](std::vector<at::Tensor>& p) { return two_groups(p, h); };
   FusedAdamW fused(groups(fused_params));
   torch::optim::AdamW plain(groups(plain_params));
 
@@ -164,17 +178,10 @@ TEST_CASE("FusedAdamW matches libtorch's AdamW and shares its state", "[adamw]")
   SECTION("a checkpoint of one resumes in the other") {
     run_steps(fused, fused_params, grads, 0, 4);
     run_steps(plain, plain_params, grads, 0, 4);
-    torch::serialize::OutputArchive out;
-    fused.save(out);
-    std::ostringstream bytes;
-    out.save_to(bytes);
     // A fresh libtorch AdamW over the fused run's parameters takes its state.
     auto resumed_params = leaves(std::vector<at::Tensor>(fused_params.begin(), fused_params.end()));
     torch::optim::AdamW resumed(groups(resumed_params));
-    torch::serialize::InputArchive in;
-    std::istringstream read(bytes.str());
-    in.load_from(read);
-    resumed.load(in);
+    load_state(resumed, fused);
     run_steps(resumed, resumed_params, grads, 4);
     run_steps(plain, plain_params, grads, 4);
     for (size_t i = 0; i < init.size(); ++i) {
@@ -193,13 +200,7 @@ TEST_CASE("FusedAdamW updates parameters outside its loop by foreach ops, exactl
   const auto init = make_params(at::kDouble);
   const auto grads = make_grads(init, 6);
   auto fused_params = leaves(init), plain_params = leaves(init);
-  auto groups = [&](std::vector<at::Tensor>& p) {
-    std::vector<torch::optim::OptimizerParamGroup> g;
-    g.emplace_back(std::vector<at::Tensor>{p[1]}, std::make_unique<torch::optim::AdamWOptions>(options_of(h)));
-    g.emplace_back(std::vector<at::Tensor>{p[0], p[2]},
-                   std::make_unique<torch::optim::AdamWOptions>(options_of(h).weight_decay(0.0)));
-    return g;
-  };
+  auto groups = [&](std::vector<at::Tensor>& p) { return two_groups(p, h); };
   FusedAdamW fused(groups(fused_params));
   torch::optim::AdamW plain(groups(plain_params));
   for (size_t s = 0; s < grads.size(); ++s) {
@@ -217,16 +218,9 @@ TEST_CASE("FusedAdamW updates parameters outside its loop by foreach ops, exactl
       CHECK(at::equal(fused_params[i].detach(), plain_params[i].detach()));
     }
   }
-  torch::serialize::OutputArchive out;
-  fused.save(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
   auto resumed_params = leaves(std::vector<at::Tensor>(fused_params.begin(), fused_params.end()));
   torch::optim::AdamW resumed(groups(resumed_params));
-  torch::serialize::InputArchive in;
-  std::istringstream read(bytes.str());
-  in.load_from(read);
-  resumed.load(in);
+  load_state(resumed, fused);
   run_steps(resumed, resumed_params, grads, 3);
   run_steps(plain, plain_params, grads, 3);
   for (size_t i = 0; i < init.size(); ++i) CHECK(at::equal(resumed_params[i].detach(), plain_params[i].detach()));

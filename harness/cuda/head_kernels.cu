@@ -6,30 +6,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "real_access.cuh"
+
 namespace chiar::cuda {
 namespace {
 
 constexpr int kWarp = 32;
 constexpr int kThreads = 256;  // one block per row
 constexpr int kWarps = kThreads / kWarp;
-
-template <typename T>
-__device__ float load(const T* p);
-template <>
-__device__ float load<float>(const float* p) { return *p; }
-template <>
-__device__ float load<__nv_bfloat16>(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-template <>
-__device__ float load<__half>(const __half* p) { return __half2float(*p); }
-
-template <typename T>
-__device__ void store(T* p, float v);
-template <>
-__device__ void store<float>(float* p, float v) { *p = v; }
-template <>
-__device__ void store<__nv_bfloat16>(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
-template <>
-__device__ void store<__half>(__half* p, float v) { *p = __float2half(v); }
 
 // A running softmax denominator: sum exp(x - max) over the values seen.
 struct Running {

@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "real_access.cuh"
+
 namespace chiar::cuda {
 namespace {
 
@@ -15,15 +17,6 @@ constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;  // one warp per row
 constexpr int kTile = 256;        // choices per block in the compaction
 constexpr int kMaxOperators = 4096;
-
-template <typename T>
-__device__ float load(const T* p);
-template <>
-__device__ float load<float>(const float* p) { return *p; }
-template <>
-__device__ float load<__nv_bfloat16>(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-template <>
-__device__ float load<__half>(const __half* p) { return __half2float(*p); }
 
 __device__ float warp_sum(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -94,6 +94,21 @@ bool foreachable(const at::Tensor& p, const torch::optim::AdamWOptions& options,
   return true;
 }
 
+// p's state: `found`, or where p has none yet a fresh one (step 0, zero
+// moments laid out by `format`), inserted into the optimiser's.
+torch::optim::AdamWParamState& state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p,
+                                        torch::optim::OptimizerParamState* found, at::MemoryFormat format) {
+  if (!found) {
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->step(0);
+    fresh->exp_avg(at::zeros_like(p, format));
+    fresh->exp_avg_sq(at::zeros_like(p, format));
+    found = fresh.get();
+    optimizer.state().insert_or_assign(state_key<StateKey>(p.unsafeGetTensorImpl()), std::move(fresh));
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*found);
+}
+
 // The tensors of the parameters one foreach pass updates: one group's, at
 // one step count.
 struct ForeachLists {
@@ -128,16 +143,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      torch::optim::OptimizerParamState* found = states[next++];
-      if (!found) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->step(0);
-        fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Contiguous));
-        fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Contiguous));
-        found = fresh.get();
-        state().insert_or_assign(state_key<StateKey>(p.unsafeGetTensorImpl()), std::move(fresh));
-      }
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*found);
+      auto& st = state_of(*this, p, states[next++], at::MemoryFormat::Contiguous);
       // State loaded from a checkpoint may be strided; the loop needs it dense.
       if (!st.exp_avg().is_contiguous()) st.exp_avg(st.exp_avg().contiguous());
       if (!st.exp_avg_sq().is_contiguous()) st.exp_avg_sq(st.exp_avg_sq().contiguous());
@@ -186,16 +192,7 @@ torch::Tensor FusedAdamW::foreach_step(const std::vector<torch::optim::Optimizer
     std::map<int64_t, ForeachLists> by_step;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      torch::optim::OptimizerParamState* found = states[next++];
-      if (!found) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->step(0);
-        fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        found = fresh.get();
-        state().insert_or_assign(state_key<StateKey>(p.unsafeGetTensorImpl()), std::move(fresh));
-      }
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*found);
+      auto& st = state_of(*this, p, states[next++], at::MemoryFormat::Preserve);
       st.step(st.step() + 1);
       ForeachLists& l = by_step[st.step()];
       l.params.push_back(p);

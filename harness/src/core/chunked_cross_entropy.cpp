@@ -83,15 +83,21 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& g = grads[0];  // ()
-    at::Tensor dh = saved[0].defined() ? saved[0] * g : at::Tensor();
-    at::Tensor dw = saved[1].defined() ? saved[1] * g : at::Tensor();
-    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return scale_saved_gradients(ctx, grads, 9);
   }
 };
 
 }  // namespace
+
+torch::autograd::variable_list scale_saved_gradients(torch::autograd::AutogradContext* ctx,
+                                                     const torch::autograd::variable_list& grads, size_t inputs) {
+  const auto saved = ctx->get_saved_variables();
+  const auto& g = grads[0];  // ()
+  torch::autograd::variable_list out(inputs);
+  if (saved[0].defined()) out[0] = saved[0] * g;
+  if (saved[1].defined()) out[1] = saved[1] * g;
+  return out;
+}
 
 void check_head_inputs(const std::string& function, const at::Tensor& hidden, const at::Tensor& weight,
                        const at::Tensor& targets, const at::Tensor& token_weights) {

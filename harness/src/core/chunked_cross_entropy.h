@@ -5,9 +5,17 @@
 // of the logits, their gradient.
 #include <ATen/core/Tensor.h>
 
+#include <torch/autograd.h>
+
 #include <string>
 
 namespace chiar {
+
+// backward of a head whose forward saved the gradients of hidden and weight
+// (undefined for one not wanted): both times the incoming gradient, none
+// for the function's other `inputs - 2` inputs.
+torch::autograd::variable_list scale_saved_gradients(torch::autograd::AutogradContext* ctx,
+                                                     const torch::autograd::variable_list& grads, size_t inputs);
 
 // The shapes and types both heads take: hidden (N, d), weight (V, d),
 // targets (N,) int64, token_weights (N,) or undefined. Throws UserError

@@ -86,11 +86,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& g = grads[0];  // ()
-    at::Tensor dh = saved[0].defined() ? saved[0] * g : at::Tensor();
-    at::Tensor dw = saved[1].defined() ? saved[1] * g : at::Tensor();
-    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return scale_saved_gradients(ctx, grads, 6);
   }
 };
 
