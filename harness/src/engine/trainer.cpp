@@ -4,7 +4,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -29,6 +28,7 @@
 #include "device.h"
 #include "distributed.h"
 #include "durable_file.h"
+#include "gradient_clipping.h"
 #include "failpoint.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
@@ -692,7 +692,7 @@ bool diverged(const TrainOptions& t, double loss) {
 }
 
 void apply_gradients(Run& run) {
-  if (run.t.clip > 0) torch::nn::utils::clip_grad_norm_(run.model.parameters(), run.t.clip);
+  if (run.t.clip > 0) clip_gradient_norm(run.model.parameters(), run.t.clip);
   run.optimizer.step();
 }
 
