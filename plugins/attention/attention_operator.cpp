@@ -73,15 +73,38 @@ at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return scores;
 }
 
-// How many rows each group holds, on the host: group (N,) int64 in
-// 0..count-1 (group_rows's labels), cheaper than at::bincount plus a copy to
-// the host (chiar_bench: routed_dct_attn/sparse/128/256/*).
+// How many rows each group holds: group (N,) int64 on the host, in
+// 0..count-1 (group_rows's labels), cheaper than at::bincount
+// (chiar_bench: routed_dct_attn/sparse/128/256/*).
 std::vector<int64_t> rows_per_group(const at::Tensor& group, int64_t count) {
-  const auto labels = group.cpu().contiguous();
+  const auto labels = group.contiguous();
   const int64_t* label = labels.data_ptr<int64_t>();
   std::vector<int64_t> rows(static_cast<size_t>(count), 0);
   for (int64_t i = 0; i < labels.numel(); ++i) ++rows[static_cast<size_t>(label[i])];
   return rows;
+}
+
+// Host int64 tensors on `device`, in one copy that does not wait for the
+// device: staged in pinned memory, which libtorch's host allocator keeps
+// until the copy has run. On the CPU, the tensors themselves.
+std::vector<at::Tensor> to_device(const std::vector<at::Tensor>& host, const at::Device& device) {
+  if (device.is_cpu()) return host;
+  int64_t total = 0;
+  for (const auto& h : host) total += h.numel();
+  auto staged = at::empty({total}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
+  int64_t offset = 0;
+  for (const auto& h : host) {
+    staged.narrow(0, offset, h.numel()).copy_(h.reshape({-1}));
+    offset += h.numel();
+  }
+  const auto moved = staged.to(device, /*non_blocking=*/true);
+  std::vector<at::Tensor> views;
+  offset = 0;
+  for (const auto& h : host) {
+    views.push_back(moved.narrow(0, offset, h.numel()).view(h.sizes()));
+    offset += h.numel();
+  }
+  return views;
 }
 
 // Keys (or values) [0, e) of t (G, h, L, dh): t itself when that is all of
@@ -212,7 +235,16 @@ class AttentionOperator final : public Operator {
     if (N == x.size(0) * T) return forward(x, ctx).view({N, d_});
     auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
     auto t = at::remainder(rows, T);                      // (N,) query positions
-    const RowGroups g = group_rows(at::div(rows, T, "floor"));  // one group per sequence
+    // The rows are grouped on the host, from one copy of them: on a GPU that
+    // copy is the layer's one wait (the groups' sizes decide the products'
+    // shapes). The index tensors the products need go back in copies that
+    // do not wait (to_device).
+    const auto host_rows = rows.cpu().contiguous();                  // (N,) int64
+    const RowGroups hg = group_rows(at::div(host_rows, T, "floor"));  // one group per sequence, on the host
+    const auto per_sequence = rows_per_group(hg.group, hg.count);
+    RowGroups g = hg;  // the same on the rows' device
+    const auto moved = to_device({hg.keys, hg.group, hg.slot}, x.device());
+    g.keys = moved[0], g.group = moved[1], g.slot = moved[2];
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.
     auto [kt, v] = keys_values(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, h, dh, T), (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
@@ -224,7 +256,6 @@ class AttentionOperator final : public Operator {
       // Every row of a sequence reads all T keys (masked after its position
       // when causal): one segment per sequence, rows in their order.
       if (fused) {
-        const auto per_sequence = rows_per_group(g.group, g.count);
         const int64_t* n = per_sequence.data();
         std::vector<int64_t> segments;
         for (int64_t j = 0, start = 0; j < g.count; start += n[j], ++j) segments.insert(segments.end(), {start, n[j], j, T});
@@ -238,17 +269,14 @@ class AttentionOperator final : public Operator {
     // Each sequence's rows go in query blocks of span(rows, T) positions
     // (block, or a multiple of it when its rows are sparse); a block's rows
     // read keys [0, e), e the block's end.
-    const auto per_sequence = rows_per_group(g.group, g.count);
     std::vector<int64_t> spans(static_cast<size_t>(g.count));
     for (int64_t j = 0; j < g.count; ++j) spans[static_cast<size_t>(j)] = span(per_sequence[static_cast<size_t>(j)], T);
     if (fused) {
       // One fused call with a segment per (sequence, e) pair, reading that
       // sequence's keys [0, e) in place; no padding, no copies of keys. Rows
       // ascend, so each pair's rows are already one run: no reordering.
-      const auto host_rows = rows.cpu().contiguous();
-      const auto host_group = g.group.cpu().contiguous();
       const int64_t* row = host_rows.data_ptr<int64_t>();
-      const int64_t* group = host_group.data_ptr<int64_t>();
+      const int64_t* group = hg.group.data_ptr<int64_t>();
       std::vector<int64_t> segments;
       for (int64_t i = 0; i < N;) {
         const int64_t sequence = row[i] / T, width = spans[static_cast<size_t>(group[i])];
@@ -263,45 +291,56 @@ class AttentionOperator final : public Operator {
     }
     // The chunked core and SDPA: rows sorted by e, then sequence (stable, so
     // then by position): the rows of one e are one slice, each of its
-    // sequences one run, and run as one batched product.
-    auto row_span = at::tensor(spans, t.options()).index_select(0, g.group);      // (N,)
-    auto end = ((at::div(t, row_span, "floor") + 1) * row_span).clamp_max(T);    // (N,) e of each row
-    auto [sorted, order] = at::sort(end * g.count + g.group, c10::optional<bool>(true), /*dim=*/0);  // stable
+    // sequences one run, and run as one batched product. Planned on the host.
+    const auto host_t = at::remainder(host_rows, T);
+    auto row_span = at::tensor(spans, host_t.options()).index_select(0, hg.group);  // (N,)
+    auto end = ((at::div(host_t, row_span, "floor") + 1) * row_span).clamp_max(T);  // (N,) e of each row
+    auto [sorted, order] = at::sort(end * g.count + hg.group, c10::optional<bool>(true), /*dim=*/0);  // stable
     const RowGroups gp = group_rows(sorted);  // one group per (e, sequence) pair
-    auto keys = gp.keys.cpu().contiguous();
     const auto counts = rows_per_group(gp.group, gp.count);
-    const int64_t* key = keys.data_ptr<int64_t>();
+    const int64_t* key = gp.keys.data_ptr<int64_t>();
     const int64_t* count = counts.data();
-    auto qs = q.index_select(0, order), ts = t.index_select(0, order);  // (N, h, dh), (N,)
     auto inverse = at::empty_like(order).scatter_(0, order, at::arange(N, order.options()));
-    std::vector<at::Tensor> pieces;  // (n_j, d) per e, in sorted order
-    for (int64_t p = 0, r = 0; p < gp.count;) {
-      const int64_t e = key[p] / g.count;
+    struct KeyBlock {  // the (e, sequence) pairs of one e
+      int64_t e = 0, first_pair = 0, first_row = 0, rows = 0;
       int64_t widest = 0;  // keys from e - widest span on may lie after a query
-      RowGroups lg;        // this e's pairs, renumbered from 0
-      std::vector<int64_t> seqs;
-      int64_t n = 0;
-      for (; p + lg.count < gp.count && key[p + lg.count] / g.count == e; ++lg.count) {
-        seqs.push_back(key[p + lg.count] % g.count);
-        widest = std::max(widest, spans[static_cast<size_t>(seqs.back())]);
-        lg.width = std::max(lg.width, count[p + lg.count]);
-        n += count[p + lg.count];
+      RowGroups pairs;     // count and width here; group and slot on the device
+    };
+    std::vector<KeyBlock> blocks;
+    std::vector<int64_t> sequences;  // each block's sequences, block after block
+    for (int64_t p = 0, r = 0; p < gp.count;) {
+      KeyBlock b;
+      b.e = key[p] / g.count, b.first_pair = p, b.first_row = r;
+      for (; p + b.pairs.count < gp.count && key[p + b.pairs.count] / g.count == b.e; ++b.pairs.count) {
+        sequences.push_back(key[p + b.pairs.count] % g.count);
+        b.widest = std::max(b.widest, spans[static_cast<size_t>(sequences.back())]);
+        b.pairs.width = std::max(b.pairs.width, count[p + b.pairs.count]);
+        b.rows += count[p + b.pairs.count];
       }
-      lg.group = gp.group.narrow(0, r, n) - p;
-      lg.slot = gp.slot.narrow(0, r, n);
+      p += b.pairs.count;
+      r += b.rows;
+      blocks.push_back(std::move(b));
+    }
+    const auto plan = to_device({order, inverse, gp.group, gp.slot, at::tensor(sequences, host_t.options())}, x.device());
+    auto qs = q.index_select(0, plan[0]), ts = t.index_select(0, plan[0]);  // (N, h, dh), (N,)
+    std::vector<at::Tensor> pieces;  // (n_j, d) per e, in sorted order
+    int64_t first_sequence = 0;
+    for (KeyBlock& b : blocks) {
+      const int64_t e = b.e, r = b.first_row, n = b.rows;
+      b.pairs.group = plan[2].narrow(0, r, n) - b.first_pair;  // renumbered from 0
+      b.pairs.slot = plan[3].narrow(0, r, n);
       // Keys [0, e) of the block's sequences; no copy when all have rows here.
-      auto index = at::tensor(seqs, g.keys.options());
+      const auto index = plan[4].narrow(0, first_sequence, b.pairs.count);
+      first_sequence += b.pairs.count;
       const auto pick = [&](const at::Tensor& a, int64_t dim) {
         auto head = a.narrow(dim, 0, e);
-        return lg.count == g.count ? head : head.index_select(0, index);
+        return b.pairs.count == g.count ? head : head.index_select(0, index);
       };
       auto vab = valid.defined() ? pick(valid, 1) : at::Tensor();
-      pieces.push_back(attend_rows(qs.narrow(0, r, n), pick(kt, 3), pick(v, 2), ts.narrow(0, r, n), lg, e,
-                                   std::max<int64_t>(1, e - widest + 1), vab, recompute));
-      p += lg.count;
-      r += n;
+      pieces.push_back(attend_rows(qs.narrow(0, r, n), pick(kt, 3), pick(v, 2), ts.narrow(0, r, n), b.pairs, e,
+                                   std::max<int64_t>(1, e - b.widest + 1), vab, recompute));
     }
-    auto o = at::cat(pieces).index_select(0, inverse);  // (N, d) in row order
+    auto o = at::cat(pieces).index_select(0, plan[1]);  // (N, d) in row order
     return chiar::apply_layer_norm(norm_, project(out_, o, xr));
   }
 
