@@ -30,6 +30,16 @@ at::ScalarType accumulation_type(at::ScalarType compute) {
   return compute == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// a b in their type, summed in fp32 when that is bf16, as a GPU's tensor
+// cores sum. Without AVX-512, libtorch 1.13's CPU bf16 GEMM sums in bf16
+// unless b is transposed (512 products of ones give 256), so on the CPU a
+// bf16 product runs as the fp32 product of the same values, rounded back.
+at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kBFloat16 && a.device().is_cpu())
+    return at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(at::kBFloat16);
+  return at::mm(a, b);
+}
+
 struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinearCrossEntropy> {
   // hidden (N, d), weight (V, d), targets (N,) int64, token_weights (N,)
   // unless `mean`; `compute` as an int64 (autograd's argument types); which
@@ -64,16 +74,16 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t n = std::min(rows, N - r0);
       const auto hc = h.narrow(0, r0, n);  // (n, d)
-      auto logits = at::mm(hc, w.t());     // (n, Vp); the padded columns are 0
+      auto logits = product(hc, w.t());     // (n, Vp); the padded columns are 0
       nll.narrow(0, r0, n).copy_(softmax_cross_entropy_block(logits.narrow(1, 0, V), targets.narrow(0, r0, n),
                                                              tw.narrow(0, r0, n), want_grads));
       if (!want_grads) continue;
       // logits now hold d loss / d logits; their padded columns meet the
       // zero rows of w, and the padded rows of grad_weight are dropped.
-      if (want_hidden) grad_hidden.narrow(0, r0, n).copy_(at::mm(logits, w));  // (n, d)
+      if (want_hidden) grad_hidden.narrow(0, r0, n).copy_(product(logits, w));  // (n, d)
       if (!want_weight) continue;
       if (compute == acc) grad_weight.addmm_(logits.t(), hc);
-      else grad_weight.add_(at::mm(logits.t(), hc));  // (Vp, d): products in `compute`, summed over blocks in acc
+      else grad_weight.add_(product(logits.t(), hc));  // (Vp, d): products in `compute`, summed over blocks in acc
     }
     at::Tensor loss = (tw * nll).sum();
     if (N == 0 && mean) loss.fill_(std::numeric_limits<double>::quiet_NaN());  // the mean of nothing
