@@ -145,6 +145,22 @@ TEST_CASE("linear_cross_entropy: a row with a non-finite logit makes the loss Na
   CHECK(std::isnan(at::cross_entropy_loss(at::matmul(hidden, weight.t()), targets).item<double>()));
 }
 
+TEST_CASE("linear_cross_entropy of no rows: the mean is NaN, a weighted sum 0, fused or not", "[cross_entropy][linear]") {
+  for (const auto policy : {KernelPolicy::Auto, KernelPolicy::Compositions}) {
+    ScopedKernelPolicy scope(policy);
+    CAPTURE(policy == KernelPolicy::Auto ? "fused host kernel" : "libtorch's path");
+    auto weight = at::randn({10, 4}).requires_grad_(true);
+    auto hidden = at::zeros({0, 4}).requires_grad_(true);
+    const auto targets = at::zeros({0}, at::TensorOptions().dtype(at::kLong));
+    CHECK(std::isnan(linear_cross_entropy(hidden, weight, targets).item<double>()));
+    const auto loss = linear_cross_entropy(hidden, weight, targets, at::zeros({0}));
+    CHECK(loss.item<double>() == 0.0);
+    loss.backward();
+    CHECK(at::equal(weight.grad(), at::zeros({10, 4})));
+    CHECK(hidden.grad().sizes() == at::IntArrayRef({0, 4}));
+  }
+}
+
 TEST_CASE("linear_cross_entropy rejects targets outside the vocabulary and mismatched shapes", "[cross_entropy][linear]") {
   const auto hidden = at::zeros({4, 3}), weight = at::zeros({11, 3});
   auto targets = at::tensor(std::vector<int64_t>{0, 10, 11, 2});

@@ -29,15 +29,16 @@ constexpr int64_t kBufferBytes = int64_t{256} << 20;
 // header); backward scales them by the incoming gradient.
 struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
   // hidden (N, d), weight (V, d) fp32 contiguous; targets (N,) int64
-  // contiguous in range; token_weights (N,) fp32 contiguous or empty.
+  // contiguous in range; token_weights (N,) fp32 contiguous, or empty with
+  // mean set.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& targets, const at::Tensor& token_weights, int64_t rows_per_pass,
+                            const at::Tensor& targets, const at::Tensor& token_weights, bool mean, int64_t rows_per_pass,
                             bool want_grads) {
     const int64_t N = hidden.size(0), d = hidden.size(1), V = weight.size(0);
     const float* h = hidden.data_ptr<float>();
     const float* w = weight.data_ptr<float>();
     const int64_t* target = targets.data_ptr<int64_t>();
-    const float* tw = token_weights.numel() > 0 ? token_weights.data_ptr<float>() : nullptr;
+    const float* tw = mean ? nullptr : token_weights.data_ptr<float>();
     const float mean_weight = N > 0 ? 1.f / static_cast<float>(N) : 0.f;
     at::Tensor grad_hidden, grad_weight;  // (N, d), (V, d)
     if (want_grads) {
@@ -79,14 +80,14 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
     }
     double loss = 0;
     for (int64_t r = 0; r < N; ++r) loss += static_cast<double>(tw ? tw[r] : mean_weight) * nll[static_cast<size_t>(r)];
-    if (N == 0 && !tw) loss = std::numeric_limits<double>::quiet_NaN();  // the mean of nothing
+    if (N == 0 && mean) loss = std::numeric_limits<double>::quiet_NaN();  // the mean of nothing; a sum over nothing is 0
     ctx->save_for_backward({grad_hidden, grad_weight});
     return at::full({}, loss, hidden.options());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return scale_saved_gradients(ctx, grads, 6);
+    return scale_saved_gradients(ctx, grads, 7);
   }
 };
 
@@ -136,6 +137,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
   return FusedLinearCrossEntropy::apply(hidden.contiguous(), weight.contiguous(), targets.contiguous(),
                                         token_weights.defined() ? token_weights.contiguous()
                                                                 : at::empty({0}, hidden.options()),
+                                        !token_weights.defined(),
                                         rows_per_pass, want_grads);
 }
 
