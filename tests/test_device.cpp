@@ -103,6 +103,16 @@ TEST_CASE("device: a batch's targets are checked in host memory before it moves,
                       "split 'test' batch 2: targets must be int64 in host memory, found Int on cpu");
 }
 
+TEST_CASE("device: the CPU bf16 probe predicts how a longer bf16 product sums", "[device][bf16]") {
+  const auto a = at::ones({4, 4096}, at::kBFloat16), b = at::ones({4096, 4}, at::kBFloat16);
+  const float sum = at::mm(a, b)[0][0].item<float>();
+  INFO("4096 products of ones summed to " << sum);
+  if (engine::cpu_bf16_sums_in_fp32())
+    CHECK(sum == 4096.f);
+  else
+    CHECK(sum < 4096.f);
+}
+
 TEST_CASE("device: a run records the CPU as cpu, and a GPU as nvidia-smi describes it", "[device]") {
   CHECK(engine::describe_device("cpu") == "cpu");
   // A stand-in for the driver's tool, first on PATH for this test.

@@ -349,6 +349,7 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   configure_threads(o.threads);
   const engine::Matrix m = load_variants(o);
   engine::configure_device(at::Device(o.device));  // fp32 is IEEE fp32 on a GPU, as in a run
+  engine::warn_if_bf16_sums_inexact(at::Device(o.device), o.bf16);
   const Synthetic batch = synthetic_batch(o);
   const std::string allocator = configure_allocator_for(m, o);
 

@@ -10,6 +10,8 @@
 #include <map>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -163,6 +165,27 @@ void check_batch_targets(const Batch& host, int64_t top, bool vocabulary, const 
 
 void configure_device(const at::Device& device) {
   if (device.is_cuda()) at::globalContext().setAllowTF32CuBLAS(false);
+}
+
+bool cpu_bf16_sums_in_fp32() {
+  static const bool exact = [] {
+    const at::NoGradGuard no_grad;
+    // b not transposed: the layout that sums in bf16 where any does.
+    const auto a = at::ones({4, 512}, at::kBFloat16), b = at::ones({512, 4}, at::kBFloat16);
+    return at::mm(a, b).eq(512).all().item<bool>();
+  }();
+  return exact;
+}
+
+void warn_if_bf16_sums_inexact(const at::Device& device, bool bf16) {
+  if (!bf16 || !device.is_cpu() || cpu_bf16_sums_in_fp32()) return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::cerr << "warning: precision \"bf16\" on this CPU: libtorch's bf16 matrix products here sum in bf16 "
+                 "(512 products of ones give 256), so every long sum loses most of its precision; use \"fp32\" "
+                 "on this machine"
+              << std::endl;
+  });
 }
 
 void synchronize_device(const at::Device& device) {

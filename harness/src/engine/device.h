@@ -68,6 +68,16 @@ at::Device torch_device(const std::string& resolved);
 // fp32's error. Nothing on the CPU.
 void configure_device(const at::Device& device);
 
+// Whether libtorch's bf16 matrix products on the CPU sum in fp32, probed
+// once: some CPU kernels sum in bf16 (Debian's libtorch 1.13 without
+// AVX-512: 512 products of ones give 256), which costs a bf16 run most of
+// its precision in every long sum.
+bool cpu_bf16_sums_in_fp32();
+
+// Says so on stderr, once per process, when a bf16 run or benchmark is on
+// the CPU and its products sum in bf16.
+void warn_if_bf16_sums_inexact(const at::Device& device, bool bf16);
+
 // Waits for the work queued on `device` (nothing to wait for on the CPU): a
 // GPU runs a step's kernels after the host has moved on, so a host clock
 // read around them stops only once they are done.
