@@ -2,6 +2,7 @@
 // arithmetic it keeps bit for bit, and against the definition in float64.
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
+#include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <cmath>
@@ -119,4 +120,31 @@ TEST_CASE("gradient clipping without gradients changes nothing and gives norm 0"
   const auto norm = clip_gradient_norm(params, 1.0);
   CHECK(norm.item<double>() == 0.0);
   CHECK(!params[0].grad().defined());
+}
+
+TEST_CASE("cuda: gradient clipping on a GPU agrees with libtorch's and leaves unclipped gradients exact", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto on_gpu = [](const std::vector<at::Tensor>& params) {
+    std::vector<at::Tensor> moved;
+    for (const auto& p : params) {
+      auto m = p.detach().to(at::kCUDA).requires_grad_(true);
+      if (p.grad().defined()) m.mutable_grad() = p.grad().to(at::kCUDA);
+      moved.push_back(m);
+    }
+    return moved;
+  };
+  for (const double scale : {10.0, 1e-4}) {
+    CAPTURE(scale);
+    const auto host = make_params(kShapes, scale);
+    auto ours = on_gpu(host), theirs = on_gpu(host);
+    const auto before = copy_of(ours);
+    const auto norm = clip_gradient_norm(ours, 1.0);
+    CHECK(norm.is_cuda());
+    // libtorch's multi-tensor norm sums in another order than its
+    // per-parameter one: equal to fp32's rounding, not bit for bit.
+    const double expected = torch::nn::utils::clip_grad_norm_(theirs, 1.0);
+    CHECK(std::abs(norm.item<double>() - expected) <= 1e-6 * expected);
+    for (size_t i = 0; i < kShapes.size(); ++i) CHECK(rel_error(ours[i].grad().cpu(), theirs[i].grad().cpu()) < 1e-6);
+    if (scale < 1) CHECK(same_gradients(ours, before));
+  }
 }
