@@ -5,6 +5,7 @@
 
 #include "model/mixing_layer.h"
 #include "chiar/gate.h"
+#include "chiar/kernels.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
 #include "support/fixtures.h"
@@ -345,4 +346,36 @@ TEST_CASE("group_rows: runs of equal keys, each row's group and place in it", "[
   CHECK(packed.sizes() == at::IntArrayRef{4, 3, 2});
   CHECK(at::equal(packed[1][1], at::zeros({2})));  // group 1 has one row: zeros after it
   CHECK(at::equal(unpack_rows(packed, g), values));
+}
+
+TEST_CASE("indices_to_device: on the CPU the tensors themselves", "[routing][rows]") {
+  const auto a = at::arange(6, at::TensorOptions().dtype(at::kLong)).view({2, 3}), b = at::zeros({0}, a.options());
+  const auto same = indices_to_device({a, b}, at::Device(at::kCPU));
+  REQUIRE(same.size() == 2);
+  CHECK(same[0].is_same(a));
+  CHECK(same[1].is_same(b));
+}
+
+TEST_CASE("cuda: group_rows of GPU keys equals the host's, on the GPU; indices_to_device keeps shapes and values",
+          "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto key = at::tensor(std::vector<int64_t>{3, 3, 5, 7, 7, 7, 9});
+  const RowGroups host = group_rows(key);
+  for (const auto policy : {KernelPolicy::Auto, KernelPolicy::Compositions}) {
+    CAPTURE(policy == KernelPolicy::Auto ? "one copy, grouped on the host" : "unique_consecutive");
+    ScopedKernelPolicy scope(policy);
+    const RowGroups g = group_rows(key.to(at::kCUDA));
+    CHECK(g.count == host.count);
+    CHECK(g.width == host.width);
+    CHECK(g.group.is_cuda());
+    CHECK(at::equal(g.keys.cpu(), host.keys));
+    CHECK(at::equal(g.group.cpu(), host.group));
+    CHECK(at::equal(g.slot.cpu(), host.slot));
+  }
+  const auto a = at::arange(6, at::TensorOptions().dtype(at::kLong)).view({2, 3}), b = at::tensor(std::vector<int64_t>{7});
+  const auto moved = indices_to_device({a, b}, at::Device(at::kCUDA));
+  REQUIRE(moved.size() == 2);
+  CHECK(moved[0].is_cuda());
+  CHECK(at::equal(moved[0].cpu(), a));
+  CHECK(at::equal(moved[1].cpu(), b));
 }

@@ -84,29 +84,6 @@ std::vector<int64_t> rows_per_group(const at::Tensor& group, int64_t count) {
   return rows;
 }
 
-// Host int64 tensors on `device`, in one copy that does not wait for the
-// device: staged in pinned memory, which libtorch's host allocator keeps
-// until the copy has run. On the CPU, the tensors themselves.
-std::vector<at::Tensor> to_device(const std::vector<at::Tensor>& host, const at::Device& device) {
-  if (device.is_cpu()) return host;
-  int64_t total = 0;
-  for (const auto& h : host) total += h.numel();
-  auto staged = at::empty({total}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
-  int64_t offset = 0;
-  for (const auto& h : host) {
-    staged.narrow(0, offset, h.numel()).copy_(h.reshape({-1}));
-    offset += h.numel();
-  }
-  const auto moved = staged.to(device, /*non_blocking=*/true);
-  std::vector<at::Tensor> views;
-  offset = 0;
-  for (const auto& h : host) {
-    views.push_back(moved.narrow(0, offset, h.numel()).view(h.sizes()));
-    offset += h.numel();
-  }
-  return views;
-}
-
 // Keys (or values) [0, e) of t (G, h, L, dh): t itself when that is all of
 // them, so that backward has no slice to undo.
 at::Tensor first_keys(const at::Tensor& t, int64_t e) { return e == t.size(2) ? t : t.narrow(2, 0, e); }
@@ -238,12 +215,12 @@ class AttentionOperator final : public Operator {
     // The rows are grouped on the host, from one copy of them: on a GPU that
     // copy is the layer's one wait (the groups' sizes decide the products'
     // shapes). The index tensors the products need go back in copies that
-    // do not wait (to_device).
+    // do not wait (indices_to_device).
     const auto host_rows = rows.cpu().contiguous();                  // (N,) int64
     const RowGroups hg = group_rows(at::div(host_rows, T, "floor"));  // one group per sequence, on the host
     const auto per_sequence = rows_per_group(hg.group, hg.count);
     RowGroups g = hg;  // the same on the rows' device
-    const auto moved = to_device({hg.keys, hg.group, hg.slot}, x.device());
+    const auto moved = indices_to_device({hg.keys, hg.group, hg.slot}, x.device());
     g.keys = moved[0], g.group = moved[1], g.slot = moved[2];
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.
     auto [kt, v] = keys_values(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, h, dh, T), (G, h, T, dh)
@@ -321,7 +298,8 @@ class AttentionOperator final : public Operator {
       r += b.rows;
       blocks.push_back(std::move(b));
     }
-    const auto plan = to_device({order, inverse, gp.group, gp.slot, at::tensor(sequences, host_t.options())}, x.device());
+    const auto plan =
+        indices_to_device({order, inverse, gp.group, gp.slot, at::tensor(sequences, host_t.options())}, x.device());
     auto qs = q.index_select(0, plan[0]), ts = t.index_select(0, plan[0]);  // (N, h, dh), (N,)
     std::vector<at::Tensor> pieces;  // (n_j, d) per e, in sorted order
     int64_t first_sequence = 0;

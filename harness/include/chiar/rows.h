@@ -27,7 +27,17 @@ struct RowGroups {
 CHIAR_API std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K);
 
 // key: (N,) int64, non-decreasing (true for sorted rows and monotone keys).
+// The groups are on key's device. A GPU's keys are grouped on the host from
+// one copy of them (the one wait: the count and width are shapes), the
+// labels sent back by indices_to_device.
 CHIAR_API RowGroups group_rows(const at::Tensor& key);
+
+// Host int64 tensors on `device`, as tensors of the same shapes, in one copy
+// that does not wait for the device (staged in pinned memory, which
+// libtorch's host allocator keeps until the copy has run); on the CPU, the
+// tensors themselves. For index tensors planned on the host from one read
+// of the device, so that a forward_rows waits for its GPU once.
+CHIAR_API std::vector<at::Tensor> indices_to_device(const std::vector<at::Tensor>& host, const at::Device& device);
 
 // values (N, ...) -> (G, width, ...), zeros where a group is shorter.
 CHIAR_API at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g);

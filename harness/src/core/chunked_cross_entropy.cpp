@@ -31,7 +31,7 @@ at::ScalarType accumulation_type(at::ScalarType compute) {
 }
 
 // a b in their type, summed in fp32 when that is bf16, as a GPU's tensor
-// cores sum. Without AVX-512, libtorch 1.13's CPU bf16 GEMM sums in bf16
+// cores sum (cuBLAS may add split-K partial sums in bf16). Without AVX-512, libtorch 1.13's CPU bf16 GEMM sums in bf16
 // unless b is transposed (512 products of ones give 256), so on the CPU a
 // bf16 product runs as the fp32 product of the same values, rounded back.
 at::Tensor product(const at::Tensor& a, const at::Tensor& b) {

@@ -81,9 +81,15 @@ std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K) {
 }
 
 RowGroups group_rows(const at::Tensor& key) {
-  if (host_kernels_enabled() && key.device().is_cpu() && key.scalar_type() == at::kLong && key.dim() == 1) {
+  if (host_kernels_enabled() && key.scalar_type() == at::kLong && key.dim() == 1) {
     count_host_kernel();
-    return group_rows_host(key);
+    if (key.device().is_cpu()) return group_rows_host(key);
+    // One wait for the copy, where unique_consecutive and the width's read
+    // each wait.
+    RowGroups g = group_rows_host(key.cpu());
+    const auto moved = indices_to_device({g.keys, g.group, g.slot}, key.device());
+    g.keys = moved[0], g.group = moved[1], g.slot = moved[2];
+    return g;
   }
   RowGroups g;
   auto [keys, inverse, counts] = at::unique_consecutive(key, /*return_inverse=*/true,
@@ -95,6 +101,26 @@ RowGroups group_rows(const at::Tensor& key) {
   auto starts = counts.cumsum(0) - counts;  // (G,) first row of each group
   g.slot = at::arange(key.size(0), key.options()) - starts.index_select(0, inverse);
   return g;
+}
+
+std::vector<at::Tensor> indices_to_device(const std::vector<at::Tensor>& host, const at::Device& device) {
+  if (device.is_cpu()) return host;
+  int64_t total = 0;
+  for (const auto& h : host) total += h.numel();
+  auto staged = at::empty({total}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
+  int64_t offset = 0;
+  for (const auto& h : host) {
+    staged.narrow(0, offset, h.numel()).copy_(h.reshape({-1}));
+    offset += h.numel();
+  }
+  const auto moved = staged.to(device, /*non_blocking=*/true);
+  std::vector<at::Tensor> views;
+  offset = 0;
+  for (const auto& h : host) {
+    views.push_back(moved.narrow(0, offset, h.numel()).view(h.sizes()));
+    offset += h.numel();
+  }
+  return views;
 }
 
 at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g) {

@@ -7,6 +7,8 @@
 namespace chiar::engine {
 
 at::Tensor clip_gradient_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  // Not recorded even where a gradient requires one (libtorch works on .data()).
+  const at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());

@@ -7,7 +7,8 @@
 // libtorch's function takes one norm per parameter and returns the norm as a
 // double, which stalls a GPU step until the backward pass has finished; here
 // the norms are one multi-tensor call, the product another, and the norm is
-// returned as a tensor. Same bits as libtorch's (tests/test_gradient_clipping.cpp).
+// returned as a tensor. Same bits as libtorch's on the CPU; on a GPU the
+// multi-tensor norm sums in another order (tests/test_gradient_clipping.cpp).
 #include <ATen/core/Tensor.h>
 
 #include <vector>
