@@ -215,13 +215,10 @@ class AttentionOperator final : public Operator {
     // The rows are grouped on the host, from one copy of them: on a GPU that
     // copy is the layer's one wait (the groups' sizes decide the products'
     // shapes). The index tensors the products need go back in copies that
-    // do not wait (indices_to_device).
+    // do not wait (groups_on_device, indices_to_device).
     const auto host_rows = rows.cpu().contiguous();                  // (N,) int64
     const RowGroups hg = group_rows(at::div(host_rows, T, "floor"));  // one group per sequence, on the host
-    const auto per_sequence = rows_per_group(hg.group, hg.count);
-    RowGroups g = hg;  // the same on the rows' device
-    const auto moved = indices_to_device({hg.keys, hg.group, hg.slot}, x.device());
-    g.keys = moved[0], g.group = moved[1], g.slot = moved[2];
+    const RowGroups g = groups_on_device(hg, x.device());
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.
     auto [kt, v] = keys_values(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, h, dh, T), (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
@@ -233,6 +230,7 @@ class AttentionOperator final : public Operator {
       // Every row of a sequence reads all T keys (masked after its position
       // when causal): one segment per sequence, rows in their order.
       if (fused) {
+        const auto per_sequence = rows_per_group(hg.group, hg.count);
         const int64_t* n = per_sequence.data();
         std::vector<int64_t> segments;
         for (int64_t j = 0, start = 0; j < g.count; start += n[j], ++j) segments.insert(segments.end(), {start, n[j], j, T});
@@ -246,6 +244,7 @@ class AttentionOperator final : public Operator {
     // Each sequence's rows go in query blocks of span(rows, T) positions
     // (block, or a multiple of it when its rows are sparse); a block's rows
     // read keys [0, e), e the block's end.
+    const auto per_sequence = rows_per_group(hg.group, hg.count);
     std::vector<int64_t> spans(static_cast<size_t>(g.count));
     for (int64_t j = 0; j < g.count; ++j) spans[static_cast<size_t>(j)] = span(per_sequence[static_cast<size_t>(j)], T);
     if (fused) {

@@ -38,6 +38,8 @@ CHIAR_API RowGroups group_rows(const at::Tensor& key);
 // tensors themselves. For index tensors planned on the host from one read
 // of the device, so that a forward_rows waits for its GPU once.
 CHIAR_API std::vector<at::Tensor> indices_to_device(const std::vector<at::Tensor>& host, const at::Device& device);
+// Host groups (group_rows of a host key) on `device`, by indices_to_device.
+CHIAR_API RowGroups groups_on_device(const RowGroups& host, const at::Device& device);
 
 // values (N, ...) -> (G, width, ...), zeros where a group is shorter.
 CHIAR_API at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g);

@@ -31,9 +31,11 @@ at::ScalarType accumulation_type(at::ScalarType compute) {
 }
 
 // a b in their type, summed in fp32 when that is bf16, as a GPU's tensor
-// cores sum (cuBLAS may add split-K partial sums in bf16). Without AVX-512, libtorch 1.13's CPU bf16 GEMM sums in bf16
-// unless b is transposed (512 products of ones give 256), so on the CPU a
-// bf16 product runs as the fp32 product of the same values, rounded back.
+// cores sum (cuBLAS may add split-K partial sums in bf16). Without AVX-512,
+// libtorch 1.13's CPU bf16 GEMM sums in bf16 unless b is transposed (512
+// products of ones give 256), so on the CPU a bf16 product runs as the fp32
+// product of the same values, rounded back. An fp32 operand is taken as it
+// is: the bf16 weight widened once per call, not once per block.
 at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() == at::kBFloat16 && a.device().is_cpu())
     return at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(at::kBFloat16);
@@ -60,6 +62,8 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
       zero_padded.narrow(0, 0, V).copy_(w);
       w = zero_padded;
     }
+    // What product() multiplies by: on the CPU in bf16, the same values in fp32, once.
+    const auto wp = compute == at::kBFloat16 && w.device().is_cpu() ? w.to(at::kFloat) : w;  // (Vp, d)
     const auto h = hidden.to(compute).contiguous();  // (N, d)
     const auto acc_options = hidden.options().dtype(acc);
     const auto tw = mean ? at::full({N}, N > 0 ? 1.0 / static_cast<double>(N) : 0.0, acc_options)
@@ -74,13 +78,13 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t n = std::min(rows, N - r0);
       const auto hc = h.narrow(0, r0, n);  // (n, d)
-      auto logits = product(hc, w.t());     // (n, Vp); the padded columns are 0
+      auto logits = product(hc, wp.t());    // (n, Vp); the padded columns are 0
       nll.narrow(0, r0, n).copy_(softmax_cross_entropy_block(logits.narrow(1, 0, V), targets.narrow(0, r0, n),
                                                              tw.narrow(0, r0, n), want_grads));
       if (!want_grads) continue;
       // logits now hold d loss / d logits; their padded columns meet the
       // zero rows of w, and the padded rows of grad_weight are dropped.
-      if (want_hidden) grad_hidden.narrow(0, r0, n).copy_(product(logits, w));  // (n, d)
+      if (want_hidden) grad_hidden.narrow(0, r0, n).copy_(product(logits, wp));  // (n, d)
       if (!want_weight) continue;
       if (compute == acc) grad_weight.addmm_(logits.t(), hc);
       else grad_weight.add_(product(logits.t(), hc));  // (Vp, d): products in `compute`, summed over blocks in acc

@@ -86,10 +86,7 @@ RowGroups group_rows(const at::Tensor& key) {
     if (key.device().is_cpu()) return group_rows_host(key);
     // One wait for the copy, where unique_consecutive and the width's read
     // each wait.
-    RowGroups g = group_rows_host(key.cpu());
-    const auto moved = indices_to_device({g.keys, g.group, g.slot}, key.device());
-    g.keys = moved[0], g.group = moved[1], g.slot = moved[2];
-    return g;
+    return groups_on_device(group_rows_host(key.cpu()), key.device());
   }
   RowGroups g;
   auto [keys, inverse, counts] = at::unique_consecutive(key, /*return_inverse=*/true,
@@ -121,6 +118,13 @@ std::vector<at::Tensor> indices_to_device(const std::vector<at::Tensor>& host, c
     offset += h.numel();
   }
   return views;
+}
+
+RowGroups groups_on_device(const RowGroups& host, const at::Device& device) {
+  RowGroups g = host;
+  const auto moved = indices_to_device({host.keys, host.group, host.slot}, device);
+  g.keys = moved[0], g.group = moved[1], g.slot = moved[2];
+  return g;
 }
 
 at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g) {
