@@ -21,6 +21,7 @@
 #include "engine/device.h"
 #include "engine/sqlite.h"
 #include "model/model.h"
+#include "support/env_scope.h"
 #include "support/fixtures.h"
 #include "support/process.h"
 #include "support/skip.h"
@@ -321,6 +322,53 @@ TEST_CASE("device: a run on a GPU computes in bf16 unless its precision is set",
   INFO(out.output);
   REQUIRE(out.status == 0);
   CHECK(test::query_integer(db, "SELECT COUNT(*) FROM runs WHERE hash = '" + bf16 + "' AND status = 'done'") == 1);
+}
+
+// Hidden (as above). A GPU reads each step's loss a step late by default
+// (CHIAR_LOSS_READS, engine/trainer.h); read every step instead it trains
+// the same runs: the same losses to fp32 rounding (the two processes may
+// sum in different orders where CUDA's kernels use atomics), and a forced
+// divergence (a learning rate of 1e12) found at the same step.
+TEST_CASE("device: a GPU run whose losses are read late trains as one whose losses are read each step", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  TempDir d("device-gpu-loss-reads");
+  test::write_tiny_matrix(d, R"(name = "reads"
+variants = ["base", "routed"]
+tasks = ["lm", "flat"]
+seeds = [0]
+)", test::tiny_train_body(9, 4, 4) + "precision = \"fp32\"\nlog_every = 1\n");
+  const auto trained = [&](const std::string& reads, const std::string& db, std::vector<std::string> extra) {
+    test::EnvScope env("CHIAR_LOSS_READS", reads);
+    auto args = run_args(d, d.path() + "/" + db);
+    args.insert(args.end(), {"--device", "cuda"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto out = test::run_chiar(args);
+    INFO(out.output);
+    REQUIRE(out.status == 0);
+    return d.path() + "/" + db;
+  };
+  const std::string late = trained("late", "late.db", {}), every = trained("every-step", "every.db", {});
+  const auto late_log = test::train_logs(late), every_log = test::train_logs(every);
+  REQUIRE(every_log.size() == 4 * 9);
+  REQUIRE(late_log.size() == every_log.size());
+  for (size_t i = 0; i < every_log.size(); ++i) {
+    INFO(late_log[i] << " against " << every_log[i]);
+    CHECK(late_log[i].step == every_log[i].step);
+    CHECK(std::abs(late_log[i].loss - every_log[i].loss) <= 1e-4 * std::abs(every_log[i].loss));
+  }
+  check_close(test::test_split_metrics(late), test::test_split_metrics(every));
+
+  const std::vector<std::string> diverging = {"--set", "train.lr=1e12", "--set", "train.clip=0"};
+  const std::string sql = "SELECT group_concat(name || ':' || diverged_step, ' ') FROM "
+                          "(SELECT name, diverged_step FROM runs WHERE status = 'diverged' ORDER BY name)";
+  const auto diverged_at = [&](const std::string& db) {
+    engine::Database con(db, engine::OpenMode::ReadOnly);
+    auto q = con.prepare(sql);
+    return q.step() ? q.text(0) : std::string();
+  };
+  const std::string every_nan = trained("every-step", "every-nan.db", diverging);
+  REQUIRE(test::query_integer(every_nan, "SELECT COUNT(*) FROM runs WHERE status = 'diverged'") == 4);
+  CHECK(diverged_at(trained("late", "late-nan.db", diverging)) == diverged_at(every_nan));
 }
 
 // Hidden (as above). A run stopped on one device by SIGTERM (what scancel

@@ -2,11 +2,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <torch/serialize.h>
@@ -25,6 +27,7 @@
 #include "chiar/error.h"
 #include "chiar/linear.h"
 #include "chiar/random.h"
+#include "support/env_scope.h"
 #include "support/faults.h"
 #include "support/fixtures.h"
 #include "support/process.h"
@@ -368,6 +371,102 @@ TEST_CASE("run: a forced divergence is recorded and the matrix goes on", "[engin
   CHECK(r.status == 0);
   const std::string db = d.path() + "/n.db";
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'diverged' AND diverged_step > 0 AND error LIKE 'loss %'") == 2);
+}
+
+namespace {
+
+// Every validation and test metric of every run, in a fixed order, each as
+// "run step split/checkpoint/name value" with every digit of the value.
+std::vector<std::string> all_metrics(const std::string& db) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare("SELECT r.name, m.step, m.split || '/' || m.checkpoint || '/' || m.name, m.value "
+                       "FROM metrics m JOIN runs r ON r.id = m.run_id ORDER BY r.name, m.step, m.split, "
+                       "m.checkpoint, m.name");
+  std::vector<std::string> rows;
+  while (q.step()) {
+    std::ostringstream row;
+    row.precision(17);
+    row << q.text(0) << " " << q.integer(1) << " " << q.text(2) << " " << q.real(3);
+    rows.push_back(row.str());
+  }
+  return rows;
+}
+
+}  // namespace
+
+// Late loss reads (CHIAR_LOSS_READS, engine/trainer.h) are what a GPU run
+// does; here the CPU is made to read late, so that every branch of it runs
+// where a test can see it. Nine steps, validated and checkpointed every
+// four, so that most steps are read late; two micro-batches a step.
+TEST_CASE("run: late loss reads log, score, stop, resume and diverge as reads every step do", "[engine][loss_reads]") {
+  TempDir d("e2e-loss-reads");
+  write_fixture(d, "log_every = 1\ngrad_accum = 2\n");
+  const std::vector<std::string> nine = {"--only", "*/*/seed=0", "--set", "train.steps=9", "--set",
+                                         "train.eval_every=4", "--set", "train.checkpoint_every=4"};
+  const auto run_with = [&](const std::string& reads, const std::string& db, std::vector<std::string> extra) {
+    test::EnvScope env("CHIAR_LOSS_READS", reads);
+    return test::run_chiar(pinned_run_args(d, db, std::move(extra)));
+  };
+  const std::string every = d.path() + "/every.db", late = d.path() + "/late.db";
+  REQUIRE(run_with("every-step", "every.db", nine).status == 0);
+  REQUIRE(run_with("late", "late.db", nine).status == 0);
+  REQUIRE(test::train_logs(every).size() == 4 * 9);  // 4 runs, every step logged
+  CHECK(test::train_logs(late) == test::train_logs(every));
+  REQUIRE(all_metrics(every).size() > 8);
+  CHECK(all_metrics(late) == all_metrics(every));
+
+  // A stop requested at a step read late is honoured at the next step, which
+  // is read before its update; resumed, the run ends as it would have.
+  {
+    std::vector<std::string> one = nine;
+    one[1] = "routed/lm/seed=0";
+    {
+      test::EnvScope stop("CHIAR_FAILPOINT", "train.step:6:term");
+      const auto stopped = run_with("late", "stopped.db", one);
+      INFO(stopped.output);
+      REQUIRE(stopped.status == 130);
+    }
+    const std::string db = d.path() + "/stopped.db";
+    CHECK(count(db, "SELECT step FROM runs WHERE status = 'interrupted'") == 7);
+    const auto resumed = run_with("late", "stopped.db", one);
+    INFO(resumed.output);
+    REQUIRE(resumed.status == 0);
+    CHECK(final_metrics(db, "routed/lm/seed=0") == final_metrics(every, "routed/lm/seed=0"));
+    auto expected = test::train_logs(every);
+    expected.erase(std::remove_if(expected.begin(), expected.end(),
+                                  [](const test::TrainLogRow& row) { return row.run != "routed/lm/seed=0"; }),
+                   expected.end());
+    CHECK(test::train_logs(db) == expected);
+  }
+
+  // A divergence found a step late is recorded at the step that diverged.
+  {
+    std::vector<std::string> diverging = nine;
+    diverging.insert(diverging.end(), {"--set", "train.lr=1e12", "--set", "train.clip=0"});
+    REQUIRE(run_with("every-step", "every-nan.db", diverging).status == 0);
+    REQUIRE(run_with("late", "late-nan.db", diverging).status == 0);
+    const std::string sql = "SELECT name || ' ' || diverged_step || ' ' || error FROM runs ORDER BY name";
+    const auto outcomes = [&](const std::string& db) {
+      engine::Database con(d.path() + "/" + db, engine::OpenMode::ReadOnly);
+      auto q = con.prepare(sql);
+      std::vector<std::string> rows;
+      while (q.step()) rows.push_back(q.text(0));
+      return rows;
+    };
+    REQUIRE(count(d.path() + "/every-nan.db", "SELECT COUNT(*) FROM runs WHERE status = 'diverged'") == 4);
+    // Read late: neither validated nor checkpointed (every 4) nor the last.
+    CHECK(count(d.path() + "/every-nan.db", "SELECT COUNT(*) FROM runs WHERE diverged_step % 4 != 0") == 4);
+    CHECK(outcomes("late-nan.db") == outcomes("every-nan.db"));
+    CHECK(test::train_logs(d.path() + "/late-nan.db") == test::train_logs(d.path() + "/every-nan.db"));
+  }
+
+  // Another value is refused before anything is written.
+  {
+    const auto refused = run_with("sometimes", "refused.db", nine);
+    CHECK(refused.status == 2);
+    CHECK(refused.output == "chiar: CHIAR_LOSS_READS: \"sometimes\" is not one of every-step, late\n");
+    CHECK_FALSE(boost::filesystem::exists(d.path() + "/refused.db"));
+  }
 }
 
 TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an uninterrupted run", "[engine][resume]") {

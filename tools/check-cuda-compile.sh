@@ -4,8 +4,8 @@
 # build targets (sm_80, sm_90), with warnings as errors, and the host
 # compiler checks the C++ that only a CUDA build compiles (the tensor
 # wrappers, the CHIAR_CUDA_KERNELS branches of the files that call them, the
-# GPU memory records) against this machine's libtorch headers and the CUDA
-# Toolkit's. An optional check, not a CI step: the CUDA Toolkit is not in
+# GPU memory records, the queue marks) against this machine's libtorch
+# headers and the CUDA Toolkit's. An optional check, not a CI step: the CUDA Toolkit is not in
 # Debian's main.
 #
 #   tools/check-cuda-compile.sh            # uses $NVCC, else nvcc on PATH or in /usr/local/cuda
@@ -87,7 +87,8 @@ includes=(-I harness/include -I harness/src -I harness/src/core -I harness/cuda 
 [ "$cuda_include" = /usr/include ] || includes+=(-isystem "$cuda_include")
 for source in harness/src/core/cuda_routing.cpp harness/src/core/cuda_head.cpp harness/src/core/chunked_cross_entropy.cpp \
               harness/src/core/spectral.cpp harness/src/core/rows.cpp \
-              harness/src/core/kernels.cpp harness/src/bench/chiar_bench.cpp harness/src/engine/gpu_memory.cpp; do
+              harness/src/core/kernels.cpp harness/src/bench/chiar_bench.cpp harness/src/engine/gpu_memory.cpp \
+              harness/src/engine/queue_mark.cpp; do
   if g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -fopenmp "${includes[@]}" "$source"; then
     echo "checked   $source (as a CUDA build compiles it)"
   else

@@ -75,4 +75,20 @@ std::vector<double> test_split_metrics(const std::string& db, const std::string&
   return out;
 }
 
+std::vector<TrainLogRow> train_logs(const std::string& db) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare("SELECT r.name, t.step, t.loss, t.lr FROM train_log t JOIN runs r ON r.id = t.run_id "
+                       "ORDER BY r.name, t.step");
+  std::vector<TrainLogRow> rows;
+  while (q.step()) rows.push_back({q.text(0), q.integer(1), q.real(2), q.real(3)});
+  return rows;
+}
+
+std::ostream& operator<<(std::ostream& out, const TrainLogRow& row) {
+  const auto precision = out.precision(17);
+  out << row.run << " step " << row.step << " loss " << row.loss << " lr " << row.lr;
+  out.precision(precision);
+  return out;
+}
+
 }  // namespace chiar::test

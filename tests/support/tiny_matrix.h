@@ -5,6 +5,7 @@
 // only what is really the same. Runs' hashes and metrics are pinned by
 // tests: a changed value here changes them.
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,16 @@ int64_t query_integer(const std::string& db, const std::string& sql);
 // The test split's metrics (best and last checkpoint) of the runs whose name
 // matches `run_glob`, in a fixed order: what resume tests compare bit for bit.
 std::vector<double> test_split_metrics(const std::string& db, const std::string& run_glob = "*");
+
+// One logged training step.
+struct TrainLogRow {
+  std::string run;  // the run's name
+  int64_t step = 0;
+  double loss = 0, lr = 0;
+  bool operator==(const TrainLogRow& o) const { return run == o.run && step == o.step && loss == o.loss && lr == o.lr; }
+};
+std::ostream& operator<<(std::ostream& out, const TrainLogRow& row);
+// Every logged step of every run in a store, by run name and step.
+std::vector<TrainLogRow> train_logs(const std::string& db);
 
 }  // namespace chiar::test

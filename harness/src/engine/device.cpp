@@ -194,7 +194,9 @@ void synchronize_device(const at::Device& device) {
 
 Batch batch_on(const Batch& batch, const at::Device& device) {
   if (device.is_cpu()) return batch;
-  auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(device, /*non_blocking=*/true) : t; };
+  auto move = [&](const at::Tensor& t) {
+    return t.defined() ? t.pin_memory().to(device, /*non_blocking=*/true) : t;
+  };
   return {move(batch.tokens), move(batch.targets), move(batch.valid), move(batch.scored)};
 }
 

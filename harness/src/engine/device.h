@@ -90,9 +90,13 @@ void synchronize_device(const at::Device& device);
 //   task 'lm' training step 12: target 8192 at [3, 17] is outside the vocabulary [0, 8192)
 void check_batch_targets(const Batch& host, int64_t top, bool vocabulary, const std::string& where);
 
-// The batch on `device`. Tasks build batches in host memory; on another
-// device each tensor is copied over without blocking the host (the copies
-// queue ahead of the step's kernels). On the CPU: the batch itself.
+// The batch on `device`. Tasks build batches in pageable host memory, and
+// CUDA may wait for the stream's queued work before it copies from there
+// (it stages such a copy through pinned memory of its own): on another
+// device each tensor is first copied into pinned memory, and from there
+// over without blocking the host, the copy queued behind the work already
+// queued. libtorch's host allocator keeps a pinned buffer until its copy
+// has run. On the CPU: the batch itself.
 Batch batch_on(const Batch& batch, const at::Device& device);
 
 }  // namespace chiar::engine

@@ -11,9 +11,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -30,6 +32,7 @@
 #include "durable_file.h"
 #include "gradient_clipping.h"
 #include "failpoint.h"
+#include "queue_mark.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
 #include "chiar/metrics.h"
@@ -603,7 +606,7 @@ void set_learning_rate(FusedAdamW& optimizer, double lr) {
 }
 
 struct StepLoss {
-  double loss = 0;     // mean over the micro-batches
+  at::Tensor loss;     // () float64 on the run's device: the mean over the micro-batches
   int64_t tokens = 0;  // real tokens trained on
 };
 
@@ -652,7 +655,11 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
       }
     }
     (loss / static_cast<double>(t.grad_accum)).backward();
-    s.loss += loss.item<double>() / static_cast<double>(t.grad_accum);  // host read: the loss, for divergence
+    // Summed where it was computed, in float64 as a host sum of the
+    // micro-batches' losses would be: the host reads it once per step, and
+    // on a GPU, late (train_steps).
+    const at::Tensor share = loss.detach().to(at::kDouble) / static_cast<double>(t.grad_accum);
+    s.loss = s.loss.defined() ? s.loss + share : share;
     s.tokens += real_tokens(host);
   }
   return s;
@@ -664,18 +671,18 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
 // (a routed operator no token of its slice reached) takes zeros there, so
 // every rank reduces the same tensors; one without a gradient anywhere keeps
 // none, as in a single process. Returns whether to stop.
-bool agree_over_ranks(Run& run, StepLoss& s, bool stop_requested) {
+bool agree_over_ranks(Run& run, double& loss, bool stop_requested) {
   std::vector<at::Tensor> params = run.model.parameters();
   const int64_t n = static_cast<int64_t>(params.size());
   at::Tensor shared = at::zeros({n + 2}, at::kDouble);  // (loss, stop, has_grad per parameter)
   auto a = shared.accessor<double, 1>();
-  a[0] = s.loss;
+  a[0] = loss;
   a[1] = stop_requested ? 1.0 : 0.0;
   for (int64_t i = 0; i < n; ++i) a[i + 2] = params[static_cast<size_t>(i)].grad().defined() ? 1.0 : 0.0;
   std::vector<at::Tensor> agreed{shared};
   run.group->allreduce_mean(agreed);
   a = agreed[0].accessor<double, 1>();
-  s.loss = a[0];
+  loss = a[0];
   std::vector<at::Tensor> grads;
   for (int64_t i = 0; i < n; ++i) {
     at::Tensor& p = params[static_cast<size_t>(i)];
@@ -748,47 +755,117 @@ void save_checkpoint(Run& run, int64_t done, bool validated = true) {
   });
 }
 
+// A step whose update is queued on the device and whose loss the host has
+// not read: the loss is on its way into pinned host memory.
+struct QueuedStep {
+  int64_t done = 0;          // the step's number, counted from 1
+  double lr = 0;
+  int64_t tokens = 0;
+  Clock::time_point began;   // when the host began the step
+  at::Tensor loss;           // () float64, in host memory once `copied` is reached
+  QueueMark copied;
+};
+
+QueuedStep queue_loss_read(const Run& run, const StepLoss& s, int64_t done, double lr, Clock::time_point began) {
+  QueuedStep q{done, lr, s.tokens, began, s.loss, {}};
+  if (!run.device.is_cpu()) {
+    q.loss = at::empty({}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    q.loss.copy_(s.loss, /*non_blocking=*/true);
+  }
+  q.copied = QueueMark::after_queued_work(run.device);
+  return q;
+}
+
+// A trained step's time, tokens/s and report, once its work is done (at
+// `reached`). Its time runs from when the host began it, or from when the
+// step before it was done if that was later: with late loss reads the
+// device works on one step while the host queues the next, and the time
+// between two steps' ends is what each cost.
+void record_step(Run& run, int64_t done, double loss, double lr, int64_t tokens, Clock::time_point began,
+                 Clock::time_point& last_done, Clock::time_point reached) {
+  const double seconds = std::chrono::duration<double>(reached - std::max(began, last_done)).count();
+  last_done = reached;
+  run.overhead.steps += seconds;
+  run.step_ms.push_back(seconds * 1e3);
+  run.step_tps.push_back(static_cast<double>(tokens) / seconds);
+  if (run.writer) report_step(run, done, loss, lr);
+}
+
+// Whether step `done` validates or checkpoints (or is the last): such a
+// step's loss is read before its update, so that nothing is kept of a step
+// that diverged.
+bool validates_or_checkpoints(const TrainOptions& t, int64_t done) {
+  return done % t.eval_every == 0 || done % t.checkpoint_every == 0 || done == t.steps;
+}
+
 // Trains from run.start to the last step; stops early on divergence, or
 // after a checkpoint when a stop is requested.
+//
+// Reading a step's loss waits for the device to finish the step. Read
+// before the update, as on the CPU, a GPU would sit idle each step while
+// the host decides on divergence, reports, and builds and queues the next
+// batch. With late reads (loss_reads_for) the host queues a step's update,
+// starts a copy of its loss into host memory and goes on; it reads that
+// loss once the next step's forward and backward are queued behind it, and
+// only then applies the next step's update, so that a divergence still
+// stops the run before anything that follows it is applied. A step that
+// validates or checkpoints, the last step, and a step at which a stop is
+// requested are read before their update, as on the CPU: nothing is kept of
+// a step that diverged. The diverged step's own update is applied in
+// memory, where nothing reads it again.
 void train_steps(Run& run, TrainResult& result) {
   const TrainOptions& t = run.t;
+  const bool late = !run.group && loss_reads_for(run.device) == LossReads::Late;
   auto stop_requested = [&] { return run.ctx.stop && run.ctx.stop->load(); };
+  auto healthy = [&](int64_t done, double loss) {
+    if (!diverged(t, loss)) return true;
+    result.outcome = RunStatus::Diverged;
+    result.diverged_step = done;
+    result.error = "loss " + std::to_string(loss) + " at step " + std::to_string(done);
+    return false;
+  };
+  std::optional<QueuedStep> queued;
+  Clock::time_point last_done{};
   for (int64_t step = run.start; step < t.steps; ++step) {
-    const auto t0 = Clock::now();
+    const auto began = Clock::now();
+    const int64_t done = step + 1;
     const double lr = learning_rate(t, step);
     set_learning_rate(run.optimizer, lr);
     StepLoss s = accumulate_gradients(run, step);
+    if (queued) {
+      queued->copied.wait();  // host wait: the step before this one, done
+      const auto reached = Clock::now();
+      const double loss = queued->loss.item<double>();
+      if (!healthy(queued->done, loss)) break;
+      record_step(run, queued->done, loss, queued->lr, queued->tokens, queued->began, last_done, reached);
+      queued.reset();
+    }
+    if (late && !validates_or_checkpoints(t, done) && !stop_requested()) {
+      apply_gradients(run);
+      failpoint("train.step");
+      queued = queue_loss_read(run, s, done, lr, began);
+      continue;
+    }
+    double loss = s.loss.item<double>();  // host wait: this step's forward and backward, done
     // In a process group the loss, and so divergence, and a stop are the
     // group's: every rank leaves the loop at the same step.
     bool group_stops = false;
-    if (run.group) timed(run.overhead.reduction, [&] { group_stops = agree_over_ranks(run, s, stop_requested()); });
-    if (diverged(t, s.loss)) {
-      result.outcome = RunStatus::Diverged;
-      result.diverged_step = step + 1;
-      result.error = "loss " + std::to_string(s.loss) + " at step " + std::to_string(step + 1);
-      break;
-    }
+    if (run.group) timed(run.overhead.reduction, [&] { group_stops = agree_over_ranks(run, loss, stop_requested()); });
+    if (!healthy(done, loss)) break;
     apply_gradients(run);
     failpoint("train.step");
     synchronize_device(run.device);  // the step's time includes its optimiser's kernels
-    const double seconds = seconds_since(t0);
-    run.overhead.steps += seconds;
-    run.step_ms.push_back(seconds * 1e3);
-    run.step_tps.push_back(static_cast<double>(s.tokens) / seconds);
-    const int64_t done = step + 1;
-    if (run.writer) {
-      report_step(run, done, s.loss, lr);
-      if (done % t.eval_every == 0 || done == t.steps) {
-        try {
-          validate(run, done);
-        } catch (const EvaluationStopped&) {
-          // Stopped mid-validation: the step is kept, its validation owed.
-          save_checkpoint(run, done, /*validated=*/false);
-          result.outcome = RunStatus::Interrupted;
-          result.resumption = "stopped while validating step " + std::to_string(done) +
-                              "; checkpoint saved, a rerun validates it and goes on";
-          break;
-        }
+    record_step(run, done, loss, lr, s.tokens, began, last_done, Clock::now());
+    if (run.writer && (done % t.eval_every == 0 || done == t.steps)) {
+      try {
+        validate(run, done);
+      } catch (const EvaluationStopped&) {
+        // Stopped mid-validation: the step is kept, its validation owed.
+        save_checkpoint(run, done, /*validated=*/false);
+        result.outcome = RunStatus::Interrupted;
+        result.resumption = "stopped while validating step " + std::to_string(done) +
+                            "; checkpoint saved, a rerun validates it and goes on";
+        break;
       }
     }
     const bool stopping = run.group ? group_stops : stop_requested();
@@ -832,6 +909,16 @@ void score_test_split(Run& run, RunSummary& summary) {
 }
 
 }  // namespace
+
+LossReads loss_reads_for(const at::Device& device) {
+  const char* env = std::getenv("CHIAR_LOSS_READS");
+  const std::string chosen = env ? env : "";
+  if (chosen == "every-step") return LossReads::EveryStep;
+  if (chosen == "late") return LossReads::Late;
+  if (!chosen.empty())
+    throw UserError("CHIAR_LOSS_READS: \"" + chosen + "\" is not one of every-step, late");
+  return queue_marks_wait_precisely(device) ? LossReads::Late : LossReads::EveryStep;
+}
 
 ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
   ModelOptions o = spec.model;

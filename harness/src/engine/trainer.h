@@ -7,6 +7,8 @@
 #include <functional>
 #include <string>
 
+#include <c10/core/Device.h>
+
 #include "chiar/registry.h"
 #include "chiar/task.h"
 #include "run_spec.h"
@@ -53,6 +55,23 @@ struct TrainContext {
 // counts (the others do not validate or score the test split).
 
 TrainResult train_run(const RunSpec& spec, const TrainContext& ctx);
+
+// When the host reads a training step's loss, which it needs for the
+// divergence check, the log and the progress line. Every step: before the
+// step's update, waiting for the step's forward and backward. Late: on a
+// device that runs queued work (a GPU), during the next step, once that
+// step's forward and backward are queued behind it, so that the device does
+// not sit idle between steps (train_steps in trainer.cpp says what stays
+// exact). Both train the same run, bit for bit.
+enum class LossReads { EveryStep, Late };
+
+// CHIAR_LOSS_READS=every-step|late chooses; unset or empty, late on a GPU
+// whose queue can be marked (engine/queue_mark.h), every step elsewhere
+// (on the CPU late reads change nothing but where the time is counted).
+// A data-parallel run reads every step whatever is chosen: its ranks agree
+// on the loss each step. Throws UserError for another value:
+//   CHIAR_LOSS_READS: "sometimes" is not one of every-step, late
+LossReads loss_reads_for(const at::Device& device);
 
 // The model a run trains, built from its spec and its task.
 ModelOptions model_options_for(const RunSpec& spec, const Task& task);
