@@ -146,28 +146,34 @@ struct EvaluationStopped {};
 // scoring a large split can take minutes, more than a scheduler's warning
 // before it kills a job. Null stop: not interruptible (a process group's
 // ranks stop only together, at a step).
+//
+// The sums stay where they are computed, in float64 as host sums of the
+// batches' values would be, and the host reads them once, after the last
+// batch: on a GPU the batches queue one behind another instead of each
+// waiting for the one before it to be read back.
 EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
                     int64_t batch_size, bool bf16, const at::Device& device, const std::atomic<bool>* stop) {
   at::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
   EvalResult r;
+  const bool lm = task.head() == TaskHead::LanguageModel;
   const int64_t total = task.eval_batch_count(split, batch_size);
   const int64_t n = max_batches > 0 ? std::min(max_batches, total) : total;
-  double nll = 0, loss_sum = 0;
+  const int64_t classes = std::max<int64_t>(task.n_classes(), 1);
+  const auto sum_options = at::TensorOptions().device(device).dtype(at::kDouble);
+  at::Tensor loss_sum = at::zeros({}, sum_options);  // () the LM's summed NLL, or the classifier's summed loss
+  at::Tensor correct = at::zeros({classes}, sum_options.dtype(at::kLong));  // (C,) right answers per true class
+  at::Tensor count = at::zeros({classes}, sum_options.dtype(at::kLong));    // (C,) examples per true class
   int64_t scored = 0, real_count = 0;
-  std::vector<int64_t> correct(static_cast<size_t>(std::max<int64_t>(task.n_classes(), 1)), 0),
-      count(correct.size(), 0);
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < n; ++i) {
     // Counts come from the batch in host memory, the model reads its copy on the device.
     const Batch host = task.eval_batch(split, i, batch_size);
-    const bool lm = task.head() == TaskHead::LanguageModel;
     check_batch_targets(host, lm ? task.vocab_size() : task.n_classes(), lm,
                         "split '" + split + "' batch " + std::to_string(i));
     const Batch b = batch_on(host, device);
     ModelOutput out;
-    at::Tensor batch_nll;  // () summed over the scored tokens (language model)
     {
       const autocast::Bf16Scope cast(bf16, device);
       // A language model's loss through the fused head (no (B, T, V) logits;
@@ -176,36 +182,42 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
       if (lm) {
         const auto mask = b.scored.defined() ? b.scored : b.valid;
         const auto host_mask = host.scored.defined() ? host.scored : host.valid;
-        batch_nll = model.lm_loss(out, b.targets,
-                                  mask.defined() ? mask.to(at::kFloat)
-                                                 : at::ones(b.targets.sizes(), b.targets.options().dtype(at::kFloat)));
+        const at::Tensor batch_nll =  // () summed over the scored tokens
+            model.lm_loss(out, b.targets,
+                          mask.defined() ? mask.to(at::kFloat)
+                                         : at::ones(b.targets.sizes(), b.targets.options().dtype(at::kFloat)));
+        loss_sum += batch_nll.to(at::kDouble);
         scored += host_mask.defined() ? host_mask.sum().item<int64_t>() : host.targets.numel();
       }
     }
     real_count += real_tokens(host);
-    if (lm) {
-      nll += batch_nll.item<double>();  // host read: the batch's loss
-    } else {
-      auto logits = out.logits.to(at::kDouble);
-      loss_sum += at::cross_entropy_loss(logits, b.targets, {}, at::Reduction::Sum).item<double>();  // host read
-      const auto pred = logits.argmax(-1).cpu();  // host read: the predictions
-      const auto targets = host.targets.contiguous();
-      const int64_t* y = targets.data_ptr<int64_t>();
-      const int64_t* p = pred.data_ptr<int64_t>();
-      for (int64_t j = 0; j < targets.size(0); ++j) {
-        ++count[y[j]];
-        correct[y[j]] += p[j] == y[j];
-      }
+    if (!lm) {
+      const auto logits = out.logits.to(at::kDouble);  // (B, C)
+      loss_sum += at::cross_entropy_loss(logits, b.targets, {}, at::Reduction::Sum);
+      const auto right = logits.argmax(-1).eq(b.targets).to(at::kLong);  // (B,)
+      // index_add_, not bincount, which reads its input's largest value back.
+      count.index_add_(0, b.targets, at::ones_like(b.targets));
+      correct.index_add_(0, b.targets, right);
     }
-    // After the batch's host reads, which wait for its kernels: the
-    // accounting's own time only, which is left out of the rate.
-    if (i == 0) timed(r.accounting_seconds, [&] { r.accounting = account(model, out, b.valid, b.tokens.size(1)); });
+    if (i == 0) {
+      // The accounting reads the first batch's routing back: its time alone
+      // is left out of the rate, not the batch's own kernels.
+      synchronize_device(device);
+      timed(r.accounting_seconds, [&] { r.accounting = account(model, out, b.valid, b.tokens.size(1)); });
+    }
     failpoint("eval.batch");
     if (i + 1 < n && stop && stop->load()) throw EvaluationStopped{};  // a finished evaluation counts
   }
+  const double loss_total = loss_sum.item<double>();  // host wait: every batch, done
   r.tokens_per_s = static_cast<double>(real_count) / std::max(seconds_since(t0) - r.accounting_seconds, 1e-9);
-  if (task.head() == TaskHead::LanguageModel) add_lm_metrics(r.metrics, task, split, nll, scored, n == total);
-  else add_class_metrics(r.metrics, loss_sum, correct, count);
+  if (lm) {
+    add_lm_metrics(r.metrics, task, split, loss_total, scored, n == total);
+  } else {
+    const auto host_correct = correct.cpu(), host_count = count.cpu();
+    add_class_metrics(r.metrics, loss_total,
+                      std::vector<int64_t>(host_correct.data_ptr<int64_t>(), host_correct.data_ptr<int64_t>() + classes),
+                      std::vector<int64_t>(host_count.data_ptr<int64_t>(), host_count.data_ptr<int64_t>() + classes));
+  }
   r.metrics["full_split"] = n == total ? 1.0 : 0.0;
   model.train(was_training);
   return r;
