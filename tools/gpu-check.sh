@@ -224,6 +224,12 @@ if step configure 180 configure && step build 420 cmake --build "$build" -j "$(n
   step bench-t4096 240 "$chiar" bench-train --device cuda --variants baseline,chiar_dct_attn \
     --batch 4 --seq 4096 --d-model 512 --layers 4 --vocab 50257 --steps 10 --warmup 3 \
     --json "$out/bench-t4096.json"
+  # The same at T 4096 where attention does dominate the FLOPs: a byte-level
+  # classifier, as LRA's text task. At the LM shape above the head's 2·d·V
+  # caps DCT+Attn's FLOP saving at 1.17× (docs/performance.md, "GPU targets").
+  step bench-t4096-text 150 "$chiar" bench-train --device cuda --variants baseline,chiar_dct_attn \
+    --classes 2 --vocab 256 --batch 8 --seq 4096 --d-model 512 --layers 4 --steps 10 --warmup 3 \
+    --json "$out/bench-t4096-text.json"
   # The CUDA kernels against the compositions they replace, and the sparse
   # layer's row moves against the layer (harness/src/bench/chiar_bench.cpp).
   step bench-kernels 120 "$build/chiar_bench" --benchmark_filter='^cuda/' --benchmark_min_time=0.1 \
