@@ -19,6 +19,7 @@
 
 #include "chiar/error.h"
 #include "engine/device.h"
+#include "engine/queue_mark.h"
 #include "engine/sqlite.h"
 #include "model/model.h"
 #include "support/env_scope.h"
@@ -324,6 +325,24 @@ TEST_CASE("device: a run on a GPU computes in bf16 unless its precision is set",
   CHECK(test::query_integer(db, "SELECT COUNT(*) FROM runs WHERE hash = '" + bf16 + "' AND status = 'done'") == 1);
 }
 
+// Hidden (as above). A mark waits for the work queued before it: a copy
+// into pinned memory, queued behind fp32 products that keep the GPU busy
+// for a while (50 of 4096^3), has landed when wait() returns. The host
+// buffer starts as NaN, which a wait that returned early would leave.
+TEST_CASE("device: a queue mark on a GPU waits for the copy queued before it", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const at::Device gpu("cuda:0");
+  const at::Tensor a = at::randn({4096, 4096}, at::TensorOptions().device(gpu)) / 64.0;  // (n, n)
+  at::Tensor x = a;                                                                      // (n, n)
+  for (int i = 0; i < 50; ++i) x = at::mm(x, a).tanh_();
+  const at::Tensor total = x.sum().to(at::kDouble);  // () on the GPU
+  at::Tensor landed = at::full({}, NAN, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+  landed.copy_(total, /*non_blocking=*/true);
+  engine::QueueMark::after_queued_work(gpu).wait();
+  const double value = landed.item<double>();
+  CHECK(value == total.item<double>());
+}
+
 // Hidden (as above). A GPU reads each step's loss a step late by default
 // (CHIAR_LOSS_READS, engine/trainer.h); read every step instead it trains
 // the same runs: the same losses to fp32 rounding (the two processes may
@@ -372,8 +391,9 @@ seeds = [0]
 }
 
 // Hidden (as above). A run stopped on one device by SIGTERM (what scancel
-// sends) after its fourth step, past its step-3 checkpoint, and resumed on
-// the other ends where a run on the second device alone ends, to rounding.
+// sends) during its fourth step, past its step-3 checkpoint (on the GPU,
+// which reads losses a step late, after its fifth), and resumed on the
+// other ends where a run on the second device alone ends, to rounding.
 TEST_CASE("device: a checkpoint written on a GPU resumes on the CPU, and one from the CPU on a GPU", "[.cuda]") {
   REQUIRE(torch::cuda::is_available());
   TempDir d("device-gpu-resume");
@@ -416,11 +436,13 @@ std::vector<std::pair<std::string, bool>> shipped_variants() {
 }
 
 // Every variant of configs/variants.toml on `device`, in its default
-// precision, at the tiny model's size: language modelling for the causal
-// ones, classification for all. The first run is stopped by SIGTERM after
-// its third step (past its step-2 checkpoint); the second call resumes it
-// and trains the rest. Then every run is done on `device`, and each best
-// checkpoint is inspected (on the CPU).
+// precision, at the tiny model's size, five steps: language modelling for
+// the causal ones, classification for all. The first run is stopped by
+// SIGTERM during its third step, past its step-2 checkpoint: on the CPU it
+// stops after that step; on a GPU, which reads each step's loss a step
+// late, after the fourth (engine/trainer.h, LossReads). The second call
+// resumes it and trains the rest. Then every run is done on `device`, and
+// each best checkpoint is inspected (on the CPU).
 void train_every_variant(const TempDir& d, const std::string& device) {
   test::write_tiny_corpus(d);
   const auto variants = shipped_variants();
@@ -434,7 +456,7 @@ void train_every_variant(const TempDir& d, const std::string& device) {
   REQUIRE(n_causal > 0);
   REQUIRE(n_causal < static_cast<int64_t>(variants.size()));  // fnet: classification only
   const std::string include = std::string("include = [\"") + CHIAR_SOURCE_DIR + "/configs/variants.toml\"]\n";
-  const std::string shared = test::kTinyModelTable + "\n[train]\n" + test::tiny_train_body(4, 2, 2) + "\n" +
+  const std::string shared = test::kTinyModelTable + "\n[train]\n" + test::tiny_train_body(5, 2, 2) + "\n" +
                              test::kTinyLmTask + "\n" + test::kTinyFlatTask;
   for (const auto& [name, listed, task] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"lm", causal, "lm"}, {"cls", all, "flat"}}) {
@@ -449,6 +471,7 @@ void train_every_variant(const TempDir& d, const std::string& device) {
     unsetenv("CHIAR_FAILPOINT");
     INFO(stopped.output);
     REQUIRE(stopped.status == 130);
+    CHECK(test::query_integer(db, "SELECT MAX(step) FROM checkpoints WHERE kind = 'state'") == (device == "cpu" ? 3 : 4));
     const auto resumed = test::run_chiar(args);
     INFO(resumed.output);
     REQUIRE(resumed.status == 0);

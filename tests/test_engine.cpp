@@ -402,7 +402,7 @@ TEST_CASE("run: late loss reads log, score, stop, resume and diverge as reads ev
   TempDir d("e2e-loss-reads");
   write_fixture(d, "log_every = 1\ngrad_accum = 2\n");
   const std::vector<std::string> nine = {"--only", "*/*/seed=0", "--set", "train.steps=9", "--set",
-                                         "train.eval_every=4", "--set", "train.checkpoint_every=4"};
+                                         "train.eval_every=4", "--set", "train.checkpoint_every=4", "--device", "cpu"};
   const auto run_with = [&](const std::string& reads, const std::string& db, std::vector<std::string> extra) {
     test::EnvScope env("CHIAR_LOSS_READS", reads);
     return test::run_chiar(pinned_run_args(d, db, std::move(extra)));
@@ -414,6 +414,9 @@ TEST_CASE("run: late loss reads log, score, stop, resume and diverge as reads ev
   CHECK(test::train_logs(late) == test::train_logs(every));
   REQUIRE(all_metrics(every).size() > 8);
   CHECK(all_metrics(late) == all_metrics(every));
+  // Every run timed, from the steps read late as from the others.
+  CHECK(count(late, "SELECT COUNT(*) FROM runs WHERE step_ms > 0 AND train_tokens_per_s > 0 AND "
+                    "overhead LIKE '{\"steps_s\": %'") == 4);
 
   // A stop requested at a step read late is honoured at the next step, which
   // is read before its update; resumed, the run ends as it would have.
@@ -458,6 +461,11 @@ TEST_CASE("run: late loss reads log, score, stop, resume and diverge as reads ev
     CHECK(count(d.path() + "/every-nan.db", "SELECT COUNT(*) FROM runs WHERE diverged_step % 4 != 0") == 4);
     CHECK(outcomes("late-nan.db") == outcomes("every-nan.db"));
     CHECK(test::train_logs(d.path() + "/late-nan.db") == test::train_logs(d.path() + "/every-nan.db"));
+    CHECK(all_metrics(d.path() + "/late-nan.db") == all_metrics(d.path() + "/every-nan.db"));
+    // Nothing kept of a step at or after the divergence (the step read
+    // before its update that follows a diverged step read late included).
+    CHECK(count(d.path() + "/late-nan.db", "SELECT COUNT(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+                                           "WHERE c.step >= r.diverged_step") == 0);
   }
 
   // Another value is refused before anything is written.

@@ -151,7 +151,7 @@ int run_run(const Global& g, const RunArgs& a) {
   registry.load_default(g.plugin_dirs);
   check_task_options_of(a, matrix, registry);
   if (!a.dry_run) check_devices_of(a, matrix, data_parallel);
-  engine::loss_reads_for(at::Device(at::kCPU));  // a bad CHIAR_LOSS_READS, refused before the store opens
+  engine::check_loss_reads_setting();
   if (a.nproc > 1 && !a.dry_run) {
     engine::check_batches_divide(matrix, a.nproc);  // before any rank starts
     return launch_ranks(g, a);

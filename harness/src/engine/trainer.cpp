@@ -147,10 +147,10 @@ struct EvaluationStopped {};
 // before it kills a job. Null stop: not interruptible (a process group's
 // ranks stop only together, at a step).
 //
-// The sums stay where they are computed, in float64 as host sums of the
-// batches' values would be, and the host reads them once, after the last
-// batch: on a GPU the batches queue one behind another instead of each
-// waiting for the one before it to be read back.
+// The sums stay where they are computed, in float64 as the host summed the
+// batches' values before, and the host reads them once, after the last
+// batch: on a GPU a batch no longer waits for the one before it to be read
+// back (the routing's own waits inside the forward remain).
 EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
                     int64_t batch_size, bool bf16, const at::Device& device, const std::atomic<bool>* stop) {
   at::NoGradGuard no_grad;
@@ -160,11 +160,11 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
   const bool lm = task.head() == TaskHead::LanguageModel;
   const int64_t total = task.eval_batch_count(split, batch_size);
   const int64_t n = max_batches > 0 ? std::min(max_batches, total) : total;
-  const int64_t classes = std::max<int64_t>(task.n_classes(), 1);
-  const auto sum_options = at::TensorOptions().device(device).dtype(at::kDouble);
-  at::Tensor loss_sum = at::zeros({}, sum_options);  // () the LM's summed NLL, or the classifier's summed loss
-  at::Tensor correct = at::zeros({classes}, sum_options.dtype(at::kLong));  // (C,) right answers per true class
-  at::Tensor count = at::zeros({classes}, sum_options.dtype(at::kLong));    // (C,) examples per true class
+  const int64_t classes = lm ? 0 : task.n_classes();
+  const auto on_device = at::TensorOptions().device(device);
+  at::Tensor loss_sum = at::zeros({}, on_device.dtype(at::kDouble));  // () the LM's summed NLL, or the classifier's summed loss
+  at::Tensor correct = at::zeros({classes}, on_device.dtype(at::kLong));  // (C,) right answers per true class
+  at::Tensor count = at::zeros({classes}, on_device.dtype(at::kLong));    // (C,) examples per true class
   int64_t scored = 0, real_count = 0;
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < n; ++i) {
@@ -667,9 +667,9 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
       }
     }
     (loss / static_cast<double>(t.grad_accum)).backward();
-    // Summed where it was computed, in float64 as a host sum of the
-    // micro-batches' losses would be: the host reads it once per step, and
-    // on a GPU, late (train_steps).
+    // Summed where it was computed, in float64 as the host summed the
+    // micro-batches' losses before: the host reads it once per step, and on
+    // a GPU, late (train_steps).
     const at::Tensor share = loss.detach().to(at::kDouble) / static_cast<double>(t.grad_accum);
     s.loss = s.loss.defined() ? s.loss + share : share;
     s.tokens += real_tokens(host);
@@ -803,12 +803,13 @@ void record_step(Run& run, int64_t done, double loss, double lr, int64_t tokens,
   if (run.writer) report_step(run, done, loss, lr);
 }
 
-// Whether step `done` validates or checkpoints (or is the last): such a
-// step's loss is read before its update, so that nothing is kept of a step
-// that diverged.
-bool validates_or_checkpoints(const TrainOptions& t, int64_t done) {
-  return done % t.eval_every == 0 || done % t.checkpoint_every == 0 || done == t.steps;
-}
+bool validates(const TrainOptions& t, int64_t done) { return done % t.eval_every == 0 || done == t.steps; }
+bool checkpoints(const TrainOptions& t, int64_t done) { return done % t.checkpoint_every == 0 || done == t.steps; }
+
+// Whether step `done` is read before its update even with late reads: a
+// step that validates or checkpoints (the last step does both), so that
+// nothing is kept of a step that diverged.
+bool read_before_update(const TrainOptions& t, int64_t done) { return validates(t, done) || checkpoints(t, done); }
 
 // Trains from run.start to the last step; stops early on divergence, or
 // after a checkpoint when a stop is requested.
@@ -824,17 +825,22 @@ bool validates_or_checkpoints(const TrainOptions& t, int64_t done) {
 // validates or checkpoints, the last step, and a step at which a stop is
 // requested are read before their update, as on the CPU: nothing is kept of
 // a step that diverged. The diverged step's own update is applied in
-// memory, where nothing reads it again.
+// memory, where nothing reads it again. A stop requested during a step read
+// late is honoured at the next step, whose forward and backward are queued
+// by then. Should the next step fail (an exception), the step read late is
+// lost with it: its update is in memory only, and the run resumes from its
+// last checkpoint.
 void train_steps(Run& run, TrainResult& result) {
   const TrainOptions& t = run.t;
   const bool late = !run.group && loss_reads_for(run.device) == LossReads::Late;
   auto stop_requested = [&] { return run.ctx.stop && run.ctx.stop->load(); };
-  auto healthy = [&](int64_t done, double loss) {
-    if (!diverged(t, loss)) return true;
+  // Whether step `done` diverged; if so, the result says so.
+  auto record_if_diverged = [&](int64_t done, double loss) {
+    if (!diverged(t, loss)) return false;
     result.outcome = RunStatus::Diverged;
     result.diverged_step = done;
     result.error = "loss " + std::to_string(loss) + " at step " + std::to_string(done);
-    return false;
+    return true;
   };
   std::optional<QueuedStep> queued;
   Clock::time_point last_done{};
@@ -848,11 +854,11 @@ void train_steps(Run& run, TrainResult& result) {
       queued->copied.wait();  // host wait: the step before this one, done
       const auto reached = Clock::now();
       const double loss = queued->loss.item<double>();
-      if (!healthy(queued->done, loss)) break;
+      if (record_if_diverged(queued->done, loss)) break;
       record_step(run, queued->done, loss, queued->lr, queued->tokens, queued->began, last_done, reached);
       queued.reset();
     }
-    if (late && !validates_or_checkpoints(t, done) && !stop_requested()) {
+    if (late && !read_before_update(t, done) && !stop_requested()) {
       apply_gradients(run);
       failpoint("train.step");
       queued = queue_loss_read(run, s, done, lr, began);
@@ -863,12 +869,12 @@ void train_steps(Run& run, TrainResult& result) {
     // group's: every rank leaves the loop at the same step.
     bool group_stops = false;
     if (run.group) timed(run.overhead.reduction, [&] { group_stops = agree_over_ranks(run, loss, stop_requested()); });
-    if (!healthy(done, loss)) break;
+    if (record_if_diverged(done, loss)) break;
     apply_gradients(run);
     failpoint("train.step");
     synchronize_device(run.device);  // the step's time includes its optimiser's kernels
     record_step(run, done, loss, lr, s.tokens, began, last_done, Clock::now());
-    if (run.writer && (done % t.eval_every == 0 || done == t.steps)) {
+    if (run.writer && validates(t, done)) {
       try {
         validate(run, done);
       } catch (const EvaluationStopped&) {
@@ -881,7 +887,7 @@ void train_steps(Run& run, TrainResult& result) {
       }
     }
     const bool stopping = run.group ? group_stops : stop_requested();
-    if (run.writer && (done % t.checkpoint_every == 0 || done == t.steps || stopping)) save_checkpoint(run, done);
+    if (run.writer && (checkpoints(t, done) || stopping)) save_checkpoint(run, done);
     if (stopping && done < t.steps) {
       result.outcome = RunStatus::Interrupted;
       break;
@@ -931,6 +937,8 @@ LossReads loss_reads_for(const at::Device& device) {
     throw UserError("CHIAR_LOSS_READS: \"" + chosen + "\" is not one of every-step, late");
   return queue_marks_wait_precisely(device) ? LossReads::Late : LossReads::EveryStep;
 }
+
+void check_loss_reads_setting() { loss_reads_for(at::Device(at::kCPU)); }
 
 ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
   ModelOptions o = spec.model;

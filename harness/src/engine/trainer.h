@@ -58,20 +58,25 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx);
 
 // When the host reads a training step's loss, which it needs for the
 // divergence check, the log and the progress line. Every step: before the
-// step's update, waiting for the step's forward and backward. Late: on a
-// device that runs queued work (a GPU), during the next step, once that
-// step's forward and backward are queued behind it, so that the device does
-// not sit idle between steps (train_steps in trainer.cpp says what stays
-// exact). Both train the same run, bit for bit.
+// step's update, waiting for the step's forward and backward. Late: during
+// the next step, once that step's forward and backward are queued behind
+// it, so that a device that runs queued work (a GPU) is not left idle
+// while the host reads, logs and builds the next batch (train_steps in
+// trainer.cpp says what stays exact). Both train the same run, bit for bit;
+// read late, a stop requested during a step takes effect a step later.
 enum class LossReads { EveryStep, Late };
 
 // CHIAR_LOSS_READS=every-step|late chooses; unset or empty, late on a GPU
 // whose queue can be marked (engine/queue_mark.h), every step elsewhere
-// (on the CPU late reads change nothing but where the time is counted).
+// (on the CPU, whose work is done when queued, late reads gain nothing).
 // A data-parallel run reads every step whatever is chosen: its ranks agree
 // on the loss each step. Throws UserError for another value:
 //   CHIAR_LOSS_READS: "sometimes" is not one of every-step, late
 LossReads loss_reads_for(const at::Device& device);
+
+// Throws loss_reads_for's UserError for a bad CHIAR_LOSS_READS: `chiar run`
+// checks it before the store opens.
+void check_loss_reads_setting();
 
 // The model a run trains, built from its spec and its task.
 ModelOptions model_options_for(const RunSpec& spec, const Task& task);
