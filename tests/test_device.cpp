@@ -269,6 +269,13 @@ TEST_CASE("device: a run on a GPU records the caching allocator's peaks", "[.cud
 
 namespace {
 
+// The tiny matrix of attention layers and a threshold-routed DCT|attention
+// layer, each as a language model and as a classifier, seed 0.
+void write_four_run_matrix(const TempDir& d, const std::string& name, const std::string& train_body) {
+  test::write_tiny_matrix(
+      d, "name = \"" + name + "\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\nseeds = [0]\n", train_body);
+}
+
 // The tiny matrix's test metrics trained on `device`, in a fresh store.
 std::vector<double> metrics_on(const TempDir& d, const std::string& db, const std::string& device) {
   auto args = run_args(d, d.path() + "/" + db);
@@ -300,11 +307,7 @@ void check_close(const std::vector<double>& got, const std::vector<double>& expe
 TEST_CASE("device: three fp32 training steps on a GPU score what they score on the CPU", "[.cuda]") {
   REQUIRE(torch::cuda::is_available());
   TempDir d("device-gpu-equal");
-  test::write_tiny_matrix(d, R"(name = "equal"
-variants = ["base", "routed"]
-tasks = ["lm", "flat"]
-seeds = [0]
-)", test::tiny_train_body(3, 3, 3) + "precision = \"fp32\"\n");
+  write_four_run_matrix(d, "equal", test::tiny_train_body(3, 3, 3) + "precision = \"fp32\"\n");
   check_close(metrics_on(d, "gpu.db", "cuda"), metrics_on(d, "cpu.db", "cpu"));
 }
 
@@ -351,11 +354,7 @@ TEST_CASE("device: a queue mark on a GPU waits for the copy queued before it", "
 TEST_CASE("device: a GPU run whose losses are read late trains as one whose losses are read each step", "[.cuda]") {
   REQUIRE(torch::cuda::is_available());
   TempDir d("device-gpu-loss-reads");
-  test::write_tiny_matrix(d, R"(name = "reads"
-variants = ["base", "routed"]
-tasks = ["lm", "flat"]
-seeds = [0]
-)", test::tiny_train_body(9, 4, 4) + "precision = \"fp32\"\nlog_every = 1\n");
+  write_four_run_matrix(d, "reads", test::tiny_train_body(9, 4, 4) + "precision = \"fp32\"\nlog_every = 1\n");
   const auto trained = [&](const std::string& reads, const std::string& db, std::vector<std::string> extra) {
     test::EnvScope env("CHIAR_LOSS_READS", reads);
     auto args = run_args(d, d.path() + "/" + db);
@@ -471,7 +470,8 @@ void train_every_variant(const TempDir& d, const std::string& device) {
     unsetenv("CHIAR_FAILPOINT");
     INFO(stopped.output);
     REQUIRE(stopped.status == 130);
-    CHECK(test::query_integer(db, "SELECT MAX(step) FROM checkpoints WHERE kind = 'state'") == (device == "cpu" ? 3 : 4));
+    const int64_t stopped_at = test::query_integer(db, "SELECT MAX(step) FROM checkpoints WHERE kind = 'state'");
+    CHECK(stopped_at == (device == "cpu" ? 3 : 4));
     const auto resumed = test::run_chiar(args);
     INFO(resumed.output);
     REQUIRE(resumed.status == 0);

@@ -162,7 +162,7 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
   const int64_t n = max_batches > 0 ? std::min(max_batches, total) : total;
   const int64_t classes = lm ? 0 : task.n_classes();
   const auto on_device = at::TensorOptions().device(device);
-  at::Tensor loss_sum = at::zeros({}, on_device.dtype(at::kDouble));  // () the LM's summed NLL, or the classifier's summed loss
+  at::Tensor loss_sum = at::zeros({}, on_device.dtype(at::kDouble));     // () summed NLL (LM) or loss (classifier)
   at::Tensor correct = at::zeros({classes}, on_device.dtype(at::kLong));  // (C,) right answers per true class
   at::Tensor count = at::zeros({classes}, on_device.dtype(at::kLong));    // (C,) examples per true class
   int64_t scored = 0, real_count = 0;
@@ -213,10 +213,11 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
   if (lm) {
     add_lm_metrics(r.metrics, task, split, loss_total, scored, n == total);
   } else {
-    const auto host_correct = correct.cpu(), host_count = count.cpu();
-    add_class_metrics(r.metrics, loss_total,
-                      std::vector<int64_t>(host_correct.data_ptr<int64_t>(), host_correct.data_ptr<int64_t>() + classes),
-                      std::vector<int64_t>(host_count.data_ptr<int64_t>(), host_count.data_ptr<int64_t>() + classes));
+    const auto as_vector = [](const at::Tensor& t) {
+      const auto host = t.cpu();
+      return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+    };
+    add_class_metrics(r.metrics, loss_total, as_vector(correct), as_vector(count));
   }
   r.metrics["full_split"] = n == total ? 1.0 : 0.0;
   model.train(was_training);
