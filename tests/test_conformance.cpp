@@ -72,6 +72,13 @@ TEST_CASE("the conformance checks catch broken operators", "[conformance]") {
   CHECK_THAT(peeking[0], Catch::Matchers::StartsWith("causality: outputs at t <= 4 change when tokens after 4 change"));
   const auto mismatch = check_operator(op_maker(r, "rows_mismatch"));
   INFO("rows_mismatch fails:\n" << lines(mismatch));
-  REQUIRE(mismatch.size() == 1);
+  REQUIRE(mismatch.size() == 2);  // with and without the rows in host memory
   CHECK_THAT(mismatch[0], Catch::Matchers::StartsWith("forward_rows disagrees with the rows of forward"));
+  CHECK_THAT(mismatch[1],
+             Catch::Matchers::StartsWith("forward_rows given OpContext::host_rows disagrees with the rows of forward"));
+  const auto misread = check_operator(op_maker(r, "host_rows_misread"));
+  INFO("host_rows_misread fails:\n" << lines(misread));
+  REQUIRE(misread.size() == 1);
+  CHECK_THAT(misread[0],
+             Catch::Matchers::StartsWith("forward_rows given OpContext::host_rows disagrees with the rows of forward"));
 }

@@ -68,6 +68,48 @@ TEST_CASE("rows_by_choice: the host pass lists the same rows as the composition"
     }
 }
 
+TEST_CASE("rows_by_choice_and_host: on the CPU the host lists are the lists", "[routing][rows]") {
+  for (const int64_t n : {0, 257})
+    for (const int64_t K : {1, 3}) {
+      INFO("n " << n << ", K " << K);
+      const auto choice = random_choices(n, K, static_cast<uint64_t>(n * 10 + K));
+      const auto expected = rows_by_choice(choice, K);
+      const RowLists lists = rows_by_choice_and_host(choice, K);
+      REQUIRE(lists.rows.size() == static_cast<size_t>(K));
+      REQUIRE(lists.host_rows.size() == static_cast<size_t>(K));
+      for (int64_t k = 0; k < K; ++k) {
+        CHECK(at::equal(lists.rows[static_cast<size_t>(k)], expected[static_cast<size_t>(k)]));
+        CHECK(lists.host_rows[static_cast<size_t>(k)].is_same(lists.rows[static_cast<size_t>(k)]));
+      }
+    }
+}
+
+// Hidden (as below). The lists a routed layer hands its operators on a GPU,
+// and their host copies: the kernel's (one copy brings both) and the
+// composition's (a copy after nonzero's).
+TEST_CASE("cuda kernels: the row lists' host copies equal the lists, from the kernel and the composition", "[.cuda]") {
+  require_cuda_kernels();
+  for (const KernelPolicy policy : {KernelPolicy::Auto, KernelPolicy::Compositions}) {
+    ScopedKernelPolicy scoped(policy);
+    for (const int64_t n : {0, 1, 257, 4099})
+      for (const int64_t K : {1, 2, 3, 5}) {
+        INFO(to_string(policy) << ", n " << n << ", K " << K);
+        const auto choice = random_choices(n, K, static_cast<uint64_t>(n * 10 + K));
+        const auto expected = rows_by_choice(choice, K);
+        const RowLists lists = rows_by_choice_and_host(choice.to(at::kCUDA), K);
+        REQUIRE(lists.rows.size() == static_cast<size_t>(K));
+        REQUIRE(lists.host_rows.size() == static_cast<size_t>(K));
+        for (int64_t k = 0; k < K; ++k) {
+          const auto i = static_cast<size_t>(k);
+          CHECK(lists.rows[i].is_cuda());
+          CHECK(lists.host_rows[i].is_cpu());
+          CHECK(at::equal(lists.rows[i].to(at::kCPU), expected[i]));
+          CHECK(at::equal(lists.host_rows[i], expected[i]));
+        }
+      }
+  }
+}
+
 TEST_CASE("cuda kernels: the row lists on the GPU equal the host pass's", "[.cuda]") {
   require_cuda_kernels();
   // Sizes around the kernel's tile of 256 choices, and many tiles.

@@ -212,11 +212,12 @@ class AttentionOperator final : public Operator {
     if (N == x.size(0) * T) return forward(x, ctx).view({N, d_});
     auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
     auto t = at::remainder(rows, T);                      // (N,) query positions
-    // The rows are grouped on the host, from one copy of them: on a GPU that
-    // copy is the layer's one wait (the groups' sizes decide the products'
-    // shapes). The index tensors the products need go back in copies that
-    // do not wait (groups_on_device, indices_to_device).
-    const auto host_rows = rows.cpu().contiguous();                  // (N,) int64
+    // The rows are grouped on the host (the groups' sizes decide the
+    // products' shapes): from the routed layer's host copy of them
+    // (OpContext::host_rows), else from a copy of their own, which on a GPU
+    // waits. The index tensors the products need go back in copies that do
+    // not wait (groups_on_device, indices_to_device).
+    const auto host_rows = (ctx.host_rows.defined() ? ctx.host_rows : rows.cpu()).contiguous();  // (N,) int64
     const RowGroups hg = group_rows(at::div(host_rows, T, "floor"));  // one group per sequence, on the host
     const RowGroups g = groups_on_device(hg, x.device());
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.

@@ -134,8 +134,17 @@ class RbfOperator final : public Operator {
     const int64_t T = x.size(1);
     auto xr = x.reshape({-1, d_}).index_select(0, rows);   // (N, d)
     auto q = phi(project(q_, xr));                          // (N, F)
+    // Rows are grouped by a key of each row on the host when the routed
+    // layer has them there (OpContext::host_rows): grouping a GPU's keys
+    // copies them back, which waits. Else where the rows are.
+    const bool on_host = ctx.host_rows.defined();
+    const at::Tensor& grouped_rows = on_host ? ctx.host_rows : rows;  // (N,)
+    const auto groups_of = [&](const at::Tensor& key) {              // key: (N,) int64 beside grouped_rows
+      return on_host ? groups_on_device(group_rows(key), x.device()) : group_rows(key);
+    };
     // Keys and values only for the sequences that have rows; b indexes them.
-    const RowGroups seqs = group_rows(at::div(rows, T, "floor"));
+    const RowGroups seqs_here = group_rows(at::div(grouped_rows, T, "floor"));
+    const RowGroups seqs = on_host ? groups_on_device(seqs_here, x.device()) : seqs_here;
     const int64_t B = seqs.count;
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, seqs.keys) : at::Tensor();
     auto xs = seqs.count == x.size(0) ? x : x.index_select(0, seqs.keys);  // every sequence has rows: no gather
@@ -143,7 +152,7 @@ class RbfOperator final : public Operator {
     auto b = seqs.group, t = at::remainder(rows, T);
     at::Tensor num, den, count;
     if (!ctx.causal) {
-      const RowGroups g = group_rows(b);
+      const RowGroups g = groups_of(seqs_here.group);
       auto kg = k.index_select(0, g.keys), vg = v.index_select(0, g.keys);  // (G, T, .)
       auto qp = pack_rows(q, g);                                           // (G, m, F)
       num = unpack_rows(chiar::batch_matmul(qp, chiar::batch_matmul(kg.transpose(1, 2), vg)), g);  // (N, d)
@@ -153,7 +162,8 @@ class RbfOperator final : public Operator {
       const int64_t C = std::min(chunk_, T), n_chunks = (T + C - 1) / C, Tp = n_chunks * C;
       auto kc = chunks(k, Tp, C), vc = chunks(v, Tp, C);                   // (B, nC, C, .)
       auto [s_prev, z_prev] = prefix_states(kc, vc);
-      const RowGroups g = group_rows(b * n_chunks + at::div(t, C, "floor"));  // one group per chunk
+      const RowGroups g =  // one group per chunk
+          groups_of(seqs_here.group * n_chunks + at::div(at::remainder(grouped_rows, T), C, "floor"));
       const int64_t F = 2 * features_;
       // Every chunk has rows (g.keys = 0 .. B nC - 1): no gathers.
       const auto of_groups = [&](const at::Tensor& u) {

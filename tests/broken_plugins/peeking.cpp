@@ -1,5 +1,7 @@
 // Conformance counter-examples: an operator that claims to be causal but reads
-// the next token, and one whose forward_rows disagrees with its forward.
+// the next token, one whose forward_rows disagrees with its forward, and one
+// whose forward_rows is right until a routed layer hands it the rows in host
+// memory (OpContext::host_rows), which it then reads wrongly.
 #include <ATen/ATen.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -10,31 +12,39 @@ namespace {
 
 using namespace chiar;
 
-class Peeking final : public Operator {
+enum class Fault { Peeks, RowsMismatch, MisreadsHostRows };
+
+class Faulty final : public Operator {
  public:
-  explicit Peeking(const OperatorSpec& s, bool peek) : d_(s.d_model), peek_(peek) {}
+  Faulty(const OperatorSpec& s, Fault fault) : d_(s.d_model), fault_(fault) {}
   at::Tensor forward(const at::Tensor& x, const OpContext&) override {
-    if (!peek_) return x * 2;
+    if (fault_ != Fault::Peeks) return x * 2;
     return x + at::roll(x, -1, 1);  // position t reads t + 1
   }
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {
-    auto out = forward(x, ctx).reshape({-1, d_}).index_select(0, rows);
-    return peek_ ? out : out + 1;  // the second one disagrees with forward
+    const bool misread = fault_ == Fault::MisreadsHostRows && ctx.host_rows.defined();
+    const auto used = misread ? ctx.host_rows.flip(0) : rows;  // (N,) the second: rows in the wrong order
+    auto out = forward(x, ctx).reshape({-1, d_}).index_select(0, used);
+    return fault_ == Fault::RowsMismatch ? out + 1 : out;
   }
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override { return elementwise_flops(T + n, d); }
-  OperatorTraits traits() const override { return {true, true, peek_}; }
-  std::string describe() const override { return peek_ ? "peeking" : "rows_mismatch"; }
+  OperatorTraits traits() const override { return {true, true, fault_ == Fault::Peeks}; }
+  std::string describe() const override {
+    return fault_ == Fault::Peeks ? "peeking" : fault_ == Fault::RowsMismatch ? "rows_mismatch" : "host_rows_misread";
+  }
 
  private:
   int64_t d_;
-  bool peek_;
+  Fault fault_;
 };
 
 void register_plugin(Registrar& r) {
   r.add_operator("peeking", "reads the next token while claiming causality",
-                 [](const OperatorSpec& s) { return std::make_unique<Peeking>(s, true); });
+                 [](const OperatorSpec& s) { return std::make_unique<Faulty>(s, Fault::Peeks); });
   r.add_operator("rows_mismatch", "forward_rows disagrees with forward",
-                 [](const OperatorSpec& s) { return std::make_unique<Peeking>(s, false); });
+                 [](const OperatorSpec& s) { return std::make_unique<Faulty>(s, Fault::RowsMismatch); });
+  r.add_operator("host_rows_misread", "forward_rows misreads OpContext::host_rows",
+                 [](const OperatorSpec& s) { return std::make_unique<Faulty>(s, Fault::MisreadsHostRows); });
 }
 
 }  // namespace

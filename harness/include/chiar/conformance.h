@@ -17,7 +17,8 @@ namespace chiar {
 // make(d_model, n_heads) builds a fresh operator. Checked: a colour in its
 // traits of the form #rrggbb; in float64: shape and
 // dtype, finite outputs, causality (when traits().causal), padding invariance
-// (when traits().padded), forward_rows == rows of forward, flops() non-negative
+// (when traits().padded), forward_rows == rows of forward (with and without
+// OpContext::host_rows), flops() non-negative
 // and increasing in T, and a finite-difference gradient check.
 CHIAR_API std::vector<std::string> check_operator(
     const std::function<std::shared_ptr<Operator>(int64_t d_model, int64_t n_heads)>& make);

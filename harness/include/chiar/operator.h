@@ -20,6 +20,14 @@ struct OpContext {
   // undefined otherwise. Operators that transform x the same way may read it
   // instead of transforming again.
   at::Tensor spectrum;
+  // (N,) int64 in host memory: forward_rows's rows, when the caller has them
+  // there; undefined otherwise. A routed layer on a GPU reads its row lists
+  // back once anyway (their sizes are shapes) and hands each operator its
+  // own, so that an operator planning on the host (grouping rows by
+  // sequence, sizing its products) need not copy its rows back, which would
+  // wait for the device. On the CPU they are the rows themselves. forward
+  // ignores it.
+  at::Tensor host_rows;
 };
 
 // What a FLOP count may assume: the OpContext of the call, as flags.

@@ -27,7 +27,8 @@
 // 5: Registrar::declare_task_options (a plugin calling it needs a harness
 //    that has it: the version check refuses the plugin cleanly instead of the
 //    loader failing on a missing symbol).
-#define CHIAR_PLUGIN_API_VERSION 5
+// 6: OpContext::host_rows (its layout), and rows_by_choice_and_host.
+#define CHIAR_PLUGIN_API_VERSION 6
 
 #define CHIAR_STRINGIFY_IMPL(x) #x
 #define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)

@@ -26,6 +26,16 @@ struct RowGroups {
 // outside 0..K-1 land in no list (the caller counts what was written).
 CHIAR_API std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K);
 
+// rows_by_choice's lists together with the same lists in host memory, for
+// OpContext::host_rows. On a GPU, the one copy that reads the lists' sizes
+// back brings the lists with it (N + K int64 instead of K: one wait either
+// way); on the CPU the host lists are the lists themselves.
+struct RowLists {
+  std::vector<at::Tensor> rows;       // K x (N_k,) int64 on the choices' device
+  std::vector<at::Tensor> host_rows;  // K x (N_k,) int64 in host memory, the same values
+};
+CHIAR_API RowLists rows_by_choice_and_host(const at::Tensor& choice, int64_t K);
+
 // key: (N,) int64, non-decreasing (true for sorted rows and monotone keys).
 // The groups are on key's device. A GPU's keys are grouped on the host from
 // one copy of them (the one wait: the count and width are shapes), the

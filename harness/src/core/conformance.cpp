@@ -95,6 +95,13 @@ std::vector<std::string> check_operator(
     auto rows = at::tensor(std::vector<int64_t>{0, 3, 4, 10, 17}, at::TensorOptions().dtype(at::kLong));
     const double e = rel(op->forward_rows(x, rows, rows_ctx), full.index_select(0, rows));
     if (e > 1e-10) fail.push_back("forward_rows disagrees with the rows of forward (relative " + num(e) + ")");
+    // As a routed layer calls it: the rows also in host memory.
+    OpContext with_host_rows = rows_ctx;
+    with_host_rows.host_rows = rows.clone();
+    const double eh = rel(op->forward_rows(x, rows, with_host_rows), full.index_select(0, rows));
+    if (eh > 1e-10)
+      fail.push_back("forward_rows given OpContext::host_rows disagrees with the rows of forward (relative " +
+                     num(eh) + ")");
   }
   int64_t previous = -1;
   for (int64_t t : {16, 32, 64}) {

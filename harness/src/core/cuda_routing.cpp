@@ -75,7 +75,7 @@ at::Tensor spectral_entropy_cuda(const at::Tensor& c) {
   return h;
 }
 
-std::vector<at::Tensor> rows_by_choice_cuda(const at::Tensor& choice, int64_t K) {
+RowLists rows_by_choice_cuda(const at::Tensor& choice, int64_t K, bool with_host) {
   if (K < 1 || K > kMaxCudaOperators)
     throw UserError("rows_by_choice: K must lie in 1.." + std::to_string(kMaxCudaOperators) + " on a GPU, found " +
                     std::to_string(K));
@@ -89,23 +89,25 @@ std::vector<at::Tensor> rows_by_choice_cuda(const at::Tensor& choice, int64_t K)
   count_cuda_kernel();
   const auto k = static_cast<int>(K);
   auto workspace = at::empty({static_cast<int64_t>(cuda::rows_by_choice_workspace(n, k))}, c.options().dtype(at::kByte));
-  auto rows = at::empty({n}, c.options());    // (N,) every operator's rows, operator by operator
-  auto counts = at::empty({K}, c.options());  // (K,)
+  auto buffer = at::empty({K + n}, c.options());  // (K + N,) the counts, then the rows
+  auto counts = buffer.narrow(0, 0, K);            // (K,)
+  auto rows = buffer.narrow(0, K, n);              // (N,) every operator's rows, operator by operator
   check(cuda::rows_by_choice(c.data_ptr<int64_t>(), n, k, workspace.data_ptr(), rows.data_ptr<int64_t>(),
                              counts.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream(c.device().index()).stream()),
         "routing compaction kernel");
-  at::Tensor host_counts;  // the one synchronisation: the lists' sizes
+  at::Tensor host;  // the one synchronisation: the lists' sizes, and with_host the lists
   try {
-    host_counts = counts.to(at::kCPU);
+    host = (with_host ? buffer : counts).to(at::kCPU);
   } catch (const c10::Error& e) {
     // A kernel fault surfaces at the first synchronisation after it.
     throw EnvironmentError(std::string("routing compaction kernel: ") + e.what_without_backtrace());
   }
-  const int64_t* count = host_counts.data_ptr<int64_t>();
-  std::vector<at::Tensor> out;
+  const int64_t* count = host.data_ptr<int64_t>();
+  RowLists out;
   int64_t start = 0;
   for (int64_t j = 0; j < K; ++j) {
-    out.push_back(rows.narrow(0, start, count[j]));  // (N_j,)
+    out.rows.push_back(rows.narrow(0, start, count[j]));                     // (N_j,)
+    if (with_host) out.host_rows.push_back(host.narrow(0, K + start, count[j]));  // (N_j,)
     start += count[j];
   }
   return out;

@@ -8,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "chiar/rows.h"
+
 namespace chiar {
 
 // Whether the driver supports the CUDA runtime the kernels were built with
@@ -24,7 +26,8 @@ bool cuda_entropy_takes(const at::Tensor& c);
 at::Tensor spectral_entropy_cuda(const at::Tensor& c);
 // rows_by_choice for an int64 choice on a CUDA device and 1 <= K <=
 // kMaxCudaOperators: K index tensors, views of one buffer, sized by one copy
-// of the K counts to the host.
-std::vector<at::Tensor> rows_by_choice_cuda(const at::Tensor& choice, int64_t K);
+// of the K counts to the host; with `with_host`, that copy brings the lists
+// too, and host_rows holds them (else it is empty).
+RowLists rows_by_choice_cuda(const at::Tensor& choice, int64_t K, bool with_host);
 
 }  // namespace chiar

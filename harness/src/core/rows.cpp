@@ -49,13 +49,23 @@ RowGroups group_rows_host(const at::Tensor& key) {
 
 }  // namespace
 
+#if CHIAR_CUDA_KERNELS
+namespace {
+
+// Whether the CUDA compaction kernel takes these choices.
+bool cuda_compaction_takes(const at::Tensor& choice, int64_t K) {
+  return cuda_kernels_enabled() && choice.is_cuda() && choice.scalar_type() == at::kLong && K >= 1 &&
+         K <= kMaxCudaOperators && cuda_kernels_usable();
+}
+
+}  // namespace
+#endif
+
 std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K) {
   if (choice.dim() != 1) throw UserError("rows_by_choice: expected a (N,) choice tensor");
   std::vector<at::Tensor> rows;
 #if CHIAR_CUDA_KERNELS
-  if (cuda_kernels_enabled() && choice.is_cuda() && choice.scalar_type() == at::kLong && K >= 1 &&
-      K <= kMaxCudaOperators && cuda_kernels_usable())
-    return rows_by_choice_cuda(choice, K);
+  if (cuda_compaction_takes(choice, K)) return rows_by_choice_cuda(choice, K, /*with_host=*/false).rows;
 #endif
   if (!host_kernels_enabled() || !choice.device().is_cpu() || choice.scalar_type() != at::kLong) {
     for (int64_t k = 0; k < K; ++k) rows.push_back((choice == k).nonzero().squeeze(1));
@@ -78,6 +88,27 @@ std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K) {
   for (int64_t i = 0; i < n; ++i)
     if (in[i] >= 0 && in[i] < K) *out[static_cast<size_t>(in[i])]++ = i;
   return rows;
+}
+
+RowLists rows_by_choice_and_host(const at::Tensor& choice, int64_t K) {
+  if (choice.dim() != 1) throw UserError("rows_by_choice: expected a (N,) choice tensor");
+#if CHIAR_CUDA_KERNELS
+  if (cuda_compaction_takes(choice, K)) return rows_by_choice_cuda(choice, K, /*with_host=*/true);
+#endif
+  RowLists lists{rows_by_choice(choice, K), {}};
+  if (choice.device().is_cpu()) {
+    lists.host_rows = lists.rows;
+    return lists;
+  }
+  // The composition's lists (their sizes already read back by nonzero): one
+  // more copy brings them all.
+  const auto host = at::cat(lists.rows).cpu();  // (sum N_k,)
+  int64_t start = 0;
+  for (const auto& r : lists.rows) {
+    lists.host_rows.push_back(host.narrow(0, start, r.numel()));  // (N_k,)
+    start += r.numel();
+  }
+  return lists;
 }
 
 RowGroups group_rows(const at::Tensor& key) {

@@ -141,13 +141,18 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
   // routed_dct_attn/sparse/2048/256/*).
   auto y = at::empty({x.size(0) * x.size(1), d}, x.options());  // (B*T, d)
   const auto flat_choice = choice.reshape({-1});
-  const auto rows_of = rows_by_choice(flat_choice, static_cast<int64_t>(operators_.size()));
+  // On a GPU the lists' one copy to the host (their sizes) brings the lists
+  // too: an operator that plans on the host reads its own there
+  // (OpContext::host_rows) instead of waiting for a copy of its own.
+  const RowLists lists = rows_by_choice_and_host(flat_choice, static_cast<int64_t>(operators_.size()));
   int64_t written = 0;
+  OpContext op_ctx = ctx;
   for (size_t k = 0; k < operators_.size(); ++k) {
-    const auto& rows = rows_of[k];  // (N_k,)
+    const auto& rows = lists.rows[k];  // (N_k,)
     if (rows.numel() == 0) continue;
     written += rows.numel();
-    auto out = operators_[k]->forward_rows(x, rows, ctx);  // (N_k, d)
+    op_ctx.host_rows = lists.host_rows[k];  // (N_k,) on the host
+    auto out = operators_[k]->forward_rows(x, rows, op_ctx);  // (N_k, d)
     if (rows.numel() == flat_choice.numel()) return out.view_as(x);  // one operator took every token
     if (host_kernels_enabled() && y.device().is_cpu() &&
         !(torch::autograd::GradMode::is_enabled() && out.requires_grad())) {
