@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
@@ -84,9 +85,30 @@ TEST_CASE("rows_by_choice_and_host: on the CPU the host lists are the lists", "[
     }
 }
 
+TEST_CASE("rows_in_host_memory: supplied host rows are checked and used, else the rows are copied", "[routing][rows]") {
+  const auto rows = at::tensor(std::vector<int64_t>{0, 3, 4, 10, 17}, at::TensorOptions().dtype(at::kLong));  // (5,)
+  CHECK(at::equal(rows_in_host_memory(rows, at::Tensor()), rows));
+  const auto host = rows.clone();
+  CHECK(rows_in_host_memory(rows, host).is_same(host));
+  const auto refused = [&](const at::Tensor& supplied) {
+    try {
+      rows_in_host_memory(rows, supplied);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK(refused(rows.narrow(0, 0, 3)) ==
+        "OpContext::host_rows: 3 rows in host memory for 5 rows (a caller that passes its context on to forward_rows "
+        "with other rows must reset host_rows)");
+  CHECK(refused(rows.to(at::kInt)) ==
+        "OpContext::host_rows: expected (N,) int64 rows in host memory, found Int [5] on cpu");
+}
+
 // Hidden (as below). The lists a routed layer hands its operators on a GPU,
 // and their host copies: the kernel's (one copy brings both) and the
-// composition's (a copy after nonzero's).
+// composition's (a copy after nonzero's). The choices include values
+// outside 0..K-1, which land in no list.
 TEST_CASE("cuda kernels: the row lists' host copies equal the lists, from the kernel and the composition", "[.cuda]") {
   require_cuda_kernels();
   for (const KernelPolicy policy : {KernelPolicy::Auto, KernelPolicy::Compositions}) {
@@ -96,7 +118,9 @@ TEST_CASE("cuda kernels: the row lists' host copies equal the lists, from the ke
         INFO(to_string(policy) << ", n " << n << ", K " << K);
         const auto choice = random_choices(n, K, static_cast<uint64_t>(n * 10 + K));
         const auto expected = rows_by_choice(choice, K);
+        const uint64_t launched = cuda_kernel_count();
         const RowLists lists = rows_by_choice_and_host(choice.to(at::kCUDA), K);
+        CHECK(cuda_kernel_count() == launched + (policy == KernelPolicy::Auto ? 1 : 0));
         REQUIRE(lists.rows.size() == static_cast<size_t>(K));
         REQUIRE(lists.host_rows.size() == static_cast<size_t>(K));
         for (int64_t k = 0; k < K; ++k) {

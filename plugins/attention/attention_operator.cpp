@@ -217,7 +217,7 @@ class AttentionOperator final : public Operator {
     // (OpContext::host_rows), else from a copy of their own, which on a GPU
     // waits. The index tensors the products need go back in copies that do
     // not wait (groups_on_device, indices_to_device).
-    const auto host_rows = (ctx.host_rows.defined() ? ctx.host_rows : rows.cpu()).contiguous();  // (N,) int64
+    const auto host_rows = rows_in_host_memory(rows, ctx.host_rows).contiguous();  // (N,) int64
     const RowGroups hg = group_rows(at::div(host_rows, T, "floor"));  // one group per sequence, on the host
     const RowGroups g = groups_on_device(hg, x.device());
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.

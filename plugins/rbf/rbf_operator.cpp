@@ -134,17 +134,16 @@ class RbfOperator final : public Operator {
     const int64_t T = x.size(1);
     auto xr = x.reshape({-1, d_}).index_select(0, rows);   // (N, d)
     auto q = phi(project(q_, xr));                          // (N, F)
-    // Rows are grouped by a key of each row on the host when the routed
-    // layer has them there (OpContext::host_rows): grouping a GPU's keys
-    // copies them back, which waits. Else where the rows are.
-    const bool on_host = ctx.host_rows.defined();
-    const at::Tensor& grouped_rows = on_host ? ctx.host_rows : rows;  // (N,)
-    const auto groups_of = [&](const at::Tensor& key) {              // key: (N,) int64 beside grouped_rows
-      return on_host ? groups_on_device(group_rows(key), x.device()) : group_rows(key);
+    // Rows are grouped by a key of each row on the host, from the routed
+    // layer's host copy of them (OpContext::host_rows) or one copy of our
+    // own: grouping a GPU's keys would copy them back, and wait, per call.
+    const auto host_rows = rows_in_host_memory(rows, ctx.host_rows);  // (N,) int64
+    const auto groups_of = [&](const at::Tensor& key) {               // key: (N,) int64 on the host
+      return groups_on_device(group_rows(key), x.device());
     };
     // Keys and values only for the sequences that have rows; b indexes them.
-    const RowGroups seqs_here = group_rows(at::div(grouped_rows, T, "floor"));
-    const RowGroups seqs = on_host ? groups_on_device(seqs_here, x.device()) : seqs_here;
+    const RowGroups host_seqs = group_rows(at::div(host_rows, T, "floor"));
+    const RowGroups seqs = groups_on_device(host_seqs, x.device());
     const int64_t B = seqs.count;
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, seqs.keys) : at::Tensor();
     auto xs = seqs.count == x.size(0) ? x : x.index_select(0, seqs.keys);  // every sequence has rows: no gather
@@ -152,7 +151,7 @@ class RbfOperator final : public Operator {
     auto b = seqs.group, t = at::remainder(rows, T);
     at::Tensor num, den, count;
     if (!ctx.causal) {
-      const RowGroups g = groups_of(seqs_here.group);
+      const RowGroups g = groups_of(host_seqs.group);
       auto kg = k.index_select(0, g.keys), vg = v.index_select(0, g.keys);  // (G, T, .)
       auto qp = pack_rows(q, g);                                           // (G, m, F)
       num = unpack_rows(chiar::batch_matmul(qp, chiar::batch_matmul(kg.transpose(1, 2), vg)), g);  // (N, d)
@@ -163,7 +162,7 @@ class RbfOperator final : public Operator {
       auto kc = chunks(k, Tp, C), vc = chunks(v, Tp, C);                   // (B, nC, C, .)
       auto [s_prev, z_prev] = prefix_states(kc, vc);
       const RowGroups g =  // one group per chunk
-          groups_of(seqs_here.group * n_chunks + at::div(at::remainder(grouped_rows, T), C, "floor"));
+          groups_of(host_seqs.group * n_chunks + at::div(at::remainder(host_rows, T), C, "floor"));
       const int64_t F = 2 * features_;
       // Every chunk has rows (g.keys = 0 .. B nC - 1): no gathers.
       const auto of_groups = [&](const at::Tensor& u) {

@@ -26,7 +26,9 @@ struct OpContext {
   // own, so that an operator planning on the host (grouping rows by
   // sequence, sizing its products) need not copy its rows back, which would
   // wait for the device. On the CPU they are the rows themselves. forward
-  // ignores it.
+  // ignores it. Read it through rows_in_host_memory (chiar/rows.h), and only
+  // to plan; an operator that calls another's forward_rows with other rows
+  // resets it.
   at::Tensor host_rows;
 };
 

@@ -27,7 +27,8 @@
 // 5: Registrar::declare_task_options (a plugin calling it needs a harness
 //    that has it: the version check refuses the plugin cleanly instead of the
 //    loader failing on a missing symbol).
-// 6: OpContext::host_rows (its layout), and rows_by_choice_and_host.
+// 6: OpContext::host_rows (its layout), rows_by_choice_and_host and
+//    rows_in_host_memory.
 #define CHIAR_PLUGIN_API_VERSION 6
 
 #define CHIAR_STRINGIFY_IMPL(x) #x

@@ -36,6 +36,15 @@ struct RowLists {
 };
 CHIAR_API RowLists rows_by_choice_and_host(const at::Tensor& choice, int64_t K);
 
+// forward_rows's rows in host memory, for planning on the host: `host_rows`
+// (OpContext::host_rows) when the caller supplied them, else a copy of
+// `rows`, which on a GPU waits. Supplied ones are checked without waiting
+// (an int64 host tensor of the rows' length), since a caller that passes its
+// context on with other rows must reset them; throws UserError, e.g.
+//   OpContext::host_rows: 7 rows in host memory for 5 rows (...)
+// Plan with them only: index device tensors by `rows`.
+CHIAR_API at::Tensor rows_in_host_memory(const at::Tensor& rows, const at::Tensor& host_rows);
+
 // key: (N,) int64, non-decreasing (true for sorted rows and monotone keys).
 // The groups are on key's device. A GPU's keys are grouped on the host from
 // one copy of them (the one wait: the count and width are shapes), the

@@ -91,12 +91,12 @@ std::vector<at::Tensor> rows_by_choice(const at::Tensor& choice, int64_t K) {
 }
 
 RowLists rows_by_choice_and_host(const at::Tensor& choice, int64_t K) {
-  if (choice.dim() != 1) throw UserError("rows_by_choice: expected a (N,) choice tensor");
+  if (choice.dim() != 1) throw UserError("rows_by_choice_and_host: expected a (N,) choice tensor");
 #if CHIAR_CUDA_KERNELS
   if (cuda_compaction_takes(choice, K)) return rows_by_choice_cuda(choice, K, /*with_host=*/true);
 #endif
   RowLists lists{rows_by_choice(choice, K), {}};
-  if (choice.device().is_cpu()) {
+  if (choice.device().is_cpu() || lists.rows.empty()) {
     lists.host_rows = lists.rows;
     return lists;
   }
@@ -109,6 +109,20 @@ RowLists rows_by_choice_and_host(const at::Tensor& choice, int64_t K) {
     start += r.numel();
   }
   return lists;
+}
+
+at::Tensor rows_in_host_memory(const at::Tensor& rows, const at::Tensor& host_rows) {
+  if (!host_rows.defined()) return rows.cpu();
+  if (!host_rows.device().is_cpu() || host_rows.scalar_type() != at::kLong || host_rows.dim() != 1)
+    throw UserError("OpContext::host_rows: expected (N,) int64 rows in host memory, found " +
+                    std::string(c10::toString(host_rows.scalar_type())) + " " + c10::str(host_rows.sizes()) + " on " +
+                    host_rows.device().str());
+  if (host_rows.numel() != rows.numel())
+    throw UserError("OpContext::host_rows: " + std::to_string(host_rows.numel()) + " rows in host memory for " +
+                    std::to_string(rows.numel()) +
+                    " rows (a caller that passes its context on to forward_rows with other rows must reset "
+                    "host_rows)");
+  return host_rows;
 }
 
 RowGroups group_rows(const at::Tensor& key) {
