@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "chiar/error.h"
 #include "engine/runtime.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -72,7 +73,21 @@ TEST_CASE("CLI: global options are accepted before and after the command", "[cli
     CHECK_THAT(dry.output, Catch::Matchers::Contains("1 runs in matrix 'm'"));
     const auto bad = run_chiar({"run", matrix, "--dry-run", "--threads", "many"});
     CHECK(bad.status == 2);
-    CHECK_THAT(bad.output, Catch::Matchers::StartsWith("chiar: --threads: "));
+    CHECK(bad.output == "chiar: --threads: expected an integer, found 'many'\n");
+  }
+  SECTION("integer options say their bound") {
+    const auto threads = run_chiar({"info", "--threads", "-1"});
+    CHECK(threads.status == 2);
+    CHECK(threads.output == "chiar: --threads: must be at least 0, found -1\n");
+    const auto nproc = run_chiar({"run", "m.toml", "--nproc", "0"});
+    CHECK(nproc.status == 2);
+    CHECK(nproc.output == "chiar: --nproc: must be at least 1, found 0\n");
+    const auto top = run_chiar({"inspect", "x.db", "--run", "1", "--top", "0"});
+    CHECK(top.status == 2);
+    CHECK(top.output == "chiar: --top: must be at least 1, found 0\n");
+    const auto color = run_chiar({"inspect", "x.db", "--run", "1", "--color", "sometimes"});
+    CHECK(color.status == 2);
+    CHECK(color.output == "chiar: --color: sometimes not in {auto,always,never}\n");
   }
   SECTION("what no level knows is still refused") {
     const auto extra = run_chiar({"plugins", "--no-such-option"});
@@ -178,6 +193,46 @@ TEST_CASE("CLI: chiar run refuses an unknown or mistyped task option at file:lin
   CHECK_FALSE(boost::filesystem::exists(db));
 }
 
+TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's option where it was set", "[cli]") {
+  TempDir d("cli-layer-options");
+  const std::string db = d.path() + "/r.db";
+  const std::string matrix =
+      d.write("m.toml", "[matrix]\nname = \"m\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"wt\"]\n\n"
+                        "[model]\nd_model = 16\nn_heads = 2\n\n[train]\nsteps = 2\nbatch_size = 2\n\n"
+                        "[variants.base]\nlayers = [\"attn\"]\noperators = { attn = { colour = \"blue\" } }\n\n"
+                        "[variants.routed]\nlayers = [\"dct|attn\"]\nrouter = \"threshold\"\n\n"
+                        "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\n");
+  const std::string plugins = std::string(CHIAR_PLUGIN_DIR) + "/";
+  const auto dry_run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"run", matrix, "--dry-run", "--db", db};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_chiar(args);
+  };
+  // An operator's option, in the variant's table, named at its key.
+  const auto op = dry_run({});
+  CHECK(op.status == 2);
+  const std::string unknown_colour = "key 'variants.base.operators': operator 'attention' (" + plugins +
+                                     "libchiar_attention.so): unknown parameter 'colour'\n";
+  CHECK(op.output == "chiar: " + matrix + ":16:13: " + unknown_colour);
+  const auto slurm = run_chiar({"slurm", matrix, "--tasks", "2", "--dir", d.path() + "/shards"});
+  CHECK(slurm.status == 2);
+  CHECK(slurm.output == op.output);
+  CHECK_FALSE(boost::filesystem::exists(d.path() + "/shards"));
+  // --set replaces the table: the run is then fine.
+  CHECK(dry_run({"--only", "base/*", "--set", "model.operators={}"}).status == 0);
+
+  // A router's option from --set, unknown or refused by the router.
+  const auto colour = dry_run({"--only", "routed/*", "--set", "router.colour=1"});
+  CHECK(colour.status == 2);
+  CHECK(colour.output == "chiar: --set router.colour: router 'threshold' (" + plugins +
+                             "libchiar_threshold.so): unknown parameter 'colour'\n");
+  const auto tau = dry_run({"--only", "routed/*", "--set", "router.tau=[0.1, 0.2, 0.3]"});
+  CHECK(tau.status == 2);
+  CHECK(tau.output == "chiar: --set router.tau: router 'threshold' (" + plugins +
+                          "libchiar_threshold.so): threshold: 2 operators need 1 thresholds, found 3\n");
+  CHECK_FALSE(boost::filesystem::exists(db));
+}
+
 TEST_CASE("CLI: an output the system refuses is an environment failure, exit 3", "[cli]") {
   TempDir d("cli-environment");
   const std::string file = d.write("plain", "a regular file, not a folder\n");
@@ -189,6 +244,54 @@ TEST_CASE("CLI: an output the system refuses is an environment failure, exit 3",
   const auto sotu = run_chiar({"data", "sotu", "--from", d.path() + "/speeches", "--out", file + "/sotu"});
   CHECK(sotu.status == 3);
   CHECK(sotu.output == "chiar: sotu: cannot create '" + file + "/sotu': Not a directory\n");
+
+  // Memory running out is the machine's failure too. 8e14 bytes of tokens,
+  // beyond any process's address space: refused by every allocator, whatever
+  // the machine's overcommit policy.
+  const auto model = run_chiar({"model", "--layers", "dct", "--batch", "10000000", "--seq", "10000000"});
+  CHECK(model.status == 3);
+  CHECK_THAT(model.output, Catch::Matchers::EndsWith(
+                               "chiar: out of memory: can't allocate memory: you tried to allocate 800000000000000 "
+                               "bytes. Error code 12 (Cannot allocate memory)\n"));
+  // In a plugin's factory: an attention operator 2^24 wide (its first (d, d)
+  // projection, 2^50 bytes), after an embedding of one token (64 MiB).
+  const auto wide = run_chiar({"model", "--layers", "attn", "--vocab", "1", "--d-model", "16777216", "--heads", "1"});
+  CHECK(wide.status == 3);
+  CHECK(wide.output == "chiar: out of memory: can't allocate memory: you tried to allocate 1125899906842624 bytes. "
+                       "Error code 12 (Cannot allocate memory)\n");
+}
+
+TEST_CASE("CLI: out-of-memory errors are told apart from the others", "[cli]") {
+  const auto thrown_by = [](const auto& throw_it) -> std::pair<bool, std::string> {
+    try {
+      throw_it();
+    } catch (const std::exception& e) {
+      return {is_out_of_memory(e), is_out_of_memory(e) ? out_of_memory_message(e) : ""};
+    }
+    return {false, "nothing thrown"};
+  };
+  // libtorch's CPU allocator: a plain c10::Error, told by its words.
+  const auto cpu = thrown_by([] { (void)at::empty({int64_t{1} << 46}, at::kFloat); });
+  CHECK(cpu.first);
+  CHECK(cpu.second == "can't allocate memory: you tried to allocate 281474976710656 bytes. Error code 12 (Cannot "
+                      "allocate memory)");
+  // The CUDA allocator's type.
+  const auto cuda = thrown_by(
+      [] { TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 GiB"); });
+  CHECK(cuda == std::make_pair(true, std::string("CUDA out of memory. Tried to allocate 2.00 GiB")));
+  CHECK(thrown_by([] { throw std::bad_alloc(); }) ==
+        std::make_pair(true, std::string("a host allocation failed (std::bad_alloc)")));
+  // The CUDA runtime's and libraries' statuses, as libtorch words them.
+  for (const std::string words : {"CUDA error: out of memory", "cuFFT error: CUFFT_ALLOC_FAILED",
+                                  "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"}) {
+    INFO(words);
+    CHECK(thrown_by([&] { TORCH_CHECK(false, words); }) == std::make_pair(true, words));
+  }
+  // A bad length is a bug, not the machine.
+  CHECK_FALSE(thrown_by([] { throw std::bad_array_new_length(); }).first);
+  // Other libtorch errors, and ours, are not.
+  CHECK_FALSE(thrown_by([] { (void)at::ones({2, 3}).matmul(at::ones({2, 3})); }).first);
+  CHECK_FALSE(thrown_by([] { throw UserError("can't allocate memory"); }).first);
 }
 
 TEST_CASE("runtime: the BLAS warning names the real cause", "[runtime][cli]") {

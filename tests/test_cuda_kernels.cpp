@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -43,7 +44,7 @@ void require_cuda_kernels() {
     INFO("this build has no CUDA kernels: configure found no CUDA libtorch or no nvcc (see its 'CUDA kernels:' line)");
     REQUIRE(cuda_kernels_enabled());
   }
-  INFO("the CUDA kernels cannot run here: the driver is older than their CUDA runtime (see stderr)");
+  INFO("the CUDA kernels cannot run here: stderr says why (the driver's major version, or no image for this device)");
   REQUIRE(cuda_kernels_usable());
 }
 
@@ -214,4 +215,31 @@ TEST_CASE("cuda kernels: spectral entropy on the GPU equals the float64 definiti
   const auto h = spectral_entropy_from_coeffs(bad.to(at::kCUDA)).to(at::kCPU);  // (3,)
   CHECK(cuda_kernel_count() == before + 1);
   CHECK(h.isnan().all().item<bool>());
+}
+
+// Hidden (as above). In training the kernel computes H forward and the
+// closed form its gradient; both equal the host's (test_spectral.cpp checks
+// the host's against float64 autograd).
+TEST_CASE("cuda kernels: spectral entropy in training takes the kernel forward; its gradient equals the host's",
+          "[.cuda]") {
+  require_cuda_kernels();
+  at::manual_seed(43);
+  for (const int64_t d : {2, 64, 256}) {
+    INFO("d " << d);
+    const auto c32 = coefficient_rows(515, d, static_cast<uint64_t>(d + 7)).to(at::kFloat);  // (515, d)
+    const auto upstream = at::randn({515});                                                  // (515,) dL/dH
+    auto host_leaf = c32.clone().requires_grad_(true);
+    const auto host = spectral_entropy_from_coeffs(host_leaf);  // (515,)
+    (host * upstream).sum().backward();
+    auto gpu_leaf = c32.to(at::kCUDA).requires_grad_(true);
+    const uint64_t before = cuda_kernel_count();
+    const auto gpu = spectral_entropy_from_coeffs(gpu_leaf);  // (515,)
+    CHECK(cuda_kernel_count() == before + 1);
+    REQUIRE(gpu.requires_grad());
+    (gpu * upstream.to(at::kCUDA)).sum().backward();
+    CHECK((gpu.detach().to(at::kCPU) - host.detach()).abs().max().item<double>() < 1e-5);
+    REQUIRE(gpu_leaf.grad().defined());
+    const auto gpu_grad = gpu_leaf.grad().to(at::kCPU, at::kDouble), host_grad = host_leaf.grad().to(at::kDouble);
+    CHECK((gpu_grad - host_grad).norm().item<double>() <= 1e-5 * std::max(host_grad.norm().item<double>(), 1e-30));
+  }
 }

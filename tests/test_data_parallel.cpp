@@ -3,7 +3,7 @@
 // batch, so two processes train the same run as one, up to float summation
 // order; a batch that does not divide is refused before any rank starts; a
 // rank that dies stops the others with a message naming it, and the rerun
-// resumes from rank 0's last checkpoint.
+// resumes from rank 0's last checkpoint; so does memory running out.
 #include <catch2/catch.hpp>
 #include <signal.h>
 #include <unistd.h>
@@ -20,6 +20,7 @@
 #include <boost/filesystem.hpp>
 
 #include "engine/sqlite.h"
+#include "support/env_scope.h"
 #include "support/faults.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -234,4 +235,36 @@ TEST_CASE("data parallel: SIGTERM stops every rank at one step, after rank 0's c
   // Had the ranks stopped at different steps, a collective would have
   // failed (exit 3) instead.
   check_rerun_resumes(d, db);
+}
+
+TEST_CASE("data parallel: memory running out stops the group, exit 3; the run resumes from its checkpoint",
+          "[data_parallel][faults]") {
+  TempDir d("dp-oom");
+  test::write_one_run_matrix(d, "dp_oom", test::tiny_train_body(12, 6, 4) + "log_every = 1\n");
+  const std::string db = d.path() + "/oom.db";
+  auto args = run_args(d, db);
+  args.insert(args.end(), {"--nproc", "2"});
+  {
+    // Every rank has the variable: equal shards on equal devices run out
+    // together, at step 6 here, after step 4's checkpoint.
+    test::EnvScope failpoint("CHIAR_FAILPOINT", "train.step:6:oom");
+    const auto oom = test::run_chiar(args);
+    INFO(oom.output);
+    CHECK(oom.status == 3);
+    const std::string cause =
+        "out of memory on cpu: out of memory at failpoint train.step (CHIAR_FAILPOINT asked for it)";
+    CHECK(oom.output.find("[1/1] base/flat/seed=0: " + cause + "\n") != std::string::npos);
+    CHECK(oom.output.find("chiar: [1/1] base/flat/seed=0: " + cause +
+                          "; the process group stops (rerun to resume)\n") != std::string::npos);
+    CHECK(oom.output.find("Exception raised from") == std::string::npos);
+    CHECK(query_integer(db, "SELECT COUNT(*) FROM runs WHERE status = 'interrupted' AND error = '" + cause + "'") ==
+          1);
+  }
+  const auto rerun = test::run_chiar(args);
+  INFO(rerun.output);
+  REQUIRE(rerun.status == 0);
+  CHECK(rerun.output.find("base/flat/seed=0: resuming (") != std::string::npos);
+  CHECK(query_integer(db, "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 1);
+  CHECK(query_integer(db, "SELECT MIN(step) FROM train_log") == 1);
+  CHECK(query_integer(db, "SELECT COUNT(*) FROM train_log") == 12);
 }

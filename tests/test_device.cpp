@@ -34,6 +34,16 @@ using test::TempDir;
 
 namespace {
 
+// The hidden cases that train on a GPU need one, and a build that lets runs
+// use it: without -DCHIAR_CUDA_TRAINING=ON they are skipped, saying so.
+#define REQUIRE_CUDA_TRAINING()                                                                            \
+  do {                                                                                                    \
+    REQUIRE(torch::cuda::is_available());                                                                 \
+    if (!engine::cuda_training_enabled())                                                                 \
+      CHIAR_SKIP("[cuda]", "this build refuses CUDA devices for training (configure with "                 \
+                           "-DCHIAR_CUDA_TRAINING=ON, as tools/gpu-check.sh does)");                      \
+  } while (false)
+
 void write_matrix(const TempDir& d, const std::string& train_extra = "") {
   test::write_one_run_matrix(d, "dev", test::tiny_train_body() + train_extra);
 }
@@ -230,6 +240,12 @@ TEST_CASE("device: CUDA on a libtorch without it is refused before anything runs
   args = run_args(d, db);
   args.insert(args.end(), {"--device", "gpu"});
   CHECK(test::run_chiar(args).output == "chiar: --device: \"gpu\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"\n");
+  // A dry run lists the hashes a GPU would give without one, but refuses a
+  // name no device has.
+  args.push_back("--dry-run");
+  const auto dry = test::run_chiar(args);
+  CHECK(dry.status == 2);
+  CHECK(dry.output == "chiar: --device: \"gpu\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"\n");
 
   const auto bench = test::run_chiar({"bench-train", "--device", "cuda", "--steps", "1"});
   CHECK(bench.status == 2);
@@ -251,7 +267,7 @@ TEST_CASE("device: a device name of the wrong form in a matrix is refused at its
 // -DCHIAR_CUDA_TRAINING=ON: tools/gpu-check.sh). A CPU run's NULLs are
 // checked by the engine's end-to-end test.
 TEST_CASE("device: a run on a GPU records the caching allocator's peaks", "[.cuda]") {
-  REQUIRE(torch::cuda::is_available());
+  REQUIRE_CUDA_TRAINING();
   TempDir d("device-gpu-memory");
   write_matrix(d);
   auto args = run_args(d, d.path() + "/gpu.db");
@@ -305,16 +321,26 @@ void check_close(const std::vector<double>& got, const std::vector<double>& expe
 // other operator on one device; at this size none is expected, and a failure
 // here names the metric to look at.)
 TEST_CASE("device: three fp32 training steps on a GPU score what they score on the CPU", "[.cuda]") {
-  REQUIRE(torch::cuda::is_available());
+  REQUIRE_CUDA_TRAINING();
   TempDir d("device-gpu-equal");
-  write_four_run_matrix(d, "equal", test::tiny_train_body(3, 3, 3) + "precision = \"fp32\"\n");
+  write_four_run_matrix(d, "equal", test::tiny_train_body(3, 3, 3) + "precision = \"fp32\"\nlog_every = 1\n");
   check_close(metrics_on(d, "gpu.db", "cuda"), metrics_on(d, "cpu.db", "cpu"));
+  // And each step's training loss, of every run.
+  const auto gpu = test::train_logs(d.path() + "/gpu.db"), cpu = test::train_logs(d.path() + "/cpu.db");
+  REQUIRE(cpu.size() == 4 * 3);
+  REQUIRE(gpu.size() == cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO(cpu[i].run << " step " << cpu[i].step << ": " << gpu[i].loss << " on the GPU against " << cpu[i].loss);
+    CHECK(gpu[i].run == cpu[i].run);
+    CHECK(gpu[i].step == cpu[i].step);
+    CHECK(std::abs(gpu[i].loss - cpu[i].loss) <= 1e-4 * std::max(1.0, std::abs(cpu[i].loss)));
+  }
 }
 
 // Hidden (as above). The default precision on a GPU is bf16: the run's
 // hash is the one an explicit bf16 gives, and it trains and scores.
 TEST_CASE("device: a run on a GPU computes in bf16 unless its precision is set", "[.cuda]") {
-  REQUIRE(torch::cuda::is_available());
+  REQUIRE_CUDA_TRAINING();
   TempDir d("device-gpu-bf16");
   write_matrix(d);
   const std::string bf16 = dry_run_hash(d, {"--set", "train.precision=bf16"});
@@ -352,7 +378,7 @@ TEST_CASE("device: a queue mark on a GPU waits for the copy queued before it", "
 // sum in different orders where CUDA's kernels use atomics), and a forced
 // divergence (a learning rate of 1e12) found at the same step.
 TEST_CASE("device: a GPU run whose losses are read late trains as one whose losses are read each step", "[.cuda]") {
-  REQUIRE(torch::cuda::is_available());
+  REQUIRE_CUDA_TRAINING();
   TempDir d("device-gpu-loss-reads");
   write_four_run_matrix(d, "reads", test::tiny_train_body(9, 4, 4) + "precision = \"fp32\"\nlog_every = 1\n");
   const auto trained = [&](const std::string& reads, const std::string& db, std::vector<std::string> extra) {
@@ -394,7 +420,7 @@ TEST_CASE("device: a GPU run whose losses are read late trains as one whose loss
 // which reads losses a step late, after its fifth), and resumed on the
 // other ends where a run on the second device alone ends, to rounding.
 TEST_CASE("device: a checkpoint written on a GPU resumes on the CPU, and one from the CPU on a GPU", "[.cuda]") {
-  REQUIRE(torch::cuda::is_available());
+  REQUIRE_CUDA_TRAINING();
   TempDir d("device-gpu-resume");
   test::write_tiny_matrix(d, R"(name = "resume"
 variants = ["routed"]
@@ -495,7 +521,7 @@ void train_every_variant(const TempDir& d, const std::string& device) {
 
 // Hidden (as above): issue 17's promise for every shipped variant.
 TEST_CASE("device: every shipped variant trains, resumes and is inspected after training on a GPU", "[.cuda]") {
-  REQUIRE(torch::cuda::is_available());
+  REQUIRE_CUDA_TRAINING();
   TempDir d("device-gpu-variants");
   train_every_variant(d, "cuda");
 }

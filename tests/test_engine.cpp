@@ -3,11 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -191,6 +194,26 @@ TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[
   CHECK(set.runs[0].train.steps == 9);
   CHECK(set.runs[0].model.d_model() == 32);
   CHECK(set.runs[0].hash != m.runs[0].hash);
+  // Lists of strings and inline tables are written as TOML; a list of
+  // numbers keeps the type it always had (floats), and so its runs' hashes.
+  o.set = {"model.layers=[\"dct\", \"attn\"]", "model.operators={ attn = { block = 4 } }",
+           "router.shares=[1, 0]"};
+  const auto lists = engine::load_matrix(d.path() + "/m.toml", o);
+  CHECK(lists.runs[0].model.layers() == std::vector<std::string>{"dct", "attn"});
+  CHECK(lists.runs[0].model.operator_params().at("attn").describe() == "block=4");
+  std::string canonical = lists.runs[0].canonical;
+  canonical.erase(std::remove_if(canonical.begin(), canonical.end(),
+                                 [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }),
+                  canonical.end());
+  CHECK(canonical.find("\"shares\":[1.0,0.0]") != std::string::npos);
+  o.set = {"model.layers=[dct, attn]"};
+  CHECK_THROWS_WITH(engine::load_matrix(d.path() + "/m.toml", o),
+                    Catch::Matchers::StartsWith("--set model.layers: [dct, attn] is not a TOML value (") &&
+                        Catch::Matchers::EndsWith("); quote the strings of a list: model.layers=[\"dct\", \"dct|attn\"]"));
+  // A plugin's options hold no lists of strings or tables.
+  o.set = {"task.note=[\"a\"]"};
+  CHECK_THROWS_WITH(engine::load_matrix(d.path() + "/m.toml", o),
+                    "--set task.note: 'task.note': expected a boolean, number, string or list of numbers");
   o = {};
   o.only = "routed/*";
   CHECK(engine::load_matrix(d.path() + "/m.toml", o).runs.size() == 4);
@@ -207,6 +230,18 @@ TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[
   const auto swept = engine::load_matrix(d.path() + "/m.toml");
   CHECK(swept.runs.size() == 8 * 6);
   CHECK(swept.runs[0].name() == "base/lm/seed=0,d_model=16,lr=0.001");
+  // A list's items joined by '+', a table by its place: every point's runs
+  // have names of their own.
+  d.write("lists.toml", "include = [\"m.toml\"]\n[matrix]\nvariants = [\"base\"]\ntasks = [\"flat\"]\n"
+                        "seeds = [0]\n[sweep]\nmodel.layers = [[\"attn\"], [\"dct\", \"attn\"]]\n"
+                        "model.operators = [{}, { attn = { dropout = 0.1 } }]\n");
+  std::vector<std::string> names;
+  for (const auto& r : engine::load_matrix(d.path() + "/lists.toml").runs) names.push_back(r.name());
+  REQUIRE(names.size() == 2 * 2 * 2 * 3);  // with m.toml's d_model and lr axes
+  CHECK(names[0] == "base/flat/seed=0,d_model=16,layers=attn,operators=#1,lr=0.001");
+  CHECK(names[2] == "base/flat/seed=0,d_model=16,layers=dct+attn,operators=#1,lr=0.001");
+  CHECK(names[4] == "base/flat/seed=0,d_model=16,layers=attn,operators=#2,lr=0.001");
+  CHECK(std::set<std::string>(names.begin(), names.end()).size() == names.size());
 }
 
 TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][matrix][errors]") {
@@ -223,14 +258,59 @@ TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][
                     d.path() + "/bad.toml:3:6: key 'train.lr': expected a number");
   CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\nvariants = [\"based\"]\n")),
                     Catch::Matchers::EndsWith("key 'matrix.variants': no variant 'based' is defined (did you mean 'base'?)"));
+  // Names that a '.' or a '/' would split, where a lookup would then say
+  // "no variant 'v1.5' is defined (did you mean 'v1.5'?)".
+  CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\nvariants = [\"v1.5\"]\n[variants.\"v1.5\"]\nlayers = "
+                                             "[\"attn\"]\n")),
+                    d.path() + "/bad.toml:3:12: key 'matrix.variants': a variant name takes letters, digits, '_' and "
+                               "'-' (it is part of key paths and of run names), found 'v1.5'");
+  CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\ntasks = [\"lm/small\"]\n")),
+                    d.path() + "/bad.toml:3:9: key 'matrix.tasks': a task name takes letters, digits, '_' and '-' "
+                               "(it is part of key paths and of run names), found 'lm/small'");
   CHECK_THROWS_WITH(engine::load_matrix(with("[variants.routed]\nlayrs = [\"dct\"]\n")),
                     d.path() + "/bad.toml:3:9: key 'variants.routed.layrs': unknown key (did you mean 'layers'?)");
   CHECK_THROWS_WITH(engine::load_matrix(with("[train]\nprecision = \"fp8\"\n")),
-                    Catch::Matchers::EndsWith("train.precision must be \"auto\", \"fp32\" or \"bf16\""));
+                    d.path() + "/bad.toml:3:13: key 'train.precision': must be \"auto\", \"fp32\" or \"bf16\"");
   engine::MatrixOptions o;
   o.set = {"train.stepz=4"};
   CHECK_THROWS_WITH(engine::load_matrix(m, o), "--set train.stepz: 'train.stepz': unknown key (did you mean 'steps'?)");
   CHECK_THROWS_WITH(engine::load_matrix(d.path() + "/none.toml"), d.path() + "/none.toml: cannot open the file");
+}
+
+// A value of the right kind that its option refuses is reported where the
+// value a run got was set: the matrix applies --set last, then sweeps, the
+// task's table, the variant's, then [train] and [model].
+TEST_CASE("matrix: a refused value is reported at the key that set it", "[engine][matrix][errors]") {
+  TempDir d("matrix-refused");
+  write_fixture(d);
+  const std::string bad = d.path() + "/bad.toml";
+  auto load = [&](const std::string& extra, std::vector<std::string> set = {}, const std::string& device = "") {
+    d.write("bad.toml", "include = [\"m.toml\"]\n" + extra);
+    engine::MatrixOptions o;
+    o.set = std::move(set);
+    o.device = device;
+    return engine::load_matrix(bad, o);
+  };
+  CHECK_THROWS_WITH(load("[train]\nsteps = 0\n"), bad + ":3:9: key 'train.steps': must be at least 1");
+  CHECK_THROWS_WITH(load("[train]\nsteps = 0\n", {"train.steps=0"}), "--set train.steps: must be at least 1");
+  CHECK(load("[train]\nsteps = 0\n", {"train.steps=5"}).runs.at(0).train.steps == 5);
+  // base/lm takes the task's lr; base/flat the variant's, which is refused.
+  CHECK_THROWS_WITH(load("[variants.base.train]\nlr = -1.0\n[tasks.lm.train]\nlr = 0.01\n"),
+                    bad + ":3:6: key 'variants.base.train.lr': must be positive");
+  CHECK_THROWS_WITH(load("[tasks.flat.train]\nbeta1 = 1.5\n"),
+                    bad + ":3:9: key 'tasks.flat.train.beta1': must lie in [0, 1)");
+  CHECK_THROWS_WITH(load("[variants.routed]\nexecution = \"fast\"\n"),
+                    bad + ":3:13: key 'variants.routed.execution': unknown execution 'fast' (known: auto, dense, sparse)");
+  CHECK_THROWS_WITH(load("[variants.routed.model]\nmeta_router = \"global\"\n[variants.routed]\nexecution = \"dense\"\n"),
+                    bad + ":3:15: key 'variants.routed.model.meta_router': unknown meta_router 'global' (known: none, "
+                          "causal, batch_mean)");
+  CHECK_THROWS_WITH(load("", {"model.execution=fast"}),
+                    "--set model.execution: unknown execution 'fast' (known: auto, dense, sparse)");
+  CHECK_THROWS_WITH(load("[sweep]\ntrain.lr = [0.001, -0.5]\n"), bad + ":3:12: key 'sweep.train.lr': must be positive");
+  // Checked at load, as a run checks it, so that --dry-run refuses it too.
+  CHECK_THROWS_WITH(load("", {}, "gpu"), "--device: \"gpu\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+  CHECK_THROWS_WITH(load("[model]\nn_heads = 3\n"),
+                    bad + ":3:11: key 'model.n_heads': model: d_model (16) must be a positive multiple of n_heads (3)");
 }
 
 TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]") {
@@ -331,9 +411,25 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nrouter = \"mystery\"\n");
   const auto bad_router = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_router.status == 2);
-  CHECK_THAT(bad_router.output, Catch::Matchers::StartsWith("chiar: " + d.path() + "/bad.toml:2:1: variant 'routed'"));
-  CHECK_THAT(bad_router.output, Catch::Matchers::Contains(
-                                    "variant 'routed' on task 'lm': unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)"));
+  CHECK(bad_router.output == "chiar: " + d.path() +
+                                 "/bad.toml:3:10: key 'variants.routed.router': unknown router 'mystery' (known: "
+                                 "hard_ste, soft, threshold, topk_entropy)\n");
+  // A dry run builds no model but refuses the same names with the same
+  // message: routers, operators and task plugins.
+  const auto bad_router_listed = test::run_chiar({"run", d.path() + "/bad.toml", "--dry-run", "--data-root", d.path()});
+  CHECK(bad_router_listed.status == 2);
+  CHECK(bad_router_listed.output == bad_router.output);
+  const auto bad_operator = test::run_chiar(
+      {"run", d.path() + "/m.toml", "--dry-run", "--data-root", d.path(), "--set", "model.layers=[\"atn\"]"});
+  CHECK(bad_operator.status == 2);
+  CHECK(bad_operator.output ==
+        "chiar: --set model.layers: unknown operator 'atn' (known: attention (attn), dct, fourier, rbf)\n");
+  d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.flat]\nplugin = \"listops_flatt\"\n");
+  const auto bad_task = test::run_chiar({"run", d.path() + "/bad.toml", "--dry-run", "--data-root", d.path()});
+  CHECK(bad_task.status == 2);
+  CHECK(bad_task.output == "chiar: " + d.path() +
+                               "/bad.toml:2:1: task 'flat': unknown task 'listops_flatt' (known: imdb, listops, "
+                               "listops_flat, wikitext)\n");
   // The harness has no layer plan of its own: a variant without one is refused.
   d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nlayers = []\n");
   const auto no_layers = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
@@ -359,6 +455,17 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   CHECK(bad_data.status == 2);
   CHECK_THAT(bad_data.output, Catch::Matchers::Contains("task 'lm': task 'wikitext'"));
   CHECK_THAT(bad_data.output, Catch::Matchers::Contains("missing/wiki.train.tokens: cannot open the file"));
+  // Every sweep point's model is built before any run starts, not only the
+  // first point of a variant on a task: here the second cannot serve a
+  // language model.
+  d.write("bad.toml", "include = [\"m.toml\"]\n[sweep]\nmodel.layers = [[\"attn\"], [\"fourier\"]]\n");
+  const auto bad_point =
+      test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path(), "--only",
+                       "base/lm/*"});
+  CHECK(bad_point.status == 2);
+  CHECK_THAT(bad_point.output, Catch::Matchers::EndsWith(": variant 'base' on task 'lm': layer 1: operator 'fourier' "
+                                                         "does not support causal language modelling (it reads "
+                                                         "future tokens)\n"));
   const auto bad_shard = test::run_chiar(run_args(d, "x.db", {"--shard", "4/3"}));
   CHECK(bad_shard.status == 2);
   CHECK(!boost::filesystem::exists(d.path() + "/x.db"));
@@ -765,7 +872,20 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   INFO(bf16.output);
   REQUIRE(bf16.status == 0);
   CHECK(test::read_text(bf16_json).find("\"precision\": \"bf16\"") != std::string::npos);
-  CHECK(test::run_chiar({"bench-train", "--variants", "nope", "--variants-file", std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml"}).status == 2);
+  // Bad values are refused by the option that carries them, before anything is timed.
+  const std::string variants = std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml";
+  const auto unknown = test::run_chiar({"bench-train", "--variants", "basline", "--variants-file", variants});
+  CHECK(unknown.status == 2);
+  CHECK_THAT(unknown.output, Catch::Matchers::StartsWith("chiar: --variants: no variant 'basline' is defined (did you "
+                                                         "mean 'baseline'?"));
+  for (const auto& [flag, value, low] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"--steps", "0", 1}, {"--warmup", "-1", 0}, {"--batch", "0", 1}, {"--seq", "-4", 1}, {"--d-model", "0", 1},
+           {"--layers", "0", 1}, {"--heads", "0", 1}, {"--vocab", "0", 1}}) {
+    const auto refused = test::run_chiar({"bench-train", "--variants-file", variants, flag, value});
+    CHECK(refused.status == 2);
+    CHECK(refused.output ==
+          "chiar: " + flag + ": must be at least " + std::to_string(low) + ", found " + value + "\n");
+  }
 }
 
 TEST_CASE("run: the fnet and chiar_topk variants run in a matrix; fnet is refused for LM", "[engine][plugins7]") {

@@ -1,8 +1,9 @@
 // Fault injection: kill -9 at seeded points and resume, a disk that fills
 // while a checkpoint is written, a read-only store folder, four processes on
-// one store, and a run whose loss turns NaN. Every case drives the CLI as a
-// user would and checks what the store holds afterwards. The tmpfs cases need
-// root; elsewhere they skip visibly (CHIAR_SKIP).
+// one store, a run whose loss turns NaN and one that runs out of memory.
+// Every case drives the CLI as a user would and checks what the store holds
+// afterwards. The tmpfs cases need root; elsewhere they skip visibly
+// (CHIAR_SKIP).
 #include <catch2/catch.hpp>
 #include <signal.h>
 #include <unistd.h>
@@ -12,11 +13,14 @@
 #include <map>
 #include <random>
 #include <regex>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include <boost/filesystem.hpp>
 
 #include "engine/sqlite.h"
+#include "support/env_scope.h"
 #include "support/faults.h"
 #include "support/process.h"
 #include "support/skip.h"
@@ -25,6 +29,7 @@
 
 using namespace chiar;
 using test::TempDir;
+using test::has_line;
 namespace fs = boost::filesystem;
 
 namespace {
@@ -61,6 +66,22 @@ std::vector<std::string> run_args(const TempDir& d, const std::string& db, std::
                                    d.path(), "--cache-dir", d.path() + "/cache"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
+}
+
+// run_args's `chiar run` with CHIAR_FAILPOINT=`point` (failpoint.h).
+test::Finished run_with_failpoint(const TempDir& d, const std::string& db, const std::string& point) {
+  test::EnvScope failpoint("CHIAR_FAILPOINT", point);
+  return test::run_chiar(run_args(d, db));
+}
+
+// An uninterrupted `chiar run` of d/m.toml into d/reference.db, whose path
+// it returns: what a faulted store must end equal to.
+std::string run_reference(const TempDir& d) {
+  const std::string db = d.path() + "/reference.db";
+  const auto uninterrupted = test::run_chiar(run_args(d, db));
+  INFO(uninterrupted.output);
+  REQUIRE(uninterrupted.status == 0);
+  return db;
 }
 
 // Opened read-only: the checks below must not be what repairs a store.
@@ -183,11 +204,6 @@ std::map<std::string, std::string> snapshot(const std::string& folder) {
   return files;
 }
 
-// Whether `line` is one whole line of the output.
-bool has_line(const std::string& output, const std::string& line) {
-  return ("\n" + output).find("\n" + line + "\n") != std::string::npos;
-}
-
 // The marks of a crash or a libtorch error reaching the user.
 void check_no_crash_text(const std::string& output) {
   CHECK(output.find("terminate called") == std::string::npos);
@@ -203,11 +219,7 @@ TEST_CASE("faults: kill -9 at 10 seeded points, resume each time", "[faults]") {
   // A short base run, so that kills land in its end (last evaluation, test
   // split, finish) and in the routed run after it.
   write_matrix(d, "kills", tiny_tables(16, 24, 3, 2), 6);
-  const std::string reference_db = d.path() + "/reference.db";
-  const auto uninterrupted = test::run_chiar(run_args(d, reference_db));
-  INFO(uninterrupted.output);
-  REQUIRE(uninterrupted.status == 0);
-  const auto reference = all_final_metrics(reference_db);
+  const auto reference = all_final_metrics(run_reference(d));
   for (const auto& [run, metrics] : reference) REQUIRE(metrics.size() >= 4);  // best and last, 2+ metrics each
 
   std::mt19937 rng(20240521);
@@ -367,11 +379,7 @@ TEST_CASE("faults: a stop during an evaluation ends it between batches; reruns f
           "[faults]") {
   TempDir d("faults-evalstop");
   write_matrix(d, "evalstop", tiny_tables(16, 6, 3, 3));
-  const std::string reference_db = d.path() + "/reference.db";
-  const auto uninterrupted = test::run_chiar(run_args(d, reference_db));
-  INFO(uninterrupted.output);
-  REQUIRE(uninterrupted.status == 0);
-  const auto reference = all_final_metrics(reference_db);
+  const auto reference = all_final_metrics(run_reference(d));
 
   // Attempt k sends itself SIGTERM (what scancel and Ctrl-C send) after the
   // k-th evaluation batch of its process; each rerun resumes from the last
@@ -436,4 +444,160 @@ operators = { nan_at = { call = 5 } }
   INFO(again.output);
   CHECK(again.status == 0);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status IN ('diverged', 'done')") == 2);
+}
+
+TEST_CASE("faults: out of memory mid-run -> interrupted, the matrix goes on, exit 3, resumes", "[faults]") {
+  TempDir d("faults-oom");
+  write_matrix(d, "oom", tiny_tables(16, 6, 3, 3));
+  const auto reference = all_final_metrics(run_reference(d));
+
+  // The exception libtorch's CUDA allocator throws, after step 4's update in
+  // the first run (base), before the step is recorded; its last checkpoint
+  // is step 3's.
+  const std::string db = d.path() + "/oom.db";
+  const auto oom = run_with_failpoint(d, db, "train.step:4:oom");
+  INFO(oom.output);
+  CHECK(oom.status == 3);
+  const std::string cause =
+      "out of memory on cpu: out of memory at failpoint train.step (CHIAR_FAILPOINT asked for it)";
+  CHECK(has_line(oom.output, "[1/2] base/lm/seed=0: " + cause));
+  CHECK(has_line(oom.output, "[1/2] base/lm/seed=0: recorded interrupted, to resume on a device with more memory"));
+  // The matrix went on: the routed run fits, and finished.
+  CHECK_THAT(oom.output, Catch::Matchers::Contains("routed/lm/seed=0: done in"));
+  CHECK_THAT(oom.output,
+             Catch::Matchers::Contains("matrix 'oom': 2 run, 0 skipped, 1 out of memory; results in " + db));
+  CHECK(has_line(oom.output, "chiar: " + db +
+                                 ": 1 run ran out of memory and is recorded interrupted: rerun on a device with more "
+                                 "memory to resume it, or lower train.batch (a new run)"));
+  check_no_crash_text(oom.output);
+  CHECK(text_of(db, "SELECT status || ' at ' || step || ': ' || error FROM runs WHERE name = 'base/lm/seed=0'") ==
+        "interrupted at 3: " + cause);
+  CHECK(text_of(db, "SELECT status FROM runs WHERE name = 'routed/lm/seed=0'") == "done");
+
+  // Rerun (the memory is there now): the run resumes from step 3's checkpoint
+  // and ends as if it had never stopped.
+  const auto resumed = test::run_chiar(run_args(d, db));
+  INFO(resumed.output);
+  REQUIRE(resumed.status == 0);
+  CHECK_THAT(resumed.output, Catch::Matchers::Contains("base/lm/seed=0: resuming"));
+  CHECK_THAT(resumed.output, Catch::Matchers::Contains("routed/lm/seed=0: finished before, skipped"));
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done' AND error IS NULL") == 2);
+  CHECK(all_final_metrics(db) == reference);
+}
+
+TEST_CASE("faults: a failed run is skipped until --retry-failed starts it again, as new", "[faults]") {
+  TempDir d("faults-retry");
+  write_matrix(d, "retry", tiny_tables(16, 6, 3, 3));
+  const std::string reference_db = run_reference(d);
+
+  // The second run (routed: it records routing shares and histograms too)
+  // fails after its step 4's update, with a checkpoint and a validation of
+  // step 3 recorded; the first took the failpoint's first 6 passes.
+  const std::string db = d.path() + "/retry.db";
+  const auto failed = run_with_failpoint(d, db, "train.step:10:throw");
+  INFO(failed.output);
+  CHECK(failed.status == 1);
+  CHECK(has_line(failed.output,
+                 "[2/2] routed/lm/seed=0: failed: failure at failpoint train.step (CHIAR_FAILPOINT asked for it)"));
+  CHECK(text_of(db, "SELECT status FROM runs WHERE name = 'routed/lm/seed=0'") == "failed");
+  CHECK(count(db, "SELECT COUNT(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+                  "WHERE r.name = 'routed/lm/seed=0'") > 0);
+  CHECK(count(db, "SELECT COUNT(*) FROM histograms h JOIN runs r ON r.id = h.run_id "
+                  "WHERE r.name = 'routed/lm/seed=0'") > 0);
+
+  // Failed is final: a rerun skips it.
+  const auto again = test::run_chiar(run_args(d, db));
+  INFO(again.output);
+  CHECK(again.status == 0);
+  CHECK_THAT(again.output, Catch::Matchers::Contains("matrix 'retry': all 2 runs finished before"));
+  const auto dry = test::run_chiar(run_args(d, db, {"--dry-run", "--retry-failed"}));
+  INFO(dry.output);
+  CHECK(dry.status == 0);
+  CHECK_THAT(dry.output, Catch::Matchers::Contains("run       failed      routed/lm/seed=0"));
+  CHECK_THAT(dry.output, Catch::Matchers::Contains("skip      done        base/lm/seed=0"));
+
+  // Retried, it starts from nothing: its checkpoints are discarded, and its
+  // record ends as the uninterrupted run's, log and metrics bit for bit.
+  const auto retried = test::run_chiar(run_args(d, db, {"--retry-failed"}));
+  INFO(retried.output);
+  REQUIRE(retried.status == 0);
+  CHECK(has_line(retried.output,
+                 "retrying 1 failed run from the start (their records in " + db + " are replaced): routed/lm/seed=0"));
+  CHECK_THAT(retried.output, Catch::Matchers::Contains("[2/2] routed/lm/seed=0: starting"));
+  CHECK_THAT(retried.output, Catch::Matchers::Contains("[2/2] routed/lm/seed=0: discarded checkpoints in"));
+  CHECK_THAT(retried.output, Catch::Matchers::Contains("[1/2] base/lm/seed=0: finished before, skipped"));
+  CHECK(test::integrity_check(db) == "ok");
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'done' AND error IS NULL") == 2);
+  // The run's record is the uninterrupted run's, table by table: nothing of
+  // the failed attempt is left (SQLite may give the new row the old id).
+  for (const std::string table :
+       {"metrics", "train_log", "flops", "flops_reference", "routing", "histograms", "checkpoints"}) {
+    INFO(table);
+    const std::string rows = "SELECT COUNT(*) FROM " + table + " t JOIN runs r ON r.id = t.run_id "
+                             "WHERE r.name = 'routed/lm/seed=0'";
+    CHECK(count(db, rows) == count(reference_db, rows));
+    CHECK(count(db, "SELECT COUNT(*) FROM " + table + " WHERE run_id NOT IN (SELECT id FROM runs)") == 0);
+  }
+  CHECK(test::train_logs(db) == test::train_logs(reference_db));
+  CHECK(all_final_metrics(db) == all_final_metrics(reference_db));
+}
+
+namespace {
+
+// write_matrix's two runs (base, then routed; 6 steps each) under
+// CHIAR_FAILPOINT=`point`, which fails base at its step 4, into
+// d/<name>.db; checks that base failed, and returns the run and the store.
+std::pair<test::Finished, std::string> run_failing_base(const TempDir& d, const std::string& name,
+                                                        const std::string& point) {
+  write_matrix(d, name, tiny_tables(16, 6, 3, 3));
+  const std::string db = d.path() + "/" + name + ".db";
+  auto run = run_with_failpoint(d, db, point);
+  INFO(run.output);
+  CHECK(has_line(run.output,
+                 "[1/2] base/lm/seed=0: failed: failure at failpoint train.step (CHIAR_FAILPOINT asked for it)"));
+  check_no_crash_text(run.output);
+  CHECK(text_of(db, "SELECT status || ' at ' || step FROM runs WHERE name = 'base/lm/seed=0'") == "failed at 3");
+  return {run, db};
+}
+
+}  // namespace
+
+TEST_CASE("faults: one run failed and one out of memory -> both recorded, exit 3", "[faults]") {
+  TempDir d("faults-fail-oom");
+  // The second run (routed) runs out of memory at its step 4, the
+  // failpoint's 8th pass.
+  const auto [both, db] = run_failing_base(d, "failoom", "train.step:4:throw,train.step:8:oom");
+  INFO(both.output);
+  // Memory running out is the environment's failure: it decides the status.
+  CHECK(both.status == 3);
+  CHECK(has_line(both.output, "[2/2] routed/lm/seed=0: recorded interrupted, to resume on a device with more memory"));
+  CHECK(has_line(both.output, "matrix 'failoom': 2 run, 0 skipped, 1 failed (the error of each is above and in "
+                              "runs.error), 1 out of memory; results in " + db));
+  CHECK(has_line(both.output, "chiar: " + db +
+                                  ": 1 run ran out of memory and is recorded interrupted: rerun on a device with more "
+                                  "memory to resume it, or lower train.batch (a new run)"));
+  CHECK(text_of(db, "SELECT status || ' at ' || step FROM runs WHERE name = 'routed/lm/seed=0'") ==
+        "interrupted at 3");
+}
+
+TEST_CASE("faults: a stop requested as a run fails ends the command there; the next run is left pending",
+          "[faults]") {
+  TempDir d("faults-fail-stop");
+  // SIGTERM (as from scancel) reaches the process at the moment base's step
+  // 4 throws (the targets act in the order given).
+  const auto [stopped, db] = run_failing_base(d, "failstop", "train.step:4:term,train.step:4:throw");
+  INFO(stopped.output);
+  CHECK(stopped.status == 130);
+  // The second run is not claimed only to be interrupted at once.
+  CHECK_THAT(stopped.output, !Catch::Matchers::Contains("routed/lm/seed=0"));
+  CHECK(text_of(db, "SELECT status || ' ' || COALESCE(started_at, 'never started') FROM runs WHERE name = "
+                    "'routed/lm/seed=0'") == "pending never started");
+
+  // The rerun trains the second run; the failed one stays failed.
+  const auto rerun = test::run_chiar(run_args(d, db));
+  INFO(rerun.output);
+  CHECK(rerun.status == 0);
+  CHECK_THAT(rerun.output, Catch::Matchers::Contains("[2/2] routed/lm/seed=0: starting"));
+  CHECK(text_of(db, "SELECT group_concat(status, ' ') FROM (SELECT status FROM runs ORDER BY name)") ==
+        "failed done");
 }

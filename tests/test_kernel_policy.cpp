@@ -808,3 +808,16 @@ TEST_CASE("kernel policy: each fast path enters its host kernel under Auto and n
     }
   }
 }
+
+TEST_CASE("cuda_kernels_state: what a run on a GPU records of the harness's CUDA kernels", "[kernels][kernel_policy]") {
+  const std::string state = cuda_kernels_state();
+  INFO(state);
+  if (!cuda_kernels_enabled()) {
+    CHECK(state == "none in this build");
+    return;
+  }
+  // A CUDA build: on, or off with the reason (no GPU, an old driver, no code for it).
+  CHECK((state.rfind("on (built with CUDA ", 0) == 0 || state.rfind("off: ", 0) == 0));
+  ScopedKernelPolicy aten(KernelPolicy::Compositions);
+  CHECK(cuda_kernels_state() == "off by the kernel policy");
+}

@@ -115,7 +115,14 @@ TEST_CASE("a throwing factory and unknown names give clear errors", "[plugins][e
   OperatorSpec spec;
   CHECK_THROWS_WITH(r.make_operator("explode", spec),
                     "operator 'explode' (" + broken("throwing") + "): factory failed: boom");
-  CHECK_THROWS_WITH(r.make_operator("attention", spec), "unknown operator 'attention' (known: dct, explode)");
+  // A libtorch error's message, without the backtrace libtorch appends to what().
+  CHECK_THROWS_WITH(r.make_operator("explode_in_torch", spec),
+                    "operator 'explode_in_torch' (" + broken("throwing") +
+                        "): factory failed: boom in libtorch");
+  // Memory running out is not the plugin's fault: it passes through as it was thrown.
+  CHECK_THROWS_AS(r.make_operator("runs_out", spec), c10::OutOfMemoryError);
+  CHECK_THROWS_WITH(r.make_operator("attention", spec),
+                    "unknown operator 'attention' (known: dct, explode, explode_in_torch, runs_out)");
   CHECK_THROWS_WITH(r.make_router("threshold", {}), "unknown router 'threshold' (known: none; no plugins loaded)");
   spec.params.set("colour", std::string("blue")).set("dct_impl", std::string("gemm"));
   CHECK_THROWS_WITH(r.make_operator("dct", spec),

@@ -555,6 +555,11 @@ TEST_CASE("chiar report --claims: a user's claim end to end", "[report]") {
   CHECK_THAT(text, Catch::Matchers::Contains("| fast beats slow | 10 vs 20 | lm: fast 30.50 vs slow 35.42 (4 and 4 seeds); "
                                              "difference -4.92, 95% CI ["));
   CHECK_THAT(text, Catch::Matchers::Contains(" | agrees | holds |"));
+  // A baseline named on the command line must be one of the store's variants.
+  const auto misnamed = test::run_chiar({"report", db, "--out", d.path() + "/r/v", "--baseline", "slwo", "--claims", claims});
+  CHECK(misnamed.status == 2);
+  CHECK(misnamed.output == "chiar: --baseline: " + db + " holds no run of variant 'slwo' (did you mean 'slow'?)\n");
+  CHECK_FALSE(boost::filesystem::exists(d.path() + "/r/v.md"));
 }
 
 TEST_CASE("report files: Markdown with charts beside it, HTML that renders offline", "[report][html]") {

@@ -134,6 +134,41 @@ TEST_CASE("sparse routed execution equals dense on a CUDA device, forward and ba
     }
 }
 
+// Hidden (as above). The threshold router on a GPU, fed H by the harness's
+// CUDA kernel, decides every token as on the CPU, except where H lies within
+// the kernels' rounding (2e-5) of a threshold: those ties are named, not
+// compared. With and without a gradient on the input (training, inference).
+TEST_CASE("threshold routing on a CUDA device decides as on the CPU, ties within rounding of a threshold aside",
+          "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  at::manual_seed(25);
+  for (const auto& names : std::vector<std::vector<std::string>>{{"dct", "attention"}, {"dct", "rbf", "attention"}}) {
+    const auto x = at::randn({4, 64, 16});  // (B, T, d)
+    const std::vector<double> shares =
+        names.size() == 2 ? std::vector<double>{0.5, 0.5} : std::vector<double>{0.3, 0.3, 0.4};
+    const auto tau = taus_for(x, shares);
+    auto layer = make_layer(names, "threshold", Params().set("tau", tau), 16, false);
+    for (const bool grad : {true, false}) {
+      INFO("ops " << names.size() << ", gradient " << grad);
+      LayerRouting cpu, gpu;
+      {
+        at::AutoGradMode mode(grad);
+        layer->to(at::kCPU);
+        layer->forward(x.clone().requires_grad_(grad), OpContext{}, &cpu);
+        layer->to(at::kCUDA);
+        layer->forward(x.to(at::kCUDA).requires_grad_(grad), OpContext{}, &gpu);
+      }
+      const auto h = cpu.entropy.to(at::kDouble);  // (B, T)
+      CHECK((gpu.entropy.cpu().to(at::kDouble) - h).abs().max().item<double>() < 1e-5);
+      auto clear = at::ones_like(h, at::kBool);  // (B, T)
+      for (const double t : tau) clear.logical_and_((h - t).abs() > 2e-5);
+      INFO(clear.logical_not().sum().item<int64_t>() << " tokens within 2e-5 of a threshold");
+      CHECK(clear.sum().item<int64_t>() >= h.numel() - static_cast<int64_t>(tau.size()) * 2);
+      CHECK(at::equal(gpu.choice.cpu().masked_select(clear), cpu.choice.masked_select(clear)));
+    }
+  }
+}
+
 // A router that sends every token to operator `pick`, in range or not.
 class FixedRouter final : public Router {
  public:

@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -84,4 +85,18 @@ n = 200
   CHECK(again.output == "chiar: new-plugin: '" + d.path() + "/my_operator' already exists\n");
   CHECK(test::run_chiar({"new-plugin", "layer", "x"}).output ==
         "chiar: new-plugin: kind must be operator, router or task, found 'layer'\n");
+  // A name (or alias) a loaded plugin registers could never load beside it.
+  const auto taken = test::run_chiar({"new-plugin", "operator", "attn", "--dir", d.path()});
+  CHECK(taken.status == 2);
+  CHECK_THAT(taken.output, Catch::Matchers::StartsWith("chiar: new-plugin: operator 'attn' is already registered by '"));
+  CHECK_THAT(taken.output, Catch::Matchers::EndsWith("libchiar_attention.so', and the loader refuses a second; "
+                                                     "choose another name\n"));
+  CHECK_FALSE(boost::filesystem::exists(d.path() + "/attn"));
+  // A folder that cannot be made (a file stands where it would go) is the
+  // environment's failure: exit 3, one line.
+  d.write("afile", "x");
+  const auto unwritable = test::run_chiar({"new-plugin", "router", "fresh", "--dir", d.path() + "/afile"});
+  CHECK(unwritable.status == 3);
+  CHECK_THAT(unwritable.output, Catch::Matchers::StartsWith("chiar: " + d.path() + "/afile/fresh: cannot create the folder: "));
+  CHECK(std::count(unwritable.output.begin(), unwritable.output.end(), '\n') == 1);
 }

@@ -370,6 +370,19 @@ TEST_CASE("slurm: chiar slurm writes a script whose tasks run their shards witho
   CHECK(refused.output ==
         "chiar: --tasks 5: the matrix has 4 runs; more array tasks than runs would leave some with nothing to do\n");
   CHECK_FALSE(fs::exists(out));
+  // What every array task would refuse is refused before the script is written.
+  auto unknown = base;
+  unknown.insert(unknown.end(), {"--tasks", "2", "--set", "model.layers=[\"atn\"]"});
+  const auto unknown_operator = test::run_chiar(unknown);
+  CHECK(unknown_operator.status == 2);
+  CHECK_THAT(unknown_operator.output, Catch::Matchers::EndsWith("unknown operator 'atn' (known: attention (attn), dct, "
+                                                                "fourier, rbf)\n"));
+  unknown = base;
+  unknown.insert(unknown.end(), {"--tasks", "2", "--set", "task.n_trian=8"});
+  const auto unknown_option = test::run_chiar(unknown);
+  CHECK(unknown_option.status == 2);
+  CHECK_THAT(unknown_option.output, Catch::Matchers::StartsWith("chiar: --set task.n_trian: unknown option of task"));
+  CHECK_FALSE(fs::exists(out));
 
   auto args = base;
   args.insert(args.end(), {"--tasks", "2"});
@@ -404,4 +417,74 @@ TEST_CASE("slurm: chiar slurm writes a script whose tasks run their shards witho
   CHECK(no_slurm.output == "chiar: sbatch: not found on PATH (is this a Slurm submit host?); the script is " +
                                script + "\n");
   CHECK(fs::exists(script));
+}
+
+TEST_CASE("slurm: --retry-failed starts the shards' failed runs again, once, before the job", "[slurm_script][cli]") {
+  TempDir d("slurm-retry");
+  write_matrix(d);
+  const std::string out = d.path() + "/out", script = out + "/slurm.sbatch";
+  const std::vector<std::string> args = {"slurm", d.path() + "/m.toml", "--dir", out, "--data-root", d.path(),
+                                         "--cache-dir", d.path() + "/cache", "--tasks", "2"};
+  REQUIRE(test::run_chiar(args).status == 0);
+  // Array task K as Slurm would start it, with `env` (VAR=value ...) set.
+  const auto array_task = [&](const std::string& k, const std::string& env) {
+    const std::string log = d.path() + "/task-" + k + ".log";
+    const int rc = std::system(("cd '" + d.path() + "' && env " + env + " SLURM_ARRAY_TASK_ID=" + k + " bash '" +
+                                script + "' > '" + log + "' 2>&1").c_str());
+    return test::Finished{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_text(log)};
+  };
+  // Task 1's first run fails (a plugin's bug, say); the other runs finish.
+  const auto failing = array_task("1", "CHIAR_FAILPOINT=train.step:2:throw");
+  INFO(failing.output);
+  REQUIRE(failing.status == 1);
+  const auto task2 = array_task("2", "");
+  INFO(task2.output);
+  REQUIRE(task2.status == 0);
+  const std::string shard1 = out + "/shard-1.db";
+  std::string failed;
+  for (const auto& [name, status] : status_by_name(shard1))
+    if (status == "failed") failed = name;
+  REQUIRE_FALSE(failed.empty());
+  // The tasks themselves never retry: a task Slurm requeues would retry a
+  // deterministic failure each time.
+  const std::string script_text = read_text(script);
+  CHECK(script_text.find("--retry-failed") == std::string::npos);
+
+  auto retry = args;
+  retry.push_back("--retry-failed");
+  // Every shard store is checked before anything is written: a file that is
+  // not a store among them refuses the whole command.
+  const std::string foreign = out + "/shard-9.db";
+  std::ofstream(foreign) << "not a database\n";
+  fs::remove(script);
+  const auto refused = test::run_chiar(retry);
+  INFO(refused.output);
+  CHECK(refused.status == 2);
+  CHECK(refused.output.rfind("chiar: " + foreign + ": ", 0) == 0);
+  CHECK_FALSE(fs::exists(script));
+  CHECK(status_by_name(shard1).at(failed) == "failed");
+  fs::remove(foreign);
+
+  const auto retried = test::run_chiar(retry);
+  INFO(retried.output);
+  REQUIRE(retried.status == 0);
+  CHECK(test::has_line(retried.output, "retrying 1 failed run from the start (their records in " + shard1 +
+                                           " are replaced): " + failed));
+  CHECK(read_text(script) == script_text);
+  CHECK(status_by_name(shard1).at(failed) == "pending");
+
+  const auto rerun = array_task("1", "");
+  INFO(rerun.output);
+  REQUIRE(rerun.status == 0);
+  CHECK(rerun.output.find(failed + ": starting") != std::string::npos);
+  const std::string merged = d.path() + "/merged.db";
+  REQUIRE(test::run_chiar({"merge", merged, out}).status == 0);
+  CHECK(status_by_name(merged).size() == 4);
+  for (const auto& [name, s] : status_by_name(merged)) CHECK(s == "done");
+
+  // Nothing left to retry: said, and nothing changes.
+  const auto again = test::run_chiar(retry);
+  INFO(again.output);
+  CHECK(again.status == 0);
+  CHECK(test::has_line(again.output, "--retry-failed: no run of the matrix is recorded failed in " + out));
 }

@@ -1,11 +1,13 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <limits>
 #include <sstream>
 
 #include "engine/vector_text.h"
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar/spectral.h"
 #include "support/fixtures.h"
 #include "support/reference.h"
@@ -154,6 +156,61 @@ TEST_CASE("spectral entropy has finite gradients, also at a zero vector", "[spec
   CHECK(x.grad().isfinite().all().item<bool>());
   auto y = at::randn({3, 6}, at::TensorOptions().dtype(at::kDouble)).requires_grad_(true);
   CHECK(test::gradcheck([&] { return spectral_entropy(y).sum(); }, {y}) < 1e-6);
+}
+
+TEST_CASE("spectral entropy in training: the row kernel forward and the closed-form backward equal float64 autograd",
+          "[spectral][grad]") {
+  at::manual_seed(41);
+  for (int64_t d : {2, 3, 17, 64, 256}) {
+    INFO("d " << d);
+    auto c = at::randn({64, d}, at::TensorOptions().dtype(at::kDouble));  // (64, d)
+    c[0].zero_();                        // H = 0, gradient 0
+    c[1].zero_();
+    c[1][d - 1] = 5.0;                   // one bin
+    c[2].fill_(1e-3);                    // flat: H = 1
+    c[3] *= 1e15;
+    c[4].narrow(0, 0, (d + 1) / 2).mul_(1e-20);  // bins below fp32's smallest normal energy
+    const auto upstream = at::randn({64}, at::TensorOptions().dtype(at::kDouble));  // (64,) dL/dH
+    for (const auto type : {at::kFloat, at::kBFloat16}) {
+      INFO(at::toString(type));
+      const auto rounded = c.to(type);  // (64, d)
+      // The float64 composition differentiated by autograd (checked against
+      // central differences above), from the same rounded values.
+      auto leaf64 = rounded.to(at::kDouble).requires_grad_(true);
+      const auto want = spectral_entropy_from_coeffs(leaf64);  // (64,)
+      (want * upstream).sum().backward();
+      auto leaf = rounded.clone().requires_grad_(true);
+      const uint64_t before = host_kernel_count();
+      const auto h = spectral_entropy_from_coeffs(leaf);  // (64,)
+      CHECK(host_kernel_count() == before + 1);          // the forward is the row kernel's
+      REQUIRE(h.requires_grad());
+      (h * upstream.to(at::kFloat)).sum().backward();
+      CHECK(at::allclose(h.detach().to(at::kDouble), want.detach(), /*rtol=*/0, /*atol=*/2e-6));
+      REQUIRE(leaf.grad().defined());
+      CHECK(leaf.grad().scalar_type() == type);
+      // As close to float64 as autograd through the composition in the same
+      // precision (KernelPolicy::Compositions); for bf16 coefficients both
+      // return the gradient in bf16, whose rounding (2^-9 relative) is most
+      // of either's error. The flat row is apart: its
+      // gradient is 0, and what either fp32 path gives there is the rounding
+      // of the (g_i - mean g) cancellation, scaled by 2 c_i / S = 2 / (d c_i).
+      auto composed_leaf = rounded.clone().requires_grad_(true);
+      {
+        ScopedKernelPolicy aten(KernelPolicy::Compositions);
+        (spectral_entropy_from_coeffs(composed_leaf) * upstream.to(at::kFloat)).sum().backward();
+      }
+      const auto others = at::cat({at::arange(0, 2), at::arange(3, 64)});  // every row but the flat one
+      const auto rows = [&](const at::Tensor& g) { return g.to(at::kDouble).index_select(0, others); };
+      const double composed_error = rel_error(rows(composed_leaf.grad()), rows(leaf64.grad()));
+      const double error = rel_error(rows(leaf.grad()), rows(leaf64.grad()));
+      INFO("closed form " << error << ", composition " << composed_error);
+      CHECK(error <= std::max(2 * composed_error, type == at::kFloat ? 1e-6 : 1e-3));
+      CHECK(error <= (type == at::kFloat ? 1e-5 : 1e-2));
+      const double flat_scale = 2.0 / (static_cast<double>(d) * 1e-3);
+      CHECK(leaf.grad()[2].abs().max().item<double>() <= 1e-6 * flat_scale);
+      CHECK(leaf.grad()[0].abs().max().item<double>() == 0.0);
+    }
+  }
 }
 
 TEST_CASE("calibrate_thresholds reaches the target shares", "[spectral][router]") {

@@ -180,6 +180,13 @@ TEST_CASE("listops task: generated splits, LRA tokens, deterministic batches", "
   const auto tsv = d.write("bad.tsv", "Source\tTarget\n[MAX 1 ]\t11\n");
   CHECK_THROWS_WITH(make_task("listops", Params().set("train_file", tsv).set("valid_file", tsv).set("test_file", tsv), d.path()),
                     Catch::Matchers::EndsWith(tsv + ":2: label '11' is not in 0..9"));
+  // Sizes are checked before anything is generated.
+  CHECK_THROWS_WITH(make_task("listops_flat", Params().set("n_train", int64_t{-8}), d.path()),
+                    Catch::Matchers::EndsWith("listops_flat: n_train must be positive, found -8"));
+  CHECK_THROWS_WITH(make_task("listops", Params().set("n_test", int64_t{0}), d.path()),
+                    Catch::Matchers::EndsWith("listops: n_test must be positive, found 0"));
+  CHECK_THROWS_WITH(make_task("listops", Params().set("seq_len", int64_t{0}), d.path()),
+                    Catch::Matchers::EndsWith("listops: seq_len must be positive, found 0"));
 }
 
 TEST_CASE("task tables from TOML, with errors at file:line:column", "[task][config]") {

@@ -58,4 +58,9 @@ TEST_CASE("sentencepiece tokenizers train, round-trip and come back from the cac
                     "sentencepiece: model type must be bpe or unigram, found 'wordpiece'");
   CHECK_THROWS_WITH(make_tokenizer(Params().set("tokenizer", std::string("chars")), lines, dir.path()),
                     "unknown tokenizer 'chars' (known: word, bytes, bpe, unigram)");
+  // A negative limit was read as no limit; a count below 1 keeps every word, as 1 does.
+  CHECK_THROWS_WITH(make_tokenizer(Params().set("max_vocab", int64_t{-1}), lines, dir.path(), "word"),
+                    "max_vocab must be 0 (no limit) or positive, found -1");
+  CHECK_THROWS_WITH(make_tokenizer(Params().set("min_count", int64_t{0}), lines, dir.path(), "word"),
+                    "min_count must be at least 1, found 0");
 }

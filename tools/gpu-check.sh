@@ -190,6 +190,20 @@ configure() {
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   [ -x "$nvcc" ] || { echo "no nvcc on PATH or in /usr/local/cuda/bin"; return 2; }
   cuda=$(cd "$(dirname "$nvcc")/.." && pwd)
+  # The harness's kernels link the toolkit's CUDA runtime, libtorch the one
+  # it was built with; a process loads one libcudart per major version, so a
+  # toolkit older than libtorch's CUDA can leave libtorch's symbols
+  # unresolved, and one of another major version loads a second runtime.
+  local nvcc_release torch_cuda
+  nvcc_release=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
+  torch_cuda=$("$python" -c 'import torch; print(torch.version.cuda or "none")')
+  echo "CUDA Toolkit $nvcc_release ($nvcc); libtorch built with CUDA $torch_cuda"
+  # Another major version, or an older toolkit of the same one.
+  if [ "${nvcc_release%%.*}" != "${torch_cuda%%.*}" ] ||
+     [ "$(printf '%s\n%s\n' "$nvcc_release" "$torch_cuda" | sort -V | head -1)" != "$torch_cuda" ]; then
+    printf '%-16s warning: nvcc %s, libtorch CUDA %s: a failure to load or launch may come from the mismatch\n' \
+      configure "$nvcc_release" "$torch_cuda" | tee -a "$summary"
+  fi
   arch=$("$python" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null || echo 9.0)
   # Torch's own prefix first: Gloo headers bundled with it match its c10d.
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -202,7 +216,7 @@ configure() {
     -DCMAKE_BUILD_RPATH="$lib"
 }
 
-export root debs prefix build python
+export root debs prefix build python summary
 export -f facts unpack configure
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "chiar gpu check: output in $dest" | tee -a "$summary"
@@ -232,7 +246,7 @@ if step configure 180 configure && step build 420 cmake --build "$build" -j "$(n
     --json "$out/bench-t4096-text.json"
   # The CUDA kernels against the compositions they replace, and the sparse
   # layer's row moves against the layer (harness/src/bench/chiar_bench.cpp).
-  step bench-kernels 120 "$build/chiar_bench" --benchmark_filter='^cuda/' --benchmark_min_time=0.1 \
+  step bench-kernels 180 "$build/chiar_bench" --benchmark_filter='^cuda/' --benchmark_min_time=0.1 \
     --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
     --benchmark_out="$out/bench-kernels.json" --benchmark_out_format=json
   # The quickstart's matrix at 300 steps on the GPU, its store (not its

@@ -27,6 +27,9 @@ class ListOpsTask final : public ClassificationTask {
   ListOpsTask(const TaskSpec& spec, bool flat)
       : ClassificationTask(flat ? "listops_flat" : "listops"), flat_(flat) {
     const auto& p = spec.params;
+    const std::string who = flat ? "listops_flat: " : "listops: ";
+    seq_len_ = p.get_int("seq_len", flat ? 32 : 2000);
+    if (seq_len_ < 1) throw UserError(who + "seq_len must be positive, found " + std::to_string(seq_len_));
     for (size_t i = 0; i < kVocab.size(); ++i) ids_[kVocab[i]] = static_cast<int64_t>(i);
     std::map<std::string, std::vector<ListOpsExample>> data;
     if (p.has("train_file") || p.has("valid_file") || p.has("test_file")) {
@@ -40,6 +43,9 @@ class ListOpsTask final : public ClassificationTask {
     } else {
       const int64_t n_train = p.get_int("n_train", 96000), n_valid = p.get_int("n_valid", 2000),
                     n_test = p.get_int("n_test", 2000);
+      for (const auto& [key, n] : {std::make_pair("n_train", n_train), std::make_pair("n_valid", n_valid),
+                                   std::make_pair("n_test", n_test)})
+        if (n < 1) throw UserError(who + key + " must be positive, found " + std::to_string(n));
       const auto data_seed = static_cast<uint64_t>(p.get_int("data_seed", 0));
       std::vector<ListOpsExample> all;
       if (flat) {
@@ -59,7 +65,6 @@ class ListOpsTask final : public ClassificationTask {
       data["valid"].assign(all.begin() + n_train, all.begin() + n_train + n_valid);
       data["test"].assign(all.begin() + n_train + n_valid, all.end());
     }
-    seq_len_ = p.get_int("seq_len", flat ? 32 : 2000);
     for (const char* split : {"train", "valid", "test"}) {
       ClassSplit s(split, 10, 0, seq_len_);
       for (const auto& e : data[split]) {

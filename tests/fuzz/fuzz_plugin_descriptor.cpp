@@ -4,7 +4,10 @@
 // by including registry.cpp). The input's lines are: the API version (or
 // "<none>" for an entry point returning nothing), torch_version, kinds (each
 // "<null>" for a null pointer), "<null>" or anything for register_all, then
-// "KIND NAME" registrations the plugin makes. Bad descriptors must surface as
+// "KIND NAME" registrations the plugin makes. "<current>" as the API version
+// and "<built>" as torch_version stand for this build's own: a seed written
+// with numbers would stop at the version checks once either moves on, and
+// never again reach the checks after them. Bad descriptors must surface as
 // chiar::UserError, and a descriptor that passes the check must be safe to
 // register from.
 #include "../../harness/src/core/registry.cpp"
@@ -41,9 +44,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto space = line.find(' ');
     g_registrations.emplace_back(line.substr(0, space), space == std::string::npos ? "" : line.substr(space + 1));
   }
+  const auto api_version = api == "<current>" ? uint32_t{CHIAR_PLUGIN_API_VERSION}
+                                              : static_cast<uint32_t>(std::strtoul(api.c_str(), nullptr, 10));
+  if (torch_version == "<built>") torch_version = CHIAR_TORCH_VERSION_STRING;
   const chiar_plugin_descriptor descriptor{
-      static_cast<uint32_t>(std::strtoul(api.c_str(), nullptr, 10)),
-      torch_version == "<null>" ? nullptr : torch_version.c_str(), kinds == "<null>" ? nullptr : kinds.c_str(),
+      api_version, torch_version == "<null>" ? nullptr : torch_version.c_str(), kinds == "<null>" ? nullptr : kinds.c_str(),
       reg == "<null>" ? nullptr : &register_from_input};
   const chiar_plugin_descriptor* d = api == "<none>" ? nullptr : &descriptor;
   try {

@@ -132,4 +132,8 @@ size_t occurrences(const std::string& text, const std::string& needle) {
   return n;
 }
 
+bool has_line(const std::string& output, const std::string& line) {
+  return ("\n" + output).find("\n" + line + "\n") != std::string::npos;
+}
+
 }  // namespace chiar::test

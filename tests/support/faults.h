@@ -54,4 +54,7 @@ std::string read_text(const std::string& file);
 // Occurrences of `needle` in `text`.
 size_t occurrences(const std::string& text, const std::string& needle);
 
+// Whether `line` is one whole line of `output`.
+bool has_line(const std::string& output, const std::string& line);
+
 }  // namespace chiar::test

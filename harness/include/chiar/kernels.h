@@ -47,6 +47,10 @@ CHIAR_API bool cuda_kernels_enabled();
 // call site takes libtorch's composition, and the first call says why once
 // on stderr.
 CHIAR_API bool cuda_kernels_usable();
+// Their state in this process, as a run on a GPU records it (its device's
+// provenance): "none in this build", "off by the kernel policy", "on (built
+// with CUDA 12.8; runtime 12.8, driver 12.4)" or "off: " and why.
+CHIAR_API std::string cuda_kernels_state();
 
 // Entries into host kernels since the process started (every fast path
 // counts itself where it takes its host kernel): the tests check that none

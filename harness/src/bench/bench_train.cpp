@@ -146,7 +146,20 @@ class DeviceGemmProbe {
 };
 
 void check_options(const TrainBenchOptions& o) {
-  if (o.steps < 1 || o.batch < 1 || o.seq < 1) throw UserError("bench-train: steps, batch and seq must be positive");
+  const auto at_least = [](const char* flag, int64_t value, int64_t low) {
+    if (value < low)
+      throw UserError(std::string(flag) + ": must be at least " + std::to_string(low) + ", found " + std::to_string(value));
+  };
+  at_least("--steps", o.steps, 1);
+  at_least("--warmup", o.warmup, 0);
+  at_least("--batch", o.batch, 1);
+  at_least("--seq", o.seq, 1);
+  at_least("--d-model", o.d_model, 1);
+  at_least("--layers", o.layers, 1);
+  at_least("--heads", o.heads, 1);
+  at_least("--vocab", o.vocab, 1);
+  if (o.d_model % o.heads != 0)
+    throw UserError("--heads: " + std::to_string(o.heads) + " does not divide --d-model " + std::to_string(o.d_model));
   if (o.classes < 0 || o.classes == 1) throw UserError("bench-train: --classes must be 0 (language model) or at least 2");
   if (o.device != "cpu" && !o.gemm_backends.empty())
     throw UserError("bench-train: --compare-gemm compares the CPU's libraries; it does not go with --device " + o.device);
@@ -161,11 +174,20 @@ engine::Matrix load_variants(const TrainBenchOptions& o) {
   std::string matrix = "include = [\"" + variants + "\"]\n[matrix]\nname = \"bench\"\ntasks = [\"synthetic\"]\nvariants = [";
   for (size_t i = 0; i < o.variants.size(); ++i) matrix += (i ? ", \"" : "\"") + o.variants[i] + "\"";
   matrix += "]\n[tasks.synthetic]\nplugin = \"none\"\n";
-  const std::string tmp = "/tmp/chiar-bench-" + std::to_string(::getpid()) + ".toml";
+  const std::string tmp =
+      (boost::filesystem::temp_directory_path() / ("chiar-bench-" + std::to_string(::getpid()) + ".toml")).string();
   { std::ofstream(tmp) << matrix; }
   engine::Matrix m;
   try {
     m = engine::load_matrix(tmp);
+  } catch (const UserError& e) {
+    std::remove(tmp.c_str());
+    // The generated matrix's variant list is the one line of it that comes
+    // from the command line: name the option, not the temporary file.
+    const std::string what = e.what(), key = "key 'matrix.variants': ";
+    const auto at = what.find(key);
+    if (what.rfind(tmp + ":", 0) == 0 && at != std::string::npos) throw UserError("--variants: " + what.substr(at + key.size()));
+    throw;
   } catch (...) {
     std::remove(tmp.c_str());
     throw;

@@ -5,6 +5,7 @@
 //     --benchmark_out=bench.json --benchmark_out_format=json (one command line)
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
+#include <torch/autograd.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
@@ -159,6 +160,42 @@ void BM_router_entropy(benchmark::State& state) {
   auto x = at::randn({kBatch, T, d});
   at::NoGradGuard g;
   for (auto _ : state) benchmark::DoNotOptimize(spectral_entropy(x).data_ptr());
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The router's entropy in training, from coefficients that need a gradient:
+// by the row kernel with the closed-form backward (kernel) or by autograd
+// through the composition (aten). range(2) 0: the forward alone, as under a
+// threshold router, whose hard decision asks no gradient of H; 1: forward
+// and backward, as under a learned or soft router.
+void BM_router_entropy_train(benchmark::State& state, bool kernel) {
+  const int64_t T = state.range(0), d = state.range(1);
+  const bool backward = state.range(2) != 0;
+  at::manual_seed(0);
+  const auto c = at::randn({kBatch, T, d}).requires_grad_(true);  // (B, T, d)
+  const auto upstream = at::randn({kBatch, T});                    // (B, T) dL/dH
+  // Checked first: both ways give the same H and gradient.
+  const auto value_and_gradient = [&](KernelPolicy policy) {
+    ScopedKernelPolicy scope(policy);
+    const auto h = spectral_entropy_from_coeffs(c);  // (B, T)
+    const auto grad = torch::autograd::grad({(h * upstream).sum()}, {c})[0];
+    return std::make_pair(h.detach(), grad);
+  };
+  const auto [h_kernel, g_kernel] = value_and_gradient(KernelPolicy::Auto);
+  const auto [h_aten, g_aten] = value_and_gradient(KernelPolicy::Compositions);
+  const double h_err = (h_kernel - h_aten).abs().max().item<double>();
+  const double g_err = (g_kernel - g_aten).norm().item<double>() / g_aten.norm().item<double>();
+  if (h_err > 1e-5 || g_err > 1e-4) {
+    state.SkipWithError(("kernel and composition disagree: H by " + std::to_string(h_err) + ", gradient by " +
+                         std::to_string(g_err)).c_str());
+    return;
+  }
+  ScopedKernelPolicy policy(kernel ? KernelPolicy::Auto : KernelPolicy::Compositions);
+  for (auto _ : state) {
+    const auto h = spectral_entropy_from_coeffs(c);  // (B, T)
+    if (backward) benchmark::DoNotOptimize(torch::autograd::grad({(h * upstream).sum()}, {c})[0].data_ptr());
+    else benchmark::DoNotOptimize(h.data_ptr());
+  }
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -359,30 +396,33 @@ void BM_cuda_entropy(benchmark::State& state, bool kernel) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// What the sparse layer runs: the row lists on the device and their copy in
+// host memory (for operators that plan there), one wait for both.
 void BM_cuda_rows(benchmark::State& state, bool kernel) {
   const int64_t T = state.range(0), K = state.range(1);
   at::manual_seed(0);
   auto choice = at::randint(0, K, {kBatch * T}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
-  std::vector<at::Tensor> composed;
+  RowLists composed;
   {
     ScopedKernelPolicy aten(KernelPolicy::Compositions);
-    composed = rows_by_choice(choice, K);
+    composed = rows_by_choice_and_host(choice, K);
   }
   ScopedKernelPolicy policy(kernel ? KernelPolicy::Auto : KernelPolicy::Compositions);
   const uint64_t launched = cuda_kernel_count();
-  const auto rows = rows_by_choice(choice, K);
+  const auto lists = rows_by_choice_and_host(choice, K);
   if (kernel && cuda_kernel_count() == launched) {
     state.SkipWithError("the CUDA kernel did not run (cuda_kernels_usable(): see stderr)");
     return;
   }
   for (int64_t k = 0; k < K; ++k)
-    if (!at::equal(rows[k], composed[k])) {
+    if (!at::equal(lists.rows[k], composed.rows[k]) || !lists.host_rows[k].device().is_cpu() ||
+        !at::equal(lists.host_rows[k], composed.rows[k].cpu())) {
       state.SkipWithError("kernel and composition list different rows");
       return;
     }
   for (auto _ : state) {
-    benchmark::DoNotOptimize(rows_by_choice(choice, K).back().data_ptr());
-    synchronize();
+    // The host lists are complete when the call returns: no synchronize().
+    benchmark::DoNotOptimize(rows_by_choice_and_host(choice, K).host_rows.back().data_ptr());
   }
 }
 
@@ -401,21 +441,81 @@ void BM_cuda_routed(benchmark::State& state) {
 
 // What the sparse layer spends moving rows: every row gathered once (into
 // the operator that takes it) and scattered once (back into the output).
-void BM_cuda_gather_scatter(benchmark::State& state) {
+// With `train`, also the moves a training step's backward adds, as autograd
+// makes them: the gradient's rows gathered back out of the output
+// (index_copy's backward) and each operator's gradient placed into a zeroed
+// input-sized tensor and summed (index_select's backward).
+void BM_cuda_gather_scatter(benchmark::State& state, bool train) {
   const int64_t T = state.range(0), d = state.range(1);
   const double share = static_cast<double>(state.range(2)) / 100.0;
   at::manual_seed(0);
   const auto cuda = at::TensorOptions().device(at::kCUDA);
-  auto x = at::randn({kBatch * T, d}, cuda);                                   // (B*T, d)
-  const auto global = at::rand({kBatch * T}, cuda) < share;                    // (B*T,)
-  const auto rows = rows_by_choice(global.to(at::kLong), 2);                   // 2 x (N_k,)
-  auto y = at::empty_like(x);
+  auto x = at::randn({kBatch * T, d}, cuda);                 // (B*T, d)
+  const auto grad_y = at::randn({kBatch * T, d}, cuda);      // (B*T, d)
+  const auto global = at::rand({kBatch * T}, cuda) < share;  // (B*T,)
+  const auto rows = rows_by_choice(global.to(at::kLong), 2); // 2 x (N_k,)
+  auto y = at::empty_like(x);                                // (B*T, d)
+  at::Tensor grad_x;                                         // (B*T, d)
   at::NoGradGuard g;
-  for (auto _ : state) {
+  const auto moves = [&] {
     for (const auto& r : rows) y.index_copy_(0, r, x.index_select(0, r));
+    if (!train) return;
+    grad_x = at::Tensor();
+    for (const auto& r : rows) {
+      auto part = at::zeros_like(x).index_add_(0, r, grad_y.index_select(0, r));  // (B*T, d)
+      grad_x = grad_x.defined() ? grad_x + part : part;
+    }
+  };
+  moves();  // checked first: every row moved once each way
+  if (!at::equal(y, x) || (train && !at::equal(grad_x, grad_y))) {
+    state.SkipWithError("moved rows or gradient rows are not what went in");
+    return;
+  }
+  for (auto _ : state) {
+    moves();
     synchronize();
   }
-  if (!at::equal(y, x)) state.SkipWithError("gathered and scattered rows are not the input");
+}
+
+// The routed layer in a training step, forward and backward (train mode,
+// gradients into the input and every parameter).
+void BM_cuda_routed_train(benchmark::State& state) {
+  const auto c = routed_case(state, /*sparse=*/true, at::kCUDA);
+  if (!c.layer) return;
+  c.layer->train();
+  OpContext ctx;
+  ctx.causal = true;
+  const auto x = c.x.detach().requires_grad_(true);  // (B, T, d)
+  const auto upstream = at::randn_like(x);           // (B, T, d) dL/dy
+  // One step, its output and every gradient (input first, then parameters).
+  const auto step = [&] {
+    x.mutable_grad() = at::Tensor();
+    for (auto& p : c.layer->parameters()) p.mutable_grad() = at::Tensor();
+    const auto y = c.layer->forward(x, ctx);  // (B, T, d)
+    (y * upstream).sum().backward();
+    std::vector<at::Tensor> out{y.detach(), x.grad()};
+    for (const auto& p : c.layer->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  // Checked first: the sparse training step gives the dense one's output
+  // and gradients (a parameter no token reached has none in either).
+  c.layer->set_execution(Execution::Dense);
+  const auto dense = step();
+  c.layer->set_execution(Execution::Sparse);
+  const auto sparse = step();
+  for (size_t i = 0; i < dense.size(); ++i) {
+    const bool same = dense[i].defined() == sparse[i].defined() &&
+                      (!dense[i].defined() || rel_error(sparse[i], dense[i]) <= 1e-4);
+    if (!same) {
+      state.SkipWithError(("sparse and dense training steps disagree in tensor " + std::to_string(i)).c_str());
+      return;
+    }
+  }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(step().front().data_ptr());
+    synchronize();
+  }
+  state.counters["attention_share"] = static_cast<double>(state.range(2)) / 100.0;
 }
 
 // The language model head's loss, forward and backward under bf16 autocast,
@@ -470,7 +570,7 @@ void register_cuda() {
     for (int64_t T : {512, 2048, 8192})
       for (int64_t d : {256, 512}) e->Args({T, d});
     e->Unit(benchmark::kMicrosecond)->UseRealTime();
-    auto* r = benchmark::RegisterBenchmark(("cuda/rows_by_choice/" + how).c_str(),
+    auto* r = benchmark::RegisterBenchmark(("cuda/rows_by_choice_and_host/" + how).c_str(),
                                           [kernel](benchmark::State& s) { BM_cuda_rows(s, kernel); });
     for (int64_t T : {512, 2048, 8192})
       for (int64_t K : {2, 3}) r->Args({T, K});
@@ -488,14 +588,21 @@ void register_cuda() {
   if (!routed_pair().cheap.empty()) {
     const std::string routed = routed_pair().cheap_short + "_" + routed_pair().global_short;
     auto* layer = benchmark::RegisterBenchmark(("cuda/routed_" + routed + "/sparse").c_str(), BM_cuda_routed);
-    auto* moves = benchmark::RegisterBenchmark("cuda/gather_scatter", BM_cuda_gather_scatter);
-    for (int64_t T : {512, 2048, 8192})
-      for (int64_t share : {25, 50}) {
-        layer->Args({T, 512, share});
-        moves->Args({T, 512, share});
-      }
-    layer->Unit(benchmark::kMicrosecond)->UseRealTime();
-    moves->Unit(benchmark::kMicrosecond)->UseRealTime();
+    auto* moves = benchmark::RegisterBenchmark("cuda/gather_scatter",
+                                               [](benchmark::State& s) { BM_cuda_gather_scatter(s, false); });
+    auto* layer_train = benchmark::RegisterBenchmark(("cuda/routed_" + routed + "/sparse_train").c_str(),
+                                                     BM_cuda_routed_train);
+    auto* moves_train = benchmark::RegisterBenchmark("cuda/gather_scatter_train",
+                                                     [](benchmark::State& s) { BM_cuda_gather_scatter(s, true); });
+    for (auto* b : {layer, moves})
+      for (int64_t T : {512, 2048, 8192})
+        for (int64_t share : {25, 50}) b->Args({T, 512, share});
+    // Training at the lengths where moving rows could matter, within the
+    // GPU check's time for this step.
+    for (auto* b : {layer_train, moves_train})
+      for (int64_t T : {2048, 8192})
+        for (int64_t share : {25, 50}) b->Args({T, 512, share});
+    for (auto* b : {layer, moves, layer_train, moves_train}) b->Unit(benchmark::kMicrosecond)->UseRealTime();
   }
 #endif
 }
@@ -581,6 +688,12 @@ void register_all() {
   auto* e = benchmark::RegisterBenchmark("router/entropy", BM_router_entropy);
   for (int64_t T : {256, 1024}) e->Args({T, 256});
   e->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (const bool kernel : {true, false}) {
+    auto* t = benchmark::RegisterBenchmark((std::string("router/entropy_train/") + (kernel ? "kernel" : "aten")).c_str(),
+                                          [kernel](benchmark::State& s) { BM_router_entropy_train(s, kernel); });
+    for (int64_t backward : {0, 1}) t->Args({1024, 256, backward});
+    t->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   // The routed cases, when the registry has a cheap and a global operator and
   // a threshold router.
   const RoutedPair& pair = routed_pair();

@@ -1,12 +1,13 @@
 // chiar new-plugin: writes a ready-to-build plugin folder from templates.
-#include <fstream>
 #include <iostream>
 #include <regex>
 
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
+#include "chiar/registry.h"
 #include "commands.h"
+#include "engine/durable_file.h"
 
 namespace chiar::cli {
 namespace {
@@ -255,14 +256,28 @@ std::string fill(std::string text, const std::map<std::string, std::string>& val
 
 }  // namespace
 
-int run_new_plugin(const Global&, const NewPluginArgs& a) {
+int run_new_plugin(const Global& g, const NewPluginArgs& a) {
   if (a.kind != "operator" && a.kind != "router" && a.kind != "task")
     throw UserError("new-plugin: kind must be operator, router or task, found '" + a.kind + "'");
   if (!std::regex_match(a.name, std::regex("[a-z][a-z0-9_]*")))
     throw UserError("new-plugin: name must be lower case letters, digits and _, starting with a letter; found '" + a.name + "'");
+  // The loader refuses a second registration of a name (or alias) already
+  // taken, so a plugin under that name could never load beside this one.
+  PluginRegistry registry;
+  registry.load_default(g.plugin_dirs);
+  if (registry.has(a.kind, a.name)) {
+    const std::string taken = registry.canonical(a.kind, a.name);
+    std::string file;
+    for (const auto& e : registry.entries())
+      if (e.kind == a.kind && e.name == taken) file = e.file;
+    throw UserError("new-plugin: " + a.kind + " '" + a.name + "' is already registered by '" + file +
+                    "', and the loader refuses a second; choose another name");
+  }
   const boost::filesystem::path dir = boost::filesystem::path(a.dir) / a.name;
   if (boost::filesystem::exists(dir)) throw UserError("new-plugin: '" + dir.string() + "' already exists");
-  boost::filesystem::create_directories(dir);
+  boost::system::error_code ec;
+  boost::filesystem::create_directories(dir, ec);
+  if (ec) throw EnvironmentError(dir.string() + ": cannot create the folder: " + ec.message());
   std::string check, use;
   if (a.kind == "operator") {
     check = "const auto failures = chiar::check_operator([&](int64_t d, int64_t heads) {\n"
@@ -281,10 +296,16 @@ int run_new_plugin(const Global&, const NewPluginArgs& a) {
   }
   const std::map<std::string, std::string> v = {{"NAME", a.name}, {"KIND", a.kind}, {"CHECK", check}, {"USE", use}};
   const char* source = a.kind == "operator" ? kOperator : a.kind == "router" ? kRouter : kTask;
-  std::ofstream(dir / "CMakeLists.txt") << fill(kCMake, v);
-  std::ofstream(dir / (a.name + ".cpp")) << fill(source, v);
-  std::ofstream(dir / ("test_" + a.name + ".cpp")) << fill(kTest, v);
-  std::ofstream(dir / "README.md") << fill(kReadme, v);
+  // All four files or none: a folder left half written would block a rerun.
+  try {
+    engine::write_file_durably((dir / "CMakeLists.txt").string(), fill(kCMake, v));
+    engine::write_file_durably((dir / (a.name + ".cpp")).string(), fill(source, v));
+    engine::write_file_durably((dir / ("test_" + a.name + ".cpp")).string(), fill(kTest, v));
+    engine::write_file_durably((dir / "README.md").string(), fill(kReadme, v));
+  } catch (...) {
+    boost::filesystem::remove_all(dir, ec);
+    throw;
+  }
   std::cout << "wrote " << dir.string() << "/{CMakeLists.txt, " << a.name << ".cpp, test_" << a.name
             << ".cpp, README.md}\nbuild: cmake -S " << dir.string() << " -B " << dir.string()
             << "/build -DCMAKE_PREFIX_PATH=<harness prefix> && cmake --build " << dir.string() << "/build\n";

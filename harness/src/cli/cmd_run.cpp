@@ -12,52 +12,18 @@
 #include "engine/distributed.h"
 #include "engine/merge.h"
 #include "engine/runtime.h"
+#include "engine/sqlite.h"
+#include "engine/suggest.h"
 #include "engine/runner.h"
-#include "engine/task_config.h"
 #include "engine/trainer.h"
 #include "report/claims.h"
 #include "report/report.h"
 #include "chiar/error.h"
 #include "commands.h"
+#include "matrix_checks.h"
 
 namespace chiar::cli {
 namespace {
-
-// Where an option's value came from: "--set KEY" when a --set gives it (it
-// applies last), else the first of the TOML key paths the matrix sets
-// ("file:line:column: key 'PATH'"), else "".
-std::string option_origin(const RunArgs& a, const engine::Matrix& matrix, const std::string& set_key,
-                          const std::vector<std::string>& paths) {
-  for (const auto& s : a.set)
-    if (s.rfind(set_key + "=", 0) == 0) return "--set " + set_key;
-  for (const std::string& path : paths)
-    if (const std::string at = locate_toml_key(matrix.file, path); !at.empty()) return at + ": key '" + path + "'";
-  return "";
-}
-
-// Where a run's task option came from, in the order a matrix applies them:
-// --set task.KEY last, then a [sweep.task] axis, then the task's table.
-std::string task_option_origin(const RunArgs& a, const engine::Matrix& matrix, const std::string& task,
-                               const std::string& key) {
-  const std::string origin = option_origin(a, matrix, "task." + key, {"sweep.task." + key, "tasks." + task + "." + key});
-  return !origin.empty() ? origin : matrix.where.at("tasks." + task) + ": key 'tasks." + task + "." + key + "'";
-}
-
-// Every task option of every run checked against what its plugin declares,
-// before run_matrix opens the store or a task reads its data. Tasks of an
-// unknown plugin are left to run_matrix, which names them.
-void check_task_options_of(const RunArgs& a, const engine::Matrix& matrix, const PluginRegistry& registry) {
-  std::vector<std::string> checked;  // task and options, each combination once
-  for (const auto& r : matrix.runs) {
-    const std::string id = r.task + "\n" + r.task_config.plugin + "\n" + r.task_config.params.describe();
-    if (std::find(checked.begin(), checked.end(), id) != checked.end()) continue;
-    checked.push_back(id);
-    if (!registry.has("task", r.task_config.plugin)) continue;
-    const TaskOptionProblem problem = find_task_option_problem(r.task_config, registry);
-    if (!problem.key.empty())
-      throw UserError(task_option_origin(a, matrix, r.task, problem.key) + ": " + problem.what);
-  }
-}
 
 // Every run's device checked against this build and machine (engine/device.h)
 // before a store, a data file or a rank is touched. The processes of a
@@ -69,8 +35,7 @@ void check_devices_of(const RunArgs& a, const engine::Matrix& matrix, bool data_
     const std::string name = a.device.empty() ? r.train.device : a.device;
     if (std::find(checked.begin(), checked.end(), name) != checked.end()) continue;
     checked.push_back(name);
-    std::string origin =
-        !a.device.empty() ? "--device" : option_origin(a, matrix, "train.device", {"sweep.train.device", "train.device"});
+    std::string origin = !a.device.empty() ? "--device" : matrix.origin_of(r, "train.device");
     if (origin.empty()) origin = "train.device";
     if (engine::resolve_device(name, origin, data_parallel) != "cpu" && data_parallel)
       throw UserError(origin + ": \"" + name +
@@ -93,6 +58,15 @@ std::string json_string(const std::string& s) {
     out += c;
   }
   return out + "\"";
+}
+
+// The variants a store holds runs of.
+std::vector<std::string> variants_in(const std::string& db) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare("SELECT DISTINCT variant FROM runs ORDER BY variant");
+  std::vector<std::string> out;
+  while (q.step()) out.push_back(q.text(0));
+  return out;
 }
 
 // `chiar run ... --nproc N`: the same command line, less --nproc, as N
@@ -149,7 +123,7 @@ int run_run(const Global& g, const RunArgs& a) {
   const engine::Matrix matrix = engine::load_matrix(a.config, m);
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
-  check_task_options_of(a, matrix, registry);
+  check_against_plugins(matrix, registry);
   if (!a.dry_run) check_devices_of(a, matrix, data_parallel);
   engine::check_loss_reads_setting();
   if (a.nproc > 1 && !a.dry_run) {
@@ -164,6 +138,7 @@ int run_run(const Global& g, const RunArgs& a) {
   o.threads = g.threads;
   o.gemm = g.gemm;
   o.sole_writer = a.sole_writer;
+  o.retry_failed = a.retry_failed;
   o.device = a.device;
   return engine::run_matrix(matrix, registry, o);
 }
@@ -182,9 +157,18 @@ int run_report(const Global& g, const ReportArgs& a) {
   const std::string claims = a.claims.empty() ? report::default_claims_file() : a.claims;
   report::load_claims(claims);  // a bad claims file is refused before the stores are read
   const engine::StoreView view(a.dbs);
+  // A baseline asked for by name must be there: without it the report's
+  // reductions and speed-ups would be blank, not wrong, and easy to miss.
+  if (!a.baseline.empty()) {
+    const auto variants = variants_in(view.db());
+    if (std::find(variants.begin(), variants.end(), a.baseline) == variants.end())
+      throw UserError("--baseline: " + view.label() + " holds no run of variant '" + a.baseline + "'" +
+                      engine::did_you_mean(a.baseline, variants));
+  }
   PluginRegistry registry;  // operators' names, colours and roles
   registry.load_default(g.plugin_dirs);
-  const auto files = report::write_report(view.db(), out, a.baseline, claims, registry, view.label());
+  const auto files =
+      report::write_report(view.db(), out, a.baseline.empty() ? "baseline" : a.baseline, claims, registry, view.label());
   std::cout << "wrote " << files.markdown << ", " << files.html << " and " << files.images.size() << " charts\n";
   return 0;
 }

@@ -3,20 +3,27 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
+#include "chiar/registry.h"
 #include "engine/durable_file.h"
 #include "engine/matrix.h"
 #include "engine/merge.h"
+#include "engine/runner.h"
 #include "engine/slurm_script.h"
+#include "engine/store.h"
 #include "commands.h"
+#include "matrix_checks.h"
 
 namespace chiar::cli {
 namespace {
@@ -53,6 +60,34 @@ std::string submit(const std::string& script) {
   return id;
 }
 
+// The shard stores of a job folder: every shard-K.db in it, whatever task
+// count wrote them (an earlier submission may have had more tasks).
+std::vector<std::string> shard_stores(const std::string& dir) {
+  std::vector<std::string> shards;
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    // shard-K.db: "shard-", digits, ".db".
+    const std::string name = it->path().filename().string();
+    const bool shaped = name.size() > 9 && name.rfind("shard-", 0) == 0 && name.compare(name.size() - 3, 3, ".db") == 0;
+    if (shaped && name.substr(6, name.size() - 9).find_first_not_of("0123456789") == std::string::npos)
+      shards.push_back(it->path().string());
+  }
+  if (ec && ec != boost::system::errc::no_such_file_or_directory)
+    throw EnvironmentError(dir + ": cannot list the folder: " + ec.message());
+  std::sort(shards.begin(), shards.end());
+  return shards;
+}
+
+// Starts the failed runs recorded in `shards` again as new
+// (engine::retry_failed_runs).
+void retry_failed_in_shards(const engine::Matrix& matrix, const std::vector<std::string>& shards,
+                            const std::string& dir) {
+  size_t retried = 0;
+  // On stderr: stdout is the script, for review or redirection.
+  for (const auto& shard : shards) retried += engine::retry_failed_runs(matrix, shard, std::cerr);
+  if (retried == 0) std::cerr << "--retry-failed: no run of the matrix is recorded failed in " << dir << "\n";
+}
+
 }  // namespace
 
 std::string own_binary() {
@@ -62,11 +97,15 @@ std::string own_binary() {
   return std::string(buf.data(), static_cast<size_t>(n));
 }
 
-int run_slurm(const Global&, const SlurmArgs& a) {
+int run_slurm(const Global& g, const SlurmArgs& a) {
   engine::MatrixOptions m;
   m.set = a.set;
   m.only = a.only;
   const engine::Matrix matrix = engine::load_matrix(a.config, m);
+  // Refused here rather than by every array task once Slurm starts it.
+  PluginRegistry registry;
+  registry.load_default(g.plugin_dirs);
+  check_against_plugins(matrix, registry);
   const int runs = static_cast<int>(matrix.runs.size());
   if (a.tasks > runs)
     throw UserError("--tasks " + std::to_string(a.tasks) + ": the matrix has " + std::to_string(runs) +
@@ -91,6 +130,12 @@ int run_slurm(const Global&, const SlurmArgs& a) {
   job.options.gpus_per_task = a.gpus_per_task;
   job.options.extra = a.extra;
   const std::string script_text = engine::sbatch_script(job);
+  // Every shard store --retry-failed will write is checked before anything is.
+  std::vector<std::string> shards;
+  if (a.retry_failed) {
+    shards = shard_stores(job.dir);
+    for (const auto& shard : shards) engine::Store::check_writable(shard);
+  }
 
   // Slurm opens each task's log before the task runs: the folder must exist.
   boost::system::error_code ec;
@@ -98,6 +143,9 @@ int run_slurm(const Global&, const SlurmArgs& a) {
   if (ec) throw EnvironmentError(job.dir + "/logs: cannot create the folder: " + ec.message());
   const std::string script = job.dir + "/slurm.sbatch";
   engine::write_file_durably(script, script_text);
+  // Here, once, not in the tasks: a task Slurm requeues (after preemption
+  // or a node failure) must not retry a failure that is deterministic.
+  if (a.retry_failed) retry_failed_in_shards(matrix, shards, job.dir);
   if (!a.submit) {
     std::cout << script_text;
     std::cerr << "wrote " << script << " (" << a.tasks << " array tasks over " << runs

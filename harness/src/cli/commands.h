@@ -68,6 +68,7 @@ struct RunArgs {
   std::vector<std::string> set;
   bool dry_run = false;
   bool sole_writer = false;  // no other process writes the store (RunnerOptions::sole_writer)
+  bool retry_failed = false;  // failed runs start again (RunnerOptions::retry_failed)
   int nproc = 1;  // > 1: data-parallel over this many local processes (engine/distributed.h)
   std::string device;  // overrides train.device (engine/device.h); empty: the matrix's
 };
@@ -81,6 +82,7 @@ struct SlurmArgs {
   std::string partition, time, mem, account;
   std::vector<std::string> extra;
   bool submit = false;
+  bool retry_failed = false;  // failed runs in the shard stores start again, once, before the job
 };
 int run_slurm(const Global& g, const SlurmArgs& a);
 
@@ -106,7 +108,8 @@ int run_export(const Global& g, const ShowArgs& a);
 
 struct ReportArgs {
   std::vector<std::string> dbs;
-  std::string out, baseline = "baseline";
+  std::string out;
+  std::string baseline;  // empty: "baseline", where the stores have it; given: must name a variant they hold
   std::string claims;  // empty: report::default_claims_file()
 };
 int run_report(const Global& g, const ReportArgs& a);

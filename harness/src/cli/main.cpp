@@ -1,9 +1,10 @@
 // chiar: the harness command line. Parsing lives here; commands.h has the bodies.
 #include <CLI/CLI.hpp>
-#include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <exception>
 #include <iostream>
+#include <string>
 
 #include "engine/runtime.h"
 #include "chiar/error.h"
@@ -39,8 +40,27 @@ struct Commands {
   CLI::App *bench = nullptr, *newp = nullptr;
 };
 
+// An integer option's lower bound, said as the other size checks say it
+// ("--nproc: must be at least 1, found 0"): CLI11's own range check prints
+// its bounds as doubles, the upper one 309 digits long.
+CLI::Validator at_least(long long low) {
+  return CLI::Validator(
+      [low](std::string& text) -> std::string {
+        long long value = 0;
+        size_t used = 0;
+        try {
+          value = std::stoll(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return "expected an integer, found '" + text + "'";
+        return value < low ? "must be at least " + std::to_string(low) + ", found " + text : "";
+      },
+      ">= " + std::to_string(low));
+}
+
 void add_global_options(CLI::App& app, Global& g) {
-  app.add_option("--threads", g.threads, "intra-op threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", g.threads, "intra-op threads (0 = all cores)")->check(at_least(0));
   app.add_option("--gemm", g.gemm, "library for the model's products: auto (the faster, measured), blas, onednn")
       ->check(CLI::IsMember({"auto", "blas", "onednn"}));
   app.add_option("--plugin-dir", g.plugin_dirs, "extra plugin folder (repeatable)");
@@ -72,8 +92,8 @@ void add_model_command(CLI::App& app, Args& a, Commands& c) {
   model->add_option("--heads", m.heads, "attention heads");
   model->add_option("--classes", m.classes, "classes (classifier head)");
   model->add_option("--seed", m.seed, "seed");
-  model->add_option("--batch", m.batch, "with --seq: run one forward pass and print routing shares");
-  model->add_option("--seq", m.seq, "sequence length of that forward pass");
+  model->add_option("--batch", m.batch, "with --seq: run one forward pass and print routing shares")->check(at_least(0));
+  model->add_option("--seq", m.seq, "sequence length of that forward pass")->check(at_least(0));
 }
 
 // Also sets the data and cache folders' defaults, which run and inspect share.
@@ -125,7 +145,9 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
   run->add_option("--cache-dir", r.cache_dir, "folder for trained tokenisers and extracted archives");
   run->add_option("--device", r.device, "auto, cpu, cuda or cuda:N for every run (not part of run hashes)");
   run->add_option("--nproc", r.nproc, "train each run data-parallel over N local processes (c10d, Gloo)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
+  run->add_flag("--retry-failed", r.retry_failed,
+                "start the runs recorded failed again, as new (after fixing what failed them)");
   run->add_flag("--sole-writer", r.sole_writer,
                 "no other process writes the store: resume a run left 'running' at once (Slurm array tasks)");
 }
@@ -152,6 +174,8 @@ void add_scale_out_commands(CLI::App& app, Args& a, Commands& c) {
   slurm->add_option("--data-root", s.data_root, "folder relative data paths start from (env CHIAR_DATA_ROOT)");
   slurm->add_option("--cache-dir", s.cache_dir, "folder for trained tokenisers and extracted archives");
   slurm->add_flag("--submit", s.submit, "submit it with sbatch and print the job id");
+  slurm->add_flag("--retry-failed", s.retry_failed,
+                  "start the runs recorded failed in the shard stores again, as new, once, before the job");
 
   MergeArgs& m = a.mg;
   auto* merge = c.merge = app.add_subcommand("merge", "copy every run of several stores (or folders of shards) into one");
@@ -192,10 +216,10 @@ void add_inspect_command(CLI::App& app, Args& a, Commands& c) {
   inspect->add_flag("--tsv", ins.tsv, "tab-separated output: token, id, H and route per routed layer");
   inspect->add_option("--html", ins.html, "write a heatmap page (tokens coloured by route, H on hover)");
   inspect->add_option("--corpus", ins.corpus, "summarise routes over this text file: tokens most/least sent to attention");
-  inspect->add_option("--top", ins.top, "tokens listed by --corpus (15)");
-  inspect->add_option("--min-count", ins.min_count, "occurrences a token needs to be listed (5)");
-  inspect->add_option("--max-tokens", ins.max_tokens, "words of --corpus read (20000)");
-  inspect->add_option("--color", ins.color, "auto, always or never");
+  inspect->add_option("--top", ins.top, "tokens listed by --corpus (15)")->check(at_least(1));
+  inspect->add_option("--min-count", ins.min_count, "occurrences a token needs to be listed (5)")->check(at_least(1));
+  inspect->add_option("--max-tokens", ins.max_tokens, "words of --corpus read (20000)")->check(at_least(1));
+  inspect->add_option("--color", ins.color, "auto, always or never")->check(CLI::IsMember({"auto", "always", "never"}));
   inspect->add_option("--data-root", ins.data_root, "folder relative data paths start from");
   inspect->add_option("--cache-dir", ins.cache_dir, "folder for trained tokenisers and extracted archives");
 }
@@ -306,11 +330,13 @@ int main(int argc, char** argv) {
   } catch (const chiar::EnvironmentError& e) {
     std::cerr << "chiar: " << e.what() << "\n";
     return 3;
-  } catch (const c10::Error& e) {
-    std::cerr << "chiar: " << e.what_without_backtrace() << "\n";
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "chiar: " << e.what() << "\n";
+    // Memory running out is the machine failing under a correct request.
+    if (chiar::is_out_of_memory(e)) {
+      std::cerr << "chiar: out of memory: " << chiar::out_of_memory_message(e) << "\n";
+      return 3;
+    }
+    std::cerr << "chiar: " << chiar::message_of(e) << "\n";
     return 1;
   }
 }

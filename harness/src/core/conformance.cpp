@@ -57,7 +57,7 @@ std::vector<std::string> check_operator(
   try {
     op = make(d, 2);
   } catch (const std::exception& e) {
-    return {std::string("cannot build the operator: ") + e.what()};
+    return {"cannot build the operator: " + message_of(e)};
   }
   op->to(at::kDouble);
   op->eval();

@@ -33,28 +33,54 @@ cuda::Real real_of(const at::Tensor& t) {
 
 }  // namespace
 
-bool cuda_kernels_runnable() {
-  static const bool usable = [] {
-    int runtime = 0, driver = 0;
-    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess || cudaDriverGetVersion(&driver) != cudaSuccess) {
-      std::cerr << "chiar: the CUDA kernels are off: the CUDA runtime or driver cannot be queried\n";
-      return false;
-    }
-    if (driver < runtime) {
-      std::cerr << "chiar: the CUDA kernels are off: they were built with CUDA runtime " << runtime
-                << ", newer than this driver's " << driver << "; libtorch's compositions run instead\n";
-      return false;
-    }
-    if (const cudaError_t err = cuda::kernels_loadable(); err != cudaSuccess) {
-      (void)cudaGetLastError();  // the failed query must not surface at a later launch check
-      std::cerr << "chiar: the CUDA kernels are off: " << cudaGetErrorString(err)
-                << " (built for the architectures in CHIAR_CUDA_ARCHITECTURES); libtorch's compositions run instead\n";
-      return false;
-    }
-    return true;
-  }();
-  return usable;
+namespace {
+
+// "12.8" for CUDA's 12080.
+std::string cuda_version_text(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
 }
+
+// Whether the kernels can run here, and the text a run records.
+struct KernelsHere {
+  bool runnable = false;
+  std::string description;
+};
+
+KernelsHere kernels_here() {
+  int runtime = 0, driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess || cudaDriverGetVersion(&driver) != cudaSuccess)
+    return {false, "off: the CUDA runtime or driver cannot be queried"};
+  if (driver == 0) return {false, "off: no CUDA driver is installed"};
+  const std::string versions = "built with CUDA " + cuda_version_text(CUDART_VERSION) + "; runtime " +
+                               cuda_version_text(runtime) + ", driver " + cuda_version_text(driver);
+  // Within a major version a driver older than the runtime still runs
+  // the kernels' machine code (CUDA's minor version compatibility);
+  // whether this device can load them is kernels_loadable's question.
+  if (driver / 1000 < runtime / 1000)
+    return {false, "off: the CUDA runtime loaded is of a newer major version than the driver (" + versions + ")"};
+  if (const cudaError_t err = cuda::kernels_loadable(); err != cudaSuccess) {
+    (void)cudaGetLastError();  // the failed query must not surface at a later launch check
+    return {false, std::string("off: ") + cudaGetErrorString(err) +
+                       " (built for the architectures in CHIAR_CUDA_ARCHITECTURES; " + versions + ")"};
+  }
+  return {true, "on (" + versions + ")"};
+}
+
+const KernelsHere& kernels_here_once() {
+  static const KernelsHere here = [] {
+    KernelsHere h = kernels_here();
+    if (!h.runnable)
+      std::cerr << "chiar: the CUDA kernels are " << h.description << "; libtorch's compositions run instead\n";
+    return h;
+  }();
+  return here;
+}
+
+}  // namespace
+
+bool cuda_kernels_runnable() { return kernels_here_once().runnable; }
+
+std::string cuda_kernels_description() { return kernels_here_once().description; }
 
 bool cuda_entropy_takes(const at::Tensor& c) {
   const auto type = c.scalar_type();
@@ -99,8 +125,11 @@ RowLists rows_by_choice_cuda(const at::Tensor& choice, int64_t K, bool with_host
   try {
     host = (with_host ? buffer : counts).to(at::kCPU);
   } catch (const c10::Error& e) {
-    // A kernel fault surfaces at the first synchronisation after it.
-    throw EnvironmentError(std::string("routing compaction kernel: ") + e.what_without_backtrace());
+    // A kernel fault surfaces at the first synchronisation after it: the
+    // fault may be this kernel's, the entropy kernel's before it, or any
+    // other queued since the last synchronisation.
+    throw EnvironmentError(std::string("routing compaction (its copy of the row counts, the first synchronisation "
+                                       "after the routing kernels): ") + e.what_without_backtrace());
   }
   const int64_t* count = host.data_ptr<int64_t>();
   RowLists out;

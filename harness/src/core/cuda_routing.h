@@ -4,6 +4,7 @@
 // chiar_build_info.h): callers check cuda_kernels_enabled() (chiar/kernels.h)
 // and the tensor's device and type first.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -12,11 +13,14 @@
 
 namespace chiar {
 
-// Whether the driver supports the CUDA runtime the kernels were built with
-// (a toolkit newer than the driver makes every launch fail) and the build
-// holds code for the current device's architecture; the first call says once
-// on stderr when not. cuda_kernels_usable() (chiar/kernels.h) answers with it.
+// Whether the driver supports the loaded CUDA runtime's major version (a
+// newer major one makes every launch fail) and the build holds code the
+// current device can load; the first call says once on stderr when not.
+// cuda_kernels_usable() (chiar/kernels.h) answers with it.
 bool cuda_kernels_runnable();
+// What a run records of the kernels here (cuda_kernels_state): "on (built
+// with CUDA 12.8; runtime 12.8, driver 12.4)", or "off: " and why.
+std::string cuda_kernels_description();
 // The most operators rows_by_choice_cuda takes.
 constexpr int64_t kMaxCudaOperators = 4096;
 // Whether the entropy kernel takes c's type: fp32, bf16 or fp16.

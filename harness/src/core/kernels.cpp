@@ -26,6 +26,15 @@ KernelPolicy kernel_policy() { return g_policy.load(std::memory_order_relaxed); 
 bool host_kernels_enabled() { return kernel_policy() == KernelPolicy::Auto; }
 bool cuda_kernels_enabled() { return CHIAR_CUDA_KERNELS && kernel_policy() == KernelPolicy::Auto; }
 
+std::string cuda_kernels_state() {
+#if CHIAR_CUDA_KERNELS
+  if (!cuda_kernels_enabled()) return "off by the kernel policy";
+  return cuda_kernels_description();
+#else
+  return "none in this build";
+#endif
+}
+
 bool cuda_kernels_usable() {
 #if CHIAR_CUDA_KERNELS
   return cuda_kernels_runnable();

@@ -166,7 +166,9 @@ struct PluginRegistry::Impl {
     } catch (const UserError& e) {
       throw UserError(who + ": " + e.what());
     } catch (const std::exception& e) {
-      throw UserError(who + ": factory failed: " + e.what());
+      // Memory running out is the machine's failure, not the plugin's.
+      if (is_out_of_memory(e)) throw;
+      throw UserError(who + ": factory failed: " + message_of(e));
     }
     if (!made) throw UserError(who + ": factory returned nothing");
     const auto unread = spec.params.unread_keys();
@@ -239,7 +241,7 @@ void PluginRegistry::load_file(const std::string& path_text) {
   try {
     d->register_all(&registrar);
   } catch (const std::exception& e) {
-    throw UserError("plugin file '" + file + "' failed while registering: " + e.what());
+    throw UserError("plugin file '" + file + "' failed while registering: " + message_of(e));
   }
   // Reject clashes with what is loaded and within the library itself.
   for (size_t i = 0; i < registrar.added.size(); ++i) {

@@ -150,50 +150,128 @@ at::Tensor idct2(const at::Tensor& c, DctImpl impl) {
   return chiar::linear(c, dct_basis(d, c.scalar_type(), c.device()).t());
 }
 
-at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
-  check_input(c, "spectral_entropy");
+namespace {
+
+// What computes H for c: one of the kernels (one pass per row), or the chain
+// of libtorch ops, which is also the reference the kernels are tested against
+// (KernelPolicy::Compositions).
+enum class EntropyPath { CudaKernel, HostKernel, Composition };
+
+EntropyPath entropy_path(const at::Tensor& c) {
   const int64_t d = c.size(-1);
+  if (d < 2) return EntropyPath::Composition;
 #if CHIAR_CUDA_KERNELS
-  if (cuda_kernels_enabled() && c.is_cuda() && d >= 2 && cuda_entropy_takes(c) &&
-      !(torch::autograd::GradMode::is_enabled() && c.requires_grad()) && cuda_kernels_usable())
-    return spectral_entropy_cuda(c);  // one kernel for the chain below; it reads bf16 and fp16 as they are
+  if (cuda_kernels_enabled() && c.is_cuda() && cuda_entropy_takes(c) && cuda_kernels_usable())
+    return EntropyPath::CudaKernel;
 #endif
-  // H in fp32 at least, whatever the coefficients' storage: bf16 or fp16
-  // coefficients (autocast) are widened, as the CUDA kernel widens them, so
-  // that every path compares the same H against thresholds calibrated in
-  // fp32, and fp16's range does not flush the floor below to 0.
-  const auto wide = c.scalar_type() == at::kDouble ? c : c.to(at::kFloat);  // (..., d)
+  const auto type = c.scalar_type();
+  if (host_kernels_enabled() && c.device().is_cpu() &&
+      (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf))
+    return EntropyPath::HostKernel;
+  return EntropyPath::Composition;
+}
+
+double smallest_normal(at::ScalarType type) {
+  return type == at::kDouble ? std::numeric_limits<double>::min()
+                             : static_cast<double>(std::numeric_limits<float>::min());
+}
+
+// c in fp32 at least, whatever its storage: bf16 or fp16 coefficients
+// (autocast) are widened, as the kernels widen them, so that every path
+// compares the same H against thresholds calibrated in fp32, and fp16's
+// range does not flush the floor below to 0.
+at::Tensor widened(const at::Tensor& c) { return c.scalar_type() == at::kDouble ? c : c.to(at::kFloat); }
+
+// Each row's total energy S = sum_j c_j^2, taken as 1 for a zero vector, so
+// that its p = 0 and H = 0 with finite gradients.
+at::Tensor safe_totals(const at::Tensor& energy) {
+  const auto total = energy.sum(-1, /*keepdim=*/true);         // (..., 1)
+  return at::where(total > 0, total, at::ones_like(total));  // (..., 1)
+}
+
+// H by one of the kernels, without autograd.
+at::Tensor entropy_by_kernel(const at::Tensor& c, EntropyPath path) {
+#if CHIAR_CUDA_KERNELS
+  if (path == EntropyPath::CudaKernel) return spectral_entropy_cuda(c);  // it reads bf16 and fp16 as they are
+#endif
+  (void)path;
+  const int64_t d = c.size(-1);
+  const auto rows = c.to(at::kFloat).contiguous();                          // (..., d) widened as the composition widens
+  auto h = at::empty(rows.sizes().slice(0, rows.dim() - 1), rows.options());  // (...)
+  count_host_kernel();
+  spectral_entropy_rows(rows.data_ptr<float>(), h.numel(), d, h.data_ptr<float>());
+  return h;
+}
+
+// H by the chain of libtorch ops, differentiated by autograd when c needs it.
+at::Tensor entropy_by_composition(const at::Tensor& c, bool differentiable) {
+  const auto wide = widened(c);  // (..., d)
+  const int64_t d = wide.size(-1);
   if (d == 1) return at::zeros(wide.sizes().slice(0, wide.dim() - 1), wide.options());
-  if (host_kernels_enabled() && wide.scalar_type() == at::kFloat && wide.device().is_cpu() &&
-      !(torch::autograd::GradMode::is_enabled() && wide.requires_grad())) {
-    // Inference and calibration, where the router runs this on every token
-    // of a routed layer: one pass per row (entropy_rows.h).
-    const auto rows = wide.contiguous();
-    auto h = at::empty(wide.sizes().slice(0, wide.dim() - 1), wide.options());
-    count_host_kernel();
-    spectral_entropy_rows(rows.data_ptr<float>(), h.numel(), d, h.data_ptr<float>());
-    return h;
-  }
-  // A zero vector divides by 1 instead of 0, so p = 0 and H = 0 with finite
-  // gradients; the smallest normal number keeps 0 * log 0 at 0.
-  const double tiny = wide.scalar_type() == at::kDouble
-                          ? std::numeric_limits<double>::min()
-                          : static_cast<double>(std::numeric_limits<float>::min());
-  auto energy = wide.square();
-  auto total = energy.sum(-1, /*keepdim=*/true);
-  const auto safe_total = at::where(total > 0, total, at::ones_like(total));
-  at::Tensor plogp;
-  if (torch::autograd::GradMode::is_enabled() && wide.requires_grad()) {
+  // The smallest normal number keeps 0 * log 0 at 0.
+  const double tiny = smallest_normal(wide.scalar_type());
+  auto energy = wide.square();                 // (..., d)
+  const auto safe_total = safe_totals(energy);  // (..., 1)
+  at::Tensor plogp;                            // (..., d)
+  if (differentiable) {
     auto p = energy / safe_total;
     plogp = p * p.clamp_min(tiny).log();
   } else {
-    // Inference and calibration: the same values in two (B, T, d) buffers
-    // instead of four, which stay in cache (the router runs this on every
-    // token of a routed layer).
+    // The same values in two (..., d) buffers instead of four.
     auto p = energy.div_(safe_total);
     plogp = p.clamp_min(tiny).log_().mul_(p);
   }
   return (-plogp.sum(-1) / std::log(static_cast<double>(d))).clamp(0.0, 1.0);
+}
+
+// dH/dc from its closed form, as autograd differentiates the composition:
+// with p_j = c_j^2 / S and g_j = dH/dp_j = -(log max(p_j, tiny) + [p_j >= tiny]) / log d,
+//   dH/dc_i = (2 c_i / S) (g_i - sum_j p_j g_j),
+// S taken as 1 for a zero vector (whose gradient is then 0), and nothing
+// through H's clamp to [0, 1] where it binds.
+at::Tensor entropy_gradient(const at::Tensor& c, const at::Tensor& grad_h) {
+  const auto wide = widened(c);  // (..., d)
+  const auto type = wide.scalar_type();
+  const double tiny = smallest_normal(type);
+  const double log_d = std::log(static_cast<double>(wide.size(-1)));
+  const auto energy = wide.square();                                            // (..., d)
+  const auto safe_total = safe_totals(energy);                                  // (..., 1)
+  const auto p = energy / safe_total;                                           // (..., d)
+  const auto log_p = p.clamp_min(tiny).log();                                   // (..., d)
+  const auto g = (log_p + (p >= tiny).to(type)).neg_().div_(log_d);            // (..., d)
+  const auto raw_h = (p * log_p).sum(-1, /*keepdim=*/true).neg_().div_(log_d);  // (..., 1)
+  const auto inside = (raw_h >= 0).logical_and_(raw_h <= 1);                    // (..., 1)
+  const auto upstream = grad_h.unsqueeze(-1).to(type).mul(inside.to(type));     // (..., 1)
+  const auto mean_g = (p * g).sum(-1, /*keepdim=*/true);                        // (..., 1)
+  return (upstream * 2.0 * wide / safe_total * (g - mean_g)).to(c.scalar_type());  // (..., d)
+}
+
+// H through a kernel in training too: the forward is the kernel's one pass
+// per row, the backward the closed form above. The composition's autograd
+// graph would hold four (..., d) buffers per routed layer and, where only a
+// hard decision reads H (threshold routing), run a chain of launches whose
+// gradient is never asked for.
+struct SpectralEntropyFunction : torch::autograd::Function<SpectralEntropyFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& c, int64_t path) {
+    ctx->save_for_backward({c});
+    return entropy_by_kernel(c, static_cast<EntropyPath>(path));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto c = ctx->get_saved_variables()[0];
+    return {entropy_gradient(c, grads[0]), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
+  check_input(c, "spectral_entropy");
+  const bool differentiable = torch::autograd::GradMode::is_enabled() && c.requires_grad();
+  const EntropyPath path = entropy_path(c);
+  if (path == EntropyPath::Composition) return entropy_by_composition(c, differentiable);
+  if (differentiable) return SpectralEntropyFunction::apply(c, static_cast<int64_t>(path));
+  return entropy_by_kernel(c, path);
 }
 
 at::Tensor spectral_entropy(const at::Tensor& x, DctImpl impl) {

@@ -244,9 +244,13 @@ std::unique_ptr<Tokenizer> make_tokenizer(const Params& params,
                                           const std::vector<std::string>& train_lines,
                                           const std::string& cache_dir, const std::string& fallback) {
   const std::string kind = params.get_string("tokenizer", fallback);
-  if (kind == "word")
-    return std::make_unique<WordTokenizer>(train_lines, params.get_int("min_count", 1),
-                                           params.get_int("max_vocab", 0));
+  if (kind == "word") {
+    const int64_t min_count = params.get_int("min_count", 1), max_vocab = params.get_int("max_vocab", 0);
+    if (min_count < 1) throw UserError("min_count must be at least 1, found " + std::to_string(min_count));
+    if (max_vocab < 0)
+      throw UserError("max_vocab must be 0 (no limit) or positive, found " + std::to_string(max_vocab));
+    return std::make_unique<WordTokenizer>(train_lines, min_count, max_vocab);
+  }
   if (kind == "bytes") return std::make_unique<ByteTokenizer>();
   if (kind == "bpe" || kind == "unigram")
     return std::make_unique<SentencePieceTokenizer>(train_lines, kind,

@@ -18,13 +18,8 @@ void check_batches_divide(const Matrix& matrix, int processes) {
   if (processes <= 1) return;
   for (const auto& r : matrix.runs) {
     if (r.train.batch_size % processes == 0) continue;
-    // Where the value comes from, in the matrix's precedence: the task's
-    // [train], the variant's, a sweep axis, the matrix's [train].
-    std::string where;
-    for (const std::string& path : {"tasks." + r.task + ".train.batch_size", "variants." + r.variant + ".train.batch_size",
-                                   std::string("sweep.train.batch_size"), std::string("train.batch_size")})
-      if (where.empty()) where = locate_toml_key(matrix.file, path);
-    throw UserError((where.empty() ? std::string() : where + ": ") + "key 'train.batch_size': " +
+    const std::string where = matrix.origin_of(r, "train.batch_size");
+    throw UserError((where.empty() ? std::string("key 'train.batch_size'") : where) + ": " +
                     std::to_string(r.train.batch_size) + " does not divide over " + std::to_string(processes) +
                     " processes: the config names the global batch, and each process trains an equal slice of it "
                     "(run " + r.name() + ")");

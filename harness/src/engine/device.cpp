@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "chiar/error.h"
+#include "chiar/kernels.h"
 #include "chiar_build_info.h"
 
 namespace chiar::engine {
@@ -39,6 +41,8 @@ bool is_cuda_index(const std::string& name) {
 }
 
 }  // namespace
+
+bool cuda_training_enabled() { return CHIAR_CUDA_TRAINING != 0; }
 
 std::string device_name_problem(const std::string& name) {
   if (name == "auto" || name == "cpu" || name == "cuda" || is_cuda_index(name)) return "";
@@ -135,8 +139,19 @@ std::string describe_device(const std::string& resolved) {
   if (text.empty()) {
     const int64_t index = std::stoll(resolved.substr(5));
     const auto& hooks = at::detail::getCUDAHooks();
+    // The versions libtorch was built against. The cuDNN query throws in a
+    // libtorch built without cuDNN: provenance says so, the run goes on.
+    std::string cudnn = "none";
+    try {
+      cudnn = std::to_string(hooks.versionCuDNN());
+    } catch (const c10::Error&) {
+    }
+    // The kernels' first check asks the current device whether it can load
+    // them: let that be this run's.
+    const c10::DeviceGuard on_device{at::Device(resolved)};
     text = resolved + " (" + nvidia_smi_description(index) + "; libtorch CUDA " +
-           std::to_string(hooks.versionCUDART()) + ", cuDNN " + std::to_string(hooks.versionCuDNN()) + ")";
+           std::to_string(hooks.versionCUDART()) + ", cuDNN " + cudnn + "; harness CUDA kernels " +
+           cuda_kernels_state() + ")";
   }
   return text;
 }

@@ -15,6 +15,10 @@ namespace chiar::engine {
 // Whether this libtorch carries its CUDA library (whatever the machine has).
 bool built_with_cuda();
 
+// Whether this build lets a run train on a CUDA device (configured with
+// -DCHIAR_CUDA_TRAINING=ON; resolve_device refuses one otherwise).
+bool cuda_training_enabled();
+
 // Whether `name` is one of the forms above ("" when it is, else the
 // complaint, for the option table's check).
 std::string device_name_problem(const std::string& name);
@@ -50,7 +54,8 @@ std::string resolve_precision(const std::string& precision, const std::string& d
 // What a run records as its device: "cpu", or for "cuda:N" the GPU as the
 // driver describes it (nvidia_smi_description) and libtorch's CUDA runtime
 // and cuDNN versions, e.g. "cuda:0 (NVIDIA H200, 140.4 GiB, compute
-// capability 9.0, driver 570.86.15; libtorch CUDA 12080, cuDNN 90100)".
+// capability 9.0, driver 570.86.15; libtorch CUDA 12080, cuDNN 90100;
+// harness CUDA kernels on (built with CUDA 12.8; runtime 12.8, driver 12.4))".
 std::string describe_device(const std::string& resolved);
 
 // GPU `index` as `nvidia-smi` (found on PATH) reports it: "NVIDIA H200,

@@ -49,11 +49,18 @@ const std::vector<KeyKind>& train_keys() {
 // the merge are located by key path here.
 thread_local const std::vector<toml::table>* t_sources = nullptr;
 
+// The node at key path `path` in the last of `files` that sets it (later
+// files override earlier ones), or null.
+const toml::node* node_in(const std::vector<toml::table>& files, const std::string& path) {
+  for (auto it = files.rbegin(); it != files.rend(); ++it)
+    if (const toml::node* n = it->at_path(path).node()) return n;
+  return nullptr;
+}
+
 std::string where(const toml::node& node, const std::string& path) {
   if (node.source().path) return toml_where(node);
   if (t_sources)
-    for (auto it = t_sources->rbegin(); it != t_sources->rend(); ++it)
-      if (const toml::node* n = it->at_path(path).node()) return toml_where(*n);
+    if (const toml::node* n = node_in(*t_sources, path)) return toml_where(*n);
   return "<matrix>";
 }
 
@@ -123,20 +130,10 @@ std::string string(const toml::table& t, const char* key) { return t.get(key)->a
 
 const Locate kLocate = [](const toml::node& node, const std::string& path) { return where(node, path); };
 
-// A resolved [model] table as options; `where` prefixes a refused value
-// (an unknown meta_router or execution name).
-ModelOptions model_options(const toml::table& m, const std::string& where) {
-  try {
-    return read_options(m, model_option_fields(), "model", kLocate);
-  } catch (const RefusedValue& e) {
-    throw UserError(where + ": " + e.what());
-  }
-}
-
 // What a resolved run table says of its run: names, seed, task, options
-// (unchecked). `model_where` prefixes a refused model value; `task_path`
-// locates the task's options in errors.
-RunSpec read_run_table(const toml::table& run, const std::string& model_where, const std::string& task_path) {
+// (unchecked); `task_path` locates the task's options in errors. Throws
+// RefusedValue for a model value its type refuses (an unknown execution).
+RunSpec read_run_table(const toml::table& run, const std::string& task_path) {
   RunSpec spec;
   spec.matrix = string(run, "matrix");
   spec.variant = string(run, "variant");
@@ -146,19 +143,31 @@ RunSpec read_run_table(const toml::table& run, const std::string& model_where, c
   spec.task_config.name = spec.task;
   spec.task_config.plugin = string(task, "plugin");
   spec.task_config.params = toml_params(*task.get("params")->as_table(), task_path);
-  spec.model = model_options(*run.get("model")->as_table(), model_where);
+  spec.model = read_options(*run.get("model")->as_table(), model_option_fields(), "model", kLocate);
   spec.model.seed(static_cast<uint64_t>(spec.seed));
   spec.train = read_options(*run.get("train")->as_table(), train_option_fields(), "train", kLocate);
   return spec;
 }
 
-std::string value_text(const toml::node& v) {
+// A sweep point's value as its run's name shows it (",layers=dct+attn"): a
+// scalar as written, a list as its items joined by '+' ("[]" when empty), and
+// a table, which has no short form, as its 1-based place among the axis's
+// values ("#2"): the points of an axis get names of their own.
+std::string value_text(const toml::node& v, size_t place) {
   std::ostringstream s;
   if (v.is_string()) s << v.as_string()->get();
   else if (v.is_integer()) s << v.as_integer()->get();
   else if (v.is_floating_point()) s << v.as_floating_point()->get();
   else if (v.is_boolean()) s << (v.as_boolean()->get() ? "true" : "false");
-  else s << "?";
+  else if (v.is_array() && v.as_array()->empty()) s << "[]";
+  else if (v.is_array()) {
+    const toml::array& items = *v.as_array();
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string item = value_text(*items.get(i), place);
+      if (item.rfind('#', 0) == 0) return "#" + std::to_string(place + 1);  // a table inside
+      s << (i ? "+" : "") << item;
+    }
+  } else s << "#" << place + 1;
   return s.str();
 }
 
@@ -168,10 +177,16 @@ void apply(toml::table& run, const std::string& path, const toml::node& value, c
   const std::string section = path.substr(0, dot), key = dot == std::string::npos ? "" : path.substr(dot + 1);
   if (key.empty() || (section != "model" && section != "train" && section != "task" && section != "router"))
     throw UserError(origin + ": '" + path + "': expected model.KEY, train.KEY, task.KEY or router.KEY");
-  if (section == "task") {
-    run.get("task")->as_table()->get("params")->as_table()->insert_or_assign(key, value);
-  } else if (section == "router") {
-    run.get("model")->as_table()->get("router_params")->as_table()->insert_or_assign(key, value);
+  if (section == "task" || section == "router") {
+    // Plugin options hold what Params holds; a list of strings or a table
+    // (which a --set written as TOML may give) is refused here, at its origin.
+    try {
+      toml_to_value(value, path);
+    } catch (const UserError&) {
+      throw UserError(origin + ": '" + path + "': expected a boolean, number, string or list of numbers");
+    }
+    if (section == "task") run.get("task")->as_table()->get("params")->as_table()->insert_or_assign(key, value);
+    else run.get("model")->as_table()->get("router_params")->as_table()->insert_or_assign(key, value);
   } else {
     const auto& keys = section == "model" ? model_keys() : train_keys();
     std::vector<std::string> known;
@@ -184,8 +199,31 @@ void apply(toml::table& run, const std::string& path, const toml::node& value, c
   }
 }
 
-toml::table node_from_assignment(const std::string& text) {
-  const Params p = Params::from_assignments({"v=" + text});
+// A --set value written as TOML, as the table { v = VALUE }.
+toml::table toml_assignment(const std::string& path, const std::string& text) {
+  try {
+    return toml::parse("v = " + text);
+  } catch (const toml::parse_error& e) {
+    throw UserError("--set " + path + ": " + text + " is not a TOML value (" + std::string(e.description()) +
+                    "); quote the strings of a list: model.layers=[\"dct\", \"dct|attn\"]");
+  }
+}
+
+// A --set value as the table { v = VALUE }. Written as a plugin option is
+// (true/false, an integer, a number, a list of numbers, else a bare word,
+// taken as a string), it is read as Params reads one, so that a --set keeps
+// its value's type and its runs their hashes; a quoted string, a list that
+// holds strings, or an inline table is read as TOML.
+toml::table node_from_assignment(const std::string& path, const std::string& text) {
+  const auto first = text.find_first_not_of(" \t");
+  const char lead = first == std::string::npos ? '\0' : text[first];
+  if (lead == '"' || lead == '\'' || lead == '{') return toml_assignment(path, text);
+  Params p;
+  try {
+    p = Params::from_assignments({"v=" + text});
+  } catch (const UserError&) {
+    return toml_assignment(path, text);  // a list of strings, say
+  }
   toml::table t;
   put_value(t, "v", p.values().at("v"));
   return t;
@@ -200,7 +238,12 @@ RunSpec run_spec_from_toml(const std::string& text) {
   } catch (const toml::parse_error& e) {
     throw UserError(std::string("stored run spec: ") + std::string(e.description()));
   }
-  RunSpec spec = read_run_table(run, "stored run spec", "task");
+  RunSpec spec;
+  try {
+    spec = read_run_table(run, "task");
+  } catch (const RefusedValue& e) {
+    throw UserError(std::string("stored run spec: ") + e.what());
+  }
   spec.resolved_toml = text;
   return spec;
 }
@@ -278,7 +321,7 @@ std::vector<std::pair<std::string, toml::table>> set_assignments(const MatrixOpt
   for (const auto& s : options.set) {
     const auto eq = s.find('=');
     if (eq == std::string::npos) throw UserError("--set: expected key=value, found '" + s + "'");
-    sets.emplace_back(s.substr(0, eq), node_from_assignment(s.substr(eq + 1)));
+    sets.emplace_back(s.substr(0, eq), node_from_assignment(s.substr(0, eq), s.substr(eq + 1)));
   }
   return sets;
 }
@@ -287,6 +330,15 @@ std::vector<std::pair<std::string, toml::table>> set_assignments(const MatrixOpt
 const toml::table& definition(const toml::table& root, const toml::node& name, const std::string& section,
                               const char* what) {
   const std::string n = name.as_string()->get();
+  // A '.' would split the name in the key-path lookup below (and in
+  // `--table tasks.NAME`), and a '/' or a glob character in a run's name
+  // (variant/task/seed=N, which --only matches) would split it or match by
+  // accident.
+  if (n.empty() || n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
+                       std::string::npos)
+    fail_at(name, "matrix." + section,
+            std::string("a ") + what + " name takes letters, digits, '_' and '-' (it is part of key paths and of "
+            "run names), found '" + n + "'");
   const toml::node* def = root.at_path(section + "." + n).node();
   if (!def || !def->is_table()) {
     std::vector<std::string> known;
@@ -321,20 +373,41 @@ toml::table resolve_run(const toml::table& root, const Matrix& out, const std::s
                      {"train", train}};
 }
 
+// Where a run's value of an option was set, as an error's prefix:
+// "--set train.steps", "m.toml:12:9: key 'variants.fast.train.lr'"; ""
+// for a default (Matrix::origin_of).
+using ValueOrigin = std::function<std::string(const std::string& path)>;
+
 // The spec of a fully resolved run table: options read and checked, the
-// canonical JSON and its hash. `vwhere` locates the variant for errors.
-RunSpec spec_of(const toml::table& run, const std::string& vwhere) {
+// canonical JSON and its hash. A refused value is reported where it was set
+// (`origin_of`), else at the variant (`vwhere`).
+RunSpec spec_of(const toml::table& run, const std::string& vwhere, const ValueOrigin& origin_of) {
   const std::string variant = string(run, "variant"), task = string(*run.get("task")->as_table(), "name");
-  RunSpec spec = read_run_table(run, vwhere + ": variant '" + variant + "'", "tasks." + task);
-  if (const std::string bad = check_options(spec.train, train_option_fields(), "train"); !bad.empty())
-    throw UserError(vwhere + ": variant '" + variant + "' on task '" + task + "': " + bad);
+  const std::string at_variant = vwhere + ": variant '" + variant + "' on task '" + task + "': ";
+  auto refused = [&](const std::string& path, const std::string& what) {
+    const std::string origin = origin_of(path);
+    return UserError((origin.empty() ? at_variant + "key '" + path + "'" : origin) + ": " + what);
+  };
+  RunSpec spec;
+  try {
+    spec = read_run_table(run, "tasks." + task);
+  } catch (const RefusedValue& e) {
+    throw refused(e.path(), e.what());
+  }
+  if (const OptionProblem bad = check_options(spec.train, train_option_fields(), "train"); !bad.path.empty())
+    throw refused(bad.path, bad.what);
   // Refused here as well as where the model is built, so that --dry-run and
   // `chiar slurm` refuse it before anything is listed or submitted.
   if (spec.model.layers().empty())
-    throw UserError(vwhere + ": variant '" + variant + "' on task '" + task +
-                    "': " + missing_layers_message("`chiar plugins` lists the operators"));
+    throw UserError(at_variant + missing_layers_message("`chiar plugins` lists the operators"));
   if (const std::string m = missing_router_message(spec.model, "`chiar plugins` lists the routers"); !m.empty())
-    throw UserError(vwhere + ": variant '" + variant + "' on task '" + task + "': " + m);
+    throw UserError(at_variant + m);
+  if (const std::string m = model_shape_problem(spec.model); !m.empty()) {
+    // Named at the heads where they were set, else at the width, else the variant.
+    std::string origin = origin_of("model.n_heads");
+    if (origin.empty()) origin = origin_of("model.d_model");
+    throw UserError((origin.empty() ? at_variant : origin + ": ") + m);
+  }
   std::ostringstream json, text;
   // The device, like the thread count on the command line, says where a
   // run trains, not what it is: outside the hash.
@@ -373,25 +446,69 @@ void resolve_precision_of(toml::table& run, const MatrixOptions& options) {
   train.insert_or_assign("precision", resolve_precision(precision->get(), name, options.host_only));
 }
 
+// The key path `path` where one of the matrix's files sets it, as
+// "file:line:column: key 'PATH'", or "".
+std::string located_key(const std::vector<toml::table>& files, const std::string& path) {
+  const toml::node* n = node_in(files, path);
+  return n ? toml_where(*n) + ": key '" + path + "'" : "";
+}
+
+}  // namespace
+
+struct MatrixSources {
+  std::vector<toml::table> files;  // as parsed, includes first
+  std::vector<std::string> set_paths;  // the keys of --set, which apply last
+};
+
+namespace {
+
+// Matrix::origin_of for a run of `variant` on `task` whose sweep axes set
+// `swept`.
+std::string value_origin(const MatrixSources& sources, const std::string& variant, const std::string& task,
+                         const std::vector<std::string>& swept, const std::string& path) {
+  const auto& set = sources.set_paths;
+  if (std::find(set.begin(), set.end(), path) != set.end()) return "--set " + path;
+  if (std::find(swept.begin(), swept.end(), path) != swept.end()) return located_key(sources.files, "sweep." + path);
+  const auto dot = path.find('.');
+  const std::string section = path.substr(0, dot), key = path.substr(dot + 1);
+  std::vector<std::string> tables;
+  if (section == "task") {
+    tables = {"tasks." + task};  // a task's options stand at the top of its table
+  } else {
+    tables = {"tasks." + task + "." + section, "variants." + variant + "." + section};
+    if (section == "model") tables.push_back("variants." + variant);  // so may a variant's model keys
+    tables.push_back(section);
+  }
+  for (const auto& table : tables)
+    if (std::string at = located_key(sources.files, table + "." + key); !at.empty()) return at;
+  return "";
+}
+
 // Every point of the sweep grid, each seed: the runs of one variant on one task.
 void expand(const toml::table& base, const std::vector<SweepAxis>& axes, const std::vector<int64_t>& seeds,
             const std::vector<std::pair<std::string, toml::table>>& sets, const MatrixOptions& options,
-            const std::string& vwhere, RunFilter& filter, std::vector<RunSpec>& runs) {
+            const MatrixSources& sources, const std::string& vwhere, RunFilter& filter, std::vector<RunSpec>& runs) {
+  const std::string variant = string(base, "variant"), task = string(*base.get("task")->as_table(), "name");
   std::vector<size_t> pick(axes.size(), 0);
   while (true) {
     for (int64_t seed : seeds) {
       toml::table run = base;
       run.insert_or_assign("seed", seed);
       std::vector<std::pair<std::string, std::string>> sweep;
+      std::vector<std::string> swept;
       for (size_t a = 0; a < axes.size(); ++a) {
         const toml::node& value = *axes[a].second->get(pick[a]);
         apply(run, axes[a].first, value, where(value, "sweep." + axes[a].first));
-        sweep.emplace_back(axes[a].first.substr(axes[a].first.find('.') + 1), value_text(value));
+        sweep.emplace_back(axes[a].first.substr(axes[a].first.find('.') + 1), value_text(value, pick[a]));
+        swept.push_back(axes[a].first);
       }
       for (const auto& [path, value] : sets) apply(run, path, *value.get("v"), "--set " + path);
       resolve_precision_of(run, options);
-      RunSpec spec = spec_of(run, vwhere);
+      RunSpec spec = spec_of(run, vwhere, [&](const std::string& path) {
+        return value_origin(sources, variant, task, swept, path);
+      });
       spec.sweep = std::move(sweep);
+      spec.swept = std::move(swept);
       if (filter.keep(spec)) runs.push_back(std::move(spec));
     }
     size_t a = 0;
@@ -403,14 +520,18 @@ void expand(const toml::table& base, const std::vector<SweepAxis>& axes, const s
 }  // namespace
 
 Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
+  // Checked here, not only where a run resolves it, so that --dry-run
+  // refuses what a run would.
+  if (const std::string problem = device_name_problem(options.device); !options.device.empty() && !problem.empty())
+    throw UserError("--device: \"" + options.device + "\" " + problem);
   std::vector<std::string> chain;
-  std::vector<toml::table> sources;
-  const toml::table root = load_with_includes(file, chain, sources);
+  auto sources = std::make_shared<MatrixSources>();
+  const toml::table root = load_with_includes(file, chain, sources->files);
   struct Scope {
     explicit Scope(const std::vector<toml::table>* s) { t_sources = s; }
     ~Scope() { t_sources = nullptr; }
-  } scope(&sources);
-  check_schema(sources);
+  } scope(&sources->files);
+  check_schema(sources->files);
   const toml::table& mt = matrix_table(root, file);
   Matrix out;
   out.file = file;
@@ -418,6 +539,7 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
   const std::vector<int64_t> seeds = seeds_of(mt);
   const std::vector<SweepAxis> axes = sweep_axes(root);
   const auto sets = set_assignments(options);
+  for (const auto& set : sets) sources->set_paths.push_back(set.first);
 
   RunFilter filter{options};
   for (const auto& vnode : *mt.get("variants")->as_array()) {
@@ -430,12 +552,18 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
       const toml::table& tt = definition(root, tnode, "tasks", "task");
       out.where["tasks." + task] = where(tt, "tasks." + task);
       const size_t first = out.runs.size();
-      expand(resolve_run(root, out, variant, vt, task, tt), axes, seeds, sets, options, vwhere, filter, out.runs);
+      expand(resolve_run(root, out, variant, vt, task, tt), axes, seeds, sets, options, *sources, vwhere, filter,
+             out.runs);
       const std::string family = read_task_table(tt, task, "tasks." + task).family;
       for (size_t i = first; i < out.runs.size(); ++i) out.runs[i].task_family = family;
     }
   }
+  out.sources = std::move(sources);
   return out;
+}
+
+std::string Matrix::origin_of(const RunSpec& run, const std::string& path) const {
+  return sources ? value_origin(*sources, run.variant, run.task, run.swept, path) : "";
 }
 
 }  // namespace chiar::engine

@@ -1,5 +1,6 @@
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,11 +18,22 @@ struct MatrixOptions {
   bool host_only = false;
 };
 
+struct MatrixSources;  // the matrix's files as parsed, with source positions, and its --set keys
+
 struct Matrix {
   std::string name;
   std::string file;
   std::vector<RunSpec> runs;  // expansion order: variant, task, sweep point, seed
   std::map<std::string, std::string> where;  // "variants.X" / "tasks.X" -> "file:line:column"
+  std::shared_ptr<const MatrixSources> sources;
+
+  // Where `run`'s value of the option at `path` ("train.steps", "model.layers",
+  // "task.n_train") was set, as an error's prefix, in the order the matrix
+  // applies values, last first: "--set train.steps"; else its sweep axis, the
+  // task's table, the variant's, then [train] or [model], in whichever of the
+  // files holds it ("m.toml:14:9: key 'variants.fast.train.lr'"); "" for a
+  // default.
+  std::string origin_of(const RunSpec& run, const std::string& path) const;
 };
 
 // Reads a matrix file (and its includes), expands and resolves every run.

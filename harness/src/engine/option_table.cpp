@@ -89,11 +89,11 @@ struct Codec<OperatorParams> {
 template <class E, const char* (*ToString)(E), E (*FromString)(const std::string&)>
 struct NamedCodec {
   static constexpr OptionKind kind = OptionKind::String;
-  static E read(const toml::node& n, const std::string&, const Locate&) {
+  static E read(const toml::node& n, const std::string& path, const Locate&) {
     try {
       return FromString(n.as_string()->get());
     } catch (const UserError& e) {
-      throw RefusedValue(e.what());
+      throw RefusedValue(path, e.what());
     }
   }
   static void write(toml::table& t, const std::string& key, E v) { t.insert_or_assign(key, std::string(ToString(v))); }

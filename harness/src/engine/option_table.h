@@ -7,6 +7,7 @@
 // Include only from .cpp files: toml++ is heavy.
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/run_spec.h"
@@ -19,7 +20,12 @@ namespace chiar::engine {
 // name); the message says what was found, and the reader adds where.
 class RefusedValue : public UserError {
  public:
-  using UserError::UserError;
+  RefusedValue(std::string path, const std::string& what) : UserError(what), path_(std::move(path)) {}
+  // The option's key path, "model.execution".
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
 };
 
 enum class OptionKind { Int, Number, String, Bool, Strings, Ints, Table };
@@ -76,14 +82,20 @@ Options read_options(const toml::table& t, const std::vector<OptionField<Options
   return o;
 }
 
-// The first failed check, as "SECTION.KEY must ...", or "".
+// The first failed check of an options struct: the key's path
+// ("train.steps") and what is wrong with its value ("must be at least 1");
+// an empty path when every check passes.
+struct OptionProblem {
+  std::string path;
+  std::string what;
+};
 template <class Options>
-std::string check_options(const Options& o, const std::vector<OptionField<Options>>& fields,
-                          const std::string& section) {
+OptionProblem check_options(const Options& o, const std::vector<OptionField<Options>>& fields,
+                            const std::string& section) {
   for (const auto& f : fields)
     if (f.check)
-      if (std::string what = f.check(o); !what.empty()) return section + "." + f.key + " " + what;
-  return "";
+      if (std::string what = f.check(o); !what.empty()) return {section + "." + f.key, what};
+  return {};
 }
 
 // A plugin option value into a TOML table.

@@ -40,6 +40,7 @@ struct RunSpec {
   std::string matrix, variant, task;
   int64_t seed = 0;
   std::vector<std::pair<std::string, std::string>> sweep;  // axis, value
+  std::vector<std::string> swept;  // the option paths the sweep axes set ("train.lr"): where values came from
   ModelOptions model;     // vocabulary, head and classes come from the task at run time
   TaskConfig task_config;
   TrainOptions train;

@@ -6,18 +6,21 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include <boost/filesystem.hpp>
-
-#include <c10/util/Exception.h>
 
 #include "model/model.h"
 #include "engine/build_commit.h"
 #include "engine/device.h"
 #include "engine/distributed.h"
 #include "engine/data_parallel.h"
+#include "engine/gpu_memory.h"
+#include "engine/option_table.h"
 #include "engine/runtime.h"
 #include "engine/stop_signals.h"
 #include "chiar/error.h"
@@ -47,15 +50,21 @@ std::string format_eta(double seconds) {
 
 using Tasks = std::map<std::string, std::shared_ptr<Task>>;  // by task_key
 
+// Whether a run of this status is skipped: finished for good, unless it
+// failed and failed runs are retried.
+bool skipped_as_finished(RunStatus status, bool retry_failed) {
+  return is_final(status) && !(retry_failed && status == RunStatus::Failed);
+}
+
 // Prints the runs, their hashes and whether each would run or be skipped.
-int list_runs(const Matrix& matrix, const std::string& db) {
+int list_runs(const Matrix& matrix, const std::string& db, bool retry_failed) {
   // Read-only: a dry run neither creates nor migrates the store.
   const std::map<std::string, RunStatus> status = read_stored_runs(db).status;
   std::cout << matrix.runs.size() << " runs in matrix '" << matrix.name << "' (" << matrix.file << "), store " << db << "\n";
   for (const auto& r : matrix.runs) {
     auto it = status.find(r.hash);
     const std::string s = it == status.end() ? "new" : to_string(it->second);
-    const bool skip = it != status.end() && is_final(it->second);
+    const bool skip = it != status.end() && skipped_as_finished(it->second, retry_failed);
     std::cout << "  " << r.hash << "  " << std::left << std::setw(10) << (skip ? "skip" : "run") << std::setw(12) << s
               << r.name() << "\n";
   }
@@ -65,12 +74,12 @@ int list_runs(const Matrix& matrix, const std::string& db) {
 // A matrix whose every run is finished has nothing to do: no data is loaded.
 // Read-only, and before anything else: a database that is not a store is
 // refused untouched.
-bool all_finished(const Matrix& matrix, const std::string& db) {
+bool all_finished(const Matrix& matrix, const std::string& db, bool retry_failed) {
   const StoredRuns stored = read_stored_runs(db);
   size_t finished = 0;
   for (const auto& r : matrix.runs) {
     const auto it = stored.status.find(r.hash);
-    finished += it != stored.status.end() && is_final(it->second);
+    finished += it != stored.status.end() && skipped_as_finished(it->second, retry_failed);
   }
   if (finished != matrix.runs.size()) return false;
   // The other commands read only the current schema: migrate an older store.
@@ -79,9 +88,21 @@ bool all_finished(const Matrix& matrix, const std::string& db) {
   return true;
 }
 
+// A run's model options as JSON: with its task, what its model is built
+// from (the seed, which no check depends on, is not among them; sweep
+// points and a task's model overrides are).
+std::string model_key(const RunSpec& r) {
+  toml::table t;
+  for (const auto& f : model_option_fields()) f.write(r.model, t);
+  std::ostringstream json;
+  json << toml::json_formatter{t};
+  return json.str();
+}
+
 // Validate everything before anything runs: each task once, each model once.
 Tasks load_tasks_and_check_models(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options) {
   Tasks tasks;
+  std::set<std::pair<std::string, std::string>> probed;  // (task key, model key)
   for (const auto& r : matrix.runs) {
     const std::string key = task_key(r.task_config);
     if (!tasks.count(key)) {
@@ -95,14 +116,32 @@ Tasks load_tasks_and_check_models(const Matrix& matrix, const PluginRegistry& re
         throw UserError(matrix.where.at("tasks." + r.task) + ": task '" + r.task + "': " + e.what());
       }
     }
+    if (!probed.emplace(key, model_key(r)).second) continue;
+    const std::string at = matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "' on task '" +
+                           r.task + "'";
     try {
       ChiarModel probe(registry, model_options_for(r, *tasks[key]));
     } catch (const UserError& e) {
-      throw UserError(matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "' on task '" + r.task +
-                      "': " + e.what());
+      throw UserError(at + ": " + e.what());
+    } catch (const std::exception& e) {
+      if (!is_out_of_memory(e)) throw;
+      throw EnvironmentError(at + ": out of memory building the model on the CPU, before any run: " +
+                             out_of_memory_message(e));
     }
   }
   return tasks;
+}
+
+// Starts the failed runs among `runs` again and names them (retry_failed_runs).
+size_t restart_failed(Store& store, const std::vector<RunSpec>& runs, const std::string& db,
+                      std::ostream& report) {
+  const std::vector<std::string> names = store.restart_failed(runs);
+  if (names.empty()) return 0;
+  report << "retrying " << names.size() << " failed " << (names.size() == 1 ? "run" : "runs")
+            << " from the start (their records in " << db << " are replaced):";
+  for (const auto& name : names) report << " " << name;
+  report << "\n";
+  return names.size();
 }
 
 Provenance provenance_of(const RuntimeInfo& runtime) {
@@ -204,7 +243,7 @@ std::function<void(int64_t, double, double)> progress_printer(const std::string&
 }
 
 // How a run the matrix reached ended, for the tallies and the exit status.
-enum class RunEnd { Skipped, Finished, Failed, Interrupted };
+enum class RunEnd { Skipped, Finished, Failed, Interrupted, OutOfMemory };
 
 // Records a finished training's outcome in the store and on the console.
 RunEnd record_outcome(Store& store, const RunSpec& spec, const TrainResult& result, const std::string& tag) {
@@ -240,9 +279,28 @@ void mark_interrupted_by_environment(Store& store, const RunSpec& spec, const En
   }
 }
 
+// A run that ran out of memory is recorded interrupted, not failed: on a
+// device with more memory (the device is not part of the hash) the next
+// `chiar run` resumes it from its last checkpoint, and with a smaller
+// train.batch it is another run. One process goes on with the matrix's other
+// runs, which may fit; a process group cannot (see train_and_record), so it
+// stops as for a failing environment.
+RunEnd record_out_of_memory(Session& s, const RunSpec& spec, const std::string& tag, const std::exception& e) {
+  const std::string message = "out of memory on " + spec.train.device + ": " + out_of_memory_message(e);
+  if (s.tty) std::cout << "\n";
+  std::cout << tag << ": " << message << "\n"
+            << tag << ": recorded interrupted, to resume on a device with more memory\n";
+  s.store.finish(spec.hash, RunStatus::Interrupted, message, -1, {});
+  if (s.group) throw EnvironmentError(tag + ": " + message + "; the process group stops (rerun to resume)");
+  // The next run starts from an empty cache, not one fragmented by this one.
+  release_gpu_cache(torch_device(spec.train.device));
+  return RunEnd::OutOfMemory;
+}
+
 // Trains a claimed run; a run that throws is recorded as failed, except for
 // a failing environment, which is recorded as interrupted and rethrown for
-// the CLI to report (exit status 3).
+// the CLI to report (exit status 3), and memory running out, recorded as
+// interrupted too (record_out_of_memory).
 RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag, const std::string& run_checkpoints) {
   TrainContext ctx{s.registry, s.task_of(spec), &s.store, run_checkpoints, &stop_requested(),
                    progress_printer(tag, spec.train, s.tty), tag, s.group};
@@ -255,9 +313,8 @@ RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag,
     mark_interrupted_by_environment(s.store, spec, e);
     throw;
   } catch (const std::exception& e) {
-    // libtorch errors carry a backtrace; the record keeps the message.
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    const std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
+    if (is_out_of_memory(e)) return record_out_of_memory(s, spec, tag, e);
+    const std::string message = message_of(e);
     if (s.tty) std::cout << "\n";
     std::cout << tag << ": failed: " << message << "\n";
     s.store.finish(spec.hash, RunStatus::Failed, message, -1, {});
@@ -296,9 +353,11 @@ RunEnd claim_and_train(Session& s, const RunSpec& run, int64_t index) {
   return train_and_record(s, spec, tag, run_checkpoints);
 }
 
-// Trains every run this process claims, then prints the tallies.
+// Trains every run this process claims, then prints the tallies. Runs that
+// ran out of memory end the command as a failing environment (exit status 3)
+// once the others have run; failed ones with status 1.
 int run_claimed(Session& session, const Matrix& matrix, const std::string& db) {
-  int64_t index = 0, ran = 0, skipped = 0, failed = 0;
+  int64_t index = 0, ran = 0, skipped = 0, failed = 0, out_of_memory = 0;
   for (const auto& run : matrix.runs) {
     const RunEnd end = claim_and_train(session, run, ++index);
     if (end == RunEnd::Skipped) {
@@ -306,15 +365,22 @@ int run_claimed(Session& session, const Matrix& matrix, const std::string& db) {
       continue;
     }
     ++ran;
-    if (end == RunEnd::Failed) {
-      ++failed;
+    if (end == RunEnd::Failed || end == RunEnd::OutOfMemory) {
+      ++(end == RunEnd::Failed ? failed : out_of_memory);
+      if (stop_requested().load()) return 130;
       continue;
     }
     if (end == RunEnd::Interrupted || stop_requested().load()) return 130;
   }
   std::cout << "matrix '" << matrix.name << "': " << ran << " run, " << skipped << " skipped";
   if (failed > 0) std::cout << ", " << failed << " failed (the error of each is above and in runs.error)";
+  if (out_of_memory > 0) std::cout << ", " << out_of_memory << " out of memory";
   std::cout << "; results in " << db << "\n";
+  if (out_of_memory > 0)
+    throw EnvironmentError(db + ": " + std::to_string(out_of_memory) + (out_of_memory == 1 ? " run" : " runs") +
+                           " ran out of memory and " + (out_of_memory == 1 ? "is" : "are") +
+                           " recorded interrupted: rerun on a device with more memory to resume " +
+                           (out_of_memory == 1 ? "it" : "them") + ", or lower train.batch (a new run)");
   // The matrix goes on past a failed run, but scripts and CI must see it.
   return failed > 0 ? 1 : 0;
 }
@@ -350,12 +416,12 @@ int follow_rank_zero(const Matrix& matrix, const PluginRegistry& registry, const
 
 int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const RunnerOptions& options) {
   const std::string db = options.db.empty() ? "results/" + matrix.name + ".db" : options.db;
-  if (options.dry_run) return list_runs(matrix, db);
+  if (options.dry_run) return list_runs(matrix, db, options.retry_failed);
   const WorldInfo world = world_from_environment();
   check_batches_divide(matrix, world.world_size);
   // Rank 0 goes through every run even when all finished before: the other
   // ranks wait for its word on each.
-  if (!world.distributed() && all_finished(matrix, db)) return 0;
+  if (!world.distributed() && all_finished(matrix, db, options.retry_failed)) return 0;
   const Tasks tasks = load_tasks_and_check_models(matrix, registry, options);
   std::unique_ptr<ProcessGroup> group;
   if (world.distributed()) {
@@ -370,6 +436,7 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
 
   boost::filesystem::create_directories(boost::filesystem::absolute(db).parent_path());
   Store store(db);
+  if (options.retry_failed) restart_failed(store, matrix.runs, db, std::cout);
   store.register_runs(matrix.runs);
   const RuntimeInfo runtime = probe_runtime(options.threads, options.gemm);
   std::cerr << describe(runtime) << "\n";
@@ -392,6 +459,11 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
     std::cerr << "chiar: " << e.what() << "\n";
     return 1;
   }
+}
+
+size_t retry_failed_runs(const Matrix& matrix, const std::string& db, std::ostream& report) {
+  Store store(db);
+  return restart_failed(store, matrix.runs, db, report);
 }
 
 std::vector<std::string> result_columns() {

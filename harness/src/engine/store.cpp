@@ -291,21 +291,48 @@ bool integrity_ok(const std::string& file) {
   }
 }
 
+void Store::insert_runs(const std::vector<RunSpec>& runs) {
+  // The family is metadata outside the hash: a later matrix may name it.
+  auto insert = db_.prepare(
+      "INSERT INTO runs(hash, name, matrix, variant, task, seed, spec, spec_toml, created_at, task_family) "
+      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULLIF(?, '')) "
+      "ON CONFLICT(hash) DO UPDATE SET task_family = COALESCE(excluded.task_family, task_family)");
+  const std::string now = now_iso();
+  for (const auto& r : runs) {
+    insert.bind(1, r.hash).bind(2, r.name()).bind(3, r.matrix).bind(4, r.variant).bind(5, r.task)
+        .bind(6, r.seed).bind(7, r.canonical).bind(8, r.resolved_toml).bind(9, now).bind(10, r.task_family);
+    insert.run();
+    insert.reset();
+  }
+}
+
 void Store::register_runs(const std::vector<RunSpec>& runs) {
+  db_.transaction([&] { insert_runs(runs); });
+}
+
+std::vector<std::string> Store::restart_failed(const std::vector<RunSpec>& runs) {
+  std::vector<std::string> restarted;
   db_.transaction([&] {
-    // The family is metadata outside the hash: a later matrix may name it.
-    auto insert = db_.prepare(
-        "INSERT INTO runs(hash, name, matrix, variant, task, seed, spec, spec_toml, created_at, task_family) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULLIF(?, '')) "
-        "ON CONFLICT(hash) DO UPDATE SET task_family = COALESCE(excluded.task_family, task_family)");
-    const std::string now = now_iso();
+    std::vector<RunSpec> failed_runs;
+    auto failed = db_.prepare("SELECT id FROM runs WHERE hash = ? AND status = 'failed'");
     for (const auto& r : runs) {
-      insert.bind(1, r.hash).bind(2, r.name()).bind(3, r.matrix).bind(4, r.variant).bind(5, r.task)
-          .bind(6, r.seed).bind(7, r.canonical).bind(8, r.resolved_toml).bind(9, now).bind(10, r.task_family);
-      insert.run();
-      insert.reset();
+      failed.bind(1, r.hash);
+      const bool was_failed = failed.step();
+      const int64_t id = was_failed ? failed.integer(0) : -1;
+      failed.reset();
+      if (!was_failed) continue;
+      for (const char* table : {"metrics", "train_log", "flops", "flops_reference", "routing", "histograms",
+                                "checkpoints"})
+        db_.prepare(std::string("DELETE FROM ") + table + " WHERE run_id = ?").bind(1, id).run();
+      db_.prepare("DELETE FROM runs WHERE id = ?").bind(1, id).run();
+      failed_runs.push_back(r);
+      restarted.push_back(r.name());
     }
+    // Back in the same transaction: no other process on the store ever
+    // finds the run missing.
+    insert_runs(failed_runs);
   });
+  return restarted;
 }
 
 ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed, bool sole_writer) {

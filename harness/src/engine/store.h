@@ -98,9 +98,19 @@ class Store {
   // the current schema. Both refuse (UserError) a database that is not a store
   // or is of a newer schema, before anything is written.
   explicit Store(const std::string& file, StoreAccess access = StoreAccess::ReadWrite);
+  // Refuses (UserError) what a ReadWrite Store would refuse of `file`, and
+  // writes nothing: for a command that checks every store it will write
+  // before it writes any.
+  static void check_writable(const std::string& file) { admitted(file, StoreAccess::ReadWrite); }
 
   // Adds a pending row for every spec not yet in the database.
   void register_runs(const std::vector<RunSpec>& runs);
+  // Replaces the record of every one of `runs` that ended failed (its row and
+  // everything logged, measured or checkpointed under it) with a pending
+  // row, as if new, in one transaction: `chiar run --retry-failed`. Returns
+  // the names of the runs restarted. Their checkpoint files go when each is
+  // claimed (a run that never started keeps none).
+  std::vector<std::string> restart_failed(const std::vector<RunSpec>& runs);
   // Claims a run; `resumed` tells whether it had started before. A run
   // marked running is left to its process while that lives (same host: the
   // pid; another host: a heartbeat within 10 minutes); with sole_writer the
@@ -140,6 +150,8 @@ class Store {
 
  private:
   int64_t run_id(const std::string& hash);
+  // Pending rows for the specs not yet in the database; inside a transaction.
+  void insert_runs(const std::vector<RunSpec>& runs);
   void migrate();
   void add_column_if_missing(const std::string& column);
   void check_readable();

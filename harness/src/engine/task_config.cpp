@@ -124,30 +124,4 @@ void check_task_options(const TaskConfig& config, const PluginRegistry& registry
   throw UserError(where + ": " + problem.what);
 }
 
-namespace {
-
-// The node at `path` in `file` or its includes, searched as they override
-// each other: the file itself, then its includes from the last one back.
-std::string locate_in(const boost::filesystem::path& file, const std::string& path, int depth) {
-  if (depth > 16) return "";  // the matrix reader has refused include cycles already
-  const toml::table root = toml_parse_file(file.string());
-  if (const toml::node* node = root.at_path(path).node()) return toml_where(*node);
-  const toml::node* includes = root.get("include");
-  if (!includes || !includes->is_array()) return "";
-  const auto& list = *includes->as_array();
-  for (size_t i = list.size(); i-- > 0;) {
-    if (!list[i].is_string()) continue;
-    const boost::filesystem::path name = list[i].as_string()->get();
-    const std::string found = locate_in(name.is_absolute() ? name : file.parent_path() / name, path, depth + 1);
-    if (!found.empty()) return found;
-  }
-  return "";
-}
-
-}  // namespace
-
-std::string locate_toml_key(const std::string& file, const std::string& path) {
-  return locate_in(file, path, 0);
-}
-
 }  // namespace chiar

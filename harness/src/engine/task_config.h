@@ -44,9 +44,4 @@ TaskOptionProblem find_task_option_problem(const TaskConfig& config, const Plugi
 // files is opened.
 void check_task_options(const TaskConfig& config, const PluginRegistry& registry);
 
-// "file:line:column" where a dotted key path is set in a TOML file or in the
-// files it includes (the including file first, as a matrix merges them);
-// "" when none sets it.
-std::string locate_toml_key(const std::string& file, const std::string& path);
-
 }  // namespace chiar

@@ -492,14 +492,13 @@ void adopt_legacy_checkpoints(Run& run) {
     at::Tensor v;
     archive.read("step", v);
     step = v.item<int64_t>();
-  } catch (const c10::Error& e) {
-    say(run, state_file + ": unreadable checkpoint (" + e.what_without_backtrace() + "); starting over");
-    return;  // the file goes with the other unrecorded ones
   } catch (const std::exception& e) {
-    // libtorch's archive reader throws plain runtime_errors on some damage
-    // (tests/fuzz/crashes/checkpoint/libtorch_type_parser_runtime_error).
-    say(run, state_file + ": unreadable checkpoint (" + e.what() + "); starting over");
-    return;
+    // Memory running out says nothing about the file: keep it, stop the run.
+    if (is_out_of_memory(e)) throw;
+    // libtorch's archive reader throws c10::Errors, and plain runtime_errors
+    // on some damage (tests/fuzz/crashes/checkpoint/libtorch_type_parser_runtime_error).
+    say(run, state_file + ": unreadable checkpoint (" + message_of(e) + "); starting over");
+    return;  // the file goes with the other unrecorded ones
   }
   say(run, state_file + " predates checksummed checkpoints; resuming from its step " + std::to_string(step) +
                " unverified");

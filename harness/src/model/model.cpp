@@ -82,6 +82,39 @@ std::string missing_router_message(const ModelOptions& options, const std::strin
   return "";
 }
 
+LayerOperators make_layer_operators(const PluginRegistry& registry, const ModelOptions& o, size_t layer) {
+  LayerOperators made;
+  for (const auto& requested : split_layer_spec(o.layers().at(layer))) {
+    const std::string name = registry.canonical("operator", requested);
+    OperatorSpec spec;
+    spec.d_model = o.d_model();
+    spec.n_heads = o.n_heads();
+    spec.seed = o.seed() * 1000003ULL + layer * 101ULL + made.names.size();
+    auto params = o.operator_params().find(name);
+    if (params == o.operator_params().end()) params = o.operator_params().find(requested);
+    if (params != o.operator_params().end()) spec.params = params->second;
+    made.operators.push_back(registry.make_operator(name, spec));
+    made.names.push_back(name);
+  }
+  return made;
+}
+
+std::shared_ptr<Router> make_layer_router(const PluginRegistry& registry, const ModelOptions& o, size_t layer,
+                                          const std::vector<std::string>& names) {
+  RouterSpec spec;
+  spec.d_model = o.d_model();
+  spec.operators = names;
+  spec.seed = o.seed() * 1000003ULL + layer * 101ULL + 77ULL;
+  spec.params = o.router_params();
+  return registry.make_router(o.router(), spec);
+}
+
+std::string model_shape_problem(const ModelOptions& o) {
+  if (o.d_model() >= 1 && o.n_heads() >= 1 && o.d_model() % o.n_heads() == 0) return "";
+  return "model: d_model (" + std::to_string(o.d_model()) + ") must be a positive multiple of n_heads (" +
+         std::to_string(o.n_heads()) + ")";
+}
+
 FeedForward::FeedForward(int64_t d, int64_t mult, double dropout) {
   up_ = register_module("up", torch::nn::Linear(d, mult * d));
   down_ = register_module("down", torch::nn::Linear(mult * d, d));
@@ -109,9 +142,7 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
     throw UserError(missing_layers_message("operators loaded: " + loaded(registry, "operator")));
   if (const std::string m = missing_router_message(o, "routers loaded: " + loaded(registry, "router")); !m.empty())
     throw UserError(m);
-  if (o.d_model() < 1 || o.n_heads() < 1 || o.d_model() % o.n_heads() != 0)
-    throw UserError("model: d_model (" + std::to_string(o.d_model()) +
-                    ") must be a positive multiple of n_heads (" + std::to_string(o.n_heads()) + ")");
+  if (const std::string m = model_shape_problem(o); !m.empty()) throw UserError(m);
   if (o.vocab_size() < 1) throw UserError("model: vocab_size must be positive");
   if (o.head() == TaskHead::Classifier && o.n_classes() < 2)
     throw UserError("model: a classifier needs n_classes >= 2");
@@ -124,37 +155,17 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
   embed_drop_ = register_module("embed_drop", torch::nn::Dropout(o.dropout()));
 
   for (size_t i = 0; i < o.layers().size(); ++i) {
-    std::vector<std::string> names;
-    std::vector<std::shared_ptr<Operator>> ops;
-    for (const auto& requested : split_layer_spec(o.layers()[i])) {
-      const std::string name = registry.canonical("operator", requested);
-      OperatorSpec spec;
-      spec.d_model = o.d_model();
-      spec.n_heads = o.n_heads();
-      spec.seed = o.seed() * 1000003ULL + i * 101ULL + names.size();
-      auto params = o.operator_params().find(name);
-      if (params == o.operator_params().end()) params = o.operator_params().find(requested);
-      if (params != o.operator_params().end()) spec.params = params->second;
-      auto op = registry.make_operator(name, spec);
-      const auto traits = op->traits();
+    auto [names, ops] = make_layer_operators(registry, o, i);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const auto traits = ops[k]->traits();
       if (causal && !traits.causal)
-        throw UserError("layer " + std::to_string(i + 1) + ": operator '" + name +
+        throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
                         "' does not support causal language modelling (it reads future tokens)");
       if (!causal && !traits.padded)
-        throw UserError("layer " + std::to_string(i + 1) + ": operator '" + name +
+        throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
                         "' does not support padded classification inputs");
-      names.push_back(name);
-      ops.push_back(std::move(op));
     }
-    std::shared_ptr<Router> router;
-    if (ops.size() > 1) {
-      RouterSpec spec;
-      spec.d_model = o.d_model();
-      spec.operators = names;
-      spec.seed = o.seed() * 1000003ULL + i * 101ULL + 77ULL;
-      spec.params = o.router_params();
-      router = registry.make_router(o.router(), spec);
-    }
+    std::shared_ptr<Router> router = ops.size() > 1 ? make_layer_router(registry, o, i, names) : nullptr;
     auto layer = std::make_shared<MixingLayer>(static_cast<int64_t>(i), names, ops, router);
     layer->set_execution(o.execution());
     mixing_.push_back(register_module("mix" + std::to_string(i), layer));

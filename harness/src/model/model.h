@@ -140,4 +140,23 @@ std::string missing_layers_message(const std::string& operators_hint);
 // names come from.
 std::string missing_router_message(const ModelOptions& options, const std::string& routers_hint);
 
+// The operators of layer `layer` (0-based) of the plan, as the model makes
+// them: canonical names in plan order, each with its options from
+// `operator_params` and the layer's seeds. Throws the registry's UserError
+// for an unknown name or option.
+struct LayerOperators {
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<Operator>> operators;
+};
+LayerOperators make_layer_operators(const PluginRegistry& registry, const ModelOptions& options, size_t layer);
+
+// The router over a routed layer's operators (`names`, canonical), as the
+// model makes it. Throws the registry's UserError.
+std::shared_ptr<Router> make_layer_router(const PluginRegistry& registry, const ModelOptions& options, size_t layer,
+                                          const std::vector<std::string>& names);
+
+// The refusal of a width that the heads do not divide, or "":
+//   model: d_model (64) must be a positive multiple of n_heads (5)
+std::string model_shape_problem(const ModelOptions& options);
+
 }  // namespace chiar

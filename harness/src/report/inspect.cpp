@@ -123,10 +123,9 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
     torch::serialize::InputArchive archive;
     archive.load_from(checkpoint_, at::Device(at::kCPU));  // inspection runs on the CPU, wherever it trained
     model_->load(archive);
-  } catch (const c10::Error& e) {
-    throw UserError(checkpoint_ + ": not a checkpoint of this run's model: " + e.what_without_backtrace());
-  } catch (const std::runtime_error& e) {
-    throw UserError(checkpoint_ + ": not a checkpoint of this run's model: " + e.what());
+  } catch (const std::exception& e) {  // c10::Error, or a plain runtime_error on some damage
+    if (is_out_of_memory(e)) throw;  // the machine's failure, not the file's (exit 3)
+    throw UserError(checkpoint_ + ": not a checkpoint of this run's model: " + message_of(e));
   }
   model_->eval();
 }
