@@ -17,6 +17,7 @@
 #include "engine/runner.h"
 #include "engine/trainer.h"
 #include "report/claims.h"
+#include "report/tabular.h"
 #include "report/report.h"
 #include "chiar/error.h"
 #include "commands.h"
@@ -42,22 +43,6 @@ void check_devices_of(const RunArgs& a, const engine::Matrix& matrix, bool data_
                       "\": the processes of a data-parallel run average gradients over Gloo in host memory; train on "
                       "\"cpu\", or in one process on the GPU");
   }
-}
-
-std::string csv_cell(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
 }
 
 // The variants a store holds runs of.
@@ -169,7 +154,8 @@ int run_report(const Global& g, const ReportArgs& a) {
   registry.load_default(g.plugin_dirs);
   const auto files =
       report::write_report(view.db(), out, a.baseline.empty() ? "baseline" : a.baseline, claims, registry, view.label());
-  std::cout << "wrote " << files.markdown << ", " << files.html << " and " << files.images.size() << " charts\n";
+  std::cout << "wrote " << files.markdown << ", " << files.html << ", " << files.images.size()
+            << " charts, and the claims table as " << files.claims_csv << " and " << files.claims_json << "\n";
   return 0;
 }
 
@@ -209,7 +195,7 @@ int run_export(const Global&, const ShowArgs& a) {
     for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c];
     out << "\n";
     for (const auto& r : rows) {
-      for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << csv_cell(r.cells[c]);
+      for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << report::csv_cell(r.cells[c]);
       out << "\n";
     }
   } else {
@@ -219,7 +205,7 @@ int run_export(const Global&, const ShowArgs& a) {
       for (size_t c = 0; c < columns.size(); ++c) {
         const std::string& v = rows[i].cells[c];
         const bool numeric = c >= 3 && !v.empty();
-        out << (c ? ", " : "") << json_string(columns[c]) << ": " << (v.empty() ? "null" : numeric ? v : json_string(v));
+        out << (c ? ", " : "") << report::json_string(columns[c]) << ": " << (v.empty() ? "null" : numeric ? v : report::json_string(v));
       }
       out << "}";
     }

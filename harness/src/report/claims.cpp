@@ -7,196 +7,19 @@
 #include <cstdio>
 #include <map>
 #include <optional>
-#include <set>
-
-#include <boost/dll/runtime_symbol_info.hpp>
-#include <boost/filesystem.hpp>
-
-#include "chiar/error.h"
-#include "engine/suggest.h"
-#include "engine/toml_values.h"
 
 namespace chiar::report {
 namespace {
 
-// What a claim may measure, and how the report writes it.
-struct MetricInfo {
-  const char* name;
-  double scale;      // stored value -> shown value
-  const char* format;  // printf format of the shown value
-  const char* unit;    // after a reduction's values
-};
-
-const MetricInfo kMetrics[] = {
-    {"token_ppl", 1, "%.2f", ""},
-    {"word_ppl", 1, "%.2f", ""},
-    {"bits_per_byte", 1, "%.4f", ""},
-    {"accuracy", 100, "%.2f%%", ""},
-    {"attention_gflops", 1, "%.4f", " GFLOPs per sequence"},
-    {"total_gflops", 1, "%.4f", " GFLOPs per sequence"},
-    {"share", 100, "%.1f%%", ""},
-};
-
-const MetricInfo* metric_info(const std::string& name) {
-  for (const auto& m : kMetrics)
-    if (name == m.name) return &m;
-  return nullptr;
-}
-
-const char* const kKinds[] = {"compare", "reduction", "share"};
-const char* const kRoles[] = {"cheap_mixing", "intermediate_mixing", "global_mixing"};
-const char* const kKeys[] = {"id",        "text",      "kind",     "task",  "family",   "variants", "metric",
-                             "better",    "paper",     "reduction", "tolerance", "operator", "role", "threshold"};
 constexpr const char* kBaseline = "$baseline";
+constexpr double kAlpha = 0.05;  // the family-wise error rate of a report's verdicts
+// A share of exactly 0 or 1 has no logit; seeds are held this far inside.
+constexpr double kShareFloor = 1e-4;
 
 OperatorRole role_of(const std::string& name) {
   if (name == "cheap_mixing") return OperatorRole::CheapMixing;
   if (name == "global_mixing") return OperatorRole::GlobalMixing;
   return OperatorRole::IntermediateMixing;
-}
-
-template <class Names>
-std::vector<std::string> names_of(const Names& names) {
-  return std::vector<std::string>(std::begin(names), std::end(names));
-}
-
-[[noreturn]] void fail(const toml::node& at, const std::string& key, const std::string& what) {
-  throw UserError(toml_where(at) + ": key '" + key + "': " + what);
-}
-
-// Variant names defined by the files `file` includes, and theirs.
-void collect_variants(const std::string& file, const toml::table& root, std::set<std::string>& variants,
-                      std::vector<std::string>& chain) {
-  if (const toml::node* v = root.get("variants"); v && v->is_table())
-    for (const auto& [name, value] : *v->as_table()) variants.insert(std::string(name.str()));
-  const toml::node* inc = root.get("include");
-  if (!inc) return;
-  const toml::array* list = inc->as_array();
-  if (!list) fail(*inc, "include", "expected a list of file names");
-  const auto dir = boost::filesystem::path(file).parent_path();
-  for (const auto& item : *list) {
-    if (!item.is_string()) fail(item, "include", "expected a list of file names");
-    const boost::filesystem::path name = item.as_string()->get();  // absolute, or relative to this file
-    const std::string path = (name.is_absolute() ? name : dir / name).string();
-    boost::system::error_code ec;
-    if (!boost::filesystem::is_regular_file(path, ec)) fail(item, "include", "cannot open '" + path + "'");
-    const std::string canonical = boost::filesystem::weakly_canonical(path).string();
-    if (std::find(chain.begin(), chain.end(), canonical) != chain.end()) fail(item, "include", "include cycle");
-    chain.push_back(canonical);
-    collect_variants(path, toml_parse_file(path), variants, chain);
-    chain.pop_back();
-  }
-}
-
-std::vector<std::string> strings(const toml::node& n, const std::string& key) {
-  std::vector<std::string> out;
-  if (n.is_string()) return {n.as_string()->get()};
-  const toml::array* a = n.as_array();
-  if (!a || a->empty()) fail(n, key, "expected a string or a non-empty list of strings");
-  for (const auto& item : *a) {
-    if (!item.is_string()) fail(item, key, "expected a string or a non-empty list of strings");
-    out.push_back(item.as_string()->get());
-  }
-  return out;
-}
-
-double number(const toml::node& n, const std::string& key) {
-  if (const auto i = n.as_integer()) return static_cast<double>(i->get());
-  if (const auto f = n.as_floating_point()) return f->get();
-  fail(n, key, "expected a number");
-}
-
-std::string text(const toml::node& n, const std::string& key) {
-  if (!n.is_string()) fail(n, key, "expected a string");
-  return n.as_string()->get();
-}
-
-ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::set<std::string>& variants) {
-  ClaimSpec c;
-  c.where = toml_where(t);
-  c.task = "*";
-  const auto key = [&](const std::string& k) { return path + "." + k; };
-  for (const auto& [k, v] : t)
-    if (std::find(std::begin(kKeys), std::end(kKeys), k.str()) == std::end(kKeys))
-      fail(v, key(std::string(k.str())), "unknown key" + engine::did_you_mean(std::string(k.str()), names_of(kKeys)));
-  const auto required = [&](const char* k) -> const toml::node& {
-    const toml::node* n = t.get(k);
-    if (!n) throw UserError(c.where + ": key '" + key(k) + "': missing");
-    return *n;
-  };
-  c.id = text(required("id"), key("id"));
-  c.text = text(required("text"), key("text"));
-  const toml::node& kind = required("kind");
-  c.kind = text(kind, key("kind"));
-  if (std::find(std::begin(kKinds), std::end(kKinds), c.kind) == std::end(kKinds))
-    fail(kind, key("kind"), "unknown kind '" + c.kind + "'" + engine::did_you_mean(c.kind, names_of(kKinds)));
-  if (const toml::node* n = t.get("task")) c.task = text(*n, key("task"));
-  if (const toml::node* n = t.get("family")) {
-    if (t.get("task")) fail(*n, key("family"), "a claim names a task or a family, not both");
-    c.family = text(*n, key("family"));
-  }
-
-  const toml::node& vs = required("variants");
-  c.variants = strings(vs, key("variants"));
-  const size_t want = c.kind == "share" ? 1 : 2;
-  if (c.variants.size() != want)
-    fail(vs, key("variants"), "a " + c.kind + " claim names " + std::to_string(want) + " variant" +
-                                  (want > 1 ? "s" : "") + ", found " + std::to_string(c.variants.size()));
-  const std::vector<std::string> known(variants.begin(), variants.end());
-  for (const auto& v : c.variants)
-    if (v != kBaseline && !variants.count(v))
-      fail(vs, key("variants"), "unknown variant '" + v + "'" +
-                                    (known.empty() ? std::string(" (the file and its includes define no [variants])")
-                                                   : engine::did_you_mean(v, known)));
-
-  const toml::node& ms = required("metric");
-  c.metrics = strings(ms, key("metric"));
-  for (const auto& m : c.metrics) {
-    if (!metric_info(m)) {
-      std::vector<std::string> all;
-      for (const auto& info : kMetrics) all.push_back(info.name);
-      fail(ms, key("metric"), "unknown metric '" + m + "'" + engine::did_you_mean(m, all));
-    }
-    if ((m == "share") != (c.kind == "share"))
-      fail(ms, key("metric"), c.kind == "share" ? "a share claim measures 'share'" : "only a share claim measures 'share'");
-  }
-  const toml::node& bs = required("better");
-  c.better = strings(bs, key("better"));
-  if (c.better.size() != c.metrics.size())
-    fail(bs, key("better"), "expected one direction per metric (" + std::to_string(c.metrics.size()) + "), found " +
-                                std::to_string(c.better.size()));
-  for (const auto& b : c.better)
-    if (b != "lower" && b != "higher") fail(bs, key("better"), "expected \"lower\" or \"higher\", found '" + b + "'");
-
-  if (const toml::node* p = t.get("paper")) {
-    const toml::array* a = p->as_array();
-    if (!a) fail(*p, key("paper"), "expected a list of numbers");
-    for (const auto& item : *a) c.paper.push_back(number(item, key("paper")));
-  }
-  // Keys that belong to one kind only.
-  const auto only = [&](const char* k, const std::string& kind_of_key) {
-    if (const toml::node* n = t.get(k); n && c.kind != kind_of_key)
-      fail(*n, key(k), "only a " + kind_of_key + " claim takes it");
-  };
-  for (const char* k : {"reduction", "tolerance"}) only(k, "reduction");
-  for (const char* k : {"operator", "role", "threshold"}) only(k, "share");
-  if (c.kind == "reduction") {
-    c.reduction = number(required("reduction"), key("reduction"));
-    c.tolerance = number(required("tolerance"), key("tolerance"));
-  }
-  if (c.kind == "share") {
-    const toml::node* op = t.get("operator");
-    const toml::node* role = t.get("role");
-    if (!op == !role) throw UserError(c.where + ": key '" + key("operator") + "': a share claim names an operator or a role");
-    if (op) c.op = text(*op, key("operator"));
-    if (role) {
-      c.role = text(*role, key("role"));
-      if (std::find(std::begin(kRoles), std::end(kRoles), c.role) == std::end(kRoles))
-        fail(*role, key("role"), "unknown role '" + c.role + "'" + engine::did_you_mean(c.role, names_of(kRoles)));
-    }
-    c.threshold = number(required("threshold"), key("threshold"));
-  }
-  return c;
 }
 
 const VariantSummary* find(const Summary& s, const std::string& task, const std::string& variant) {
@@ -214,6 +37,11 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 }
 
 std::string shown(const MetricInfo& m, double value) { return fmt(m.format, value * m.scale); }
+
+// A difference in the metric's shown units: percentage points for a percentage.
+std::string shown_difference(const MetricInfo& m, double value) {
+  return fmt("%+.2f", value * m.scale) + (m.scale == 100 ? " pp" : "");
+}
 
 bool is_pattern(const std::string& task) { return task.find_first_of("*?[") != std::string::npos; }
 
@@ -234,17 +62,18 @@ std::string task_label(const ClaimSpec& c, const std::string& task) {
   return c.family.empty() ? task : task + " (family: " + c.family + ")";
 }
 
-// What a claim about no measured task lacks.
-std::string needs(const ClaimSpec& c, const std::string& a, const std::string& b) {
-  if (!c.family.empty()) return "needs " + a + " and " + b + " on a task of family '" + c.family + "'";
-  return "needs " + a + " and " + b + (is_pattern(c.task) ? " on one task" : " on task " + c.task);
+// What a claim about no task of the store lacks.
+std::string needs(const ClaimSpec& c, const std::string& variants) {
+  if (!c.family.empty()) return "needs " + variants + " on a task of family '" + c.family + "'";
+  return "needs " + variants + (is_pattern(c.task) ? " on a task matching '" + c.task + "'" : " on task " + c.task);
 }
 
 // A variant's test metric per seed (the best-validation checkpoint), for
 // the finished runs that report it.
-std::map<int64_t, double> per_seed(const VariantSummary& v, const std::string& metric) {
+std::map<int64_t, double> per_seed(const VariantSummary* v, const std::string& metric) {
   std::map<int64_t, double> out;
-  for (const RunRow* r : v.runs) {
+  if (!v) return out;
+  for (const RunRow* r : v->runs) {
     if (metric == "attention_gflops") out[r->seed] = r->attn_fwd / 1e9;
     else if (metric == "total_gflops") out[r->seed] = r->total_fwd / 1e9;
     else if (const auto it = r->test_best.find(metric); it != r->test_best.end()) out[r->seed] = it->second;
@@ -257,6 +86,8 @@ std::vector<double> values(const std::map<int64_t, double>& by_seed) {
   for (const auto& [seed, value] : by_seed) out.push_back(value);
   return out;
 }
+
+double mean(const std::vector<double>& v) { return v.empty() ? NAN : stat_of(v).mean; }
 
 // The runs of a variant on a task that give it no value (diverged, failed or
 // unfinished), e.g. "chiar_soft 2 diverged, 1 unfinished"; "" for none. Only
@@ -291,244 +122,115 @@ std::pair<std::vector<double>, std::vector<double>> shared_seeds(const std::map<
   return out;
 }
 
-// "a beats b" on one task, by the first metric of the claim's list that a
-// reports; nullopt when either variant has no finished run there.
-std::optional<Comparison> compare_on(const Summary& s, const ClaimSpec& c, const std::string& task,
-                                     const std::string& a, const std::string& b) {
-  const VariantSummary* w = find(s, task, a);
-  const VariantSummary* l = find(s, task, b);
-  if (!w || !l) return std::nullopt;
-  for (size_t i = 0; i < c.metrics.size(); ++i) {
-    const auto x = per_seed(*w, c.metrics[i]);
-    if (x.empty()) continue;
-    const auto y = per_seed(*l, c.metrics[i]);
-    if (y.empty()) return std::nullopt;
-    Comparison out;
-    out.task = task_label(c, task);
-    out.a = a;
-    out.b = b;
-    out.metric = c.metrics[i];
-    out.lower_better = c.better[i] == "lower";
-    out.n_a = static_cast<int>(x.size());
-    out.n_b = static_cast<int>(y.size());
-    out.mean_a = stat_of(values(x)).mean;
-    out.mean_b = stat_of(values(y)).mean;
-    for (const std::string& side : {a, b})
-      if (const std::string missing = left_out(s, task, side); !missing.empty())
-        out.left_out += (out.left_out.empty() ? "" : "; ") + missing;
-    if (out.n_a >= kMinSeedsPerSide && out.n_b >= kMinSeedsPerSide) {
-      // A seed fixes both variants' initialisation and data order, so the
-      // test is paired over the seeds both finished when there are enough:
-      // what the seed alone explains cancels, and a seed one variant lost
-      // (diverged, failed) leaves the other's run out too. Else Welch's t.
-      const auto [shared_x, shared_y] = shared_seeds(x, y);
-      out.test = static_cast<int>(shared_x.size()) >= kMinSeedsPerSide ? paired_difference(shared_x, shared_y)
-                                                                       : welch_difference(values(x), values(y));
-      out.p_adjusted = out.test->p;
-    }
-    return out;
-  }
-  return std::nullopt;
+// Which of the claim's metrics a task is compared on: the first one a
+// finished run of either variant reports there (the first of the list when
+// none does, so that the missing runs are named in the claim's terms).
+size_t metric_on(const ClaimSpec& c, const VariantSummary* x, const VariantSummary* y) {
+  for (size_t i = 0; i < c.metrics.size(); ++i)
+    if (!per_seed(x, c.metrics[i]).empty() || !per_seed(y, c.metrics[i]).empty()) return i;
+  return 0;
 }
 
-constexpr double kAlpha = 0.05;
-
-// A comparison's verdict once its p-value is adjusted.
-std::string decide(const Comparison& c) {
-  if (!c.test) return "not enough seeds";
-  const Difference& d = *c.test;
-  const bool below = d.hi < 0, above = d.lo > 0;
-  if ((!below && !above) || c.p_adjusted >= kAlpha) return "inconclusive";
-  return below == c.lower_better ? "holds" : "does not hold";
+// The part of a row every kind shares: which task, which variants, what
+// was left out, and what keeps a test from running.
+TaskTest base_row(const ClaimSpec& c, const Summary& s, const TaskSummary& t, const std::string& a,
+                  const std::string& b, size_t metric) {
+  TaskTest row;
+  row.task = t.task;
+  row.label = task_label(c, t.task);
+  row.metric = c.metrics[metric];
+  row.lower_better = c.better[metric] == "lower";
+  row.a = a;
+  row.b = b;
+  for (const std::string& side : {a, b})
+    if (!side.empty())
+      if (const std::string lost = left_out(s, t.task, side); !lost.empty())
+        row.left_out += (row.left_out.empty() ? "" : "; ") + lost;
+  return row;
 }
 
-std::string p_text(double p) { return p < 0.001 ? "p < 0.001" : fmt("p = %.3f", p); }
-
-// One comparison as the report states it, e.g. "wikitext103: chiar_dct_attn
-// 32.00 vs baseline 62.00 (3 and 3 seeds); difference -30.00, 95% CI
-// [-31.20, -28.80], paired by seed, p < 0.001 (Holm, 5 tests), d_z = -12.10".
-std::string describe(const Comparison& c, size_t tests) {
-  const MetricInfo& m = *metric_info(c.metric);
-  std::string out = c.task + ": " + c.a + " " + shown(m, c.mean_a) + " vs " + c.b + " " + shown(m, c.mean_b) +
-                    fmt(" (%.0f and %.0f seeds", c.n_a, c.n_b);
-  if (!c.left_out.empty()) out += "; left out: " + c.left_out;
-  if (!c.test) return out + fmt("; a verdict needs %.0f per side)", kMinSeedsPerSide);
-  const Difference& d = *c.test;
-  const std::string unit = m.scale == 100 ? " pp" : "";  // percentages differ by percentage points
-  out += fmt("); difference %+.2f", d.diff * m.scale) + unit +
-         fmt(", 95%% CI [%+.2f, %+.2f]", d.lo * m.scale, d.hi * m.scale) +
-         (!d.paired                                  ? ", Welch's t, "
-          : d.n_a == c.n_a && d.n_b == c.n_b ? ", paired by seed, "
-                                               : fmt(", paired by seed over the %.0f both finished, ", d.n_a)) +
-         p_text(c.p_adjusted);
-  if (tests > 1) out += fmt(" (Holm, %.0f tests)", static_cast<double>(tests));
-  if (std::isnan(d.effect)) return out + (d.paired ? ", d_z n/a (no spread)" : ", g n/a (no spread)");
-  return out + fmt(d.paired ? ", d_z = %+.2f" : ", g = %+.2f", d.effect);
+// Names the variants without a finished run that reports the metric.
+void name_missing(TaskTest& row, bool a_empty, bool b_empty) {
+  if (a_empty && b_empty) row.missing = row.a + " and " + row.b + " have no finished run";
+  else if (a_empty || b_empty) row.missing = (a_empty ? row.a : row.b) + " has no finished run";
 }
 
-// Whether our difference (a - b) points the way the paper's values do.
-std::string direction_of(const ClaimSpec& spec, const Claim& claim) {
-  if (spec.paper.size() != 2 || claim.comparisons.empty()) return "";
-  int agree = 0, disagree = 0;
-  for (const auto& c : claim.comparisons) {
-    const double ours = c.mean_a - c.mean_b, theirs = spec.paper[0] - spec.paper[1];
-    if (ours == 0 || theirs == 0) continue;
-    ((ours > 0) == (theirs > 0) ? agree : disagree) += 1;
+// "a beats b" on one task: the per-seed difference, paired by seed over the
+// seeds both finished when there are enough, else Welch's t.
+TaskTest compare_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, const std::string& a,
+                    const std::string& b) {
+  const VariantSummary* w = find(s, t.task, a);
+  const VariantSummary* l = find(s, t.task, b);
+  TaskTest row = base_row(c, s, t, a, b, metric_on(c, w, l));
+  const auto x = per_seed(w, row.metric), y = per_seed(l, row.metric);
+  row.n_a = static_cast<int>(x.size());
+  row.n_b = static_cast<int>(y.size());
+  row.mean_a = mean(values(x));
+  row.mean_b = mean(values(y));
+  name_missing(row, x.empty(), y.empty());
+  if (row.n_a < kMinSeedsPerSide || row.n_b < kMinSeedsPerSide) return row;
+  // A seed fixes both variants' initialisation and data order, so what the
+  // seed alone explains cancels in the paired test; a seed one variant lost
+  // (diverged, failed) leaves the other's run out too.
+  const auto [shared_x, shared_y] = shared_seeds(x, y);
+  row.test = static_cast<int>(shared_x.size()) >= kMinSeedsPerSide ? paired_difference(shared_x, shared_y)
+                                                                   : welch_difference(values(x), values(y));
+  row.estimate = row.test->diff;
+  const auto all_positive = [](const std::vector<double>& v) {
+    return std::all_of(v.begin(), v.end(), [](double x) { return x > 0; });
+  };
+  if (std::isfinite(c.effect_ratio) && all_positive(values(x)) && all_positive(values(y))) {
+    const auto logs = [](std::vector<double> v) {
+      for (double& e : v) e = std::log(e);
+      return v;
+    };
+    row.log_ratio = row.test->paired ? paired_difference(logs(shared_x), logs(shared_y))
+                                     : welch_difference(logs(values(x)), logs(values(y)));
   }
-  if (agree + disagree == 0) return "";
-  return disagree == 0 ? "agrees" : agree == 0 ? "disagrees" : "mixed";
+  return row;
 }
 
-// The claim's verdict and text from its comparisons, after Holm: one task
-// decides alone; over a pattern every task must be tested and agree.
-void conclude(Claim& claim, size_t tests) {
-  if (claim.comparisons.empty()) return;
-  std::vector<std::string> verdicts;
-  for (auto& c : claim.comparisons) {
-    c.verdict = decide(c);
-    claim.measured += (claim.measured.empty() ? "" : "; ") + describe(c, tests);
-    if (c.verdict != "not enough seeds") verdicts.push_back(c.verdict);
+// The cut a variant's metric makes against another's on one task, per seed
+// over the seeds both finished: 100 (1 - a / b), in percent.
+TaskTest reduction_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, const std::string& a,
+                      const std::string& b) {
+  TaskTest row = base_row(c, s, t, a, b, 0);
+  const auto x = per_seed(find(s, t.task, a), row.metric), y = per_seed(find(s, t.task, b), row.metric);
+  row.n_a = static_cast<int>(x.size());
+  row.n_b = static_cast<int>(y.size());
+  row.mean_a = mean(values(x));
+  row.mean_b = mean(values(y));
+  name_missing(row, x.empty(), y.empty());
+  if (row.n_a < kMinSeedsPerSide || row.n_b < kMinSeedsPerSide) return row;
+  const auto [shared_x, shared_y] = shared_seeds(x, y);
+  std::vector<double> cuts;
+  for (size_t i = 0; i < shared_x.size(); ++i)
+    cuts.push_back(shared_y[i] > 0 ? 100.0 * (1.0 - shared_x[i] / shared_y[i]) : NAN);
+  if (static_cast<int>(cuts.size()) < kMinSeedsPerSide) {
+    row.missing = fmt("a cut needs %.0f seeds both variants finished, found %.0f", kMinSeedsPerSide,
+                      static_cast<double>(cuts.size()));
+    return row;
   }
-  if (verdicts.size() < claim.comparisons.size()) {
-    claim.verdict = "not enough seeds";
-    return;
-  }
-  const bool same = std::all_of(verdicts.begin(), verdicts.end(), [&](const std::string& v) { return v == verdicts[0]; });
-  claim.verdict = same ? verdicts[0] : "inconclusive";
+  row.test = one_sample(cuts, 0.0);
+  row.estimate = row.test->diff;
+  return row;
 }
 
-// A FLOP reduction on one task, executed and analytic, with the one sentence
-// that explains a gap: "wikitext103: -58.1% executed (1.8790 -> 0.7870
-// GFLOPs per sequence; 3 and 3 seeds), -62.9% for a sparse execution of the
-// 37.1% of routed-layer tokens attention got; the gap is attention computed
-// densely for every position".
-std::string reduction_on(const Summary& s, const ClaimSpec& c, const std::string& task, const VariantSummary& x,
-                         const VariantSummary& y) {
-  const MetricInfo& m = *metric_info(c.metrics.front());
-  const auto vx = per_seed(x, c.metrics.front()), vy = per_seed(y, c.metrics.front());
-  const double ex = stat_of(values(vx)).mean, ey = stat_of(values(vy)).mean;
-  const double executed = ey > 0 ? 100.0 * (1.0 - ex / ey) : 0;
-  std::string out = task_label(c, task) + fmt(": %.1f%% executed (", -executed) + shown(m, ey) + " -> " + shown(m, ex) + m.unit +
-                    fmt("; %.0f and %.0f seeds", static_cast<double>(vy.size()), static_cast<double>(vx.size()));
-  if (static_cast<int>(std::min(vx.size(), vy.size())) < kMinSeedsPerSide)
-    return out + fmt("; a verdict needs %.0f per side)", kMinSeedsPerSide);
-  out += ")";
-  if (c.metrics.front() != "attention_gflops") return out;
-  // The analytic count: what a sparse execution of the routed share needs.
-  std::vector<double> sparse_x, sparse_y, share;
-  for (const RunRow* r : x.runs) {
-    sparse_x.push_back(r->attn_fwd_sparse);
-    double routed = 0;
-    for (const auto& [op, value] : r->final_share)
-      if (s.operators.traits(op).attention_flops) routed += value;
-    if (!r->final_share.empty()) share.push_back(routed);
-  }
-  for (const RunRow* r : y.runs) sparse_y.push_back(r->attn_fwd_sparse);
-  const double sy = stat_of(sparse_y).mean;
-  if (!(sy > 0)) return out;
-  const double sparse = 100.0 * (1.0 - stat_of(sparse_x).mean / sy);
-  out += fmt(", %.1f%% for a sparse execution", -sparse);
-  if (!share.empty()) out += fmt(" of the %.1f%% of routed-layer tokens attention got", 100 * stat_of(share).mean);
-  const double gap_to_claim = std::abs(executed - c.reduction);
-  if (gap_to_claim <= c.tolerance) return out;
-  // Which of the two explains the distance from the claim.
-  if (std::abs(sparse - c.reduction) <= c.tolerance)
-    return out + fmt("; the %.1f points to the claim are attention computed densely for every position "
-                     "(dense routed execution)", gap_to_claim);
-  return out + fmt("; the claim's %.1f%% needs a different routed share: the share drifted from the one "
-                   "the claim assumes", c.reduction);
+double logit(double p) {
+  const double q = std::clamp(p, kShareFloor, 1 - kShareFloor);
+  return std::log(q / (1 - q));
 }
 
-}  // namespace
+double expit(double x) { return 1 / (1 + std::exp(-x)); }
 
-std::vector<ClaimSpec> load_claims(const std::string& file) {
-  boost::system::error_code ec;
-  if (!boost::filesystem::is_regular_file(file, ec))
-    throw UserError(file + ": no such claims file (chiar report takes one with --claims FILE)");
-  const toml::table root = toml_parse_file(file);
-  for (const auto& [k, v] : root)
-    if (k.str() != "include" && k.str() != "claims")
-      fail(v, std::string(k.str()), "unknown key" + engine::did_you_mean(std::string(k.str()), {"claims", "include"}));
-  std::set<std::string> variants;
-  std::vector<std::string> chain{boost::filesystem::weakly_canonical(file).string()};
-  collect_variants(file, root, variants, chain);
-  std::vector<ClaimSpec> out;
-  const toml::node* claims = root.get("claims");
-  if (!claims) return out;
-  const toml::array* list = claims->as_array();
-  if (!list || !list->is_array_of_tables()) fail(*claims, "claims", "expected [[claims]] tables");
-  std::set<std::string> ids;
-  for (size_t i = 0; i < list->size(); ++i) {
-    const std::string path = "claims[" + std::to_string(i) + "]";
-    out.push_back(read_claim(*list->get(i)->as_table(), path, variants));
-    if (!ids.insert(out.back().id).second)
-      fail(*list->get(i)->as_table()->get("id"), path + ".id", "claim '" + out.back().id + "' appears twice");
-  }
-  return out;
-}
-
-std::string default_claims_file() {
-  const std::string relative = "configs/claims.toml";
-  boost::system::error_code ec;
-  if (boost::filesystem::is_regular_file(relative, ec)) return relative;
-  const auto prefix = boost::dll::program_location(ec).parent_path().parent_path();
-  if (ec) return relative;
-  // build/chiar in the source tree; <prefix>/bin/chiar once installed.
-  for (const auto& candidate : {prefix / relative, prefix / "share/chiar" / relative})
-    if (boost::filesystem::is_regular_file(candidate, ec)) return candidate.string();
-  return relative;
-}
-
-namespace {
-
-// A claim's measurements; compare claims get their verdicts in conclude().
-Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& baseline) {
-  const auto variant = [&](size_t i) { return c.variants[i] == kBaseline ? baseline : c.variants[i]; };
-  const std::string a = variant(0);
-  Claim out{c.id, c.text, "", "", "not enough seeds", "", {}};
-  for (double p : c.paper) out.paper += (out.paper.empty() ? "" : " vs ") + fmt("%g", p);
-
-  if (c.kind == "compare") {
-    const std::string b = variant(1);
-    for (const auto& t : s.tasks)
-      if (about(c, t.task, t.family))
-        if (auto one = compare_on(s, c, t.task, a, b)) out.comparisons.push_back(std::move(*one));
-    if (out.comparisons.empty()) out.measured = needs(c, a, b);
-    return out;
-  }
-
-  if (c.kind == "reduction") {
-    const std::string b = variant(1);
-    int holds = 0, total = 0, thin = 0;
-    for (const auto& t : s.tasks) {
-      if (!about(c, t.task, t.family)) continue;
-      const VariantSummary* x = find(s, t.task, a);
-      const VariantSummary* y = find(s, t.task, b);
-      if (!x || !y) continue;
-      const auto vx = per_seed(*x, c.metrics.front()), vy = per_seed(*y, c.metrics.front());
-      if (vx.empty() || vy.empty()) continue;
-      const std::string part = reduction_on(s, c, t.task, *x, *y);
-      out.measured += (out.measured.empty() ? "" : "; ") + part;
-      if (static_cast<int>(std::min(vx.size(), vy.size())) < kMinSeedsPerSide) {
-        ++thin;
-        continue;
-      }
-      const double cut = 100.0 * (1.0 - stat_of(values(vx)).mean / stat_of(values(vy)).mean);
-      ++total;
-      holds += std::abs(cut - c.reduction) <= c.tolerance;
-    }
-    // Like a comparison over a pattern: every task, or no verdict.
-    if (total && !thin) out.verdict = holds == total ? "holds" : "does not hold";
-    else if (!thin) out.measured = needs(c, a, b);
-    return out;
-  }
-
-  // "share": the operator's (or role's) share over the routed layers at the
-  // end of training, averaged over the variant's finished runs.
+// The final routing share the variant's finished runs give the claim's
+// operator (or role) on one task, tested on the logit scale against the
+// threshold's logit, so that its interval stays inside (0, 1).
+TaskTest share_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, const std::string& a) {
+  TaskTest row = base_row(c, s, t, a, "", 0);
   std::vector<double> shares;
-  std::vector<std::string> seen;  // operators counted, for the text
   for (const auto& r : s.runs) {
-    if (r.variant != a || r.status != engine::RunStatus::Done || !about(c, r.task, r.family)) continue;
+    if (r.variant != a || r.task != t.task || r.status != engine::RunStatus::Done) continue;
     double share = 0;
     bool any = false;
     for (const auto& [op, value] : r.final_share) {
@@ -536,63 +238,414 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
       if (!counted) continue;
       share += value;
       any = true;
-      if (std::find(seen.begin(), seen.end(), op) == seen.end()) seen.push_back(op);
     }
     if (any) shares.push_back(share);
   }
-  if (shares.empty()) {
-    out.measured = "needs finished " + a + " runs";
-    return out;
+  row.n_a = static_cast<int>(shares.size());
+  row.mean_a = mean(shares);
+  if (shares.empty()) row.missing = a + " has no finished run with routing records";
+  if (row.n_a < kMinSeedsPerSide) return row;
+  std::vector<double> logits;
+  for (double v : shares) logits.push_back(logit(v));
+  row.test = one_sample(logits, logit(c.threshold));
+  row.estimate = expit(row.test->diff + logit(c.threshold));
+  return row;
+}
+
+}  // namespace
+
+// ---- Verdicts: every interval at the table's simultaneous level ----------
+
+namespace {
+
+namespace v = verdict;
+
+// Whether a row's test enters the family of tests: it has a spread to
+// measure against. A row whose seeds all agree has an exact value instead.
+bool tested(const TaskTest& r) { return r.test && std::isfinite(r.test->diff) && r.test->se > 0; }
+
+std::string p_text(double p) { return p < 0.001 ? "p < 0.001" : fmt("p = %.3f", p); }
+
+// The sign the paper gives a - b: from its stated effect, else from its two
+// values; 0 when it states neither.
+int paper_sign(const ClaimSpec& c) {
+  const auto sign = [](double x) { return (x > 0) - (x < 0); };
+  if (std::isfinite(c.effect)) return sign(c.effect);
+  if (std::isfinite(c.effect_ratio)) return sign(c.effect_ratio - 1);
+  if (c.paper.size() == 2) return sign(c.paper[0] - c.paper[1]);
+  return 0;
+}
+
+// "compatible with the paper's +35.50 pp", or "rules out the paper's
+// +35.50 pp: at most +1.26 pp": where the paper's effect lies against our
+// simultaneous interval.
+std::string against_paper_effect(const TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
+  const MetricInfo& m = *metric_info(row.metric);
+  if (std::isfinite(c.effect)) {
+    const double e = c.effect / m.scale;
+    const std::string theirs = "the paper's " + shown_difference(m, e);
+    if (e > row.hi) return "rules out " + theirs + ": at most " + shown_difference(m, row.hi);
+    if (e < row.lo) return "rules out " + theirs + ": at least " + shown_difference(m, row.lo);
+    return "compatible with " + theirs;
   }
-  const bool enough = static_cast<int>(shares.size()) >= kMinSeedsPerSide;
+  if (!std::isfinite(c.effect_ratio)) return "";
+  if (!row.log_ratio || !(row.log_ratio->se > 0))
+    return fmt("the paper's ratio %.4g not tested (a value not above 0, or no spread)", c.effect_ratio);
+  const Interval at = interval_at(*row.log_ratio, table.confidence);
+  const double lo = std::exp(at.lo), hi = std::exp(at.hi);
+  const std::string ours = fmt("ratio %.3f [%.3f, %.3f]", std::exp(row.log_ratio->diff), lo, hi);
+  if (c.effect_ratio > hi || c.effect_ratio < lo) return ours + fmt(" rules out the paper's %.4g", c.effect_ratio);
+  return ours + fmt(", compatible with the paper's %.4g", c.effect_ratio);
+}
+
+// Two one-sided tests at the table's level: is the difference inside
+// (-margin, +margin)?
+std::string equivalence_of(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
+  if (!std::isfinite(c.margin)) return "";
+  const MetricInfo& m = *metric_info(row.metric);
+  row.equivalence_p = std::min(1.0, tost_p(*row.test, c.margin / m.scale) * table.tests);
+  const std::string band = fmt("within ±%.2f", c.margin) + (m.scale == 100 ? " pp" : "");
+  const std::string how = " (two one-sided tests, adjusted " + p_text(row.equivalence_p) + ")";
+  return (row.equivalence_p < kAlpha ? "equivalent " : "not shown equivalent ") + band + how;
+}
+
+void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
+  if (!row.test) {
+    row.verdict = v::kNotEnoughSeeds;
+    return;
+  }
+  const Difference& d = *row.test;
+  row.raw_lo = d.lo;
+  row.raw_hi = d.hi;
+  const int sign = paper_sign(c);
+  if (!std::isfinite(d.diff)) {
+    row.verdict = v::kNoVerdict;
+    row.note = "a metric is NaN";
+    return;
+  }
+  if (sign) row.direction = "undecided";
+  if (!(d.se > 0)) {
+    row.no_spread = true;
+    row.lo = row.hi = d.diff;
+    row.verdict = v::kInconclusive;
+    row.note = "identical across seeds: every seed gives the same difference, so there is no spread to test it "
+               "against and no p-value";
+    return;
+  }
+  const Interval at = interval_at(d, table.confidence);
+  row.lo = at.lo;
+  row.hi = at.hi;
+  // Bonferroni: p m < alpha exactly when the interval at 1 - alpha / m
+  // excludes zero, so the p-value and the interval never disagree.
+  row.p_adjusted = std::min(1.0, d.p * table.tests);
+  const bool above = at.lo > 0, below = at.hi < 0;
+  if (above || below) {
+    row.verdict = below == row.lower_better ? v::kHolds : v::kDoesNotHold;
+    if (sign) row.direction = (above ? 1 : -1) == sign ? "agrees" : "contradicts";
+  } else {
+    row.verdict = v::kInconclusive;
+  }
+  row.paper_effect = against_paper_effect(row, c, table);
+  row.equivalence = equivalence_of(row, c, table);
+}
+
+// The executed cut of attention FLOPs against the analytic one (what a
+// sparse execution of the routed share needs), and which explains a miss.
+std::string explain_attention_cut(const Summary& s, const ClaimSpec& c, const TaskTest& row) {
+  const VariantSummary* x = find(s, row.task, row.a);
+  const VariantSummary* y = find(s, row.task, row.b);
+  if (row.metric != "attention_gflops" || !x || !y) return "";
+  std::vector<double> sparse_x, sparse_y, share;
+  for (const RunRow* r : x->runs) {
+    sparse_x.push_back(r->attn_fwd_sparse);
+    double routed = 0;
+    for (const auto& [op, value] : r->final_share)
+      if (s.operators.traits(op).attention_flops) routed += value;
+    if (!r->final_share.empty()) share.push_back(routed);
+  }
+  for (const RunRow* r : y->runs) sparse_y.push_back(r->attn_fwd_sparse);
+  const double sy = mean(sparse_y);
+  if (!(sy > 0)) return "";
+  const double sparse = 100.0 * (1.0 - mean(sparse_x) / sy);
+  std::string out = fmt("; %.1f%% for a sparse execution", -sparse);
+  if (!share.empty()) out += fmt(" of the %.1f%% of routed-layer tokens attention got", 100 * mean(share));
+  const double gap_to_claim = std::abs(row.estimate - c.reduction);
+  if (gap_to_claim <= c.tolerance) return out;
+  if (std::abs(sparse - c.reduction) <= c.tolerance)
+    return out + fmt("; the %.1f points to the claim are attention computed densely for every position "
+                     "(dense routed execution)", gap_to_claim);
+  return out + fmt("; the claim's %.1f%% needs a different routed share: the share drifted from the one "
+                   "the claim assumes", c.reduction);
+}
+
+void decide_reduction(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
+  if (!row.test) {
+    row.verdict = v::kNotEnoughSeeds;
+    return;
+  }
+  const Difference& d = *row.test;
+  row.raw_lo = d.lo;
+  row.raw_hi = d.hi;
+  if (!std::isfinite(d.diff)) {
+    row.verdict = v::kNoVerdict;
+    row.note = "a metric is NaN, or the second variant's is 0";
+    return;
+  }
+  const double low = c.reduction - c.tolerance, high = c.reduction + c.tolerance;
+  if (!(d.se > 0)) {
+    row.no_spread = true;
+    row.lo = row.hi = d.diff;
+    if (metric_info(row.metric)->exact) {
+      // A FLOP count is the same on every seed by construction: the cut is
+      // exact, and it is inside the band or not.
+      row.verdict = d.diff >= low && d.diff <= high ? v::kHolds : v::kDoesNotHold;
+    } else {
+      row.verdict = v::kInconclusive;
+      row.note = "identical across seeds: there is no spread to test the cut against";
+    }
+    return;
+  }
+  const Interval at = interval_at(d, table.confidence);
+  row.lo = at.lo;
+  row.hi = at.hi;
+  if (at.lo >= low && at.hi <= high) row.verdict = v::kHolds;
+  else if (at.hi < low || at.lo > high) row.verdict = v::kDoesNotHold;
+  else row.verdict = v::kInconclusive;
+}
+
+void decide_share(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
+  if (!row.test) {
+    row.verdict = v::kNotEnoughSeeds;
+    return;
+  }
+  const Difference& d = *row.test;  // on the logit scale, against the threshold's logit
+  const double shift = logit(c.threshold);
+  row.raw_lo = expit(d.lo + shift);
+  row.raw_hi = expit(d.hi + shift);
+  if (!(d.se > 0)) {
+    row.no_spread = true;
+    row.lo = row.hi = row.estimate;
+    row.verdict = v::kInconclusive;
+    row.note = "identical across seeds: there is no spread to test the share against";
+    return;
+  }
+  const Interval at = interval_at(d, table.confidence);
+  row.lo = expit(at.lo + shift);
+  row.hi = expit(at.hi + shift);
+  const bool lower = c.better.front() == "lower";
+  if (lower ? row.hi < c.threshold : row.lo > c.threshold) row.verdict = v::kHolds;
+  else if (lower ? row.lo > c.threshold : row.hi < c.threshold) row.verdict = v::kDoesNotHold;
+  else row.verdict = v::kInconclusive;
+}
+
+// ---- What each row says ---------------------------------------------------
+
+std::string seeds_text(const TaskTest& row, bool two_sides) {
+  std::string out = two_sides ? fmt("%.0f and %.0f seeds", row.n_a, row.n_b) : fmt("%.0f runs", row.n_a);
+  if (!row.left_out.empty()) out += "; left out: " + row.left_out;
+  if (!row.missing.empty()) return out + "; " + row.missing;
+  if (!row.test) out += fmt("; a verdict needs %.0f per side", kMinSeedsPerSide);
+  return out;
+}
+
+std::string interval_text(const TaskTest& row, const MetricInfo& m) {
+  if (row.no_spread) return ", identical across seeds";
+  return " [" + shown_difference(m, row.lo) + ", " + shown_difference(m, row.hi) + "]";
+}
+
+// e.g. "chiar_dct_attn 32.00 vs baseline 62.00 (3 and 3 seeds); difference
+// -30.00 [-31.20, -28.80], paired by seed, p = 0.002, d_z = -12.10".
+std::string describe_compare(const TaskTest& row) {
+  const MetricInfo& m = *metric_info(row.metric);
+  const auto side = [&](const std::string& name, double value, int n) {
+    return name + (n > 0 ? " " + shown(m, value) : "");
+  };
+  std::string out = side(row.a, row.mean_a, row.n_a) + " vs " + side(row.b, row.mean_b, row.n_b) + " (" +
+                    seeds_text(row, true) + ")";
+  if (!row.test || row.verdict == v::kNoVerdict) return out;
+  const Difference& d = *row.test;
+  out += "; difference " + shown_difference(m, d.diff) + interval_text(row, m);
+  out += !d.paired                                  ? ", Welch's t"
+         : d.n_a == row.n_a && d.n_b == row.n_b ? ", paired by seed"
+                                                   : fmt(", paired by seed over the %.0f both finished", d.n_a);
+  if (row.no_spread) return out + ", no p-value";
+  out += ", adjusted " + p_text(row.p_adjusted);
+  if (!std::isnan(d.effect)) out += fmt(d.paired ? ", d_z = %+.2f" : ", g = %+.2f", d.effect);
+  for (const std::string* part : {&row.paper_effect, &row.equivalence})
+    if (!part->empty()) out += "; " + *part;
+  return out;
+}
+
+// e.g. "-62.5% executed (8.0000 -> 3.0000 GFLOPs per sequence; 3 and 3
+// seeds), identical across seeds, against the claim's -62.5 ± 5.0%".
+std::string describe_reduction(const TaskTest& row, const ClaimSpec& c, const Summary& s) {
+  const MetricInfo& m = *metric_info(row.metric);
+  if (row.n_a == 0 || row.n_b == 0) return row.a + " vs " + row.b + " (" + seeds_text(row, true) + ")";
+  std::string out = row.test ? fmt("%.1f%% executed", -row.estimate)
+                             : fmt("%.1f%% executed", -100.0 * (1.0 - row.mean_a / row.mean_b));
+  out += " (" + shown(m, row.mean_b) + " -> " + shown(m, row.mean_a) + m.unit + "; " + seeds_text(row, true) + ")";
+  if (!row.test) return out;
+  out += row.no_spread ? ", the same on every seed" : fmt(", interval [%.1f%%, %.1f%%]", -row.hi, -row.lo);
+  out += fmt(" against the claim's %.1f ± %.1f%%", -c.reduction, c.tolerance);
+  return out + explain_attention_cut(s, c, row);
+}
+
+// e.g. "RBF share 3.0% (3 runs), [0.5%, 5.5%] against the claim's 10.0%".
+std::string describe_share(const TaskTest& row, const ClaimSpec& c, const std::string& who) {
+  const MetricInfo& m = *metric_info("share");
+  if (row.n_a == 0) return row.a + " (" + seeds_text(row, false) + ")";
+  const double share = row.test ? row.estimate : row.mean_a;  // the logit scale's mean once tested
+  std::string out = who + " share " + shown(m, share) + " (" + seeds_text(row, false) + ")";
+  if (!row.test) return out;
+  out += row.no_spread ? ", identical across seeds" : ", [" + shown(m, row.lo) + ", " + shown(m, row.hi) + "]";
+  return out + " against the claim's " + shown(m, c.threshold);
+}
+
+// ---- One verdict over a claim's tasks -------------------------------------
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+void combine(Claim& claim) {
+  if (claim.tasks.empty()) {
+    claim.verdict = v::kNotEnoughSeeds;
+    return;
+  }
+  std::map<std::string, std::vector<std::string>> by;  // verdict -> task labels
+  std::vector<std::string> lacking;                     // "task: what it lacks"
+  int agree = 0, contradict = 0, undecided = 0;
+  for (const auto& row : claim.tasks) {
+    by[row.verdict].push_back(row.task);
+    if (row.verdict == v::kNotEnoughSeeds)
+      lacking.push_back(row.task + " (" + (row.missing.empty() ? seeds_text(row, !row.b.empty()) : row.missing) + ")");
+    agree += row.direction == "agrees";
+    contradict += row.direction == "contradicts";
+    undecided += row.direction == "undecided";
+  }
+  const auto& holds = by[v::kHolds];
+  const auto& fails = by[v::kDoesNotHold];
+  std::vector<std::string> open = by[v::kInconclusive];
+  open.insert(open.end(), by[v::kNoVerdict].begin(), by[v::kNoVerdict].end());
+  const auto part = [&](const char* word, const std::vector<std::string>& names) {
+    return names.empty() ? std::string() : std::string(word) + " on " + joined(names);
+  };
+  const auto detail = [&](std::initializer_list<std::string> parts) {
+    std::string out;
+    for (const auto& p : parts)
+      if (!p.empty()) out += (out.empty() ? "" : "; ") + p;
+    return out;
+  };
+  const bool several = claim.tasks.size() > 1;
+  if (!lacking.empty()) {
+    claim.verdict = v::kNotEnoughSeeds;
+    claim.detail = "lacking on " + joined(lacking);
+  } else if (!holds.empty() && !fails.empty()) {
+    claim.verdict = v::kTaskDependent;
+    claim.detail = detail({part("holds", holds), part("does not hold", fails), part("open", open)});
+  } else if ((!holds.empty() || !fails.empty()) && !open.empty()) {
+    claim.verdict = v::kPartlyDecided;
+    claim.detail = detail({part("holds", holds), part("does not hold", fails), part("open", open)});
+  } else if (!holds.empty()) {
+    claim.verdict = v::kHolds;
+  } else if (!fails.empty()) {
+    claim.verdict = v::kDoesNotHold;
+  } else {
+    claim.verdict = by[v::kNoVerdict].size() == claim.tasks.size() ? v::kNoVerdict : v::kInconclusive;
+  }
+  if (!several && claim.verdict != v::kNotEnoughSeeds) claim.detail.clear();
+  const int with = agree + contradict + undecided;
+  if (with == 0) claim.direction = "";
+  else if (agree && contradict) claim.direction = "mixed";
+  else if (agree == with) claim.direction = "agrees";
+  else if (contradict == with) claim.direction = "contradicts";
+  else if (agree || contradict)
+    claim.direction = fmt(agree ? "agrees on %.0f of %.0f tasks" : "contradicts on %.0f of %.0f tasks",
+                          static_cast<double>(agree + contradict), static_cast<double>(with));
+  else claim.direction = "undecided";
+}
+
+// A claim's rows, one per task it is about, measured but not yet decided.
+Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& baseline) {
+  const auto variant = [&](size_t i) { return c.variants[i] == kBaseline ? baseline : c.variants[i]; };
+  Claim out;
+  out.id = c.id;
+  out.kind = c.kind;
+  out.claim = c.text;
+  for (double p : c.paper) out.paper += (out.paper.empty() ? "" : " vs ") + fmt("%g", p);
+  const std::string a = variant(0), b = c.kind == "share" ? "" : variant(1);
+  for (const auto& t : s.tasks) {
+    if (!about(c, t.task, t.family)) continue;
+    if (c.kind == "compare") out.tasks.push_back(compare_on(c, s, t, a, b));
+    else if (c.kind == "reduction") out.tasks.push_back(reduction_on(c, s, t, a, b));
+    else out.tasks.push_back(share_on(c, s, t, a));
+  }
+  if (out.tasks.empty()) out.measured = needs(c, b.empty() ? "finished " + a + " runs" : a + " and " + b);
+  return out;
+}
+
+// How a share claim names what it counts: the operators its rows saw, in
+// registry order, by their display names ("RBF", "DCT + Fourier").
+std::string share_subject(const ClaimSpec& c, const Summary& s, const std::string& variant) {
+  std::vector<std::string> seen;
+  for (const auto& r : s.runs) {
+    if (r.variant != variant) continue;
+    for (const auto& [op, value] : r.final_share) {
+      const bool counted = c.op.empty() ? s.operators.traits(op).role == role_of(c.role) : op == c.op;
+      if (counted && std::find(seen.begin(), seen.end(), op) == seen.end()) seen.push_back(op);
+    }
+  }
   std::sort(seen.begin(), seen.end(), [&](const std::string& x, const std::string& y) {
     return s.operators.order(x) != s.operators.order(y) ? s.operators.order(x) < s.operators.order(y) : x < y;
   });
   std::string who;
   for (const auto& op : seen) who += (who.empty() ? "" : " + ") + s.operators.traits(op).display_name;
-  const Stat st = stat_of(shares);
-  const MetricInfo& share = *metric_info("share");
-  out.measured = "mean " + who + " share in routed layers at the end of training: " + shown(share, st.mean) +
-                 fmt(" over %.0f runs", st.n);
-  if (!enough) return out;
-  // Like a comparison, a share is judged by its interval, not its mean: the
-  // claim holds when the runs' whole 95% interval lies on its side of the
-  // threshold, fails when it lies wholly on the other.
-  const double lo = st.mean - st.ci95, hi = st.mean + st.ci95;
-  out.measured += ", 95% CI [" + shown(share, lo) + ", " + shown(share, hi) + "] against the claim's " +
-                  shown(share, c.threshold);
-  const bool lower = c.better.front() == "lower";
-  if (lower ? hi < c.threshold : lo > c.threshold) out.verdict = "holds";
-  else if (lower ? lo > c.threshold : hi < c.threshold) out.verdict = "does not hold";
-  else out.verdict = "inconclusive";
-  return out;
+  return who.empty() ? (c.op.empty() ? c.role : c.op) : who;
 }
 
 }  // namespace
 
-Claim evaluate_claim(const ClaimSpec& c, const Summary& s, const std::string& baseline) {
-  return evaluate_claims({c}, s, baseline).front();
+ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline) {
+  ClaimsTable table;
+  for (const auto& c : claims) table.claims.push_back(measure_claim(c, s, baseline));
+  for (const auto& claim : table.claims)
+    for (const auto& row : claim.tasks) table.tests += tested(row);
+  table.confidence = 1 - kAlpha / std::max(1, table.tests);
+  // Holm's adjusted p-values of the comparisons, for the export: never
+  // larger than Bonferroni's, which the verdicts use.
+  std::vector<double> p;
+  for (const auto& claim : table.claims)
+    for (const auto& row : claim.tasks)
+      if (claim.kind == "compare" && tested(row)) p.push_back(row.test->p);
+  const std::vector<double> holm = holm_adjusted(p);
+  size_t next = 0;
+  for (size_t i = 0; i < claims.size(); ++i) {
+    Claim& claim = table.claims[i];
+    const ClaimSpec& c = claims[i];
+    const std::string who =
+        c.kind == "share" ? share_subject(c, s, c.variants[0] == kBaseline ? baseline : c.variants[0]) : "";
+    for (auto& row : claim.tasks) {
+      if (c.kind == "compare") {
+        if (tested(row)) row.p_holm = holm[next++];
+        decide_compare(row, c, table);
+        row.measured = describe_compare(row);
+      } else if (c.kind == "reduction") {
+        decide_reduction(row, c, table);
+        row.measured = describe_reduction(row, c, s);
+      } else {
+        decide_share(row, c, table);
+        row.measured = describe_share(row, c, who);
+      }
+    }
+    combine(claim);
+  }
+  return table;
 }
 
-std::vector<Claim> evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s,
-                                   const std::string& baseline) {
-  std::vector<Claim> out;
-  for (const auto& c : claims) out.push_back(measure_claim(c, s, baseline));
-  // Holm over every comparison with a test, across all claims.
-  std::vector<double> p;
-  for (const auto& claim : out)
-    for (const auto& comparison : claim.comparisons)
-      if (comparison.test) p.push_back(comparison.test->p);
-  const std::vector<double> adjusted = holm_adjusted(p);
-  size_t next = 0;
-  for (auto& claim : out)
-    for (auto& comparison : claim.comparisons)
-      if (comparison.test) comparison.p_adjusted = adjusted[next++];
-  for (size_t i = 0; i < out.size(); ++i) {
-    conclude(out[i], p.size());
-    out[i].direction = direction_of(claims[i], out[i]);
-  }
-  return out;
+Claim evaluate_claim(const ClaimSpec& c, const Summary& s, const std::string& baseline) {
+  return evaluate_claims({c}, s, baseline).claims.front();
 }
 
 }  // namespace chiar::report

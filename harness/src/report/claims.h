@@ -1,6 +1,9 @@
 #pragma once
 // The paper's claims, read from a claims file (configs/claims.toml), and
-// their verdicts against a store's summary.
+// their verdicts against a store's summary: one test per task a claim is
+// about, every interval at one simultaneous level, and a combined verdict
+// over the tasks (docs/usage.md#how-a-verdict-is-decided).
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,54 +18,101 @@ namespace chiar::report {
 struct ClaimSpec {
   std::string id;
   std::string text;  // the paper's statement, with its numbers
-  // "compare": variants[0] beats variants[1] on the metric, on the task, or on
-  //   every task a pattern (or family) matches that has both;
+  // "compare": variants[0] beats variants[1] on the metric, on every task the
+  //   claim is about;
   // "reduction": variants[0]'s metric is `reduction` % below variants[1]'s,
-  //   within `tolerance` points, on every task the pattern matches that has both;
-  // "share": the mean final routing share that variants[0]'s finished runs give
-  //   the operator (or the operators of the role) is on the `better` side of
-  //   `threshold`.
+  //   within `tolerance` points, on every task;
+  // "share": the final routing share variants[0]'s runs give the operator
+  //   (or the operators of the role) is on the `better` side of `threshold`,
+  //   on every task.
   std::string kind;
   std::string task;                   // a task name, or a glob over task names
   // Instead of a task: the tasks whose table sets this "family" (a CPU-scale
   // corpus standing in for "large natural text"); the report names them.
   std::string family;
   std::vector<std::string> variants;  // two, or one for "share"
-  // The first metric of the list the variant reports is compared, with the
-  // direction at the same place: "lower" or "higher" is better.
+  // The first metric of the list the task's runs report is compared, with
+  // the direction at the same place: "lower" or "higher" is better.
   std::vector<std::string> metrics;
   std::vector<std::string> better;
   std::vector<double> paper;  // the paper's values, per variant, in the report's units
+  // "compare": the effect the paper asserts, variants[0] - variants[1] in the
+  // report's units (percentage points for accuracy), or as the ratio
+  // variants[0] / variants[1]; and the smallest difference of interest, for
+  // an equivalence test (two one-sided tests). NaN when the file gives none.
+  double effect = NAN, effect_ratio = NAN, margin = NAN;
   double reduction = 0, tolerance = 0;  // "reduction", in percent
   std::string op, role;                 // "share": an operator name, or a role
   double threshold = 0;                 // "share": a fraction of tokens
   std::string where;                    // file:line:column of the claim
 };
 
-// One test of a compare claim: the two variants on one task.
-struct Comparison {
-  std::string task, a, b, metric;  // "a beats b" on the metric
+// The per-task verdicts, and the combined ones over a claim's tasks.
+namespace verdict {
+constexpr const char* kHolds = "holds";
+constexpr const char* kDoesNotHold = "does not hold";
+constexpr const char* kInconclusive = "inconclusive";
+constexpr const char* kNotEnoughSeeds = "not enough seeds";
+constexpr const char* kNoVerdict = "no verdict";          // a NaN metric
+constexpr const char* kTaskDependent = "task-dependent";  // combined only: some tasks hold, some do not
+constexpr const char* kPartlyDecided = "partly decided";  // combined only: decided one way on some, the rest open
+}  // namespace verdict
+
+// One claim's test on one task.
+struct TaskTest {
+  std::string task;    // as the store names it
+  std::string label;   // as the report names it: with the family a claim is about
+  std::string metric;  // the metric compared
+  std::string a, b;    // "a beats b"; b is "" for a share claim
   bool lower_better = true;
-  int n_a = 0, n_b = 0;            // finished seeds per side
-  std::string left_out;            // runs without a value, e.g. "chiar_soft 2 diverged"; "" for none
-  double mean_a = 0, mean_b = 0;   // as stored (accuracy as a fraction)
-  std::optional<Difference> test;  // none below kMinSeedsPerSide seeds on a side
-  double p_adjusted = 1;           // Holm-adjusted over every comparison the report tests
-  std::string verdict;             // "holds" | "does not hold" | "inconclusive" | "not enough seeds"
+  int n_a = 0, n_b = 0;   // finished seeds per side with a value
+  std::string left_out;   // runs without a value, e.g. "chiar_soft 2 diverged"; "" for none
+  std::string missing;    // what keeps the test from running, e.g. "chiar_soft has no finished run"
+  double mean_a = NAN, mean_b = NAN;  // as stored (accuracy and shares as fractions)
+  // The test, on the claim's scale: compare, a - b; reduction, the per-seed
+  // cut in percent; share, the logit of the share against the threshold's.
+  std::optional<Difference> test;
+  // compare with an effect_ratio: the same test on log(a) - log(b), whose
+  // interval, exponentiated, is that of the ratio a / b.
+  std::optional<Difference> log_ratio;
+  bool no_spread = false;     // every seed gave the same value: no p-value
+  double estimate = NAN;      // compare: a - b; reduction: cut in %; share: the share
+  double raw_lo = NAN, raw_hi = NAN;  // the 95% interval of the estimate, unadjusted
+  double lo = NAN, hi = NAN;          // at the report's simultaneous level
+  double p_adjusted = NAN;  // compare: Bonferroni-adjusted p; NaN without a test
+  double p_holm = NAN;      // compare: Holm-adjusted p, for the export
+  double equivalence_p = NAN;  // compare with a margin: TOST p, Bonferroni-adjusted
+  std::string verdict;     // a verdict:: word other than the combined-only ones
+  std::string direction;   // compare with the paper's values: "agrees", "contradicts", "undecided"; else ""
+  std::string paper_effect;  // "compatible with the paper's +35.5 pp" | "rules out the paper's ...: at most ..." | ""
+  std::string equivalence;   // "equivalent within ±1.00 pp" | "not shown equivalent within ±1.00 pp" | ""
+  std::string note;          // why the row reads as it does, where it could puzzle
+  std::string measured;      // the row as the report states it
 };
 
 struct Claim {
-  std::string id;
+  std::string id, kind;
   std::string claim;     // the paper's statement, with its numbers
   std::string paper;     // the paper's values side by side, e.g. "36.54 vs 66.62"; may be empty
-  std::string measured;  // what this database measured, with the test behind the verdict
-  // "holds" | "does not hold" | "inconclusive" | "not enough seeds"
+  // Combined over the tasks: holds (every task holds), does not hold (every
+  // task contradicts it), task-dependent (some each way), partly decided
+  // (one way on some, the rest inconclusive), inconclusive, not enough seeds
+  // (a task lacks them: never judged on the others), or no verdict.
   std::string verdict;
-  // Whether our difference points the way the paper's values do: "agrees",
-  // "disagrees", "mixed" (over several tasks, some each way), or "" (no paper
-  // values, or nothing measured).
-  std::string direction;
-  std::vector<Comparison> comparisons;  // compare claims: one per task tested
+  std::string detail;     // which tasks said what, e.g. "holds on lm; does not hold on lm2"
+  std::string direction;  // over the tasks: agrees, contradicts, mixed, undecided, "agrees on 1 of 2 tasks", or ""
+  std::vector<TaskTest> tasks;  // one per task the claim is about, in the store's order
+  std::string measured;   // a claim about no task the store holds: what it needs; else ""
+};
+
+// Every claim of a report, tested together: one family of `tests` tests
+// (every per-task test with a spread), each interval at `confidence` =
+// 1 - 0.05 / tests (Bonferroni), so all of them hold together with 95%
+// probability, and each verdict read off its interval.
+struct ClaimsTable {
+  std::vector<Claim> claims;
+  int tests = 0;
+  double confidence = 0.95;
 };
 
 // Reads a claims file and every file it includes (for the variants it may
@@ -76,24 +126,21 @@ std::vector<ClaimSpec> load_claims(const std::string& file);
 // installed chiar.
 std::string default_claims_file();
 
-// One claim's verdict, tested alone (Holm over its own comparisons). A claim
-// with fewer than kMinSeedsPerSide finished seeds on a side of every task it
-// is about is "not enough seeds": no verdict comes from one or two seeds.
-//   compare: per task, the difference of the two variants' per-seed test
-//     metrics with its 95% CI (paired by seed over the seeds both finished
-//     when there are 3 of them, else Welch's t); "holds" when the interval and
-//     the Holm-adjusted p (< 0.05) put it on the claimed side, "does not hold" on the other side,
-//     "inconclusive" when the interval contains zero or the adjusted p is
-//     0.05 or more. Over a task pattern or family: holds (or does not) when
-//     every task says so, inconclusive when they differ, and not enough seeds
-//     while any task lacks them (a family is not judged by some members).
-//   reduction: the metric's cut on every task, each side from >= 3 seeds.
-//   share: the variant's mean final share over >= 3 finished runs.
+// Every claim against the store's summary, with one simultaneous level over
+// all their per-task tests.
+ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline);
+
+// One claim tested alone: the level covers its own tasks only.
 Claim evaluate_claim(const ClaimSpec& claim, const Summary& s, const std::string& baseline);
 
-// Every claim, with Holm's correction over all their comparisons together;
-// the measured text says how many were tested.
-std::vector<Claim> evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s,
-                                   const std::string& baseline);
+// The metrics a claim may name, and how the report shows each.
+struct MetricInfo {
+  const char* name;
+  double scale;        // stored value -> shown value
+  const char* format;  // printf format of the shown value
+  const char* unit;    // after a reduction's values
+  bool exact;          // the same on every seed by construction (FLOP counts)
+};
+const MetricInfo* metric_info(const std::string& name);
 
 }  // namespace chiar::report

@@ -13,6 +13,7 @@
 #include "charts.h"
 #include "html.h"
 #include "claims.h"
+#include "claims_export.h"
 #include "equal_time.h"
 
 namespace chiar::report {
@@ -68,7 +69,7 @@ void write_intro(Pages& p, const std::string& title, const std::string& db, cons
          << "</title>\n<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;color:#222}"
             "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:4px 8px;"
             "text-align:right}th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}"
-            ".holds{color:#007a3d}.fails{color:#b00020}.unknown{color:#777}figure{margin:1.5em 0}"
+            ".holds{color:#007a3d}.fails{color:#b00020}.mixed{color:#a05a00}.unknown{color:#777}tr.claim td{border-top:2px solid #999}figure{margin:1.5em 0}"
             "figcaption{color:#555;font-size:0.9em}.swatch{display:inline-block;width:0.8em;height:0.8em;margin-right:4px}"
             "footer{margin-top:3em;font-size:0.85em;color:#555}</style></head><body>\n<h1>" << html_escape(title)
          << "</h1>\n<p>Generated " << today() << " from <code>" << html_escape(db) << "</code> by <code>chiar report</code>. "
@@ -158,36 +159,77 @@ void write_other_charts(Pages& p, const std::vector<Chart>& charts, const std::s
   }
 }
 
-void write_claims(Pages& p, const std::vector<Claim>& claims) {
-  size_t tests = 0;
-  for (const auto& c : claims)
-    for (const auto& comparison : c.comparisons) tests += comparison.test.has_value();
-  const std::string how =
-      "Each comparison is the difference of two variants' per-seed test metrics with its 95% confidence interval "
-      "(paired by seed over the seeds both variants finished when there are 3 of them, else Welch's t), a two-sided p-value and an effect "
-      "size (d_z paired, Hedges' g unpaired). " +
-      (tests == 0 ? std::string("No comparison here has the seeds to be tested.")
-                  : std::to_string(tests) + (tests == 1 ? " comparison was" : " comparisons were") +
-                        " tested; the p-values shown are Holm-adjusted over all of them.") +
-      " A claim holds (or does not) only when its "
-      "interval excludes zero on one side and the adjusted p is below 0.05, otherwise it is inconclusive; fewer "
-      "than " + std::to_string(kMinSeedsPerSide) + " finished seeds on a side give no verdict. A claim about "
-      "several tasks (a family or pattern) needs every one of them tested and agreeing. Only finished runs "
-      "count; diverged, failed and unfinished ones are named beside the seeds. Share claims are judged by their "
-      "own 95% interval and reduction claims by the mean cut against the claim's tolerance; neither is part of "
-      "the Holm correction.";
+// How the claims table decides, stated once above it.
+std::string claims_method(const ClaimsTable& t) {
+  const std::string level =
+      t.tests == 0 ? std::string("No row here has a spread to test, so no interval is adjusted.")
+                   : std::to_string(t.tests) + (t.tests == 1 ? " row has" : " rows have") +
+                         " a spread to test. Every interval shown is simultaneous: each at " +
+                         fixed(100 * t.confidence, 2) + "% (Bonferroni over " + std::to_string(t.tests) +
+                         (t.tests == 1 ? " test" : " tests") +
+                         "), so all of them hold together with 95% probability, and p-values are adjusted the "
+                         "same way (the export also gives each row's unadjusted 95% interval and Holm's p).";
+  return "Each claim is tested on every task it is about, one row per task. A comparison is the difference of two "
+         "variants' per-seed test metrics, paired by seed over the seeds both finished when there are " +
+         std::to_string(kMinSeedsPerSide) +
+         " of them, else Welch's t, with an effect size (d_z paired, Hedges' g unpaired). " + level +
+         " A row is decided exactly when its interval is: a comparison when it excludes zero, a reduction when "
+         "it lies inside or wholly outside the claim's tolerance band, a share (taken on the logit scale, so it "
+         "stays within 0-100%) when it lies on one side of the threshold. Runs identical across seeds have no "
+         "p-value and decide nothing, except FLOP counts, which are exact. Fewer than " +
+         std::to_string(kMinSeedsPerSide) +
+         " finished seeds on a side give no verdict, and no task drops out of a claim: it reads \"not enough "
+         "seeds\", naming what it lacks. Over several tasks a claim holds (or does not) when every task says so, "
+         "is task-dependent when some hold and some contradict it, partly decided when it is decided one way "
+         "on some and open on the rest, and inconclusive when no task decides. \"vs paper\" is agrees or "
+         "contradicts only where the interval excludes zero, else undecided. Only finished runs count; the "
+         "runs left out are named.";
+}
+
+const char* verdict_class(const std::string& verdict) {
+  if (verdict == verdict::kHolds) return "holds";
+  if (verdict == verdict::kDoesNotHold) return "fails";
+  if (verdict == verdict::kTaskDependent || verdict == verdict::kPartlyDecided) return "mixed";
+  return "unknown";
+}
+
+// One line of the claims table, in both formats.
+void write_claim_row(Pages& p, const std::string& claim, const std::string& paper, const std::string& task,
+                     const std::string& measured, const std::string& direction, const std::string& verdict,
+                     bool headline) {
+  const auto bold = [&](const std::string& x) { return headline && !x.empty() ? "**" + md_escape(x) + "**" : md_escape(x); };
+  p.md << "| " << bold(claim) << " | " << md_escape(paper) << " | " << md_escape(task) << " | " << md_escape(measured)
+       << " | " << direction << " | " << bold(verdict) << " |\n";
+  const auto strong = [&](const std::string& x) {
+    return headline && !x.empty() ? "<strong>" + html_escape(x) + "</strong>" : html_escape(x);
+  };
+  p.html << "<tr" << (headline ? " class=\"claim\"" : "") << "><td style=\"text-align:left\">" << strong(claim)
+         << "</td><td>" << html_escape(paper) << "</td><td style=\"text-align:left\">" << html_escape(task)
+         << "</td><td style=\"text-align:left\">" << html_escape(measured) << "</td><td>" << html_escape(direction)
+         << "</td><td class=\"" << verdict_class(verdict) << "\">" << strong(verdict) << "</td></tr>\n";
+}
+
+void write_claims(Pages& p, const ClaimsTable& table) {
+  const std::string how = claims_method(table);
   p.md << "## The paper's claims against this database\n\n" << how
-       << "\n\n| claim | paper | measured | direction vs paper | verdict |\n|---|---|---|---|---|\n";
+       << "\n\n| claim | paper | task | measured | vs paper | verdict |\n|---|---|---|---|---|---|\n";
   p.html << "<h2>The paper's claims against this database</h2>\n<p>" << html_escape(how)
-         << "</p>\n<table class=\"claims\"><tr><th>claim</th><th>paper</th><th>measured</th><th>direction vs paper</th>"
-            "<th>verdict</th></tr>\n";
-  for (const auto& c : claims) {
-    p.md << "| " << md_escape(c.claim) << " | " << md_escape(c.paper) << " | " << md_escape(c.measured) << " | "
-         << c.direction << " | " << c.verdict << " |\n";
-    const char* cls = c.verdict == "holds" ? "holds" : c.verdict == "does not hold" ? "fails" : "unknown";
-    p.html << "<tr><td style=\"text-align:left\">" << html_escape(c.claim) << "</td><td>" << html_escape(c.paper)
-           << "</td><td style=\"text-align:left\">" << html_escape(c.measured) << "</td><td>" << c.direction
-           << "</td><td class=\"" << cls << "\">" << c.verdict << "</td></tr>\n";
+         << "</p>\n<table class=\"claims\"><tr><th>claim</th><th>paper</th><th>task</th><th>measured</th>"
+            "<th>vs paper</th><th>verdict</th></tr>\n";
+  for (const auto& c : table.claims) {
+    const auto row_text = [](const TaskTest& r) { return r.note.empty() ? r.measured : r.measured + " (" + r.note + ")"; };
+    if (c.tasks.empty()) {
+      write_claim_row(p, c.claim, c.paper, "", c.measured, c.direction, c.verdict, true);
+    } else if (c.tasks.size() == 1) {
+      const TaskTest& r = c.tasks.front();
+      const std::string verdict = c.detail.empty() ? c.verdict : c.verdict + ": " + c.detail;
+      write_claim_row(p, c.claim, c.paper, r.label, row_text(r), r.direction, verdict, true);
+    } else {
+      const std::string verdict = c.detail.empty() ? c.verdict : c.verdict + ": " + c.detail;
+      write_claim_row(p, c.claim, c.paper, "all " + std::to_string(c.tasks.size()) + " tasks", "", c.direction,
+                      verdict, true);
+      for (const auto& r : c.tasks) write_claim_row(p, "", "", r.label, row_text(r), r.direction, r.verdict, false);
+    }
   }
   p.html << "</table>\n";
 }
@@ -345,9 +387,12 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   write_problems(pages, s);
   write_provenance(pages, s.provenance);
 
-  ReportFiles files{out + ".md", out + ".html", {}};
+  ReportFiles files{out + ".md", out + ".html", out + "-claims.csv", out + "-claims.json", {}};
   std::ofstream(files.markdown) << pages.md.str();
   std::ofstream(files.html) << pages.html.str();
+  std::ofstream claims_csv(files.claims_csv), claims_json(files.claims_json);
+  write_claims_csv(claims, claims_csv);
+  write_claims_json(claims, claims_json);
   for (const auto& c : charts) files.images.push_back(dir + "/" + c.file);
   return files;
 }

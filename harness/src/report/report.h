@@ -18,11 +18,13 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
 
 struct ReportFiles {
   std::string markdown, html;
+  std::string claims_csv, claims_json;  // the claims table, one record per (claim, task)
   std::vector<std::string> images;
 };
 
-// Writes <out>.md (images beside it) and <out>.html (self-contained: the
-// charts inlined, no network fetches) from the store, the claims file
+// Writes <out>.md (images beside it), <out>.html (self-contained: the
+// charts inlined, no network fetches) and the claims table as
+// <out>-claims.csv and <out>-claims.json, from the store, the claims file
 // (claims.h) and the registry's operator traits. source names the stores
 // in the report's opening line (default: db).
 ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,

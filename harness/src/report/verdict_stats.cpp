@@ -6,6 +6,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include <boost/math/distributions/non_central_t.hpp>
 #include <boost/math/distributions/students_t.hpp>
 
 namespace chiar::report {
@@ -28,6 +29,7 @@ double variance_of(const std::vector<double>& v, double mean) {
 // difference, 0 for one. A value that is not finite (a NaN metric) gives an
 // interval of NaNs and p = 1: no verdict.
 void fill_interval(Difference& d, double se) {
+  d.se = se;
   if (!std::isfinite(d.diff) || !std::isfinite(se)) {
     d.lo = d.hi = std::numeric_limits<double>::quiet_NaN();
     d.p = 1.0;
@@ -47,8 +49,65 @@ void fill_interval(Difference& d, double se) {
 
 }  // namespace
 
-double t_quantile_95(double df) {
-  return boost::math::quantile(boost::math::complement(boost::math::students_t(df), 0.025));
+double t_quantile_95(double df) { return t_upper_quantile(df, 0.025); }
+
+double t_upper_quantile(double df, double tail) {
+  return boost::math::quantile(boost::math::complement(boost::math::students_t(df), tail));
+}
+
+Interval interval_at(const Difference& d, double confidence) {
+  if (!std::isfinite(d.diff) || !std::isfinite(d.se)) return {d.lo, d.hi};  // NaN, as fill_interval left them
+  if (!(d.se > 0)) return {d.diff, d.diff};
+  const double q = t_upper_quantile(d.df, (1 - confidence) / 2);
+  return {d.diff - q * d.se, d.diff + q * d.se};
+}
+
+double tost_p(const Difference& d, double margin) {
+  if (!(d.se > 0) || !std::isfinite(d.diff)) return std::numeric_limits<double>::quiet_NaN();
+  const boost::math::students_t t(d.df);
+  // H0 diff <= -margin against diff > -margin, and H0 diff >= margin against diff < margin.
+  const double above = boost::math::cdf(boost::math::complement(t, (d.diff + margin) / d.se));
+  const double below = boost::math::cdf(t, (d.diff - margin) / d.se);
+  return std::max(above, below);
+}
+
+Difference one_sample(const std::vector<double>& values, double mu) {
+  if (values.size() < 2) throw std::invalid_argument("one_sample: 2 or more values");
+  Difference d;
+  d.paired = true;
+  d.n_a = static_cast<int>(values.size());
+  const double m = mean_of(values);
+  d.diff = m - mu;
+  d.df = static_cast<double>(values.size() - 1);
+  const double sd = std::sqrt(variance_of(values, m));
+  fill_interval(d, sd / std::sqrt(static_cast<double>(values.size())));
+  d.effect = sd > 0 ? d.diff / sd : std::numeric_limits<double>::quiet_NaN();
+  return d;
+}
+
+double t_test_power(double effect, double se, double df, double alpha) {
+  if (!(se > 0) || !(df > 0)) return std::numeric_limits<double>::quiet_NaN();
+  const double critical = t_upper_quantile(df, alpha / 2);
+  const boost::math::non_central_t shifted(df, std::abs(effect) / se);
+  // Rejections on the effect's side and, rarely, on the other.
+  return boost::math::cdf(boost::math::complement(shifted, critical)) + boost::math::cdf(shifted, -critical);
+}
+
+int seeds_for_power(double effect, bool paired, double sd_or_sd_a, double sd_b, double alpha, double power,
+                    int max_seeds) {
+  for (int n = kMinSeedsPerSide; n <= max_seeds; ++n) {
+    double se = 0, df = 0;
+    if (paired) {
+      se = sd_or_sd_a / std::sqrt(static_cast<double>(n));
+      df = n - 1;
+    } else {
+      const double wa = sd_or_sd_a * sd_or_sd_a / n, wb = sd_b * sd_b / n;
+      se = std::sqrt(wa + wb);
+      df = se > 0 ? (wa + wb) * (wa + wb) / (wa * wa / (n - 1) + wb * wb / (n - 1)) : 2.0 * (n - 1);
+    }
+    if (t_test_power(effect, se, df, alpha) >= power) return n;
+  }
+  return 0;
 }
 
 Difference welch_difference(const std::vector<double>& a, const std::vector<double>& b) {

@@ -1,0 +1,243 @@
+#include "claims.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <set>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/filesystem.hpp>
+
+#include "chiar/error.h"
+#include "engine/suggest.h"
+#include "engine/toml_values.h"
+
+namespace chiar::report {
+namespace {
+
+const MetricInfo kMetrics[] = {
+    {"token_ppl", 1, "%.2f", "", false},
+    {"word_ppl", 1, "%.2f", "", false},
+    {"bits_per_byte", 1, "%.4f", "", false},
+    {"accuracy", 100, "%.2f%%", "", false},
+    {"attention_gflops", 1, "%.4f", " GFLOPs per sequence", true},
+    {"total_gflops", 1, "%.4f", " GFLOPs per sequence", true},
+    {"share", 100, "%.1f%%", "", false},
+};
+
+const char* const kKinds[] = {"compare", "reduction", "share"};
+const char* const kRoles[] = {"cheap_mixing", "intermediate_mixing", "global_mixing"};
+const char* const kKeys[] = {"id",        "text",      "kind",     "task",  "family",    "variants", "metric",
+                             "better",    "paper",     "effect",   "effect_ratio", "margin", "reduction", "tolerance",
+                             "operator",  "role",      "threshold"};
+constexpr const char* kBaseline = "$baseline";
+
+template <class Names>
+std::vector<std::string> names_of(const Names& names) {
+  return std::vector<std::string>(std::begin(names), std::end(names));
+}
+
+[[noreturn]] void fail(const toml::node& at, const std::string& key, const std::string& what) {
+  throw UserError(toml_where(at) + ": key '" + key + "': " + what);
+}
+
+// Variant names defined by the files `file` includes, and theirs.
+void collect_variants(const std::string& file, const toml::table& root, std::set<std::string>& variants,
+                      std::vector<std::string>& chain) {
+  if (const toml::node* v = root.get("variants"); v && v->is_table())
+    for (const auto& [name, value] : *v->as_table()) variants.insert(std::string(name.str()));
+  const toml::node* inc = root.get("include");
+  if (!inc) return;
+  const toml::array* list = inc->as_array();
+  if (!list) fail(*inc, "include", "expected a list of file names");
+  const auto dir = boost::filesystem::path(file).parent_path();
+  for (const auto& item : *list) {
+    if (!item.is_string()) fail(item, "include", "expected a list of file names");
+    const boost::filesystem::path name = item.as_string()->get();  // absolute, or relative to this file
+    const std::string path = (name.is_absolute() ? name : dir / name).string();
+    boost::system::error_code ec;
+    if (!boost::filesystem::is_regular_file(path, ec)) fail(item, "include", "cannot open '" + path + "'");
+    const std::string canonical = boost::filesystem::weakly_canonical(path).string();
+    if (std::find(chain.begin(), chain.end(), canonical) != chain.end()) fail(item, "include", "include cycle");
+    chain.push_back(canonical);
+    collect_variants(path, toml_parse_file(path), variants, chain);
+    chain.pop_back();
+  }
+}
+
+std::vector<std::string> strings(const toml::node& n, const std::string& key) {
+  std::vector<std::string> out;
+  if (n.is_string()) return {n.as_string()->get()};
+  const toml::array* a = n.as_array();
+  if (!a || a->empty()) fail(n, key, "expected a string or a non-empty list of strings");
+  for (const auto& item : *a) {
+    if (!item.is_string()) fail(item, key, "expected a string or a non-empty list of strings");
+    out.push_back(item.as_string()->get());
+  }
+  return out;
+}
+
+double number(const toml::node& n, const std::string& key) {
+  if (const auto i = n.as_integer()) return static_cast<double>(i->get());
+  if (const auto f = n.as_floating_point()) return f->get();
+  fail(n, key, "expected a number");
+}
+
+std::string text(const toml::node& n, const std::string& key) {
+  if (!n.is_string()) fail(n, key, "expected a string");
+  return n.as_string()->get();
+}
+
+// A compare claim's `effect` or `effect_ratio`, and `margin`.
+void read_effect(const toml::table& t, const std::function<std::string(const std::string&)>& key, ClaimSpec& c) {
+  const toml::node* effect = t.get("effect");
+  const toml::node* ratio = t.get("effect_ratio");
+  if (effect && ratio) fail(*ratio, key("effect_ratio"), "a claim states its effect as a difference or a ratio, not both");
+  if (effect) c.effect = number(*effect, key("effect"));
+  if (ratio) {
+    c.effect_ratio = number(*ratio, key("effect_ratio"));
+    if (!(c.effect_ratio > 0)) fail(*ratio, key("effect_ratio"), "expected a ratio above 0");
+  }
+  if (const toml::node* m = t.get("margin")) {
+    c.margin = number(*m, key("margin"));
+    if (!(c.margin > 0)) fail(*m, key("margin"), "expected a margin above 0");
+  }
+}
+
+ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::set<std::string>& variants) {
+  ClaimSpec c;
+  c.where = toml_where(t);
+  c.task = "*";
+  const std::function<std::string(const std::string&)> key = [&](const std::string& k) { return path + "." + k; };
+  for (const auto& [k, v] : t)
+    if (std::find(std::begin(kKeys), std::end(kKeys), k.str()) == std::end(kKeys))
+      fail(v, key(std::string(k.str())), "unknown key" + engine::did_you_mean(std::string(k.str()), names_of(kKeys)));
+  const auto required = [&](const char* k) -> const toml::node& {
+    const toml::node* n = t.get(k);
+    if (!n) throw UserError(c.where + ": key '" + key(k) + "': missing");
+    return *n;
+  };
+  c.id = text(required("id"), key("id"));
+  c.text = text(required("text"), key("text"));
+  const toml::node& kind = required("kind");
+  c.kind = text(kind, key("kind"));
+  if (std::find(std::begin(kKinds), std::end(kKinds), c.kind) == std::end(kKinds))
+    fail(kind, key("kind"), "unknown kind '" + c.kind + "'" + engine::did_you_mean(c.kind, names_of(kKinds)));
+  if (const toml::node* n = t.get("task")) c.task = text(*n, key("task"));
+  if (const toml::node* n = t.get("family")) {
+    if (t.get("task")) fail(*n, key("family"), "a claim names a task or a family, not both");
+    c.family = text(*n, key("family"));
+  }
+
+  const toml::node& vs = required("variants");
+  c.variants = strings(vs, key("variants"));
+  const size_t want = c.kind == "share" ? 1 : 2;
+  if (c.variants.size() != want)
+    fail(vs, key("variants"), "a " + c.kind + " claim names " + std::to_string(want) + " variant" +
+                                  (want > 1 ? "s" : "") + ", found " + std::to_string(c.variants.size()));
+  const std::vector<std::string> known(variants.begin(), variants.end());
+  for (const auto& v : c.variants)
+    if (v != kBaseline && !variants.count(v))
+      fail(vs, key("variants"), "unknown variant '" + v + "'" +
+                                    (known.empty() ? std::string(" (the file and its includes define no [variants])")
+                                                   : engine::did_you_mean(v, known)));
+
+  const toml::node& ms = required("metric");
+  c.metrics = strings(ms, key("metric"));
+  for (const auto& m : c.metrics) {
+    if (!metric_info(m)) {
+      std::vector<std::string> all;
+      for (const auto& info : kMetrics) all.push_back(info.name);
+      fail(ms, key("metric"), "unknown metric '" + m + "'" + engine::did_you_mean(m, all));
+    }
+    if ((m == "share") != (c.kind == "share"))
+      fail(ms, key("metric"), c.kind == "share" ? "a share claim measures 'share'" : "only a share claim measures 'share'");
+  }
+  const toml::node& bs = required("better");
+  c.better = strings(bs, key("better"));
+  if (c.better.size() != c.metrics.size())
+    fail(bs, key("better"), "expected one direction per metric (" + std::to_string(c.metrics.size()) + "), found " +
+                                std::to_string(c.better.size()));
+  for (const auto& b : c.better)
+    if (b != "lower" && b != "higher") fail(bs, key("better"), "expected \"lower\" or \"higher\", found '" + b + "'");
+
+  if (const toml::node* p = t.get("paper")) {
+    const toml::array* a = p->as_array();
+    if (!a) fail(*p, key("paper"), "expected a list of numbers");
+    for (const auto& item : *a) c.paper.push_back(number(item, key("paper")));
+  }
+  // Keys that belong to one kind only.
+  const auto only = [&](const char* k, const std::string& kind_of_key) {
+    if (const toml::node* n = t.get(k); n && c.kind != kind_of_key)
+      fail(*n, key(k), "only a " + kind_of_key + " claim takes it");
+  };
+  for (const char* k : {"effect", "effect_ratio", "margin"}) only(k, "compare");
+  for (const char* k : {"reduction", "tolerance"}) only(k, "reduction");
+  if (c.kind == "compare") read_effect(t, key, c);
+  for (const char* k : {"operator", "role", "threshold"}) only(k, "share");
+  if (c.kind == "reduction") {
+    c.reduction = number(required("reduction"), key("reduction"));
+    c.tolerance = number(required("tolerance"), key("tolerance"));
+  }
+  if (c.kind == "share") {
+    const toml::node* op = t.get("operator");
+    const toml::node* role = t.get("role");
+    if (!op == !role) throw UserError(c.where + ": key '" + key("operator") + "': a share claim names an operator or a role");
+    if (op) c.op = text(*op, key("operator"));
+    if (role) {
+      c.role = text(*role, key("role"));
+      if (std::find(std::begin(kRoles), std::end(kRoles), c.role) == std::end(kRoles))
+        fail(*role, key("role"), "unknown role '" + c.role + "'" + engine::did_you_mean(c.role, names_of(kRoles)));
+    }
+    c.threshold = number(required("threshold"), key("threshold"));
+  }
+  return c;
+}
+
+}  // namespace
+
+const MetricInfo* metric_info(const std::string& name) {
+  for (const auto& m : kMetrics)
+    if (name == m.name) return &m;
+  return nullptr;
+}
+
+std::vector<ClaimSpec> load_claims(const std::string& file) {
+  boost::system::error_code ec;
+  if (!boost::filesystem::is_regular_file(file, ec))
+    throw UserError(file + ": no such claims file (chiar report takes one with --claims FILE)");
+  const toml::table root = toml_parse_file(file);
+  for (const auto& [k, v] : root)
+    if (k.str() != "include" && k.str() != "claims")
+      fail(v, std::string(k.str()), "unknown key" + engine::did_you_mean(std::string(k.str()), {"claims", "include"}));
+  std::set<std::string> variants;
+  std::vector<std::string> chain{boost::filesystem::weakly_canonical(file).string()};
+  collect_variants(file, root, variants, chain);
+  std::vector<ClaimSpec> out;
+  const toml::node* claims = root.get("claims");
+  if (!claims) return out;
+  const toml::array* list = claims->as_array();
+  if (!list || !list->is_array_of_tables()) fail(*claims, "claims", "expected [[claims]] tables");
+  std::set<std::string> ids;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string path = "claims[" + std::to_string(i) + "]";
+    out.push_back(read_claim(*list->get(i)->as_table(), path, variants));
+    if (!ids.insert(out.back().id).second)
+      fail(*list->get(i)->as_table()->get("id"), path + ".id", "claim '" + out.back().id + "' appears twice");
+  }
+  return out;
+}
+
+std::string default_claims_file() {
+  const std::string relative = "configs/claims.toml";
+  boost::system::error_code ec;
+  if (boost::filesystem::is_regular_file(relative, ec)) return relative;
+  const auto prefix = boost::dll::program_location(ec).parent_path().parent_path();
+  if (ec) return relative;
+  // build/chiar in the source tree; <prefix>/bin/chiar once installed.
+  for (const auto& candidate : {prefix / relative, prefix / "share/chiar" / relative})
+    if (boost::filesystem::is_regular_file(candidate, ec)) return candidate.string();
+  return relative;
+}
+
+}  // namespace chiar::report
