@@ -18,6 +18,9 @@
 #include "support/fixtures.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
+#include "support/tiny_matrix.h"
+
+#include <boost/filesystem.hpp>
 
 using namespace chiar;
 using test::TempDir;
@@ -629,4 +632,45 @@ TEST_CASE("claims file: effects and margins are checked at file:line", "[report]
                     reduction + ":12:10: key 'claims[0].margin': only a compare claim takes it");
   const std::string typo = claim("compare", "efect = 1\n");
   CHECK_THROWS_WITH(report::load_claims(typo), typo + ":10:9: key 'claims[0].efect': unknown key (did you mean 'effect'?)");
+}
+
+TEST_CASE("chiar plan: seeds from a pilot's spread at the report's level, as a table and as TOML", "[report][claims]") {
+  TempDir d("plan");
+  test::write_tiny_matrix(d, "name = \"m\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\nseeds = [0, 1, 2]\n",
+                          test::tiny_train_body());
+  const std::string pilot = store_of(d, "pilot.db", {{"lm", {{"routed", kFast}, {"base", kSlow}}}}, "token_ppl");
+  const std::string claims = d.write(
+      "claims.toml",
+      "include = [\"m.toml\"]\n\n[[claims]]\nid = \"lm_only\"\ntext = \"routed beats base on lm\"\nkind = \"compare\"\n"
+      "task = \"lm\"\nvariants = [\"routed\", \"base\"]\nmetric = \"token_ppl\"\nbetter = \"lower\"\neffect = -1.0\n\n"
+      "[[claims]]\nid = \"everywhere\"\ntext = \"routed beats base\"\nkind = \"compare\"\ntask = \"*\"\n"
+      "variants = [\"routed\", \"base\"]\nmetric = [\"token_ppl\", \"accuracy\"]\nbetter = [\"lower\", \"higher\"]\n"
+      "margin = 0.5\n");
+  const auto out = test::run_chiar({"plan", d.path() + "/m.toml", "--pilot", pilot, "--claims", claims,
+                                    "--baseline", "base", "--out", d.path() + "/seeds.toml"});
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+  // The report will hold 3 rows (lm_only on lm; everywhere on lm and flat):
+  // each comparison is planned at 0.05 / 3, paired from the pilot's spread.
+  const Sample s = paired(kFast, kSlow);
+  const double sd = s.se * std::sqrt(s.df + 1);
+  const int for_effect = report::seeds_for_power(1.0, true, sd, 0, 0.05 / 3, 0.8, 50);
+  const int for_margin = report::seeds_for_power(0.5, true, sd, 0, 0.05 / 3, 0.8, 50);
+  REQUIRE(for_margin > for_effect);
+  CHECK_THAT(out.output, Catch::Matchers::Contains("No pilot runs on task flat: its comparisons are not planned."));
+  CHECK_THAT(out.output, Catch::Matchers::Contains("alpha 0.05 / 3 = 0.01667 per comparison"));
+  CHECK_THAT(out.output, Catch::Matchers::Contains("Planned: " + std::to_string(for_margin) + " seeds"));
+  const std::string toml = test::read_text(d.path() + "/seeds.toml");
+  CHECK_THAT(toml, Catch::Matchers::Contains("# lm_only on lm: paired, sd " + shown("%.4g", sd) +
+                                             " over 4 pilot seeds; the paper's effect -1 -> " +
+                                             std::to_string(for_effect) + "\n"));
+  CHECK_THAT(toml, Catch::Matchers::Contains("; margin 0.5 -> " + std::to_string(for_margin) + "\n"));
+  std::string seeds = "[matrix]\nseeds = [";
+  for (int i = 0; i < for_margin; ++i) seeds += (i ? ", " : "") + std::to_string(i);
+  CHECK_THAT(toml, Catch::Matchers::EndsWith(seeds + "]\n"));
+  // Bad input: exit 2, nothing written.
+  const auto bad = test::run_chiar({"plan", d.path() + "/m.toml", "--pilot", pilot, "--claims", claims, "--power", "2",
+                                    "--out", d.path() + "/bad.toml"});
+  CHECK(bad.status == 2);
+  CHECK_FALSE(boost::filesystem::exists(d.path() + "/bad.toml"));
 }

@@ -114,6 +114,17 @@ struct ReportArgs {
 };
 int run_report(const Global& g, const ReportArgs& a);
 
+// Seeds by design: from a pilot store, the seeds each comparison of the
+// claims needs (report/seed_plan.h), as a table and as TOML for the matrix.
+struct PlanArgs {
+  std::string config;  // the matrix the main run will use
+  std::vector<std::string> pilot;  // the pilot store(s)
+  std::string claims, baseline, out;
+  double power = 0.8;
+  int max_seeds = 50;
+};
+int run_plan(const Global& g, const PlanArgs& a);
+
 struct InspectArgs {
   std::string db, run, checkpoint = "best", text, file, html, corpus, color = "auto", data_root, cache_dir;
   bool tsv = false;

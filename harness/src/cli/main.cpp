@@ -27,6 +27,7 @@ struct Args {
   MergeArgs mg;
   ShowArgs sh, ex;
   ReportArgs rep;
+  PlanArgs plan;
   InspectArgs ins;
   BenchTrainArgs bt;
   NewPluginArgs np;
@@ -37,6 +38,7 @@ struct Commands {
   CLI::App *info = nullptr, *plugins = nullptr, *options = nullptr, *entropy = nullptr, *model = nullptr;
   CLI::App *stats = nullptr, *listops = nullptr, *sotu = nullptr;
   CLI::App *run = nullptr, *slurm = nullptr, *merge = nullptr, *show = nullptr, *exp = nullptr, *report = nullptr, *inspect = nullptr;
+  CLI::App* plan = nullptr;
   CLI::App *bench = nullptr, *newp = nullptr;
 };
 
@@ -201,6 +203,17 @@ void add_result_commands(CLI::App& app, Args& a, Commands& c) {
   report->add_option("--out", rep.out, "output path without extension (default reports/<db name>)");
   report->add_option("--baseline", rep.baseline, "the variant reductions and speed-ups compare with");
   report->add_option("--claims", rep.claims, "the paper's claims to check (default configs/claims.toml)");
+
+  PlanArgs& pl = a.plan;
+  auto* plan = c.plan = app.add_subcommand("plan", "the seeds each claim's comparisons need, from a pilot store");
+  plan->add_option("matrix", pl.config, "the matrix file of the main run")->required();
+  plan->add_option("--pilot", pl.pilot, "the pilot's store(s), 3 seeds at least")->required();
+  plan->add_option("--claims", pl.claims, "the claims the report will check (default configs/claims.toml)");
+  plan->add_option("--baseline", pl.baseline, "the variant \"$baseline\" names (default baseline)");
+  plan->add_option("--power", pl.power, "the power to plan for (default 0.8)")
+      ->check(CLI::Range(0.5, 0.999).description("between 0.5 and 0.999"));
+  plan->add_option("--max-seeds", pl.max_seeds, "the most seeds to plan (default 50)")->check(at_least(3));
+  plan->add_option("--out", pl.out, "write the TOML here instead of standard output");
 }
 
 void add_inspect_command(CLI::App& app, Args& a, Commands& c) {
@@ -277,6 +290,7 @@ int dispatch(Args& a, const Commands& c) {
   if (*c.show) return run_show(g, a.sh);
   if (*c.exp) return run_export(g, a.ex);
   if (*c.report) return run_report(g, a.rep);
+  if (*c.plan) return run_plan(g, a.plan);
   if (*c.inspect) return run_inspect(g, a.ins);
   if (*c.bench) return run_bench_train(g, a.bt);
   if (*c.newp) return run_new_plugin(g, a.np);

@@ -49,12 +49,6 @@ bool matches(const std::string& pattern, const std::string& task) {
   return fnmatch(pattern.c_str(), task.c_str(), 0) == 0;
 }
 
-// Whether a claim speaks about a task: by its family when it names one,
-// else by the task name or glob.
-bool about(const ClaimSpec& c, const std::string& task, const std::string& family) {
-  if (!c.family.empty()) return family == c.family;
-  return is_pattern(c.task) ? matches(c.task, task) : task == c.task;
-}
 
 // How the report names a task a claim is about: with the family it stands
 // for, so that a CPU-scale corpus standing in for the paper's says so.
@@ -577,7 +571,7 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
   for (double p : c.paper) out.paper += (out.paper.empty() ? "" : " vs ") + fmt("%g", p);
   const std::string a = variant(0), b = c.kind == "share" ? "" : variant(1);
   for (const auto& t : s.tasks) {
-    if (!about(c, t.task, t.family)) continue;
+    if (!claim_is_about(c, t.task, t.family)) continue;
     if (c.kind == "compare") out.tasks.push_back(compare_on(c, s, t, a, b));
     else if (c.kind == "reduction") out.tasks.push_back(reduction_on(c, s, t, a, b));
     else out.tasks.push_back(share_on(c, s, t, a));
@@ -606,6 +600,11 @@ std::string share_subject(const ClaimSpec& c, const Summary& s, const std::strin
 }
 
 }  // namespace
+
+bool claim_is_about(const ClaimSpec& c, const std::string& task, const std::string& family) {
+  if (!c.family.empty()) return family == c.family;
+  return is_pattern(c.task) ? matches(c.task, task) : task == c.task;
+}
 
 ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline) {
   ClaimsTable table;

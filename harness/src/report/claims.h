@@ -133,6 +133,10 @@ ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary&
 // One claim tested alone: the level covers its own tasks only.
 Claim evaluate_claim(const ClaimSpec& claim, const Summary& s, const std::string& baseline);
 
+// Whether a claim speaks about a task: by its family when it names one,
+// else by the task name or glob.
+bool claim_is_about(const ClaimSpec& claim, const std::string& task, const std::string& family);
+
 // The metrics a claim may name, and how the report shows each.
 struct MetricInfo {
   const char* name;

@@ -80,6 +80,7 @@ Difference one_sample(const std::vector<double>& values, double mu) {
   d.diff = m - mu;
   d.df = static_cast<double>(values.size() - 1);
   const double sd = std::sqrt(variance_of(values, m));
+  d.sd_a = sd;
   fill_interval(d, sd / std::sqrt(static_cast<double>(values.size())));
   d.effect = sd > 0 ? d.diff / sd : std::numeric_limits<double>::quiet_NaN();
   return d;
@@ -117,6 +118,8 @@ Difference welch_difference(const std::vector<double>& a, const std::vector<doub
   d.n_b = static_cast<int>(b.size());
   const double ma = mean_of(a), mb = mean_of(b);
   const double va = variance_of(a, ma), vb = variance_of(b, mb);
+  d.sd_a = std::sqrt(va);
+  d.sd_b = std::sqrt(vb);
   const double wa = va / d.n_a, wb = vb / d.n_b;  // squared standard errors of the means
   d.diff = ma - mb;
   const double se2 = wa + wb;
@@ -140,6 +143,7 @@ Difference paired_difference(const std::vector<double>& a, const std::vector<dou
   d.diff = mean_of(delta);
   d.df = static_cast<double>(delta.size() - 1);
   const double sd = std::sqrt(variance_of(delta, d.diff));
+  d.sd_a = sd;
   fill_interval(d, sd / std::sqrt(static_cast<double>(delta.size())));
   d.effect = sd > 0 ? d.diff / sd : std::numeric_limits<double>::quiet_NaN();
   return d;
