@@ -20,6 +20,7 @@
 #include "report/tabular.h"
 #include "report/report.h"
 #include "chiar/error.h"
+#include "cmd_decide.h"
 #include "commands.h"
 #include "matrix_checks.h"
 
@@ -88,6 +89,8 @@ int launch_ranks(const Global& g, const RunArgs& a) {
 }  // namespace
 
 int run_run(const Global& g, const RunArgs& a) {
+  if (!a.decide.empty() && (a.nproc > 1 || !a.shard.empty()))
+    throw UserError("--decide: runs its rounds of seeds in this process; it does not take --nproc or --shard");
   engine::MatrixOptions m;
   m.set = a.set;
   m.only = a.only;
@@ -125,6 +128,7 @@ int run_run(const Global& g, const RunArgs& a) {
   o.sole_writer = a.sole_writer;
   o.retry_failed = a.retry_failed;
   o.device = a.device;
+  if (!a.decide.empty()) return run_sequential(a, matrix, registry, o);
   return engine::run_matrix(matrix, registry, o);
 }
 

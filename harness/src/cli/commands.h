@@ -71,6 +71,10 @@ struct RunArgs {
   bool retry_failed = false;  // failed runs start again (RunnerOptions::retry_failed)
   int nproc = 1;  // > 1: data-parallel over this many local processes (engine/distributed.h)
   std::string device;  // overrides train.device (engine/device.h); empty: the matrix's
+  // --decide CLAIMS: rounds of seeds by a group-sequential design (report/sequential.h)
+  std::string decide, baseline;
+  int max_seeds = 0;  // 0: every seed the matrix lists
+  int rounds = 3;
 };
 int run_run(const Global& g, const RunArgs& a);
 

@@ -152,6 +152,17 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
                 "start the runs recorded failed again, as new (after fixing what failed them)");
   run->add_flag("--sole-writer", r.sole_writer,
                 "no other process writes the store: resume a run left 'running' at once (Slurm array tasks)");
+  auto* decide = run->add_option("--decide", r.decide,
+                                 "CLAIMS: add seeds in rounds by a group-sequential design, testing these claims' "
+                                 "comparisons after each round");
+  run->add_option("--max-seeds", r.max_seeds, "with --decide: the most seeds (default: every seed the matrix lists)")
+      ->check(at_least(3))
+      ->needs(decide);
+  run->add_option("--rounds", r.rounds, "with --decide: the looks, rounds of seeds (default 3)")
+      ->check(at_least(1))
+      ->needs(decide);
+  run->add_option("--baseline", r.baseline, "with --decide: the variant \"$baseline\" names (default baseline)")
+      ->needs(decide);
 }
 
 // Scale-out: a matrix as a Slurm job array, and its shard stores merged.

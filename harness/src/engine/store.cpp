@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <ctime>
 #include <stdexcept>
@@ -69,6 +70,19 @@ SELECT r.id, r.name, r.variant, r.task, r.seed, r.status,
      AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = r.id)) AS total_gflops,
   r.train_tokens_per_s, r.eval_tokens_per_s, r.params, r.overhead_fraction
 FROM runs r WHERE r.status IN ('done', 'diverged', 'failed');
+)SQL";
+
+// Schema 8: a group-sequential design and its looks (chiar run --decide).
+const char* const kSequentialTables = R"SQL(
+CREATE TABLE IF NOT EXISTS sequential_design(
+  id INTEGER PRIMARY KEY CHECK(id = 1), claims TEXT NOT NULL, baseline TEXT NOT NULL,
+  max_seeds INTEGER NOT NULL, rounds INTEGER NOT NULL, tests INTEGER NOT NULL, alpha REAL NOT NULL,
+  seeds TEXT NOT NULL, boundaries TEXT NOT NULL, nominal_p TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sequential_looks(
+  round INTEGER NOT NULL, claim TEXT NOT NULL, task TEXT NOT NULL, seeds INTEGER NOT NULL,
+  p REAL, nominal REAL NOT NULL, conditional_power REAL,
+  outcome TEXT NOT NULL CHECK(outcome IN ('continue','decided','futile','final')),
+  PRIMARY KEY(round, claim, task));
 )SQL";
 
 const char* const kCheckpointsTable = R"SQL(
@@ -242,6 +256,8 @@ void Store::migrate() {
       add_column_if_missing("peak_gpu_allocated_mb REAL");
       add_column_if_missing("peak_gpu_reserved_mb REAL");
     }
+    // 8: a group-sequential design and its looks.
+    if (version < 8) db_.exec(kSequentialTables);
     if (!c.marked) db_.exec("PRAGMA application_id = " + std::to_string(kApplicationId));
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
@@ -289,6 +305,83 @@ bool integrity_ok(const std::string& file) {
   } catch (const std::exception&) {
     return false;  // missing, unreadable or not a database
   }
+}
+
+void Store::save_sequential_design(const SequentialDesignRecord& d) {
+  db_.transaction([&] {
+    if (const auto held = sequential_design()) {
+      const bool same = held->claims == d.claims && held->baseline == d.baseline && held->max_seeds == d.max_seeds &&
+                        held->rounds == d.rounds && held->tests == d.tests && held->seeds == d.seeds;
+      if (same) return;
+      throw UserError(db_.file() + ": holds runs of another sequential design (" + std::to_string(held->max_seeds) +
+                      " seeds in " + std::to_string(held->rounds) + " rounds over " + std::to_string(held->tests) +
+                      " tests, claims " + held->claims + "); a new design needs a new store (--db)");
+    }
+    db_.prepare(
+           "INSERT INTO sequential_design(id, claims, baseline, max_seeds, rounds, tests, alpha, seeds, boundaries, "
+           "nominal_p, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        .bind(1, d.claims).bind(2, d.baseline).bind(3, d.max_seeds).bind(4, d.rounds).bind(5, d.tests)
+        .bind(6, d.alpha).bind(7, d.seeds).bind(8, d.boundaries).bind(9, d.nominal_p).bind(10, now_iso())
+        .run();
+  });
+}
+
+// Whether the store has a table: a store of schema 5 to 7, read as it is,
+// has no sequential tables.
+bool Store::has_table(const std::string& name) {
+  auto q = db_.prepare("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?");
+  q.bind(1, name);
+  return q.step() && q.integer(0) > 0;
+}
+
+std::optional<SequentialDesignRecord> Store::sequential_design() {
+  if (!has_table("sequential_design")) return std::nullopt;
+  auto q = db_.prepare(
+      "SELECT claims, baseline, max_seeds, rounds, tests, alpha, seeds, boundaries, nominal_p FROM sequential_design");
+  if (!q.step()) return std::nullopt;
+  SequentialDesignRecord d;
+  d.claims = q.text(0);
+  d.baseline = q.text(1);
+  d.max_seeds = q.integer(2);
+  d.rounds = q.integer(3);
+  d.tests = q.integer(4);
+  d.alpha = q.real(5);
+  d.seeds = q.text(6);
+  d.boundaries = q.text(7);
+  d.nominal_p = q.text(8);
+  return d;
+}
+
+void Store::record_look(const SequentialLookRecord& l) {
+  auto q = db_.prepare(
+      "INSERT OR REPLACE INTO sequential_looks(round, claim, task, seeds, p, nominal, conditional_power, outcome) "
+      "VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  q.bind(1, l.round).bind(2, l.claim).bind(3, l.task).bind(4, l.seeds);
+  std::isfinite(l.p) ? q.bind(5, l.p) : q.bind_null(5);
+  q.bind(6, l.nominal);
+  std::isfinite(l.conditional_power) ? q.bind(7, l.conditional_power) : q.bind_null(7);
+  q.bind(8, l.outcome).run();
+}
+
+std::vector<SequentialLookRecord> Store::looks() {
+  std::vector<SequentialLookRecord> out;
+  if (!has_table("sequential_looks")) return out;
+  auto q = db_.prepare(
+      "SELECT round, claim, task, seeds, p, nominal, conditional_power, outcome FROM sequential_looks "
+      "ORDER BY round, claim, task");
+  while (q.step()) {
+    SequentialLookRecord l;
+    l.round = q.integer(0);
+    l.claim = q.text(1);
+    l.task = q.text(2);
+    l.seeds = q.integer(3);
+    l.p = q.is_null(4) ? NAN : q.real(4);
+    l.nominal = q.real(5);
+    l.conditional_power = q.is_null(6) ? NAN : q.real(6);
+    l.outcome = q.text(7);
+    out.push_back(l);
+  }
+  return out;
 }
 
 void Store::insert_runs(const std::vector<RunSpec>& runs) {

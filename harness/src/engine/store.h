@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,7 @@
 
 namespace chiar::engine {
 
-constexpr int kSchemaVersion = 7;
+constexpr int kSchemaVersion = 8;
 // The oldest schema read-only commands read without a migration.
 constexpr int kOldestReadableSchema = 5;
 // PRAGMA application_id of a chiar store: "chia" in ASCII.
@@ -91,6 +92,28 @@ struct CheckpointRecord {
   std::string checksum;  // "crc32:%08x" of the whole file
 };
 
+// The group-sequential design a store's runs are made by (`chiar run
+// --decide`, schema 8): what was planned before the first run. Lists are
+// JSON arrays.
+struct SequentialDesignRecord {
+  std::string claims;      // the claims file, and its claim ids (JSON)
+  std::string baseline;    // what "$baseline" named
+  int64_t max_seeds = 0, rounds = 0, tests = 0;
+  double alpha = 0.05;     // per comparison: 0.05 / tests
+  std::string seeds;       // cumulative seeds at each look, e.g. "[4, 8, 12]"
+  std::string boundaries;  // |Z| boundary at each look
+  std::string nominal_p;   // the p below which each look decides
+};
+
+// One comparison at one look: what it was tested on and what followed.
+struct SequentialLookRecord {
+  int64_t round = 0;       // 0-based look
+  std::string claim, task;
+  int64_t seeds = 0;       // seeds the test had (paired: both variants finished)
+  double p = 0, nominal = 0, conditional_power = 0;  // NaN where not computed
+  std::string outcome;     // continue | decided | futile | final
+};
+
 class Store {
  public:
   // ReadWrite: a missing file or an empty database becomes a store; a store
@@ -143,6 +166,14 @@ class Store {
   // Drops the record of one checkpoint (its file was superseded or found corrupt).
   void forget_checkpoint(const std::string& hash, const std::string& kind, int64_t step);
 
+  // The sequential design: saved once, before the first round's runs; saving
+  // another over it is refused (UserError naming both).
+  void save_sequential_design(const SequentialDesignRecord& d);
+  std::optional<SequentialDesignRecord> sequential_design();
+  // A look, recorded after its round; the same look again replaces it.
+  void record_look(const SequentialLookRecord& look);
+  std::vector<SequentialLookRecord> looks();
+
   // Whether PRAGMA integrity_check finds nothing wrong.
   bool integrity_ok();
 
@@ -154,6 +185,7 @@ class Store {
   void insert_runs(const std::vector<RunSpec>& runs);
   void migrate();
   void add_column_if_missing(const std::string& column);
+  bool has_table(const std::string& name);
   void check_readable();
   static const std::string& admitted(const std::string& file, StoreAccess access);
   Database db_;

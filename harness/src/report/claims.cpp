@@ -303,7 +303,35 @@ std::string equivalence_of(TaskTest& row, const ClaimSpec& c, const ClaimsTable&
   return (row.equivalence_p < kAlpha ? "equivalent " : "not shown equivalent ") + band + how;
 }
 
-void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
+// A row a sequential design looked at: decided where p is below its
+// latest look's boundary, its interval the repeated one at that level.
+void decide_sequential(TaskTest& row, const ClaimSpec& c, const SequentialLookState& look, int rounds) {
+  const Difference& d = *row.test;
+  const Interval at = interval_at(d, 1 - look.nominal);
+  row.lo = at.lo;
+  row.hi = at.hi;
+  row.boundary = look.nominal;
+  const int sign = paper_sign(c);
+  const bool above = at.lo > 0, below = at.hi < 0;
+  if (above || below) {
+    row.verdict = below == row.lower_better ? verdict::kHolds : verdict::kDoesNotHold;
+    if (sign) row.direction = (above ? 1 : -1) == sign ? "agrees" : "contradicts";
+  } else {
+    row.verdict = verdict::kInconclusive;
+  }
+  const std::string round = "round " + std::to_string(look.round + 1) + " of " + std::to_string(rounds);
+  if (look.outcome == "futile") row.note = "seeds stopped for futility at " + round;
+  else if (look.outcome == "final") row.note = "undecided after the last round";
+  else if (look.outcome == "continue") row.note = "the design is not finished: last look at " + round;
+  else row.note = "decided at " + round;
+  const int now = d.paired ? d.n_a : std::min(d.n_a, d.n_b);
+  if (now != look.seeds)
+    row.note += "; its look had " + std::to_string(look.seeds) + " seeds, the store has " + std::to_string(now) +
+                " now, tested at the look's boundary";
+}
+
+void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
+                    const SequentialLookState* look = nullptr, int rounds = 0) {
   if (!row.test) {
     row.verdict = v::kNotEnoughSeeds;
     return;
@@ -324,6 +352,11 @@ void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table)
     row.verdict = v::kInconclusive;
     row.note = "identical across seeds: every seed gives the same difference, so there is no spread to test it "
                "against and no p-value";
+    return;
+  }
+  if (look) {
+    decide_sequential(row, c, *look, rounds);
+    row.paper_effect = against_paper_effect(row, c, table);
     return;
   }
   const Interval at = interval_at(d, table.confidence);
@@ -463,7 +496,10 @@ std::string describe_compare(const TaskTest& row) {
          : d.n_a == row.n_a && d.n_b == row.n_b ? ", paired by seed"
                                                    : fmt(", paired by seed over the %.0f both finished", d.n_a);
   if (row.no_spread) return out + ", no p-value";
-  out += ", adjusted " + p_text(row.p_adjusted);
+  if (std::isfinite(row.boundary))
+    out += ", " + p_text(d.p) + (d.p < row.boundary ? " < " : " >= ") + fmt("boundary %.3g", row.boundary);
+  else
+    out += ", adjusted " + p_text(row.p_adjusted);
   if (!std::isnan(d.effect)) out += fmt(d.paired ? ", d_z = %+.2f" : ", g = %+.2f", d.effect);
   for (const std::string* part : {&row.paper_effect, &row.equivalence})
     if (!part->empty()) out += "; " + *part;
@@ -606,8 +642,10 @@ bool claim_is_about(const ClaimSpec& c, const std::string& task, const std::stri
   return is_pattern(c.task) ? matches(c.task, task) : task == c.task;
 }
 
-ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline) {
+ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline,
+                            const SequentialLooks* sequential) {
   ClaimsTable table;
+  if (sequential) table.sequential = sequential->design;
   for (const auto& c : claims) table.claims.push_back(measure_claim(c, s, baseline));
   for (const auto& claim : table.claims)
     for (const auto& row : claim.tasks) table.tests += tested(row);
@@ -628,7 +666,10 @@ ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary&
     for (auto& row : claim.tasks) {
       if (c.kind == "compare") {
         if (tested(row)) row.p_holm = holm[next++];
-        decide_compare(row, c, table);
+        const SequentialLookState* look = nullptr;
+        if (sequential)
+          if (const auto it = sequential->latest.find({c.id, row.task}); it != sequential->latest.end()) look = &it->second;
+        decide_compare(row, c, table, look, sequential ? sequential->rounds : 0);
         row.measured = describe_compare(row);
       } else if (c.kind == "reduction") {
         decide_reduction(row, c, table);

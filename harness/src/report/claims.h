@@ -4,6 +4,7 @@
 // about, every interval at one simultaneous level, and a combined verdict
 // over the tasks (docs/usage.md#how-a-verdict-is-decided).
 #include <cmath>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,6 +83,7 @@ struct TaskTest {
   double p_adjusted = NAN;  // compare: Bonferroni-adjusted p; NaN without a test
   double p_holm = NAN;      // compare: Holm-adjusted p, for the export
   double equivalence_p = NAN;  // compare with a margin: TOST p, Bonferroni-adjusted
+  double boundary = NAN;       // compare decided by a sequential design: its look's boundary p
   std::string verdict;     // a verdict:: word other than the combined-only ones
   std::string direction;   // compare with the paper's values: "agrees", "contradicts", "undecided"; else ""
   std::string paper_effect;  // "compatible with the paper's +35.5 pp" | "rules out the paper's ...: at most ..." | ""
@@ -105,6 +107,21 @@ struct Claim {
   std::string measured;   // a claim about no task the store holds: what it needs; else ""
 };
 
+// A group-sequential design the store's runs were made by (`chiar run
+// --decide`): each comparison's latest look. Its rows are decided at the
+// boundary of that look, not at the report's Bonferroni level.
+struct SequentialLookState {
+  int round = 0;     // 0-based
+  int seeds = 0;     // the seeds the look's test had
+  double nominal = NAN;  // the boundary: the look decides where p is below it
+  std::string outcome;   // decided | futile | final | continue
+};
+struct SequentialLooks {
+  std::string design;  // how the report states the design, in one sentence
+  int rounds = 0;
+  std::map<std::pair<std::string, std::string>, SequentialLookState> latest;  // (claim id, task)
+};
+
 // Every claim of a report, tested together: one family of `tests` tests
 // (every per-task test with a spread), each interval at `confidence` =
 // 1 - 0.05 / tests (Bonferroni), so all of them hold together with 95%
@@ -113,6 +130,7 @@ struct ClaimsTable {
   std::vector<Claim> claims;
   int tests = 0;
   double confidence = 0.95;
+  std::string sequential;  // the design the compare rows were decided by; "" for none
 };
 
 // Reads a claims file and every file it includes (for the variants it may
@@ -128,7 +146,11 @@ std::string default_claims_file();
 
 // Every claim against the store's summary, with one simultaneous level over
 // all their per-task tests.
-ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline);
+// With `sequential`, the compare rows it looked at are decided at their
+// latest look's boundary, with the repeated confidence interval at that
+// level, and say how the design left them.
+ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline,
+                            const SequentialLooks* sequential = nullptr);
 
 // One claim tested alone: the level covers its own tasks only.
 Claim evaluate_claim(const ClaimSpec& claim, const Summary& s, const std::string& baseline);

@@ -55,6 +55,7 @@ std::vector<Field> record(const ClaimsTable& table, const Claim& claim, const Ta
           number("p", test && claim.kind == "compare" && !r.no_spread ? r.test->p : NAN),
           number("p_bonferroni", r.p_adjusted),
           number("p_holm", r.p_holm),
+          number("sequential_boundary", r.boundary),
           number("effect_size", test && claim.kind == "compare" ? r.test->effect : NAN),
           flag("no_spread", r.no_spread),
           text("paper_effect", r.paper_effect),

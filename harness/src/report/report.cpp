@@ -14,6 +14,7 @@
 #include "html.h"
 #include "claims.h"
 #include "claims_export.h"
+#include "sequential.h"
 #include "equal_time.h"
 
 namespace chiar::report {
@@ -210,7 +211,7 @@ void write_claim_row(Pages& p, const std::string& claim, const std::string& pape
 }
 
 void write_claims(Pages& p, const ClaimsTable& table) {
-  const std::string how = claims_method(table);
+  const std::string how = claims_method(table) + (table.sequential.empty() ? "" : " " + table.sequential);
   p.md << "## The paper's claims against this database\n\n" << how
        << "\n\n| claim | paper | task | measured | vs paper | verdict |\n|---|---|---|---|---|---|\n";
   p.html << "<h2>The paper's claims against this database</h2>\n<p>" << html_escape(how)
@@ -371,7 +372,8 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   boost::filesystem::create_directories(dir);
   const auto charts = draw_charts(s, dir, prefix, baseline);
   const auto tables = task_tables(s, baseline);
-  const auto claims = evaluate_claims(claim_specs, s, baseline);
+  const auto sequential = read_sequential_looks(db);
+  const auto claims = evaluate_claims(claim_specs, s, baseline, sequential ? &*sequential : nullptr);
   const auto equal_time = equal_time_tables(s);
 
   Pages pages;

@@ -1,0 +1,20 @@
+#pragma once
+// chiar run --decide: the matrix in rounds of seeds by a group-sequential
+// design, its looks recorded in the store (docs/usage.md#seeds-by-design).
+#include "commands.h"
+#include "engine/matrix.h"
+#include "engine/runner.h"
+
+namespace chiar {
+class PluginRegistry;
+}
+
+namespace chiar::cli {
+
+// Runs the rounds not yet run (a rerun resumes at the round it stopped in)
+// and returns the exit status: 0 when the design is done, else what the
+// round's runs returned (130 interrupted, 3 a failing environment).
+int run_sequential(const RunArgs& a, const engine::Matrix& matrix, const PluginRegistry& registry,
+                   const engine::RunnerOptions& options);
+
+}  // namespace chiar::cli

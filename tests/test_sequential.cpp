@@ -1,0 +1,180 @@
+// The group-sequential design: its boundaries against published ones, and
+// by simulation, its error rate against testing after every round.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <vector>
+
+#include <boost/filesystem.hpp>
+
+#include "chiar/error.h"
+#include "engine/sqlite.h"
+#include "report/sequential.h"
+#include "report/verdict_stats.h"
+#include "support/faults.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+#include "support/tiny_matrix.h"
+
+using namespace chiar;
+using test::TempDir;
+
+TEST_CASE("sequential design: Lan-DeMets O'Brien-Fleming boundaries match the published ones", "[report][sequential]") {
+  // Two-sided alpha 0.05 (0.025 a side), equally spaced looks: 3.7103,
+  // 2.5114, 1.9930 (Jennison and Turnbull 2000; R's gsDesign with sfLDOF).
+  // The first is the spending function's alone: z at 2 - 2 Phi(2.2414 sqrt 3).
+  const auto three = report::obrien_fleming_design(30, 3, 0.05);
+  CHECK(three.seeds == std::vector<int>{10, 20, 30});
+  REQUIRE(three.z.size() == 3);
+  CHECK(three.z[0] == Approx(3.7103).margin(1e-3));
+  CHECK(three.z[1] == Approx(2.5114).margin(2e-3));
+  CHECK(three.z[2] == Approx(1.9930).margin(2e-3));
+  CHECK(three.spent.back() == Approx(0.05));
+  // One look is the fixed design.
+  const auto one = report::obrien_fleming_design(10, 1, 0.05);
+  CHECK(one.z[0] == Approx(1.959964).margin(1e-5));
+  CHECK(one.nominal_p[0] == Approx(0.05).margin(1e-9));
+  // Seeds per look round up; a first look under 3 seeds is refused.
+  CHECK(report::obrien_fleming_design(10, 3, 0.05).seeds == std::vector<int>{4, 7, 10});
+  CHECK_THROWS_WITH(report::obrien_fleming_design(6, 3, 0.05),
+                    "--max-seeds 6 in 3 rounds gives a first round of 2 seeds; a test needs 3: raise --max-seeds or "
+                    "lower --rounds");
+}
+
+namespace {
+
+struct Simulated {
+  double rejected = 0;      // share of comparisons decided (at any look)
+  double naive = 0;         // share a t-test at 0.05 after every round would reject
+  double mean_seeds = 0;    // seeds used before stopping, on average
+};
+
+// `count` paired comparisons whose per-seed differences are N(effect, 1),
+// each run through the design's looks. Seeded: the same figures every run.
+Simulated simulate(const report::SequentialDesign& design, double effect, int count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> noise(effect, 1.0);
+  Simulated out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<double> diffs(static_cast<size_t>(design.max_seeds));
+    for (double& x : diffs) x = noise(rng);
+    const std::vector<double> zeros(diffs.size(), 0.0);
+    bool stopped = false, naive = false;
+    for (size_t k = 0; k < design.seeds.size(); ++k) {
+      const auto n = static_cast<size_t>(design.seeds[k]);
+      const std::vector<double> a(diffs.begin(), diffs.begin() + static_cast<long>(n));
+      const auto d = report::paired_difference(a, std::vector<double>(n, 0.0));
+      naive |= d.p < 0.05;
+      if (stopped) continue;
+      const auto look = report::look_at(design, k, d);
+      if (look.outcome == report::LookOutcome::Continue) continue;
+      stopped = true;
+      out.rejected += look.outcome == report::LookOutcome::Decided;
+      out.mean_seeds += static_cast<double>(n);
+    }
+    out.naive += naive;
+  }
+  out.rejected /= count;
+  out.naive /= count;
+  out.mean_seeds /= count;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sequential design: by simulation, the error rate holds where re-testing every round does not, and a real "
+          "effect stops early", "[report][sequential]") {
+  // 12 seeds in 3 rounds (4, 8, 12). Monte-Carlo error of a rate near 5%
+  // over 10,000 comparisons: sqrt(0.05 x 0.95 / 10000) = 0.22 points.
+  const auto design = report::obrien_fleming_design(12, 3, 0.05);
+  const Simulated null = simulate(design, 0.0, 10000, 1);
+  INFO("no effect: sequential " << null.rejected << ", naive " << null.naive << ", mean seeds " << null.mean_seeds);
+  CHECK(null.rejected <= 0.05 + 2 * 0.0022);
+  CHECK(null.naive > 0.05 + 4 * 0.0022);
+  // d_z = 1: the fixed design needs 10 seeds for 80% power (Cohen 1988).
+  REQUIRE(report::seeds_for_power(1.0, true, 1.0, 0, 0.05, 0.8, 100) == 10);
+  const Simulated real = simulate(design, 1.0, 10000, 2);
+  INFO("d_z 1: sequential power " << real.rejected << ", mean seeds " << real.mean_seeds << " (fixed: 10 seeds, 0.80)");
+  CHECK(real.rejected >= 0.80 - 2 * 0.004);
+  CHECK(real.mean_seeds < 10);
+}
+
+namespace {
+
+int64_t count(const std::string& db, const std::string& sql) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare(sql);
+  return q.step() ? q.integer(0) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for closed comparisons, resumable",
+          "[engine][sequential]") {
+  TempDir d("decide");
+  test::write_tiny_matrix(d, "name = \"seq\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
+                             "seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n",
+                          test::tiny_train_body());
+  const std::string claims = d.write(
+      "claims.toml", "include = [\"m.toml\"]\n\n[[claims]]\nid = \"routed_beats_base\"\ntext = \"routed beats base\"\n"
+                     "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"routed\", \"base\"]\nmetric = \"token_ppl\"\n"
+                     "better = \"lower\"\n");
+  const std::string db = d.path() + "/seq.db";
+  const std::vector<std::string> base = {"run",        d.path() + "/m.toml", "--db",    db,        "--data-root",
+                                         d.path(),     "--cache-dir",        d.path() + "/cache", "--decide", claims};
+  // --dry-run states the design and writes nothing.
+  auto dry = base;
+  dry.push_back("--dry-run");
+  const auto planned = test::run_chiar(dry);
+  INFO(planned.output);
+  REQUIRE(planned.status == 0);
+  CHECK_THAT(planned.output, Catch::Matchers::Contains("sequential design: up to 9 seeds in 3 rounds (3, 6, 9 seeds); "
+                                                       "alpha 0.05 / 1 per comparison"));
+  CHECK_FALSE(boost::filesystem::exists(db));
+
+  const auto ran = test::run_chiar(base);
+  INFO(ran.output);
+  REQUIRE(ran.status == 0);
+  CHECK(count(db, "SELECT max_seeds * 10 + rounds FROM sequential_design") == 93);
+  // Each round after the first is looked at only when the one before said "continue".
+  const int64_t rounds = count(db, "SELECT COUNT(*) FROM sequential_looks");
+  REQUIRE(rounds >= 1);
+  CHECK(count(db, "SELECT COUNT(*) FROM sequential_looks WHERE outcome = 'continue'") == rounds - 1);
+  CHECK(count(db, "SELECT COUNT(*) FROM sequential_looks WHERE round = " + std::to_string(rounds - 1) +
+                      " AND outcome IN ('decided', 'futile', 'final')") == 1);
+  // The claim is about lm: flat keeps the first round's 3 seeds; lm has the
+  // seeds of the last look, for both variants.
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE task = 'flat'") == 6);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE task = 'lm' AND status = 'done'") == 2 * 3 * rounds);
+  CHECK(count(db, "SELECT MAX(seeds) FROM sequential_looks") == 3 * rounds);
+
+  // A rerun finds the design done and trains nothing.
+  const auto again = test::run_chiar(base);
+  CHECK(again.status == 0);
+  CHECK_THAT(again.output, Catch::Matchers::Contains("design done: "));
+  CHECK(again.output.find("starting") == std::string::npos);
+
+  // The report decides the comparison at its look's boundary and states the design.
+  const auto reported = test::run_chiar({"report", db, "--out", d.path() + "/r/seq", "--baseline", "base", "--claims",
+                                         claims});
+  INFO(reported.output);
+  REQUIRE(reported.status == 0);
+  const std::string md = test::read_text(d.path() + "/r/seq.md");
+  CHECK_THAT(md, Catch::Matchers::Contains("The compare rows come from a group-sequential design"));
+  CHECK_THAT(md, Catch::Matchers::Contains("boundary "));
+  CHECK_THAT(md, Catch::Matchers::Contains("rounds (3, 6, 9 seeds), two-sided alpha 0.05 / 1 per comparison"));
+
+  // Another design on the same store is refused, and so are more seeds than listed.
+  auto other = base;
+  other.insert(other.end(), {"--rounds", "2"});
+  const auto refused = test::run_chiar(other);
+  CHECK(refused.status == 2);
+  CHECK_THAT(refused.output, Catch::Matchers::Contains(db + ": holds runs of another sequential design (9 seeds in 3 "
+                                                       "rounds over 1 tests"));
+  auto many = base;
+  many[3] = d.path() + "/other.db";
+  many.insert(many.end(), {"--max-seeds", "12"});
+  const auto too_many = test::run_chiar(many);
+  CHECK(too_many.status == 2);
+  CHECK(too_many.output == "chiar: --max-seeds 12: the matrix lists 9 seeds; list at least as many in [matrix] seeds\n");
+}
