@@ -178,3 +178,74 @@ TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for c
   CHECK(too_many.status == 2);
   CHECK(too_many.output == "chiar: --max-seeds 12: the matrix lists 9 seeds; list at least as many in [matrix] seeds\n");
 }
+
+namespace {
+
+// (round, claim, task, seeds, outcome) of every look a store holds, and p to 1e-9.
+std::vector<std::string> looks_of(const std::string& db) {
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare("SELECT round, claim, task, seeds, outcome, printf('%.9f', p) FROM sequential_looks "
+                       "ORDER BY round, claim, task");
+  std::vector<std::string> out;
+  while (q.step())
+    out.push_back(std::to_string(q.integer(0)) + " " + q.text(1) + " " + q.text(2) + " " +
+                  std::to_string(q.integer(3)) + " " + q.text(4) + " " + q.text(5));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("chiar slurm --decide: one array per round, looks between them, the same looks as one process",
+          "[slurm_script][sequential]") {
+  TempDir d("decide-slurm");
+  test::write_tiny_matrix(d, "name = \"seq\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
+                             "seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n",
+                          test::tiny_train_body());
+  const std::string claims = d.write(
+      "claims.toml", "include = [\"m.toml\"]\n\n[[claims]]\nid = \"routed_beats_base\"\ntext = \"routed beats base\"\n"
+                     "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"routed\", \"base\"]\nmetric = \"token_ppl\"\n"
+                     "better = \"lower\"\n");
+  const std::string out = d.path() + "/out", script = out + "/slurm.sbatch";
+  const std::vector<std::string> args = {"slurm", d.path() + "/m.toml", "--dir", out, "--data-root", d.path(),
+                                         "--cache-dir", d.path() + "/cache", "--tasks", "2", "--decide", claims};
+  int arrays = 0;
+  for (int step = 0; step < 5; ++step) {
+    const auto wrote = test::run_chiar(args);
+    INFO(wrote.output);
+    REQUIRE(wrote.status == 0);
+    if (wrote.output.find("design done: ") != std::string::npos) break;
+    CHECK_THAT(test::read_text(script), Catch::Matchers::Contains("--round-from"));
+    ++arrays;
+    for (const std::string k : {"1", "2"}) {
+      // One product library in every process: "auto" times both at start-up,
+      // and two busy processes may pick different ones.
+      const int rc = std::system(("cd '" + d.path() + "' && CHIAR_GEMM=blas SLURM_ARRAY_TASK_ID=" + k + " bash '" +
+                                  script + "' > '" + d.path() + "/task-" + k + ".log' 2>&1").c_str());
+      INFO(test::read_text(d.path() + "/task-" + k + ".log"));
+      REQUIRE(rc == 0);
+    }
+  }
+  CHECK(arrays >= 1);
+  CHECK(arrays <= 3);
+  // One process running the same design takes the same looks.
+  const std::string local = d.path() + "/local.db";
+  const auto ran = test::run_chiar({"--gemm", "blas", "run", d.path() + "/m.toml", "--db", local, "--data-root",
+                                    d.path(), "--cache-dir", d.path() + "/cache", "--decide", claims});
+  INFO(ran.output);
+  REQUIRE(ran.status == 0);
+  const auto by_arrays = looks_of(out + "/design/sequential.db");
+  CHECK(by_arrays.size() == static_cast<size_t>(arrays));
+  CHECK(by_arrays == looks_of(local));
+  // The shards and the design merge into one store, which reports by the design.
+  const std::string merged = d.path() + "/merged.db";
+  const auto merging = test::run_chiar({"merge", merged, out, out + "/design/sequential.db"});
+  INFO(merging.output);
+  REQUIRE(merging.status == 0);
+  CHECK(looks_of(merged) == by_arrays);
+  const auto reported = test::run_chiar({"report", merged, "--out", d.path() + "/r/m", "--baseline", "base",
+                                         "--claims", claims});
+  INFO(reported.output);
+  REQUIRE(reported.status == 0);
+  CHECK_THAT(test::read_text(d.path() + "/r/m.md"),
+             Catch::Matchers::Contains("The compare rows come from a group-sequential design"));
+}

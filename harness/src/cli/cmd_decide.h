@@ -17,4 +17,11 @@ namespace chiar::cli {
 int run_sequential(const RunArgs& a, const engine::Matrix& matrix, const PluginRegistry& registry,
                    const engine::RunnerOptions& options);
 
+// One Slurm array task's part of the current round (--round-from DESIGN):
+// the runs of the round, read from the design store `chiar slurm --decide`
+// keeps, that fall in this task's shard of the matrix. `matrix` is the whole
+// matrix (its seeds define the rounds), `shard` the task's part.
+int run_sequential_round(const RunArgs& a, const engine::Matrix& matrix, const engine::Matrix& shard,
+                         const PluginRegistry& registry, const engine::RunnerOptions& options);
+
 }  // namespace chiar::cli

@@ -89,8 +89,9 @@ int launch_ranks(const Global& g, const RunArgs& a) {
 }  // namespace
 
 int run_run(const Global& g, const RunArgs& a) {
-  if (!a.decide.empty() && (a.nproc > 1 || !a.shard.empty()))
-    throw UserError("--decide: runs its rounds of seeds in this process; it does not take --nproc or --shard");
+  if (!a.decide.empty() && (a.nproc > 1 || (!a.shard.empty() && a.round_from.empty())))
+    throw UserError("--decide: runs its rounds of seeds in this process; it does not take --nproc or --shard "
+                    "(chiar slurm --decide runs a round as a job array)");
   engine::MatrixOptions m;
   m.set = a.set;
   m.only = a.only;
@@ -128,6 +129,11 @@ int run_run(const Global& g, const RunArgs& a) {
   o.sole_writer = a.sole_writer;
   o.retry_failed = a.retry_failed;
   o.device = a.device;
+  if (!a.round_from.empty()) {
+    engine::MatrixOptions whole = m;  // the rounds are the whole matrix's
+    whole.shard_index = whole.shard_count = 1;
+    return run_sequential_round(a, engine::load_matrix(a.config, whole), matrix, registry, o);
+  }
   if (!a.decide.empty()) return run_sequential(a, matrix, registry, o);
   return engine::run_matrix(matrix, registry, o);
 }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,10 @@
 #include "engine/merge.h"
 #include "engine/runner.h"
 #include "engine/slurm_script.h"
+#include "engine/sqlite.h"
 #include "engine/store.h"
 #include "commands.h"
+#include "sequential_rounds.h"
 #include "matrix_checks.h"
 
 namespace chiar::cli {
@@ -88,6 +91,59 @@ void retry_failed_in_shards(const engine::Matrix& matrix, const std::vector<std:
   if (retried == 0) std::cerr << "--retry-failed: no run of the matrix is recorded failed in " << dir << "\n";
 }
 
+// Whether every one of `runs` has ended (done, failed or diverged) in the
+// store `db`.
+bool all_ended(const std::vector<engine::RunSpec>& runs, const std::string& db) {
+  std::map<std::string, std::string> status;
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare("SELECT hash, status FROM runs");
+  while (q.step()) status[q.text(0)] = q.text(1);
+  for (const auto& r : runs) {
+    const auto it = status.find(r.hash);
+    if (it == status.end() || (it->second != "done" && it->second != "failed" && it->second != "diverged")) return false;
+  }
+  return true;
+}
+
+// With --decide: the design kept in DIR/design/sequential.db; when the
+// current round's runs have all ended in the shard stores, its looks are
+// taken and recorded. Returns the round the next array runs (-1: the design
+// is done) and sets the tasks' arguments for it.
+int sequential_step(const SlurmArgs& a, const engine::Matrix& matrix, const PluginRegistry& registry,
+                    engine::SlurmJob& job) {
+  SequentialRounds rounds({absolute(a.decide), a.baseline, a.max_seeds, a.rounds}, matrix);
+  const std::string design_db = job.dir + "/design/sequential.db";
+  boost::system::error_code ec;
+  fs::create_directories(job.dir + "/design", ec);
+  if (ec) throw EnvironmentError(job.dir + "/design: cannot create the folder: " + ec.message());
+  engine::Store design(design_db);
+  design.save_sequential_design(rounds.record());
+  rounds.read_looks(design);
+  std::cerr << rounds.describe() << "\n";
+  int k = rounds.current_round();
+  const auto shards = shard_stores(job.dir);
+  if (k >= 0 && !shards.empty()) {
+    const engine::StoreView view(shards);
+    if (all_ended(rounds.runs_of(static_cast<size_t>(k)), view.db())) {
+      std::cerr << "round " << k + 1 << " has ended in " << view.label() << ":\n";
+      rounds.look(static_cast<size_t>(k), view.db(), report::OperatorCatalog(registry), design, std::cerr);
+      k = rounds.current_round();
+    }
+  }
+  if (k < 0) {
+    std::cerr << rounds.summary() << "; merge the runs and the design, and report: chiar merge " << job.dir
+              << "/merged.db " << job.dir << " " << design_db << " && chiar report " << job.dir
+              << "/merged.db --claims " << a.decide << "\n";
+    return -1;
+  }
+  job.task_args = {"--decide", absolute(a.decide), "--round-from", design_db, "--rounds", std::to_string(a.rounds),
+                   "--max-seeds", std::to_string(rounds.record().max_seeds)};
+  if (!a.baseline.empty()) job.task_args.insert(job.task_args.end(), {"--baseline", a.baseline});
+  std::cerr << "round " << k + 1 << " of " << rounds.rounds() << ": " << rounds.runs_of(static_cast<size_t>(k)).size()
+            << " runs; run this command again when its array has ended\n";
+  return k;
+}
+
 }  // namespace
 
 std::string own_binary() {
@@ -129,6 +185,9 @@ int run_slurm(const Global& g, const SlurmArgs& a) {
   job.options.cpus_per_task = a.cpus_per_task;
   job.options.gpus_per_task = a.gpus_per_task;
   job.options.extra = a.extra;
+  // The design's looks go to its store, not to the shard stores the
+  // script's tasks write: the same store is written by one process at a time.
+  if (!a.decide.empty() && sequential_step(a, matrix, registry, job) < 0) return 0;
   const std::string script_text = engine::sbatch_script(job);
   // Every shard store --retry-failed will write is checked before anything is.
   std::vector<std::string> shards;

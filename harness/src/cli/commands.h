@@ -75,6 +75,7 @@ struct RunArgs {
   std::string decide, baseline;
   int max_seeds = 0;  // 0: every seed the matrix lists
   int rounds = 3;
+  std::string round_from;  // a Slurm array task: the design store `chiar slurm --decide` keeps
 };
 int run_run(const Global& g, const RunArgs& a);
 
@@ -87,6 +88,9 @@ struct SlurmArgs {
   std::vector<std::string> extra;
   bool submit = false;
   bool retry_failed = false;  // failed runs in the shard stores start again, once, before the job
+  // --decide CLAIMS: one array per round of a group-sequential design (as RunArgs)
+  std::string decide, baseline;
+  int max_seeds = 0, rounds = 3;
 };
 int run_slurm(const Global& g, const SlurmArgs& a);
 

@@ -163,6 +163,10 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
       ->needs(decide);
   run->add_option("--baseline", r.baseline, "with --decide: the variant \"$baseline\" names (default baseline)")
       ->needs(decide);
+  run->add_option("--round-from", r.round_from,
+                  "with --decide and --shard: run this shard's part of the current round of the design this store "
+                  "holds (what chiar slurm --decide's array tasks do)")
+      ->needs(decide);
 }
 
 // Scale-out: a matrix as a Slurm job array, and its shard stores merged.
@@ -189,6 +193,14 @@ void add_scale_out_commands(CLI::App& app, Args& a, Commands& c) {
   slurm->add_flag("--submit", s.submit, "submit it with sbatch and print the job id");
   slurm->add_flag("--retry-failed", s.retry_failed,
                   "start the runs recorded failed in the shard stores again, as new, once, before the job");
+  auto* decide = slurm->add_option("--decide", s.decide,
+                                   "CLAIMS: one array per round of a group-sequential design; run again after each "
+                                   "array ends to look at its round and write the next");
+  slurm->add_option("--max-seeds", s.max_seeds, "with --decide: the most seeds (default: every seed listed)")
+      ->check(at_least(3))
+      ->needs(decide);
+  slurm->add_option("--rounds", s.rounds, "with --decide: the rounds (default 3)")->check(at_least(1))->needs(decide);
+  slurm->add_option("--baseline", s.baseline, "with --decide: the variant \"$baseline\" names")->needs(decide);
 
   MergeArgs& m = a.mg;
   auto* merge = c.merge = app.add_subcommand("merge", "copy every run of several stores (or folders of shards) into one");

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include <boost/filesystem.hpp>
 
@@ -225,10 +226,27 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
       }
     }
   }
+  // A group-sequential design (chiar run --decide, chiar slurm --decide)
+  // goes with its runs: at most one, in the inputs and the output together.
+  std::optional<SequentialDesignRecord> design;
+  std::string design_from;
+  std::vector<SequentialLookRecord> looks;
+  const auto take_design = [&](Store& store, const std::string& name) {
+    const auto d = store.sequential_design();
+    if (!d) return;
+    if (design && (design->claims != d->claims || design->seeds != d->seeds || design->tests != d->tests))
+      throw UserError("conflict: " + design_from + " and " + name + " hold different sequential designs; nothing "
+                      "written");
+    design = d;
+    design_from = name;
+    for (auto& l : store.looks()) looks.push_back(l);
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) take_design(*stores[i], inputs[i]);
   std::map<std::string, RunCopy> held;  // the output's runs, by hash
   if (fs::exists(out)) {
     Store existing(out, StoreAccess::ReadOnly);
     for (RunCopy& r : runs_of(existing.db(), kOut)) held.emplace(r.hash, std::move(r));
+    take_design(existing, out);
   }
   std::vector<const RunCopy*> to_add, to_replace;
   for (const auto& [hash, copy] : chosen) {
@@ -264,6 +282,10 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
     }
     for (const RunCopy* copy : to_add) copy_run(stores[copy->store]->db(), copy->id, target.db());
   });
+  if (design) {
+    target.save_sequential_design(*design);
+    for (const auto& l : looks) target.record_look(l);
+  }
   result.added = static_cast<int64_t>(to_add.size());
   result.updated = static_cast<int64_t>(to_replace.size());
   return result;

@@ -116,6 +116,8 @@ std::string sbatch_script(const SlurmJob& job) {
   if (o.cpus_per_task > 0) s << " \\\n  --threads " << o.cpus_per_task;
   if (!job.only.empty()) s << " \\\n  --only " << shell_quoted(job.only);
   for (const auto& kv : job.set) s << " \\\n  --set " << shell_quoted(kv);
+  for (size_t i = 0; i < job.task_args.size(); ++i)
+    s << (i % 2 == 0 ? " \\\n  " : " ") << shell_quoted(job.task_args[i]);
   s << "\n";
   return s.str();
 }

@@ -26,6 +26,7 @@ struct SlurmJob {
   std::string data_root, cache_dir;  // absolute
   std::vector<std::string> set;      // --set key=value passed to every task
   std::string only;                  // --only glob passed to every task
+  std::vector<std::string> task_args;  // further arguments of every task's `chiar run`, each quoted
   SlurmOptions options;
 };
 
