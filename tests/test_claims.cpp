@@ -674,3 +674,19 @@ TEST_CASE("chiar plan: seeds from a pilot's spread at the report's level, as a t
   CHECK(bad.status == 2);
   CHECK_FALSE(boost::filesystem::exists(d.path() + "/bad.toml"));
 }
+
+TEST_CASE("claims file: a share's threshold is a fraction, a reduction's tolerance not negative", "[report][claims][errors]") {
+  TempDir d("claims-ranges");
+  d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
+  const std::string share = d.write(
+      "share.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\nkind = \"share\"\n"
+                    "variants = [\"fast\"]\nmetric = \"share\"\nbetter = \"lower\"\noperator = \"rbf\"\nthreshold = 1.5\n");
+  CHECK_THROWS_WITH(report::load_claims(share),
+                    share + ":11:13: key 'claims[0].threshold': expected a fraction between 0 and 1");
+  const std::string cut = d.write(
+      "cut.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\nkind = \"reduction\"\n"
+                  "variants = [\"fast\", \"slow\"]\nmetric = \"attention_gflops\"\nbetter = \"lower\"\nreduction = 50\n"
+                  "tolerance = -1\n");
+  CHECK_THROWS_WITH(report::load_claims(cut),
+                    cut + ":11:13: key 'claims[0].tolerance': expected 0 or more percentage points");
+}

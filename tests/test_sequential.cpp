@@ -161,14 +161,18 @@ TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for c
   REQUIRE(reported.status == 0);
   const std::string md = test::read_text(d.path() + "/r/seq.md");
   CHECK_THAT(md, Catch::Matchers::Contains("The compare rows come from a group-sequential design"));
-  CHECK_THAT(md, Catch::Matchers::Contains("boundary "));
-  CHECK_THAT(md, Catch::Matchers::Contains("rounds (3, 6, 9 seeds), two-sided alpha 0.05 / 1 per comparison"));
+  CHECK_THAT(md, Catch::Matchers::Contains("p = 0.004 < boundary 0.0463, d_z"));  // the row, tested at its look's boundary
+  CHECK_THAT(md, Catch::Matchers::Contains("(decided at round 3 of 3)"));
+  CHECK_THAT(md, Catch::Matchers::Contains("rounds (3, 6, 9 seeds), two-sided alpha 0.05 (0.05 / 1) per comparison"));
 
-  // Another design on the same store is refused, and so are more seeds than listed.
+  // Another design on the same store is refused, writing nothing, and so are
+  // more seeds than listed and a store of runs made without a design.
+  const int64_t looks_before = count(db, "SELECT COUNT(*) FROM sequential_looks");
   auto other = base;
   other.insert(other.end(), {"--rounds", "2"});
   const auto refused = test::run_chiar(other);
   CHECK(refused.status == 2);
+  CHECK(count(db, "SELECT COUNT(*) FROM sequential_looks") == looks_before);
   CHECK_THAT(refused.output, Catch::Matchers::Contains(db + ": holds runs of another sequential design (9 seeds in 3 "
                                                        "rounds over 1 tests"));
   auto many = base;
@@ -177,6 +181,31 @@ TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for c
   const auto too_many = test::run_chiar(many);
   CHECK(too_many.status == 2);
   CHECK(too_many.output == "chiar: --max-seeds 12: the matrix lists 9 seeds; list at least as many in [matrix] seeds\n");
+  const std::string plain = d.path() + "/plain.db";
+  REQUIRE(test::run_chiar({"run", d.path() + "/m.toml", "--db", plain, "--data-root", d.path(), "--cache-dir",
+                           d.path() + "/cache", "--only", "*/flat/seed=0"})
+              .status == 0);
+  auto on_plain = base;
+  on_plain[3] = plain;
+  const auto mixed = test::run_chiar(on_plain);
+  CHECK(mixed.status == 2);
+  CHECK_THAT(mixed.output, Catch::Matchers::EndsWith(
+                               plain + ": holds 2 runs made without a sequential design; a design starts in a new "
+                                       "store (--db)\n"));
+  // A claim naming a variant the matrix lacks is refused where the claim is.
+  d.write("more.toml", "[variants.other]\n");
+  const std::string typo = d.write(
+      "typo.toml", "include = [\"m.toml\", \"more.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\n"
+                   "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"other\", \"base\"]\nmetric = \"token_ppl\"\n"
+                   "better = \"lower\"\n");
+  auto with_typo = base;
+  with_typo[3] = d.path() + "/typo.db";
+  with_typo.back() = typo;
+  const auto unknown = test::run_chiar(with_typo);
+  CHECK(unknown.status == 2);
+  CHECK(unknown.output == "chiar: " + typo + ":3:1: claim 'x': variant 'other' is not in " + d.path() +
+                              "/m.toml; a design cannot test it\n");
+  CHECK_FALSE(boost::filesystem::exists(d.path() + "/typo.db"));
 }
 
 namespace {
@@ -223,10 +252,33 @@ TEST_CASE("chiar slurm --decide: one array per round, looks between them, the sa
                                   script + "' > '" + d.path() + "/task-" + k + ".log' 2>&1").c_str());
       INFO(test::read_text(d.path() + "/task-" + k + ".log"));
       REQUIRE(rc == 0);
+      if (step > 0 || k != "1") continue;
+      // Half of round 1 has run: looking again takes no look and writes the
+      // same round; with a run still running it is refused (two arrays would
+      // train it at once), and nothing is looked at.
+      const auto half = test::run_chiar(args);
+      INFO(half.output);
+      CHECK(half.status == 0);
+      CHECK(half.output.find("has ended in") == std::string::npos);
+      const std::string shard1 = out + "/shard-1.db";
+      engine::Database(shard1).exec("UPDATE runs SET status = 'running' WHERE id = 1");
+      const auto running = test::run_chiar(args);
+      CHECK(running.status == 2);
+      CHECK_THAT(running.output, Catch::Matchers::Contains("runs still running in " + out));
+      engine::Database(shard1).exec("UPDATE runs SET status = 'done' WHERE id = 1");
+      CHECK(count(out + "/design/sequential.db", "SELECT COUNT(*) FROM sequential_looks") == 0);
     }
   }
   CHECK(arrays >= 1);
   CHECK(arrays <= 3);
+  // A task started after the design moved on (requeued late) runs nothing.
+  const auto late = test::run_chiar({"run", d.path() + "/m.toml", "--shard", "1/2", "--db", out + "/shard-1.db",
+                                     "--data-root", d.path(), "--cache-dir", d.path() + "/cache", "--decide", claims,
+                                     "--round-from", out + "/design/sequential.db", "--round", "1"});
+  INFO(late.output);
+  CHECK(late.status == 0);
+  CHECK_THAT(late.output, Catch::Matchers::Contains("round 1 is not the design's current round (it is done): "
+                                                    "nothing to run"));
   // One process running the same design takes the same looks.
   const std::string local = d.path() + "/local.db";
   const auto ran = test::run_chiar({"--gemm", "blas", "run", d.path() + "/m.toml", "--db", local, "--data-root",

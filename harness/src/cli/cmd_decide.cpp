@@ -6,6 +6,8 @@
 #include <iostream>
 #include <set>
 
+#include <boost/filesystem.hpp>
+
 #include "chiar/error.h"
 #include "chiar/registry.h"
 #include "engine/store.h"
@@ -15,6 +17,30 @@ namespace chiar::cli {
 namespace {
 
 DecideArgs decide_args(const RunArgs& a) { return {a.decide, a.baseline, a.max_seeds, a.rounds}; }
+
+}  // namespace
+
+void open_design(const std::string& db, SequentialRounds& rounds) {
+  const auto parent = boost::filesystem::absolute(db).parent_path();
+  boost::system::error_code ec;
+  boost::filesystem::create_directories(parent, ec);
+  if (ec) throw EnvironmentError(parent.string() + ": cannot create the folder: " + ec.message());
+  if (boost::filesystem::exists(db)) {
+    // A design's looks test what its rounds ran: runs made without it (a
+    // pilot, a plain run) would enter its first look.
+    engine::Store held(db, engine::StoreAccess::ReadOnly);
+    auto q = held.db().prepare("SELECT COUNT(*) FROM runs");
+    const int64_t runs = q.step() ? q.integer(0) : 0;
+    if (!held.sequential_design() && runs > 0)
+      throw UserError(db + ": holds " + std::to_string(runs) +
+                      " runs made without a sequential design; a design starts in a new store (--db)");
+  }
+  engine::Store store(db);
+  store.save_sequential_design(rounds.record());
+  rounds.read_looks(store);
+}
+
+namespace {
 
 }  // namespace
 
@@ -29,12 +55,9 @@ int run_sequential(const RunArgs& a, const engine::Matrix& matrix, const PluginR
     return 0;
   }
   const std::string db = options.db.empty() ? "results/" + matrix.name + ".db" : options.db;
-  {
-    engine::Store store(db);
-    store.save_sequential_design(rounds.record());
-    rounds.read_looks(store);
-  }
+  open_design(db, rounds);
   const report::OperatorCatalog catalog(registry);
+  int failed = 0;  // a round whose runs failed goes on with the seeds that finished; the exit says so
   for (int k = rounds.current_round(); k >= 0; k = rounds.current_round()) {
     const auto round_k = static_cast<size_t>(k);
     engine::Matrix round = matrix;
@@ -44,11 +67,12 @@ int run_sequential(const RunArgs& a, const engine::Matrix& matrix, const PluginR
               << std::flush;
     const int status = engine::run_matrix(round, registry, options);
     if (status != 0 && status != 1) return status;  // interrupted, or the environment failed: rerun to resume
+    failed |= status;
     engine::Store store(db);
     rounds.look(round_k, db, catalog, store, std::cout);
   }
   std::cout << rounds.summary() << "; `chiar report " << db << " --claims " << a.decide << "` uses its boundaries\n";
-  return 0;
+  return failed;
 }
 
 int run_sequential_round(const RunArgs& a, const engine::Matrix& matrix, const engine::Matrix& shard,
@@ -63,8 +87,10 @@ int run_sequential_round(const RunArgs& a, const engine::Matrix& matrix, const e
     rounds.read_looks(design);
   }
   const int k = rounds.current_round();
-  if (k < 0) {
-    std::cout << rounds.summary() << ": nothing to run\n";
+  if (k < 0 || k + 1 != a.round) {
+    // A task Slurm started late (requeued, say) after the design moved on.
+    std::cout << "round " << a.round << " is not the design's current round ("
+              << (k < 0 ? std::string("it is done") : std::to_string(k + 1)) << "): nothing to run\n";
     return 0;
   }
   std::set<std::string> in_round;

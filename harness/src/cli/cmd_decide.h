@@ -21,6 +21,12 @@ int run_sequential(const RunArgs& a, const engine::Matrix& matrix, const PluginR
 // the runs of the round, read from the design store `chiar slurm --decide`
 // keeps, that fall in this task's shard of the matrix. `matrix` is the whole
 // matrix (its seeds define the rounds), `shard` the task's part.
+class SequentialRounds;
+// Opens (creating its folder) the store `db` for a design: refused when it
+// holds runs but no design, or another design; the design saved, its looks
+// read into `rounds`.
+void open_design(const std::string& db, SequentialRounds& rounds);
+
 int run_sequential_round(const RunArgs& a, const engine::Matrix& matrix, const engine::Matrix& shard,
                          const PluginRegistry& registry, const engine::RunnerOptions& options);
 

@@ -25,6 +25,7 @@
 #include "engine/sqlite.h"
 #include "engine/store.h"
 #include "commands.h"
+#include "cmd_decide.h"
 #include "sequential_rounds.h"
 #include "matrix_checks.h"
 
@@ -91,21 +92,21 @@ void retry_failed_in_shards(const engine::Matrix& matrix, const std::vector<std:
   if (retried == 0) std::cerr << "--retry-failed: no run of the matrix is recorded failed in " << dir << "\n";
 }
 
-// Whether every one of `runs` has ended (done, failed or diverged) in the
-// store `db`.
-bool all_ended(const std::vector<engine::RunSpec>& runs, const std::string& db) {
+// How many of `runs` are in each status in the store `db` ("missing": not there).
+std::map<std::string, int> statuses(const std::vector<engine::RunSpec>& runs, const std::string& db) {
   std::map<std::string, std::string> status;
   engine::Database con(db, engine::OpenMode::ReadOnly);
   auto q = con.prepare("SELECT hash, status FROM runs");
   while (q.step()) status[q.text(0)] = q.text(1);
+  std::map<std::string, int> out;
   for (const auto& r : runs) {
     const auto it = status.find(r.hash);
-    if (it == status.end() || (it->second != "done" && it->second != "failed" && it->second != "diverged")) return false;
+    ++out[it == status.end() ? "missing" : it->second];
   }
-  return true;
+  return out;
 }
 
-// With --decide: the design kept in DIR/design/sequential.db; when the
+// With --decide: the design kept in DIR/design/sequential.db. When the
 // current round's runs have all ended in the shard stores, its looks are
 // taken and recorded. Returns the round the next array runs (-1: the design
 // is done) and sets the tasks' arguments for it.
@@ -113,19 +114,25 @@ int sequential_step(const SlurmArgs& a, const engine::Matrix& matrix, const Plug
                     engine::SlurmJob& job) {
   SequentialRounds rounds({absolute(a.decide), a.baseline, a.max_seeds, a.rounds}, matrix);
   const std::string design_db = job.dir + "/design/sequential.db";
-  boost::system::error_code ec;
-  fs::create_directories(job.dir + "/design", ec);
-  if (ec) throw EnvironmentError(job.dir + "/design: cannot create the folder: " + ec.message());
-  engine::Store design(design_db);
-  design.save_sequential_design(rounds.record());
-  rounds.read_looks(design);
+  const auto shards = shard_stores(job.dir);
+  if (!shards.empty() && !fs::exists(design_db))
+    throw UserError(job.dir + ": holds shard stores made without a sequential design; a design starts in a new "
+                    "folder (--dir)");
+  open_design(design_db, rounds);
   std::cerr << rounds.describe() << "\n";
   int k = rounds.current_round();
-  const auto shards = shard_stores(job.dir);
   if (k >= 0 && !shards.empty()) {
     const engine::StoreView view(shards);
-    if (all_ended(rounds.runs_of(static_cast<size_t>(k)), view.db())) {
+    auto counts = statuses(rounds.runs_of(static_cast<size_t>(k)), view.db());
+    // Two arrays on the same shard stores would train the same runs at once.
+    if (counts["running"] > 0)
+      throw UserError("round " + std::to_string(k + 1) + " has " + std::to_string(counts["running"]) +
+                      " runs still running in " + job.dir + ": run this again when its array has ended (if its "
+                      "tasks died, submit " + job.dir + "/slurm.sbatch again as it is)");
+    const auto round_runs = static_cast<int>(rounds.runs_of(static_cast<size_t>(k)).size());
+    if (counts["done"] + counts["failed"] + counts["diverged"] == round_runs) {
       std::cerr << "round " << k + 1 << " has ended in " << view.label() << ":\n";
+      engine::Store design(design_db);
       rounds.look(static_cast<size_t>(k), view.db(), report::OperatorCatalog(registry), design, std::cerr);
       k = rounds.current_round();
     }
@@ -136,8 +143,8 @@ int sequential_step(const SlurmArgs& a, const engine::Matrix& matrix, const Plug
               << "/merged.db --claims " << a.decide << "\n";
     return -1;
   }
-  job.task_args = {"--decide", absolute(a.decide), "--round-from", design_db, "--rounds", std::to_string(a.rounds),
-                   "--max-seeds", std::to_string(rounds.record().max_seeds)};
+  job.task_args = {"--decide",    absolute(a.decide), "--round-from", design_db, "--round", std::to_string(k + 1),
+                   "--rounds",    std::to_string(a.rounds), "--max-seeds", std::to_string(rounds.record().max_seeds)};
   if (!a.baseline.empty()) job.task_args.insert(job.task_args.end(), {"--baseline", a.baseline});
   std::cerr << "round " << k + 1 << " of " << rounds.rounds() << ": " << rounds.runs_of(static_cast<size_t>(k)).size()
             << " runs; run this command again when its array has ended\n";
@@ -185,10 +192,16 @@ int run_slurm(const Global& g, const SlurmArgs& a) {
   job.options.cpus_per_task = a.cpus_per_task;
   job.options.gpus_per_task = a.gpus_per_task;
   job.options.extra = a.extra;
+  if (!a.decide.empty() && a.retry_failed)
+    throw UserError("--retry-failed: not with --decide, whose looks count a failed run as ended; retry the "
+                    "shards first, then look");
+  std::string script_text = engine::sbatch_script(job);  // the options checked before anything is written
   // The design's looks go to its store, not to the shard stores the
   // script's tasks write: the same store is written by one process at a time.
-  if (!a.decide.empty() && sequential_step(a, matrix, registry, job) < 0) return 0;
-  const std::string script_text = engine::sbatch_script(job);
+  if (!a.decide.empty()) {
+    if (sequential_step(a, matrix, registry, job) < 0) return 0;
+    script_text = engine::sbatch_script(job);
+  }
   // Every shard store --retry-failed will write is checked before anything is.
   std::vector<std::string> shards;
   if (a.retry_failed) {

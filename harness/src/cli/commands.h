@@ -76,6 +76,7 @@ struct RunArgs {
   int max_seeds = 0;  // 0: every seed the matrix lists
   int rounds = 3;
   std::string round_from;  // a Slurm array task: the design store `chiar slurm --decide` keeps
+  int round = 0;           // with round_from: the round (1-based) the task was written for
 };
 int run_run(const Global& g, const RunArgs& a);
 

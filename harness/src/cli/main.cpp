@@ -163,10 +163,14 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
       ->needs(decide);
   run->add_option("--baseline", r.baseline, "with --decide: the variant \"$baseline\" names (default baseline)")
       ->needs(decide);
-  run->add_option("--round-from", r.round_from,
-                  "with --decide and --shard: run this shard's part of the current round of the design this store "
-                  "holds (what chiar slurm --decide's array tasks do)")
-      ->needs(decide);
+  auto* round_from = run->add_option("--round-from", r.round_from,
+                                     "with --decide, --round and --shard: run this shard's part of that round of "
+                                     "the design this store holds (what chiar slurm --decide's array tasks do)")
+                         ->needs(decide);
+  auto* round = run->add_option("--round", r.round, "with --round-from: the round the task was written for")
+                    ->check(at_least(1))
+                    ->needs(round_from);
+  round_from->needs(round);
 }
 
 // Scale-out: a matrix as a Slurm job array, and its shard stores merged.

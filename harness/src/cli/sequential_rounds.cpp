@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "chiar/error.h"
+#include "engine/suggest.h"
 
 namespace chiar::cli {
 namespace {
@@ -37,20 +38,32 @@ SequentialRounds::SequentialRounds(const DecideArgs& args, const engine::Matrix&
   if (max_seeds > static_cast<int>(seeds_.size()))
     throw UserError("--max-seeds " + std::to_string(max_seeds) + ": the matrix lists " + std::to_string(seeds_.size()) +
                     " seeds; list at least as many in [matrix] seeds");
+  std::set<std::string> variants;
+  for (const auto& r : matrix.runs) variants.insert(r.variant);
+  const auto name = [&](const report::ClaimSpec& c, const std::string& v) {
+    if (v == "$baseline") {
+      if (!variants.count(baseline_))
+        throw UserError("--baseline: " + matrix.file + " has no variant '" + baseline_ + "'" +
+                        engine::did_you_mean(baseline_, std::vector<std::string>(variants.begin(), variants.end())));
+      return baseline_;
+    }
+    if (!variants.count(v))
+      throw UserError(c.where + ": claim '" + c.id + "': variant '" + v + "' is not in " + matrix.file +
+                      "; a design cannot test it");
+    return v;
+  };
   for (const auto& c : claims_)
     for (const auto& [task, family] : tasks) {
       if (!report::claim_is_about(c, task, family)) continue;
-      ++rows_;
-      if (c.kind != "compare") continue;
-      const auto name = [&](const std::string& v) { return v == "$baseline" ? baseline_ : v; };
-      compared_.push_back({c.id, task, name(c.variants[0]), name(c.variants[1])});
+      rows_ += report::row_is_tested(c);
+      if (c.kind == "compare") compared_.push_back({c.id, task, name(c, c.variants[0]), name(c, c.variants[1])});
     }
   if (compared_.empty()) throw UserError(args.claims + ": no compare claim is about a task of " + matrix.file);
   design_ = report::obrien_fleming_design(max_seeds, args.rounds, 0.05 / std::max(rows_, 1));
 
   std::string ids = "[";
   for (const auto& c : claims_) ids += (ids.size() > 1 ? ", \"" : "\"") + c.id + "\"";
-  record_.claims = args.claims + " " + ids + "]";
+  record_.claims = report::claims_fingerprint(claims_) + " " + ids + "]";
   record_.baseline = baseline_;
   record_.max_seeds = max_seeds;
   record_.rounds = args.rounds;
@@ -113,7 +126,15 @@ std::vector<engine::RunSpec> SequentialRounds::runs_of(size_t k) const {
 void SequentialRounds::look(size_t k, const std::string& db, const report::OperatorCatalog& catalog,
                             engine::Store& design_store, std::ostream& out) {
   const auto open = open_at(k);
-  const report::Summary s = report::summarize(db, catalog);
+  report::Summary s = report::summarize(db, catalog);
+  // Only the round's seeds: a store may hold more (another comparison's
+  // later rounds), and a look tests what its round planned.
+  const std::set<int64_t> round_seeds(seeds_.begin(), seeds_.begin() + design_.seeds[k]);
+  for (auto& t : s.tasks)
+    for (auto& v : t.variants)
+      v.runs.erase(std::remove_if(v.runs.begin(), v.runs.end(),
+                                  [&](const report::RunRow* r) { return !round_seeds.count(r->seed); }),
+                   v.runs.end());
   const report::ClaimsTable table = report::evaluate_claims(claims_, s, baseline_);
   const bool last = k + 1 == rounds();
   for (const auto& c : open) {

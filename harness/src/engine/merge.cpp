@@ -234,7 +234,7 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
   const auto take_design = [&](Store& store, const std::string& name) {
     const auto d = store.sequential_design();
     if (!d) return;
-    if (design && (design->claims != d->claims || design->seeds != d->seeds || design->tests != d->tests))
+    if (design && !same_design(*design, *d))
       throw UserError("conflict: " + design_from + " and " + name + " hold different sequential designs; nothing "
                       "written");
     design = d;
@@ -281,11 +281,11 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
       copy_run(stores[copy->store]->db(), copy->id, target.db());
     }
     for (const RunCopy* copy : to_add) copy_run(stores[copy->store]->db(), copy->id, target.db());
+    if (design) {
+      target.save_sequential_design_in_transaction(*design);
+      for (const auto& l : looks) target.record_look(l);
+    }
   });
-  if (design) {
-    target.save_sequential_design(*design);
-    for (const auto& l : looks) target.record_look(l);
-  }
   result.added = static_cast<int64_t>(to_add.size());
   result.updated = static_cast<int64_t>(to_replace.size());
   return result;

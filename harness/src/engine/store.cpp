@@ -307,12 +307,19 @@ bool integrity_ok(const std::string& file) {
   }
 }
 
+bool same_design(const SequentialDesignRecord& a, const SequentialDesignRecord& b) {
+  return a.claims == b.claims && a.baseline == b.baseline && a.max_seeds == b.max_seeds && a.rounds == b.rounds &&
+         a.tests == b.tests && a.seeds == b.seeds;
+}
+
 void Store::save_sequential_design(const SequentialDesignRecord& d) {
-  db_.transaction([&] {
+  db_.transaction([&] { save_sequential_design_in_transaction(d); });
+}
+
+void Store::save_sequential_design_in_transaction(const SequentialDesignRecord& d) {
+  {
     if (const auto held = sequential_design()) {
-      const bool same = held->claims == d.claims && held->baseline == d.baseline && held->max_seeds == d.max_seeds &&
-                        held->rounds == d.rounds && held->tests == d.tests && held->seeds == d.seeds;
-      if (same) return;
+      if (same_design(*held, d)) return;
       throw UserError(db_.file() + ": holds runs of another sequential design (" + std::to_string(held->max_seeds) +
                       " seeds in " + std::to_string(held->rounds) + " rounds over " + std::to_string(held->tests) +
                       " tests, claims " + held->claims + "); a new design needs a new store (--db)");
@@ -323,7 +330,7 @@ void Store::save_sequential_design(const SequentialDesignRecord& d) {
         .bind(1, d.claims).bind(2, d.baseline).bind(3, d.max_seeds).bind(4, d.rounds).bind(5, d.tests)
         .bind(6, d.alpha).bind(7, d.seeds).bind(8, d.boundaries).bind(9, d.nominal_p).bind(10, now_iso())
         .run();
-  });
+  }
 }
 
 // Whether the store has a table: a store of schema 5 to 7, read as it is,

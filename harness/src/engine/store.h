@@ -95,6 +95,10 @@ struct CheckpointRecord {
 // The group-sequential design a store's runs are made by (`chiar run
 // --decide`, schema 8): what was planned before the first run. Lists are
 // JSON arrays.
+struct SequentialDesignRecord;
+// Whether two records are the same design (claims, baseline, seeds, rounds, tests).
+bool same_design(const SequentialDesignRecord& a, const SequentialDesignRecord& b);
+
 struct SequentialDesignRecord {
   std::string claims;      // the claims file, and its claim ids (JSON)
   std::string baseline;    // what "$baseline" named
@@ -169,6 +173,8 @@ class Store {
   // The sequential design: saved once, before the first round's runs; saving
   // another over it is refused (UserError naming both).
   void save_sequential_design(const SequentialDesignRecord& d);
+  // The same, inside a transaction the caller holds.
+  void save_sequential_design_in_transaction(const SequentialDesignRecord& d);
   std::optional<SequentialDesignRecord> sequential_design();
   // A look, recorded after its round; the same look again replaces it.
   void record_look(const SequentialLookRecord& look);

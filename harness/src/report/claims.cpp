@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 
 namespace chiar::report {
 namespace {
@@ -151,12 +152,26 @@ void name_missing(TaskTest& row, bool a_empty, bool b_empty) {
 
 // "a beats b" on one task: the per-seed difference, paired by seed over the
 // seeds both finished when there are enough, else Welch's t.
+// Keeps the values of the `limit` smallest seeds either side has (0: all):
+// the seeds a sequential design's look was taken on.
+void keep_first_seeds(std::map<int64_t, double>& x, std::map<int64_t, double>& y, int limit) {
+  if (limit <= 0) return;
+  std::set<int64_t> seeds;
+  for (const auto* side : {&x, &y})
+    for (const auto& [seed, value] : *side) seeds.insert(seed);
+  if (static_cast<int>(seeds.size()) <= limit) return;
+  const int64_t last = *std::next(seeds.begin(), limit - 1);
+  for (auto* side : {&x, &y})
+    for (auto it = side->begin(); it != side->end();) it = it->first > last ? side->erase(it) : std::next(it);
+}
+
 TaskTest compare_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, const std::string& a,
-                    const std::string& b) {
+                    const std::string& b, int seed_limit) {
   const VariantSummary* w = find(s, t.task, a);
   const VariantSummary* l = find(s, t.task, b);
   TaskTest row = base_row(c, s, t, a, b, metric_on(c, w, l));
-  const auto x = per_seed(w, row.metric), y = per_seed(l, row.metric);
+  auto x = per_seed(w, row.metric), y = per_seed(l, row.metric);
+  keep_first_seeds(x, y, seed_limit);
   row.n_a = static_cast<int>(x.size());
   row.n_b = static_cast<int>(y.size());
   row.mean_a = mean(values(x));
@@ -273,7 +288,7 @@ int paper_sign(const ClaimSpec& c) {
 // "compatible with the paper's +35.50 pp", or "rules out the paper's
 // +35.50 pp: at most +1.26 pp": where the paper's effect lies against our
 // simultaneous interval.
-std::string against_paper_effect(const TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
+std::string against_paper_effect(const TaskTest& row, const ClaimSpec& c) {
   const MetricInfo& m = *metric_info(row.metric);
   if (std::isfinite(c.effect)) {
     const double e = c.effect / m.scale;
@@ -285,7 +300,7 @@ std::string against_paper_effect(const TaskTest& row, const ClaimSpec& c, const 
   if (!std::isfinite(c.effect_ratio)) return "";
   if (!row.log_ratio || !(row.log_ratio->se > 0))
     return fmt("the paper's ratio %.4g not tested (a value not above 0, or no spread)", c.effect_ratio);
-  const Interval at = interval_at(*row.log_ratio, table.confidence);
+  const Interval at = interval_at(*row.log_ratio, row.confidence);
   const double lo = std::exp(at.lo), hi = std::exp(at.hi);
   const std::string ours = fmt("ratio %.3f [%.3f, %.3f]", std::exp(row.log_ratio->diff), lo, hi);
   if (c.effect_ratio > hi || c.effect_ratio < lo) return ours + fmt(" rules out the paper's %.4g", c.effect_ratio);
@@ -307,7 +322,8 @@ std::string equivalence_of(TaskTest& row, const ClaimSpec& c, const ClaimsTable&
 // latest look's boundary, its interval the repeated one at that level.
 void decide_sequential(TaskTest& row, const ClaimSpec& c, const SequentialLookState& look, int rounds) {
   const Difference& d = *row.test;
-  const Interval at = interval_at(d, 1 - look.nominal);
+  row.confidence = 1 - look.nominal;
+  const Interval at = interval_at(d, row.confidence);
   row.lo = at.lo;
   row.hi = at.hi;
   row.boundary = look.nominal;
@@ -356,9 +372,11 @@ void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
   }
   if (look) {
     decide_sequential(row, c, *look, rounds);
-    row.paper_effect = against_paper_effect(row, c, table);
+    row.paper_effect = against_paper_effect(row, c);
+    if (std::isfinite(c.margin)) row.equivalence = "equivalence not tested on a row a sequential design decides";
     return;
   }
+  row.confidence = table.confidence;
   const Interval at = interval_at(d, table.confidence);
   row.lo = at.lo;
   row.hi = at.hi;
@@ -372,7 +390,7 @@ void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
   } else {
     row.verdict = v::kInconclusive;
   }
-  row.paper_effect = against_paper_effect(row, c, table);
+  row.paper_effect = against_paper_effect(row, c);
   row.equivalence = equivalence_of(row, c, table);
 }
 
@@ -419,6 +437,7 @@ void decide_reduction(TaskTest& row, const ClaimSpec& c, const ClaimsTable& tabl
     return;
   }
   const double low = c.reduction - c.tolerance, high = c.reduction + c.tolerance;
+  row.confidence = table.confidence;
   if (!(d.se > 0)) {
     row.no_spread = true;
     row.lo = row.hi = d.diff;
@@ -456,6 +475,7 @@ void decide_share(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
     row.note = "identical across seeds: there is no spread to test the share against";
     return;
   }
+  row.confidence = table.confidence;
   const Interval at = interval_at(d, table.confidence);
   row.lo = expit(at.lo + shift);
   row.hi = expit(at.hi + shift);
@@ -544,7 +564,7 @@ void combine(Claim& claim) {
     claim.verdict = v::kNotEnoughSeeds;
     return;
   }
-  std::map<std::string, std::vector<std::string>> by;  // verdict -> task labels
+  std::map<std::string, std::vector<std::string>> by;  // verdict -> tasks
   std::vector<std::string> lacking;                     // "task: what it lacks"
   int agree = 0, contradict = 0, undecided = 0;
   for (const auto& row : claim.tasks) {
@@ -598,7 +618,8 @@ void combine(Claim& claim) {
 }
 
 // A claim's rows, one per task it is about, measured but not yet decided.
-Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& baseline) {
+Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& baseline,
+                    const SequentialLooks* sequential) {
   const auto variant = [&](size_t i) { return c.variants[i] == kBaseline ? baseline : c.variants[i]; };
   Claim out;
   out.id = c.id;
@@ -608,7 +629,11 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
   const std::string a = variant(0), b = c.kind == "share" ? "" : variant(1);
   for (const auto& t : s.tasks) {
     if (!claim_is_about(c, t.task, t.family)) continue;
-    if (c.kind == "compare") out.tasks.push_back(compare_on(c, s, t, a, b));
+    int limit = 0;  // a row a design looked at is tested on its look's seeds
+    if (sequential && c.kind == "compare")
+      if (const auto it = sequential->latest.find({c.id, t.task}); it != sequential->latest.end())
+        limit = sequential->seeds.at(static_cast<size_t>(it->second.round));
+    if (c.kind == "compare") out.tasks.push_back(compare_on(c, s, t, a, b, limit));
     else if (c.kind == "reduction") out.tasks.push_back(reduction_on(c, s, t, a, b));
     else out.tasks.push_back(share_on(c, s, t, a));
   }
@@ -637,6 +662,26 @@ std::string share_subject(const ClaimSpec& c, const Summary& s, const std::strin
 
 }  // namespace
 
+std::string claims_fingerprint(const std::vector<ClaimSpec>& claims) {
+  std::string text;
+  const auto add = [&](const std::string& x) { text += x + '\x1f'; };
+  for (const auto& c : claims) {
+    for (const auto* x : {&c.id, &c.kind, &c.task, &c.family, &c.op, &c.role}) add(*x);
+    for (const auto* list : {&c.variants, &c.metrics, &c.better})
+      for (const auto& x : *list) add(x);
+    add(fmt("%.17g %.17g %.17g", c.reduction, c.tolerance, c.threshold));
+    text += '\x1e';
+  }
+  // FNV-1a, 64 bits: the same on every platform, unlike std::hash.
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "claims:%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+bool row_is_tested(const ClaimSpec& c) { return !(c.kind == "reduction" && metric_info(c.metrics.front())->exact); }
+
 bool claim_is_about(const ClaimSpec& c, const std::string& task, const std::string& family) {
   if (!c.family.empty()) return family == c.family;
   return is_pattern(c.task) ? matches(c.task, task) : task == c.task;
@@ -645,8 +690,13 @@ bool claim_is_about(const ClaimSpec& c, const std::string& task, const std::stri
 ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline,
                             const SequentialLooks* sequential) {
   ClaimsTable table;
+  if (sequential && sequential->claims != claims_fingerprint(claims)) {
+    table.sequential = "The store holds a sequential design made for other claims than these: its boundaries are "
+                       "not used here.";
+    sequential = nullptr;
+  }
   if (sequential) table.sequential = sequential->design;
-  for (const auto& c : claims) table.claims.push_back(measure_claim(c, s, baseline));
+  for (const auto& c : claims) table.claims.push_back(measure_claim(c, s, baseline, sequential));
   for (const auto& claim : table.claims)
     for (const auto& row : claim.tasks) table.tests += tested(row);
   table.confidence = 1 - kAlpha / std::max(1, table.tests);

@@ -80,10 +80,11 @@ struct TaskTest {
   double estimate = NAN;      // compare: a - b; reduction: cut in %; share: the share
   double raw_lo = NAN, raw_hi = NAN;  // the 95% interval of the estimate, unadjusted
   double lo = NAN, hi = NAN;          // at the report's simultaneous level
-  double p_adjusted = NAN;  // compare: Bonferroni-adjusted p; NaN without a test
+  double p_adjusted = NAN;  // compare: Bonferroni-adjusted p; NaN without a test or where a design decides
   double p_holm = NAN;      // compare: Holm-adjusted p, for the export
   double equivalence_p = NAN;  // compare with a margin: TOST p, Bonferroni-adjusted
   double boundary = NAN;       // compare decided by a sequential design: its look's boundary p
+  double confidence = NAN;     // the level of lo and hi: the table's, or 1 - boundary
   std::string verdict;     // a verdict:: word other than the combined-only ones
   std::string direction;   // compare with the paper's values: "agrees", "contradicts", "undecided"; else ""
   std::string paper_effect;  // "compatible with the paper's +35.5 pp" | "rules out the paper's ...: at most ..." | ""
@@ -118,7 +119,9 @@ struct SequentialLookState {
 };
 struct SequentialLooks {
   std::string design;  // how the report states the design, in one sentence
+  std::string claims;  // claims_fingerprint() of the claims it was made for
   int rounds = 0;
+  std::vector<int> seeds;  // cumulative seeds at each look: a row is tested on its look's smallest seeds
   std::map<std::pair<std::string, std::string>, SequentialLookState> latest;  // (claim id, task)
 };
 
@@ -132,6 +135,11 @@ struct ClaimsTable {
   double confidence = 0.95;
   std::string sequential;  // the design the compare rows were decided by; "" for none
 };
+
+// What identifies a set of claims to a sequential design made for them:
+// their ids, kinds, tasks, variants, metrics and directions, hashed
+// ("claims:<16 hex digits>"), whatever file path they were read from.
+std::string claims_fingerprint(const std::vector<ClaimSpec>& claims);
 
 // Reads a claims file and every file it includes (for the variants it may
 // name). Anything it cannot use, an unknown key, or a variant, metric, kind or
@@ -154,6 +162,11 @@ ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary&
 
 // One claim tested alone: the level covers its own tasks only.
 Claim evaluate_claim(const ClaimSpec& claim, const Summary& s, const std::string& baseline);
+
+// Whether a claim's row on a task will be one of the report's tests, as far
+// as can be known before its runs: every row but a reduction of FLOP counts,
+// which are exact. What `chiar plan` and a sequential design divide 0.05 by.
+bool row_is_tested(const ClaimSpec& claim);
 
 // Whether a claim speaks about a task: by its family when it names one,
 // else by the task name or glob.

@@ -44,7 +44,7 @@ std::vector<Field> record(const ClaimsTable& table, const Claim& claim, const Ta
           number("estimate", r.estimate),
           number("lo", r.lo),
           number("hi", r.hi),
-          number("confidence", row ? table.confidence : NAN),
+          number("confidence", r.confidence),
           number("tests", table.tests),
           number("raw_lo_95", r.raw_lo),
           number("raw_hi_95", r.raw_hi),

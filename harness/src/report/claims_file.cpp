@@ -177,7 +177,9 @@ ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::s
   for (const char* k : {"operator", "role", "threshold"}) only(k, "share");
   if (c.kind == "reduction") {
     c.reduction = number(required("reduction"), key("reduction"));
-    c.tolerance = number(required("tolerance"), key("tolerance"));
+    const toml::node& tolerance = required("tolerance");
+    c.tolerance = number(tolerance, key("tolerance"));
+    if (!(c.tolerance >= 0)) fail(tolerance, key("tolerance"), "expected 0 or more percentage points");
   }
   if (c.kind == "share") {
     const toml::node* op = t.get("operator");
@@ -189,7 +191,9 @@ ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::s
       if (std::find(std::begin(kRoles), std::end(kRoles), c.role) == std::end(kRoles))
         fail(*role, key("role"), "unknown role '" + c.role + "'" + engine::did_you_mean(c.role, names_of(kRoles)));
     }
-    c.threshold = number(required("threshold"), key("threshold"));
+    const toml::node& threshold = required("threshold");
+    c.threshold = number(threshold, key("threshold"));
+    if (!(c.threshold > 0 && c.threshold < 1)) fail(threshold, key("threshold"), "expected a fraction between 0 and 1");
   }
   return c;
 }

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
 #include <ctime>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -390,11 +393,16 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   write_provenance(pages, s.provenance);
 
   ReportFiles files{out + ".md", out + ".html", out + "-claims.csv", out + "-claims.json", {}};
-  std::ofstream(files.markdown) << pages.md.str();
-  std::ofstream(files.html) << pages.html.str();
-  std::ofstream claims_csv(files.claims_csv), claims_json(files.claims_json);
-  write_claims_csv(claims, claims_csv);
-  write_claims_json(claims, claims_json);
+  // A full disk or a read-only folder is the environment's failure (exit 3), not a report.
+  const auto write = [](const std::string& file, const std::function<void(std::ostream&)>& body) {
+    std::ofstream out(file);
+    if (out) body(out);
+    if (!out || !out.flush()) throw EnvironmentError(file + ": cannot write the report: " + std::strerror(errno));
+  };
+  write(files.markdown, [&](std::ostream& o) { o << pages.md.str(); });
+  write(files.html, [&](std::ostream& o) { o << pages.html.str(); });
+  write(files.claims_csv, [&](std::ostream& o) { write_claims_csv(claims, o); });
+  write(files.claims_json, [&](std::ostream& o) { write_claims_json(claims, o); });
   for (const auto& c : charts) files.images.push_back(dir + "/" + c.file);
   return files;
 }

@@ -187,15 +187,18 @@ std::optional<SequentialLooks> read_sequential_looks(const std::string& db) {
   if (!design) return std::nullopt;
   SequentialLooks out;
   out.rounds = static_cast<int>(design->rounds);
-  out.design = "The compare rows come from a group-sequential design (chiar run --decide " +
-               design->claims.substr(0, design->claims.find(' ')) + "): up to " +
+  out.claims = design->claims.substr(0, design->claims.find(' '));
+  for (double n : numbers_of(design->seeds)) out.seeds.push_back(static_cast<int>(n));
+  char alpha[64];
+  std::snprintf(alpha, sizeof alpha, "%.3g (0.05 / %lld)", design->alpha, static_cast<long long>(design->tests));
+  out.design = "The compare rows come from a group-sequential design (chiar run --decide): up to " +
                std::to_string(design->max_seeds) + " seeds in " + std::to_string(design->rounds) + " rounds (" +
-               joined(numbers_of(design->seeds), "%.0f") + " seeds), two-sided alpha 0.05 / " +
-               std::to_string(design->tests) +
+               joined(numbers_of(design->seeds), "%.0f") + " seeds), two-sided alpha " + alpha +
                " per comparison spent O'Brien-Fleming-like (Lan-DeMets); a round decides a comparison where its p "
                "is below the round's boundary (" + joined(numbers_of(design->nominal_p), "%.3g") +
-               "), and its interval is the repeated confidence interval at that level. Seeds stopped for the "
-               "decided and for the futile (under 10% conditional power at the trend so far).";
+               "), and such a row is tested on its latest look's seeds with the repeated confidence interval at "
+               "that level. Seeds stopped for the decided and for the futile (under " +
+               std::to_string(static_cast<int>(100 * kFutilePower)) + "% conditional power at the trend so far).";
   for (const auto& l : store.looks()) {  // in round order: the last one read is the latest
     SequentialLookState& state = out.latest[{l.claim, l.task}];
     state.round = static_cast<int>(l.round);
