@@ -107,18 +107,24 @@ int64_t count(const std::string& db, const std::string& sql) {
   return q.step() ? q.integer(0) : -1;
 }
 
+// The tiny matrix with 9 seeds (base and routed on lm and flat), and a
+// claims file with one comparison, routed against base on lm.
+std::string write_design_matrix(const TempDir& d) {
+  test::write_tiny_matrix(d, "name = \"seq\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
+                             "seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n",
+                          test::tiny_train_body());
+  return d.write("claims.toml",
+                 "include = [\"m.toml\"]\n\n[[claims]]\nid = \"routed_beats_base\"\ntext = \"routed beats base\"\n"
+                 "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"routed\", \"base\"]\nmetric = \"token_ppl\"\n"
+                 "better = \"lower\"\n");
+}
+
 }  // namespace
 
 TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for closed comparisons, resumable",
           "[engine][sequential]") {
   TempDir d("decide");
-  test::write_tiny_matrix(d, "name = \"seq\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
-                             "seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n",
-                          test::tiny_train_body());
-  const std::string claims = d.write(
-      "claims.toml", "include = [\"m.toml\"]\n\n[[claims]]\nid = \"routed_beats_base\"\ntext = \"routed beats base\"\n"
-                     "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"routed\", \"base\"]\nmetric = \"token_ppl\"\n"
-                     "better = \"lower\"\n");
+  const std::string claims = write_design_matrix(d);
   const std::string db = d.path() + "/seq.db";
   const std::vector<std::string> base = {"run",        d.path() + "/m.toml", "--db",    db,        "--data-root",
                                          d.path(),     "--cache-dir",        d.path() + "/cache", "--decide", claims};
@@ -227,13 +233,7 @@ std::vector<std::string> looks_of(const std::string& db) {
 TEST_CASE("chiar slurm --decide: one array per round, looks between them, the same looks as one process",
           "[slurm_script][sequential]") {
   TempDir d("decide-slurm");
-  test::write_tiny_matrix(d, "name = \"seq\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
-                             "seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n",
-                          test::tiny_train_body());
-  const std::string claims = d.write(
-      "claims.toml", "include = [\"m.toml\"]\n\n[[claims]]\nid = \"routed_beats_base\"\ntext = \"routed beats base\"\n"
-                     "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"routed\", \"base\"]\nmetric = \"token_ppl\"\n"
-                     "better = \"lower\"\n");
+  const std::string claims = write_design_matrix(d);
   const std::string out = d.path() + "/out", script = out + "/slurm.sbatch";
   const std::vector<std::string> args = {"slurm", d.path() + "/m.toml", "--dir", out, "--data-root", d.path(),
                                          "--cache-dir", d.path() + "/cache", "--tasks", "2", "--decide", claims};

@@ -98,6 +98,21 @@ void add_model_command(CLI::App& app, Args& a, Commands& c) {
   model->add_option("--seq", m.seq, "sequence length of that forward pass")->check(at_least(0));
 }
 
+// --decide and the design's options, for `run` and `slurm` alike.
+template <class WithDesign>
+CLI::Option* add_decide_options(CLI::App* command, WithDesign& args, const std::string& what) {
+  CLI::Option* decide = command->add_option("--decide", args.decide, what);
+  command->add_option("--max-seeds", args.max_seeds, "with --decide: the most seeds (default: every seed listed)")
+      ->check(at_least(3))
+      ->needs(decide);
+  command->add_option("--rounds", args.rounds, "with --decide: the rounds of seeds (default 3)")
+      ->check(at_least(1))
+      ->needs(decide);
+  command->add_option("--baseline", args.baseline, "with --decide: the variant \"$baseline\" names (default baseline)")
+      ->needs(decide);
+  return decide;
+}
+
 // Also sets the data and cache folders' defaults, which run and inspect share.
 void add_data_commands(CLI::App& app, Args& a, Commands& c) {
   auto* data = app.add_subcommand("data", "inspect and prepare task data")->require_subcommand(1);
@@ -152,17 +167,9 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
                 "start the runs recorded failed again, as new (after fixing what failed them)");
   run->add_flag("--sole-writer", r.sole_writer,
                 "no other process writes the store: resume a run left 'running' at once (Slurm array tasks)");
-  auto* decide = run->add_option("--decide", r.decide,
-                                 "CLAIMS: add seeds in rounds by a group-sequential design, testing these claims' "
-                                 "comparisons after each round");
-  run->add_option("--max-seeds", r.max_seeds, "with --decide: the most seeds (default: every seed the matrix lists)")
-      ->check(at_least(3))
-      ->needs(decide);
-  run->add_option("--rounds", r.rounds, "with --decide: the looks, rounds of seeds (default 3)")
-      ->check(at_least(1))
-      ->needs(decide);
-  run->add_option("--baseline", r.baseline, "with --decide: the variant \"$baseline\" names (default baseline)")
-      ->needs(decide);
+  CLI::Option* decide = add_decide_options(
+      run, r, "CLAIMS: add seeds in rounds by a group-sequential design, testing these claims' comparisons after "
+              "each round");
   auto* round_from = run->add_option("--round-from", r.round_from,
                                      "with --decide, --round and --shard: run this shard's part of that round of "
                                      "the design this store holds (what chiar slurm --decide's array tasks do)")
@@ -197,14 +204,9 @@ void add_scale_out_commands(CLI::App& app, Args& a, Commands& c) {
   slurm->add_flag("--submit", s.submit, "submit it with sbatch and print the job id");
   slurm->add_flag("--retry-failed", s.retry_failed,
                   "start the runs recorded failed in the shard stores again, as new, once, before the job");
-  auto* decide = slurm->add_option("--decide", s.decide,
-                                   "CLAIMS: one array per round of a group-sequential design; run again after each "
-                                   "array ends to look at its round and write the next");
-  slurm->add_option("--max-seeds", s.max_seeds, "with --decide: the most seeds (default: every seed listed)")
-      ->check(at_least(3))
-      ->needs(decide);
-  slurm->add_option("--rounds", s.rounds, "with --decide: the rounds (default 3)")->check(at_least(1))->needs(decide);
-  slurm->add_option("--baseline", s.baseline, "with --decide: the variant \"$baseline\" names")->needs(decide);
+  add_decide_options(slurm, s,
+                     "CLAIMS: one array per round of a group-sequential design; run again after each array ends to "
+                     "look at its round and write the next");
 
   MergeArgs& m = a.mg;
   auto* merge = c.merge = app.add_subcommand("merge", "copy every run of several stores (or folders of shards) into one");

@@ -144,10 +144,16 @@ TaskTest base_row(const ClaimSpec& c, const Summary& s, const TaskSummary& t, co
   return row;
 }
 
-// Names the variants without a finished run that reports the metric.
-void name_missing(TaskTest& row, bool a_empty, bool b_empty) {
-  if (a_empty && b_empty) row.missing = row.a + " and " + row.b + " have no finished run";
-  else if (a_empty || b_empty) row.missing = (a_empty ? row.a : row.b) + " has no finished run";
+// Fills the row's seeds and means per side, names a variant without a
+// finished run, and says whether both sides have the seeds a test needs.
+bool count_sides(TaskTest& row, const std::map<int64_t, double>& x, const std::map<int64_t, double>& y) {
+  row.n_a = static_cast<int>(x.size());
+  row.n_b = static_cast<int>(y.size());
+  row.mean_a = mean(values(x));
+  row.mean_b = mean(values(y));
+  if (x.empty() && y.empty()) row.missing = row.a + " and " + row.b + " have no finished run";
+  else if (x.empty() || y.empty()) row.missing = (x.empty() ? row.a : row.b) + " has no finished run";
+  return row.n_a >= kMinSeedsPerSide && row.n_b >= kMinSeedsPerSide;
 }
 
 // "a beats b" on one task: the per-seed difference, paired by seed over the
@@ -172,12 +178,7 @@ TaskTest compare_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, 
   TaskTest row = base_row(c, s, t, a, b, metric_on(c, w, l));
   auto x = per_seed(w, row.metric), y = per_seed(l, row.metric);
   keep_first_seeds(x, y, seed_limit);
-  row.n_a = static_cast<int>(x.size());
-  row.n_b = static_cast<int>(y.size());
-  row.mean_a = mean(values(x));
-  row.mean_b = mean(values(y));
-  name_missing(row, x.empty(), y.empty());
-  if (row.n_a < kMinSeedsPerSide || row.n_b < kMinSeedsPerSide) return row;
+  if (!count_sides(row, x, y)) return row;
   // A seed fixes both variants' initialisation and data order, so what the
   // seed alone explains cancels in the paired test; a seed one variant lost
   // (diverged, failed) leaves the other's run out too.
@@ -205,12 +206,7 @@ TaskTest reduction_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t
                       const std::string& b) {
   TaskTest row = base_row(c, s, t, a, b, 0);
   const auto x = per_seed(find(s, t.task, a), row.metric), y = per_seed(find(s, t.task, b), row.metric);
-  row.n_a = static_cast<int>(x.size());
-  row.n_b = static_cast<int>(y.size());
-  row.mean_a = mean(values(x));
-  row.mean_b = mean(values(y));
-  name_missing(row, x.empty(), y.empty());
-  if (row.n_a < kMinSeedsPerSide || row.n_b < kMinSeedsPerSide) return row;
+  if (!count_sides(row, x, y)) return row;
   const auto [shared_x, shared_y] = shared_seeds(x, y);
   std::vector<double> cuts;
   for (size_t i = 0; i < shared_x.size(); ++i)

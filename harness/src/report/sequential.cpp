@@ -122,12 +122,6 @@ const char* to_string(LookOutcome o) {
   return "?";
 }
 
-LookOutcome look_outcome_from(const std::string& text) {
-  for (auto o : {LookOutcome::Continue, LookOutcome::Decided, LookOutcome::Futile, LookOutcome::Final})
-    if (text == to_string(o)) return o;
-  throw std::invalid_argument("unknown look outcome '" + text + "'");
-}
-
 Look look_at(const SequentialDesign& design, size_t k, const Difference& d) {
   Look look;
   look.nominal = design.nominal_p.at(k);

@@ -39,8 +39,7 @@ SequentialDesign obrien_fleming_design(int max_seeds, int rounds, double alpha);
 constexpr double kFutilePower = 0.10;
 
 enum class LookOutcome { Continue, Decided, Futile, Final };
-const char* to_string(LookOutcome o);
-LookOutcome look_outcome_from(const std::string& text);  // std::invalid_argument on an unknown word
+const char* to_string(LookOutcome o);  // as the store records it: continue, decided, futile, final
 
 struct Look {
   LookOutcome outcome = LookOutcome::Continue;
