@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "engine/sqlite.h"
 #include "engine/store.h"
 #include "report/claims.h"
 #include "report/claims_export.h"
@@ -689,4 +690,62 @@ TEST_CASE("claims file: a share's threshold is a fraction, a reduction's toleran
                   "tolerance = -1\n");
   CHECK_THROWS_WITH(report::load_claims(cut),
                     cut + ":11:13: key 'claims[0].tolerance': expected 0 or more percentage points");
+}
+
+TEST_CASE("provenance guard: a row whose runs come from several code states gets no verdict unless allowed",
+          "[report][claims]") {
+  TempDir d("claims-mixed-code");
+  const std::string db = store_of(d, "mixed.db", {{"lm", {{"fast", kFast}, {"slow", kSlow}}}}, "token_ppl");
+  const auto judge = [&](bool allow) {
+    return report::evaluate_claims({compare("fast", "slow", "token_ppl", "lower")}, summary_of(db), "slow",
+                                   {nullptr, allow});
+  };
+  const auto set = [&](const std::string& sql) { engine::Database(db).exec(sql); };
+  set("UPDATE runs SET git_commit = 'aaaaaaaaaaaaaaaa', git_dirty = 0");
+  CHECK(judge(false).claims[0].verdict == "holds");  // one clean state
+  // The two sides from two commits.
+  set("UPDATE runs SET git_commit = 'bbbbbbbbbbbbbbbb' WHERE variant = 'slow'");
+  const auto mixed = judge(false);
+  CHECK(mixed.tests == 0);
+  const auto& row = mixed.claims[0].tasks.at(0);
+  CHECK(row.verdict == "no verdict");
+  CHECK(row.direction.empty());
+  CHECK(row.mixed_code == "2 code states: aaaaaaaaaaaa (4 runs); bbbbbbbbbbbb (4 runs)");
+  CHECK(row.note == "mixed code: 2 code states: aaaaaaaaaaaa (4 runs); bbbbbbbbbbbb (4 runs); no verdict (chiar report "
+                    "--allow-mixed-code judges it anyway)");
+  const auto allowed = judge(true);
+  CHECK(allowed.tests == 1);
+  CHECK(allowed.claims[0].tasks.at(0).verdict == "holds");
+  CHECK(allowed.claims[0].tasks.at(0).note ==
+        "mixed code, judged as --allow-mixed-code asks: 2 code states: aaaaaaaaaaaa (4 runs); bbbbbbbbbbbb (4 runs)");
+  // One commit, but a dirty tree; or one commit and two product libraries.
+  set("UPDATE runs SET git_commit = 'aaaaaaaaaaaaaaaa'");
+  set("UPDATE runs SET git_dirty = 1 WHERE seed = 0");
+  CHECK(judge(false).claims[0].tasks.at(0).mixed_code ==
+        "2 code states: aaaaaaaaaaaa (6 runs); aaaaaaaaaaaa with uncommitted changes (2 runs)");
+  set("UPDATE runs SET git_dirty = 0, gemm = 'onednn: oneDNN 2.6.3 sgemm'");
+  CHECK(judge(false).claims[0].verdict == "holds");
+  set("UPDATE runs SET gemm = 'blas: OpenBLAS 0.3.21' WHERE variant = 'fast'");
+  CHECK(judge(false).claims[0].tasks.at(0).mixed_code ==
+        "2 code states: aaaaaaaaaaaa, products on blas (4 runs); aaaaaaaaaaaa, products on onednn (4 runs)");
+  // Through the CLI, and the export's commit and clean-tree columns.
+  d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
+  const std::string claims = d.write(
+      "c.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"c\"\ntext = \"fast beats slow\"\nkind = \"compare\"\n"
+                "task = \"lm\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\nbetter = \"lower\"\n");
+  for (const bool allow : {false, true}) {
+    std::vector<std::string> args = {"report", db, "--out", d.path() + "/r/m", "--claims", claims};
+    if (allow) args.push_back("--allow-mixed-code");
+    const auto out = test::run_chiar(args);
+    INFO(out.output);
+    REQUIRE(out.status == 0);
+    CHECK_THAT(test::read_text(d.path() + "/r/m.md"),
+               Catch::Matchers::Contains(allow ? "| **holds** |" : "| **no verdict** |"));
+  }
+  const auto csv = test::run_chiar({"export", db, "--csv"});
+  CHECK_THAT(csv.output, Catch::Matchers::StartsWith("run,status,metric,value,attn_gflops,total_gflops,train_tok_s,"
+                                                     "eval_tok_s,params,overhead_%,commit,clean_tree\n"));
+  CHECK_THAT(csv.output, Catch::Matchers::Contains(",aaaaaaaaaaaaaaaa,true\n"));
+  const auto json = test::run_chiar({"export", db, "--json"});
+  CHECK_THAT(json.output, Catch::Matchers::Contains("\"commit\": \"aaaaaaaaaaaaaaaa\", \"clean_tree\": true}"));
 }

@@ -163,7 +163,8 @@ int run_report(const Global& g, const ReportArgs& a) {
   PluginRegistry registry;  // operators' names, colours and roles
   registry.load_default(g.plugin_dirs);
   const auto files =
-      report::write_report(view.db(), out, a.baseline.empty() ? "baseline" : a.baseline, claims, registry, view.label());
+      report::write_report(view.db(), out, a.baseline.empty() ? "baseline" : a.baseline, claims, registry, view.label(),
+                           a.allow_mixed_code);
   std::cout << "wrote " << files.markdown << ", " << files.html << ", " << files.images.size()
             << " charts, and the claims table as " << files.claims_csv << " and " << files.claims_json << "\n";
   return 0;
@@ -175,11 +176,11 @@ int run_show(const Global&, const ShowArgs& a) {
   const auto rows = engine::read_results(view.db());
   std::vector<size_t> width(columns.size());
   for (size_t c = 0; c < columns.size(); ++c) {
-    width[c] = columns[c].size();
+    width[c] = columns[c].name.size();
     for (const auto& r : rows) width[c] = std::max(width[c], r.cells[c].size());
   }
   for (size_t c = 0; c < columns.size(); ++c)
-    std::cout << std::left << std::setw(static_cast<int>(width[c]) + 2) << columns[c];
+    std::cout << std::left << std::setw(static_cast<int>(width[c]) + 2) << columns[c].name;
   std::cout << "\n";
   for (const auto& r : rows) {
     for (size_t c = 0; c < columns.size(); ++c)
@@ -202,7 +203,7 @@ int run_export(const Global&, const ShowArgs& a) {
   }
   std::ostream& out = a.out.empty() ? std::cout : file;
   if (a.csv) {
-    for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c];
+    for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c].name;
     out << "\n";
     for (const auto& r : rows) {
       for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << report::csv_cell(r.cells[c]);
@@ -214,8 +215,8 @@ int run_export(const Global&, const ShowArgs& a) {
       out << (i ? ",\n " : "\n ") << "{";
       for (size_t c = 0; c < columns.size(); ++c) {
         const std::string& v = rows[i].cells[c];
-        const bool numeric = c >= 3 && !v.empty();
-        out << (c ? ", " : "") << report::json_string(columns[c]) << ": " << (v.empty() ? "null" : numeric ? v : report::json_string(v));
+        out << (c ? ", " : "") << report::json_string(columns[c].name) << ": "
+            << (v.empty() ? "null" : columns[c].number ? v : report::json_string(v));
       }
       out << "}";
     }

@@ -120,6 +120,7 @@ struct ReportArgs {
   std::string out;
   std::string baseline;  // empty: "baseline", where the stores have it; given: must name a variant they hold
   std::string claims;  // empty: report::default_claims_file()
+  bool allow_mixed_code = false;  // judge claim rows whose runs come from several code states
 };
 int run_report(const Global& g, const ReportArgs& a);
 

@@ -232,6 +232,9 @@ void add_result_commands(CLI::App& app, Args& a, Commands& c) {
   report->add_option("--out", rep.out, "output path without extension (default reports/<db name>)");
   report->add_option("--baseline", rep.baseline, "the variant reductions and speed-ups compare with");
   report->add_option("--claims", rep.claims, "the paper's claims to check (default configs/claims.toml)");
+  report->add_flag("--allow-mixed-code", rep.allow_mixed_code,
+                   "judge claim rows whose runs come from several commits, a dirty tree or several product "
+                   "libraries (each such row says so) instead of leaving them without a verdict");
 
   PlanArgs& pl = a.plan;
   auto* plan = c.plan = app.add_subcommand("plan", "the seeds each claim's comparisons need, from a pilot store");

@@ -466,17 +466,21 @@ size_t retry_failed_runs(const Matrix& matrix, const std::string& db, std::ostre
   return restart_failed(store, matrix.runs, db, report);
 }
 
-std::vector<std::string> result_columns() {
-  return {"run", "status", "metric", "value", "attn_gflops", "total_gflops", "train_tok_s", "eval_tok_s", "params",
-          "overhead_%"};
+std::vector<ResultColumn> result_columns() {
+  return {{"run", false},         {"status", false},      {"metric", false},     {"value", true},
+          {"attn_gflops", true},  {"total_gflops", true}, {"train_tok_s", true}, {"eval_tok_s", true},
+          {"params", true},       {"overhead_%", true},   {"commit", false},     {"clean_tree", true}};
 }
 
 std::vector<ResultRow> read_results(const std::string& db) {
   Store store(db, StoreAccess::ReadOnly);
+  // The code that made each run: which commit, and whether the tree was
+  // clean when its binary was built (true/false; empty where not recorded).
   auto q = store.db().prepare(
-      "SELECT name, status, COALESCE(metric_name, ''), main_metric, attention_gflops, total_gflops, "
-      "train_tokens_per_s, eval_tokens_per_s, params, 100 * overhead_fraction FROM results "
-      "ORDER BY task, variant, seed");
+      "SELECT res.name, res.status, COALESCE(res.metric_name, ''), res.main_metric, res.attention_gflops, "
+      "res.total_gflops, res.train_tokens_per_s, res.eval_tokens_per_s, res.params, 100 * res.overhead_fraction, "
+      "runs.git_commit, CASE runs.git_dirty WHEN 0 THEN 'true' WHEN 1 THEN 'false' END "
+      "FROM results res JOIN runs ON runs.id = res.id ORDER BY res.task, res.variant, res.seed");
   std::vector<ResultRow> rows;
   while (q.step()) {
     ResultRow row;

@@ -37,9 +37,15 @@ size_t retry_failed_runs(const Matrix& matrix, const std::string& db, std::ostre
 
 // The store's results, one row per run: for `chiar show` and `chiar export`.
 struct ResultRow {
-  std::vector<std::string> cells;
+  std::vector<std::string> cells;  // one per result_columns() entry
 };
-std::vector<std::string> result_columns();
+// A column of the results table: its header, and whether JSON writes it as
+// a number (an empty cell is null either way).
+struct ResultColumn {
+  std::string name;
+  bool number = false;
+};
+std::vector<ResultColumn> result_columns();
 std::vector<ResultRow> read_results(const std::string& db);
 
 }  // namespace chiar::engine

@@ -117,6 +117,44 @@ std::pair<std::vector<double>, std::vector<double>> shared_seeds(const std::map<
   return out;
 }
 
+// How the report names the code that made a run.
+std::string code_state(const RunRow& r) {
+  std::string out = r.commit.empty() ? std::string("an unknown commit") : r.commit.substr(0, 12);
+  if (r.dirty) out += " with uncommitted changes";
+  if (!r.gemm.empty()) out += ", products on " + r.gemm;
+  return out;
+}
+
+// The code states behind the seeds a row uses on each side; "" when they
+// are one clean state.
+std::string mixed_code_of(const std::vector<std::pair<const VariantSummary*, std::set<int64_t>>>& sides) {
+  std::map<std::string, int> runs;  // state -> runs
+  bool dirty = false;
+  for (const auto& [v, seeds] : sides) {
+    if (!v) continue;
+    for (const RunRow* r : v->runs)
+      if (seeds.count(r->seed)) {
+        ++runs[code_state(*r)];
+        dirty |= r->dirty;
+      }
+  }
+  if (runs.size() <= 1 && !dirty) return "";
+  std::string out = std::to_string(runs.size()) + (runs.size() == 1 ? " code state: " : " code states: ");
+  bool first = true;
+  for (const auto& [state, n] : runs) {
+    out += (first ? "" : "; ") + state + " (" + std::to_string(n) + (n == 1 ? " run)" : " runs)");
+    first = false;
+  }
+  return out;
+}
+
+template <class Map>
+std::set<int64_t> keys(const Map& m) {
+  std::set<int64_t> out;
+  for (const auto& [k, v] : m) out.insert(k);
+  return out;
+}
+
 // Which of the claim's metrics a task is compared on: the first one a
 // finished run of either variant reports there (the first of the list when
 // none does, so that the missing runs are named in the claim's terms).
@@ -178,6 +216,7 @@ TaskTest compare_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, 
   TaskTest row = base_row(c, s, t, a, b, metric_on(c, w, l));
   auto x = per_seed(w, row.metric), y = per_seed(l, row.metric);
   keep_first_seeds(x, y, seed_limit);
+  row.mixed_code = mixed_code_of({{w, keys(x)}, {l, keys(y)}});
   if (!count_sides(row, x, y)) return row;
   // A seed fixes both variants' initialisation and data order, so what the
   // seed alone explains cancels in the paired test; a seed one variant lost
@@ -205,7 +244,10 @@ TaskTest compare_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, 
 TaskTest reduction_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, const std::string& a,
                       const std::string& b) {
   TaskTest row = base_row(c, s, t, a, b, 0);
-  const auto x = per_seed(find(s, t.task, a), row.metric), y = per_seed(find(s, t.task, b), row.metric);
+  const VariantSummary* w = find(s, t.task, a);
+  const VariantSummary* l = find(s, t.task, b);
+  const auto x = per_seed(w, row.metric), y = per_seed(l, row.metric);
+  row.mixed_code = mixed_code_of({{w, keys(x)}, {l, keys(y)}});
   if (!count_sides(row, x, y)) return row;
   const auto [shared_x, shared_y] = shared_seeds(x, y);
   std::vector<double> cuts;
@@ -248,6 +290,11 @@ TaskTest share_on(const ClaimSpec& c, const Summary& s, const TaskSummary& t, co
   }
   row.n_a = static_cast<int>(shares.size());
   row.mean_a = mean(shares);
+  std::set<int64_t> used;
+  for (const auto& r : s.runs)
+    if (r.variant == a && r.task == t.task && r.status == engine::RunStatus::Done && !r.final_share.empty())
+      used.insert(r.seed);
+  row.mixed_code = mixed_code_of({{find(s, t.task, a), used}});
   if (shares.empty()) row.missing = a + " has no finished run with routing records";
   if (row.n_a < kMinSeedsPerSide) return row;
   std::vector<double> logits;
@@ -683,9 +730,27 @@ bool claim_is_about(const ClaimSpec& c, const std::string& task, const std::stri
   return is_pattern(c.task) ? matches(c.task, task) : task == c.task;
 }
 
+namespace {
+
+// A row from several code states (or a dirty tree) gets no verdict unless
+// mixed code is allowed; either way the row says so.
+void guard_code(TaskTest& row, bool allow) {
+  if (row.mixed_code.empty() || !row.test) return;
+  const std::string why = (allow ? "mixed code, judged as --allow-mixed-code asks: " : "mixed code: ") + row.mixed_code;
+  row.note = row.note.empty() ? why : row.note + "; " + why;
+  if (allow) return;
+  row.note += "; no verdict (chiar report --allow-mixed-code judges it anyway)";
+  row.verdict = verdict::kNoVerdict;
+  row.direction.clear();
+}
+
+}  // namespace
+
 ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline,
-                            const SequentialLooks* sequential) {
+                            const ClaimsOptions& options) {
   ClaimsTable table;
+  table.mixed_code_allowed = options.allow_mixed_code;
+  const SequentialLooks* sequential = options.sequential;
   if (sequential && sequential->claims != claims_fingerprint(claims)) {
     table.sequential = "The store holds a sequential design made for other claims than these: its boundaries are "
                        "not used here.";
@@ -693,15 +758,19 @@ ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary&
   }
   if (sequential) table.sequential = sequential->design;
   for (const auto& c : claims) table.claims.push_back(measure_claim(c, s, baseline, sequential));
+  // The family of tests: rows with a spread that are judged.
+  const auto counted = [&](const TaskTest& row) {
+    return tested(row) && (options.allow_mixed_code || row.mixed_code.empty());
+  };
   for (const auto& claim : table.claims)
-    for (const auto& row : claim.tasks) table.tests += tested(row);
+    for (const auto& row : claim.tasks) table.tests += counted(row);
   table.confidence = 1 - kAlpha / std::max(1, table.tests);
   // Holm's adjusted p-values of the comparisons, for the export: never
   // larger than Bonferroni's, which the verdicts use.
   std::vector<double> p;
   for (const auto& claim : table.claims)
     for (const auto& row : claim.tasks)
-      if (claim.kind == "compare" && tested(row)) p.push_back(row.test->p);
+      if (claim.kind == "compare" && counted(row)) p.push_back(row.test->p);
   const std::vector<double> holm = holm_adjusted(p);
   size_t next = 0;
   for (size_t i = 0; i < claims.size(); ++i) {
@@ -711,17 +780,20 @@ ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary&
         c.kind == "share" ? share_subject(c, s, c.variants[0] == kBaseline ? baseline : c.variants[0]) : "";
     for (auto& row : claim.tasks) {
       if (c.kind == "compare") {
-        if (tested(row)) row.p_holm = holm[next++];
+        if (counted(row)) row.p_holm = holm[next++];
         const SequentialLookState* look = nullptr;
         if (sequential)
           if (const auto it = sequential->latest.find({c.id, row.task}); it != sequential->latest.end()) look = &it->second;
         decide_compare(row, c, table, look, sequential ? sequential->rounds : 0);
+        guard_code(row, options.allow_mixed_code);
         row.measured = describe_compare(row);
       } else if (c.kind == "reduction") {
         decide_reduction(row, c, table);
+        guard_code(row, options.allow_mixed_code);
         row.measured = describe_reduction(row, c, s);
       } else {
         decide_share(row, c, table);
+        guard_code(row, options.allow_mixed_code);
         row.measured = describe_share(row, c, who);
       }
     }

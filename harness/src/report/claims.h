@@ -89,6 +89,10 @@ struct TaskTest {
   std::string direction;   // compare with the paper's values: "agrees", "contradicts", "undecided"; else ""
   std::string paper_effect;  // "compatible with the paper's +35.5 pp" | "rules out the paper's ...: at most ..." | ""
   std::string equivalence;   // "equivalent within ±1.00 pp" | "not shown equivalent within ±1.00 pp" | ""
+  // The code states of the runs behind the row, where they are not one
+  // clean state: "2 code states: 1a2b3c4d5e6f, products on onednn (6 runs);
+  // ...". Such a row gets no verdict unless mixed code is allowed.
+  std::string mixed_code;
   std::string note;          // why the row reads as it does, where it could puzzle
   std::string measured;      // the row as the report states it
 };
@@ -134,6 +138,7 @@ struct ClaimsTable {
   int tests = 0;
   double confidence = 0.95;
   std::string sequential;  // the design the compare rows were decided by; "" for none
+  bool mixed_code_allowed = false;  // rows from several code states judged all the same
 };
 
 // What identifies a set of claims to a sequential design made for them:
@@ -157,8 +162,14 @@ std::string default_claims_file();
 // With `sequential`, the compare rows it looked at are decided at their
 // latest look's boundary, with the repeated confidence interval at that
 // level, and say how the design left them.
+// With allow_mixed_code, a row whose runs come from several code states (or
+// a dirty tree) is judged anyway, and says so; without, it gets no verdict.
+struct ClaimsOptions {
+  const SequentialLooks* sequential = nullptr;
+  bool allow_mixed_code = false;
+};
 ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary& s, const std::string& baseline,
-                            const SequentialLooks* sequential = nullptr);
+                            const ClaimsOptions& options = {});
 
 // One claim tested alone: the level covers its own tasks only.
 Claim evaluate_claim(const ClaimSpec& claim, const Summary& s, const std::string& baseline);

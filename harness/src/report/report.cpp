@@ -187,7 +187,10 @@ std::string claims_method(const ClaimsTable& t) {
          "is task-dependent when some hold and some contradict it, partly decided when it is decided one way "
          "on some and open on the rest, and inconclusive when no task decides. \"vs paper\" is agrees or "
          "contradicts only where the interval excludes zero, else undecided. Only finished runs count; the "
-         "runs left out are named.";
+         "runs left out are named. A row whose runs come from more than one code state (commit, uncommitted "
+         "changes, or product library) gets no verdict, and says which" +
+         std::string(t.mixed_code_allowed ? "; here they are judged all the same, as --allow-mixed-code asks."
+                                          : " (chiar report --allow-mixed-code judges it anyway).");
 }
 
 const char* verdict_class(const std::string& verdict) {
@@ -366,7 +369,7 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
 
 ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,
                          const std::string& claims_file, const PluginRegistry& registry,
-                         const std::string& source) {
+                         const std::string& source, bool allow_mixed_code) {
   const auto claim_specs = load_claims(claims_file);
   const Summary s = summarize(db, OperatorCatalog(registry));
   const boost::filesystem::path base(out);
@@ -376,7 +379,8 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   const auto charts = draw_charts(s, dir, prefix, baseline);
   const auto tables = task_tables(s, baseline);
   const auto sequential = read_sequential_looks(db);
-  const auto claims = evaluate_claims(claim_specs, s, baseline, sequential ? &*sequential : nullptr);
+  const auto claims =
+      evaluate_claims(claim_specs, s, baseline, {sequential ? &*sequential : nullptr, allow_mixed_code});
   const auto equal_time = equal_time_tables(s);
 
   Pages pages;

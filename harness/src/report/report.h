@@ -26,9 +26,11 @@ struct ReportFiles {
 // charts inlined, no network fetches) and the claims table as
 // <out>-claims.csv and <out>-claims.json, from the store, the claims file
 // (claims.h) and the registry's operator traits. source names the stores
-// in the report's opening line (default: db).
+// in the report's opening line (default: db). allow_mixed_code judges claim
+// rows whose runs come from several code states instead of leaving them
+// without a verdict.
 ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,
                          const std::string& claims_file, const PluginRegistry& registry,
-                         const std::string& source = "");
+                         const std::string& source = "", bool allow_mixed_code = false);
 
 }  // namespace chiar::report

@@ -105,7 +105,8 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
         "SELECT id, name, variant, task, seed, status, COALESCE(error, ''), COALESCE(diverged_step, -1), "
         "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, ''), "
         "COALESCE(task_family, ''), COALESCE(step_ms, 0), COALESCE(peak_gpu_allocated_mb, -1), "
-        "COALESCE(peak_gpu_reserved_mb, -1) FROM runs ORDER BY id");
+        "COALESCE(peak_gpu_reserved_mb, -1), COALESCE(git_commit, ''), COALESCE(git_dirty, 0), COALESCE(gemm, '') "
+        "FROM runs ORDER BY id");
     while (q.step()) {
       RunRow r;
       r.id = q.integer(0);
@@ -124,6 +125,9 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
       r.step_ms = q.real(13);
       r.gpu_allocated_mb = q.real(14);
       r.gpu_reserved_mb = q.real(15);
+      r.commit = q.text(16);
+      r.dirty = q.integer(17) != 0;
+      r.gemm = q.text(18).substr(0, q.text(18).find(':'));  // "onednn: oneDNN 2.6.3 sgemm; ..." -> "onednn"
       s.runs.push_back(r);
     }
   }

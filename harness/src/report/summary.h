@@ -54,6 +54,11 @@ struct RunRow {
   double total_train = 0;  // forward + backward FLOPs of a training step, per sequence, executed
   std::map<std::string, double> final_share;  // operator -> mean share over routed layers
   std::string tau;  // JSON
+  // The code that made the run: the commit its binary was built from, whether
+  // tracked files differed from it then, and the library that ran its
+  // products ("onednn", "blas"; "" when not recorded).
+  std::string commit, gemm;
+  bool dirty = false;
   double step_ms = 0;  // median training step
   double gpu_allocated_mb = -1, gpu_reserved_mb = -1;  // peaks on a GPU; -1 for a run on the CPU
   // The task's quality metric (token_ppl or accuracy) at each validation that
