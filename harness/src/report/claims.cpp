@@ -552,7 +552,7 @@ std::string describe_compare(const TaskTest& row) {
   };
   std::string out = side(row.a, row.mean_a, row.n_a) + " vs " + side(row.b, row.mean_b, row.n_b) + " (" +
                     seeds_text(row, true) + ")";
-  if (!row.test || row.verdict == v::kNoVerdict) return out;
+  if (!row.test || !std::isfinite(row.test->diff)) return out;  // NaN: nothing to state
   const Difference& d = *row.test;
   out += "; difference " + shown_difference(m, d.diff) + interval_text(row, m);
   out += !d.paired                                  ? ", Welch's t"
