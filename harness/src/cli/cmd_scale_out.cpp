@@ -198,9 +198,14 @@ int run_slurm(const Global& g, const SlurmArgs& a) {
   std::string script_text = engine::sbatch_script(job);  // the options checked before anything is written
   // The design's looks go to its store, not to the shard stores the
   // script's tasks write: the same store is written by one process at a time.
+  std::string covers = std::to_string(runs) + " runs";  // what the array runs, for the messages below
+  std::string after = "when it ends: chiar merge " + job.dir + "/merged.db " + job.dir;
   if (!a.decide.empty()) {
-    if (sequential_step(a, matrix, registry, job) < 0) return 0;
+    const int round = sequential_step(a, matrix, registry, job);
+    if (round < 0) return 0;
     script_text = engine::sbatch_script(job);
+    covers = "round " + std::to_string(round + 1) + " of a sequential design";
+    after = "when it ends: this command again, to look at the round and submit the next";
   }
   // Every shard store --retry-failed will write is checked before anything is.
   std::vector<std::string> shards;
@@ -220,14 +225,13 @@ int run_slurm(const Global& g, const SlurmArgs& a) {
   if (a.retry_failed) retry_failed_in_shards(matrix, shards, job.dir);
   if (!a.submit) {
     std::cout << script_text;
-    std::cerr << "wrote " << script << " (" << a.tasks << " array tasks over " << runs
-              << " runs); submit it with sbatch, or again with --submit\n";
+    std::cerr << "wrote " << script << " (" << a.tasks << " array tasks over " << covers
+              << "); submit it with sbatch, or again with --submit\n";
     return 0;
   }
   const std::string id = submit(script);
   std::cout << "submitted job " << id << ": " << a.tasks << " tasks, script " << script << "\n"
-            << "logs " << job.dir << "/logs/" << id << "_<task>.out; when it ends: chiar merge " << job.dir
-            << "/merged.db " << job.dir << "\n";
+            << "logs " << job.dir << "/logs/" << id << "_<task>.out; " << after << "\n";
   return 0;
 }
 

@@ -171,8 +171,8 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
       run, r, "CLAIMS: add seeds in rounds by a group-sequential design, testing these claims' comparisons after "
               "each round");
   auto* round_from = run->add_option("--round-from", r.round_from,
-                                     "with --decide, --round and --shard: run this shard's part of that round of "
-                                     "the design this store holds (what chiar slurm --decide's array tasks do)")
+                                     "with --decide and --round (and --shard): run this part of that round of the "
+                                     "design this store holds (what chiar slurm --decide's array tasks do)")
                          ->needs(decide);
   auto* round = run->add_option("--round", r.round, "with --round-from: the round the task was written for")
                     ->check(at_least(1))
