@@ -123,14 +123,14 @@ int sequential_step(const SlurmArgs& a, const engine::Matrix& matrix, const Plug
   int k = rounds.current_round();
   if (k >= 0 && !shards.empty()) {
     const engine::StoreView view(shards);
-    auto counts = statuses(rounds.runs_of(static_cast<size_t>(k)), view.db());
+    const auto round_runs = rounds.runs_of(static_cast<size_t>(k));
+    auto counts = statuses(round_runs, view.db());
     // Two arrays on the same shard stores would train the same runs at once.
     if (counts["running"] > 0)
       throw UserError("round " + std::to_string(k + 1) + " has " + std::to_string(counts["running"]) +
                       " runs still running in " + job.dir + ": run this again when its array has ended (if its "
                       "tasks died, submit " + job.dir + "/slurm.sbatch again as it is)");
-    const auto round_runs = static_cast<int>(rounds.runs_of(static_cast<size_t>(k)).size());
-    if (counts["done"] + counts["failed"] + counts["diverged"] == round_runs) {
+    if (counts["done"] + counts["failed"] + counts["diverged"] == static_cast<int>(round_runs.size())) {
       std::cerr << "round " << k + 1 << " has ended in " << view.label() << ":\n";
       engine::Store design(design_db);
       rounds.look(static_cast<size_t>(k), view.db(), report::OperatorCatalog(registry), design, std::cerr);

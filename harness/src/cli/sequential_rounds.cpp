@@ -11,20 +11,6 @@
 #include "engine/suggest.h"
 
 namespace chiar::cli {
-namespace {
-
-std::string json_list(const std::vector<double>& values, const char* format) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, format, values[i]);
-    out += (i ? ", " : "") + std::string(buf);
-  }
-  return out + "]";
-}
-
-}  // namespace
-
 SequentialRounds::SequentialRounds(const DecideArgs& args, const engine::Matrix& matrix)
     : matrix_(matrix), claims_(report::load_claims(args.claims)),
       baseline_(args.baseline.empty() ? "baseline" : args.baseline) {
@@ -61,17 +47,7 @@ SequentialRounds::SequentialRounds(const DecideArgs& args, const engine::Matrix&
   if (compared_.empty()) throw UserError(args.claims + ": no compare claim is about a task of " + matrix.file);
   design_ = report::obrien_fleming_design(max_seeds, args.rounds, 0.05 / std::max(rows_, 1));
 
-  std::string ids = "[";
-  for (const auto& c : claims_) ids += (ids.size() > 1 ? ", \"" : "\"") + c.id + "\"";
-  record_.claims = report::claims_fingerprint(claims_) + " " + ids + "]";
-  record_.baseline = baseline_;
-  record_.max_seeds = max_seeds;
-  record_.rounds = args.rounds;
-  record_.tests = rows_;
-  record_.alpha = design_.alpha;
-  record_.seeds = json_list(std::vector<double>(design_.seeds.begin(), design_.seeds.end()), "%.0f");
-  record_.boundaries = json_list(design_.z, "%.6f");
-  record_.nominal_p = json_list(design_.nominal_p, "%.6g");
+  record_ = report::design_record(design_, claims_, baseline_, rows_);
 }
 
 std::string SequentialRounds::describe() const {

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
-#include <sys/statvfs.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -26,6 +25,7 @@
 #include "engine/gpu_memory.h"
 #include "engine/runtime.h"
 #include "accounting.h"
+#include "checkpoint_dir.h"
 #include "data_parallel.h"
 #include "device.h"
 #include "distributed.h"
@@ -413,40 +413,6 @@ void write_checkpoint(Run& run, const char* kind, int64_t step, const std::strin
   run.ctx.store->record_checkpoint(run.spec.hash,
                                   {kind, step, file, static_cast<int64_t>(bytes.size()), crc32_of(bytes)});
   prune_checkpoints(run);
-}
-
-// The resolved spec beside the checkpoints: a checkpoint folder alone
-// suffices to rebuild the model (chiar inspect).
-void prepare_checkpoint_dir(const RunSpec& spec, const std::string& dir) {
-  boost::system::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw EnvironmentError(dir + ": cannot create the checkpoint folder: " + ec.message());
-  if (!spec.resolved_toml.empty()) write_file_durably(dir + "/spec.toml", spec.resolved_toml);
-}
-
-std::string format_bytes(double bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-  size_t u = 0;
-  while (bytes >= 1024 && u + 1 < sizeof units / sizeof *units) {
-    bytes /= 1024;
-    ++u;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
-  return text;
-}
-
-// Warns when the folder's file system lacks room for the next state
-// checkpoint (float32 weights and AdamW's two moments) and best model
-// (weights), written while the previous ones still exist.
-void warn_if_short_of_space(const std::string& dir, int64_t params) {
-  struct statvfs fsinfo {};
-  if (::statvfs(dir.c_str(), &fsinfo) != 0) return;  // a real problem surfaces at the first write
-  const double free_bytes = static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
-  const double needed = static_cast<double>(params) * sizeof(float) * (3 + 1);
-  if (free_bytes < needed)
-    std::cerr << "warning: " << dir << ": " << format_bytes(free_bytes) << " free, the next checkpoints need about "
-              << format_bytes(needed) << "\n";
 }
 
 // The newest recorded checkpoint of a kind whose file verifies, as

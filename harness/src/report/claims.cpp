@@ -389,21 +389,27 @@ void decide_sequential(TaskTest& row, const ClaimSpec& c, const SequentialLookSt
                 " now, tested at the look's boundary";
 }
 
-void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
-                    const SequentialLookState* look = nullptr, int rounds = 0) {
+// Decides a row that has no test (not enough seeds) or a NaN estimate (no
+// verdict, with `nan_note`); otherwise keeps its raw interval and says it
+// is to be tested.
+bool testable(TaskTest& row, const char* nan_note) {
   if (!row.test) {
     row.verdict = v::kNotEnoughSeeds;
-    return;
+    return false;
   }
+  row.raw_lo = row.test->lo;
+  row.raw_hi = row.test->hi;
+  if (std::isfinite(row.test->diff)) return true;
+  row.verdict = v::kNoVerdict;
+  row.note = nan_note;
+  return false;
+}
+
+void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
+                    const SequentialLookState* look = nullptr, int rounds = 0) {
+  if (!testable(row, "a metric is NaN")) return;
   const Difference& d = *row.test;
-  row.raw_lo = d.lo;
-  row.raw_hi = d.hi;
   const int sign = paper_sign(c);
-  if (!std::isfinite(d.diff)) {
-    row.verdict = v::kNoVerdict;
-    row.note = "a metric is NaN";
-    return;
-  }
   if (sign) row.direction = "undecided";
   if (!(d.se > 0)) {
     row.no_spread = true;
@@ -467,18 +473,8 @@ std::string explain_attention_cut(const Summary& s, const ClaimSpec& c, const Ta
 }
 
 void decide_reduction(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
-  if (!row.test) {
-    row.verdict = v::kNotEnoughSeeds;
-    return;
-  }
+  if (!testable(row, "a metric is NaN, or the second variant's is 0")) return;
   const Difference& d = *row.test;
-  row.raw_lo = d.lo;
-  row.raw_hi = d.hi;
-  if (!std::isfinite(d.diff)) {
-    row.verdict = v::kNoVerdict;
-    row.note = "a metric is NaN, or the second variant's is 0";
-    return;
-  }
   const double low = c.reduction - c.tolerance, high = c.reduction + c.tolerance;
   row.confidence = table.confidence;
   if (!(d.se > 0)) {

@@ -175,6 +175,23 @@ std::string joined(const std::vector<double>& values, const char* format) {
 
 }  // namespace
 
+engine::SequentialDesignRecord design_record(const SequentialDesign& design, const std::vector<ClaimSpec>& claims,
+                                             const std::string& baseline, int tests) {
+  engine::SequentialDesignRecord r;
+  std::string ids;
+  for (const auto& c : claims) ids += (ids.empty() ? "\"" : ", \"") + c.id + "\"";
+  r.claims = claims_fingerprint(claims) + " [" + ids + "]";
+  r.baseline = baseline;
+  r.max_seeds = design.max_seeds;
+  r.rounds = design.rounds;
+  r.tests = tests;
+  r.alpha = design.alpha;
+  r.seeds = "[" + joined(std::vector<double>(design.seeds.begin(), design.seeds.end()), "%.0f") + "]";
+  r.boundaries = "[" + joined(design.z, "%.6f") + "]";
+  r.nominal_p = "[" + joined(design.nominal_p, "%.6g") + "]";
+  return r;
+}
+
 std::optional<SequentialLooks> read_sequential_looks(const std::string& db) {
   engine::Store store(db, engine::StoreAccess::ReadOnly);
   const auto design = store.sequential_design();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "claims.h"
+#include "engine/store.h"
 #include "verdict_stats.h"
 
 namespace chiar::report {
@@ -51,6 +52,12 @@ struct Look {
 // Comparison `d` at look k (0-based). A test without spread or with a NaN
 // difference neither decides nor continues past the last look.
 Look look_at(const SequentialDesign& design, size_t k, const Difference& d);
+
+// The design as the store keeps it (engine::SequentialDesignRecord): for
+// `claims` (by their fingerprint and ids), with `baseline` named, planned at
+// alpha 0.05 / tests per comparison. read_sequential_looks reads it back.
+engine::SequentialDesignRecord design_record(const SequentialDesign& design, const std::vector<ClaimSpec>& claims,
+                                             const std::string& baseline, int tests);
 
 // The design and each comparison's latest look, as a store made by `chiar
 // run --decide` holds them; nullopt for a store without a design.
