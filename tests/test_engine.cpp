@@ -110,6 +110,7 @@ seeds = [0, 3]
 d_model = 32
 n_heads = 2
 router = "threshold"  # the default until the harness stopped naming one; stored specs hold it
+norm = "post"         # every run stored before model.norm existed; left out of the hash
 [train]
 steps = 12
 lr = 2e-3
@@ -149,7 +150,13 @@ train.clip = [0.5, 1]
     INFO(m.runs[index].name());
     CHECK(m.runs[index].hash == hash);
   }
-  // The shipped quickstart's first run, as its stores hold it.
+  // The default placement, pre-norm, is in the hash: the same runs, new hashes.
+  o.set.push_back("model.norm=\"pre\"");
+  const auto pre = engine::load_matrix(d.path() + "/pinned.toml", o);
+  for (const auto& [index, hash] : pinned) CHECK(pre.runs[index].hash != hash);
+  CHECK(pre.runs[0].canonical.find("\"norm\"") != std::string::npos);
+  CHECK(m.runs[0].canonical.find("\"norm\"") == std::string::npos);
+  // The shipped quickstart's first run, as its stores hold it (it sets norm = "post").
   const auto quickstart = engine::load_matrix(CHIAR_SOURCE_DIR "/configs/quickstart.toml");
   REQUIRE(!quickstart.runs.empty());
   INFO(quickstart.runs[0].name());

@@ -138,12 +138,15 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   ChiarModel baseline(test::plugins(), small({"attn", "attn"}));
   const int64_t attention = (d * d + d) + (d * 2 * d + 2 * d) + (d * d + d) + 2 * d;
   const int64_t ffn = (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * d;
-  CHECK(baseline.parameter_count() == V * d + 2 * (attention + ffn));
+  const int64_t final_norm = 2 * d;  // pre-norm (the default) ends in one more LayerNorm
+  CHECK(baseline.parameter_count() == V * d + 2 * (attention + ffn) + final_norm);
+  CHECK(ChiarModel(test::plugins(), small({"attn", "attn"}).norm(NormPlacement::Post)).parameter_count() ==
+        V * d + 2 * (attention + ffn));
   ChiarModel routed(test::plugins(), small({"dct|attn", "dct"}));
   const int64_t dct = d + 2 * d, gate = 0;
-  CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn));
+  CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn) + final_norm);
   CHECK(routed.describe() ==
-        std::string("ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, layers [dct(filter, gemm) | "
+        std::string("ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, pre-norm, layers [dct(filter, gemm) | "
                     "attention(heads 2, block 128, fused core (fp32 CPU), else ") + (test::attention_has_sdpa() ? "SDPA" : "chunked") +
             ", rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
             std::to_string(routed.parameter_count()) + " parameters)");

@@ -57,6 +57,7 @@ double rel_error_valid(const at::Tensor& a, const at::Tensor& b, const at::Tenso
 struct OpCase {
   const char* name;
   Params params;
+  bool pre_norm = false;  // OperatorSpec::pre_norm
 };
 
 Params chunked() { return Params().set("core", std::string("chunked")); }
@@ -77,8 +78,13 @@ std::vector<OpCase> op_cases() {
       {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
       {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
   if (test::attention_has_sdpa()) cases.push_back({"attention", Params().set("core", std::string("sdpa")).set("block", int64_t{3})});
+  // And each again with its LayerNorm before the sub-layer.
+  const size_t post = cases.size();
+  for (size_t i = 0; i < post; ++i) cases.push_back({cases[i].name, cases[i].params, true});
   return cases;
 }
+
+std::string describe(const OpCase& c) { return c.params.describe() + (c.pre_norm ? ", pre-norm" : ""); }
 
 }  // namespace
 
@@ -205,14 +211,15 @@ Pass run_pass(Operator& op, const at::Tensor& x, const OpContext& ctx, const at:
 // errors out_tol and grad_tol, in the causal and padded contexts the
 // operator's traits allow.
 void check_against_f64(const std::string& name, const Params& params, const Params& params64, int64_t T,
-                       const at::TensorOptions& as, bool bf16, double out_tol, double grad_tol) {
+                       const at::TensorOptions& as, bool bf16, double out_tol, double grad_tol,
+                       bool pre_norm = false) {
   for (bool causal : {true, false})
     for (bool padded : {false, true})
       for (int64_t heads : {1, 2}) {
-        INFO(name << " " << params.describe() << ", T " << T << ", causal " << causal << ", padded " << padded
+        INFO(name << " " << params.describe() << (pre_norm ? ", pre-norm" : "") << ", T " << T << ", causal " << causal << ", padded " << padded
                   << ", heads " << heads << ", " << as << (bf16 ? ", bf16 autocast" : ""));
-        auto op = make_op(name, 16, heads, params, false, 21);
-        auto op64 = make_op(name, 16, heads, params64, true, 21);
+        auto op = make_op(name, 16, heads, params, false, 21, pre_norm);
+        auto op64 = make_op(name, 16, heads, params64, true, 21, pre_norm);
         const auto traits = op->traits();
         if ((causal && !traits.causal) || (padded && !traits.padded)) continue;
         {
@@ -311,8 +318,9 @@ TEST_CASE("every operator in fp32 and under bf16 autocast matches itself in floa
   auto cases = op_cases();
   cases.push_back({"fourier", {}});
   for (const auto& c : cases) {
-    check_against_f64(c.name, c.params, c.params, 11, at::kFloat, false, 1e-5, 1e-4);
-    check_against_f64(c.name, c.params, c.params, 11, at::kFloat, true, kBf16OutTol, bf16_grad_tol(c.name));
+    check_against_f64(c.name, c.params, c.params, 11, at::kFloat, false, 1e-5, 1e-4, c.pre_norm);
+    check_against_f64(c.name, c.params, c.params, 11, at::kFloat, true, kBf16OutTol, bf16_grad_tol(c.name),
+                      c.pre_norm);
   }
 }
 
@@ -327,8 +335,8 @@ TEST_CASE("every operator on a CUDA device matches itself in float64 on the CPU,
   cases.push_back({"fourier", {}});
   for (const auto& c : cases)
     for (int64_t T : {11, 300}) {
-      check_against_f64(c.name, c.params, c.params, T, cuda, false, 1e-5, 1e-4);
-      check_against_f64(c.name, c.params, c.params, T, cuda, true, kBf16OutTol, bf16_grad_tol(c.name));
+      check_against_f64(c.name, c.params, c.params, T, cuda, false, 1e-5, 1e-4, c.pre_norm);
+      check_against_f64(c.name, c.params, c.params, T, cuda, true, kBf16OutTol, bf16_grad_tol(c.name), c.pre_norm);
     }
 }
 
@@ -455,8 +463,8 @@ TEST_CASE("every operator: forward_rows equals the selected rows of forward", "[
   at::manual_seed(13);
   for (const auto& c : op_cases()) {
     for (bool causal : {true, false}) {
-      INFO(c.name << " " << c.params.describe() << ", causal " << causal);
-      auto op = make_op(c.name, 16, 2, c.params);
+      INFO(c.name << " " << describe(c) << ", causal " << causal);
+      auto op = make_op(c.name, 16, 2, c.params, true, 7, c.pre_norm);
       auto x = at::randn({3, 11, 16}, kF64);
       OpContext ctx;
       ctx.causal = causal;
@@ -472,11 +480,43 @@ TEST_CASE("every operator: forward_rows equals the selected rows of forward", "[
   }
 }
 
+// Pre-norm y = x + f(LN(x)) and post-norm y = LN(x + f(x)) share f: with
+// n = LN(x), y_pre - x + n = n + f(n), whose LN is y_post(n). The same seed
+// gives both instances the same parameters, the LayerNorm's affine included.
+TEST_CASE("every operator's pre-norm form is its post-norm sub-layer on LN(x), plus x", "[operator][pre_norm]") {
+  at::manual_seed(19);
+  auto cases = op_cases();
+  cases.push_back({"fourier", {}, true});
+  for (const auto& c : cases) {
+    if (!c.pre_norm) continue;
+    for (bool causal : {true, false}) {
+      INFO(c.name << " " << describe(c) << ", causal " << causal);
+      auto pre = make_op(c.name, 16, 2, c.params, true, 7, true);
+      auto post = make_op(c.name, 16, 2, c.params, true, 7, false);
+      REQUIRE(pre->traits().pre_norm);
+      if (causal && !pre->traits().causal) continue;
+      OpContext ctx;
+      ctx.causal = causal;
+      if (!causal) ctx.valid = test::padding_mask(11, {0, 4, 1});
+      auto x = at::randn({3, 11, 16}, kF64) * 3 + 1;  // not already normalised
+      const auto ln = [&](const at::Tensor& u) {
+        return ref::layer_norm(u.reshape({-1, 16}), named(*pre, "norm.weight"), named(*pre, "norm.bias")).view_as(u);
+      };
+      const auto n = ln(x);
+      CHECK(rel_error_valid(ln(pre->forward(x, ctx) - x + n), post->forward(n, ctx), ctx.valid) < 1e-12);
+      auto rows = at::tensor(std::vector<int64_t>{0, 5, 12, 16, 31}, at::TensorOptions().dtype(at::kLong));
+      const auto flat = [](const at::Tensor& u) { return u.reshape({-1, 16}); };
+      CHECK(rel_error(ln(pre->forward_rows(x, rows, ctx) - flat(x).index_select(0, rows) + flat(n).index_select(0, rows)),
+                      post->forward_rows(n, rows, ctx)) < 1e-12);
+    }
+  }
+}
+
 TEST_CASE("every operator is causal: later tokens never change earlier outputs", "[operator][causal]") {
   at::manual_seed(14);
   for (const auto& c : op_cases()) {
-    INFO(c.name << " " << c.params.describe());
-    auto op = make_op(c.name, 16, 2, c.params);
+    INFO(c.name << " " << describe(c));
+    auto op = make_op(c.name, 16, 2, c.params, true, 7, c.pre_norm);
     OpContext ctx;
     ctx.causal = true;
     auto x = at::randn({2, 12, 16}, kF64);
@@ -495,8 +535,8 @@ TEST_CASE("every operator is causal: later tokens never change earlier outputs",
 TEST_CASE("every operator ignores the content of padding positions", "[operator][padding]") {
   at::manual_seed(15);
   for (const auto& c : op_cases()) {
-    INFO(c.name << " " << c.params.describe());
-    auto op = make_op(c.name, 16, 2, c.params);
+    INFO(c.name << " " << describe(c));
+    auto op = make_op(c.name, 16, 2, c.params, true, 7, c.pre_norm);
     OpContext ctx;
     ctx.valid = test::padding_mask(9, {0, 4});
     auto x = at::randn({2, 9, 16}, kF64);
@@ -510,8 +550,8 @@ TEST_CASE("every operator passes a float64 finite-difference gradient check", "[
   at::manual_seed(16);
   for (const auto& c : op_cases()) {
     for (bool causal : {true, false}) {
-      INFO(c.name << " " << c.params.describe() << ", causal " << causal);
-      auto op = make_op(c.name, 8, 2, c.params);
+      INFO(c.name << " " << describe(c) << ", causal " << causal);
+      auto op = make_op(c.name, 8, 2, c.params, true, 7, c.pre_norm);
       auto x = at::randn({2, 5, 8}, kF64).requires_grad_(true);
       auto probe = at::randn({2, 5, 8}, kF64);  // a random projection of the output
       OpContext ctx;
@@ -530,7 +570,7 @@ TEST_CASE("every operator passes a float64 finite-difference gradient check", "[
 
 TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "[operator][flops]") {
   for (const auto& c : op_cases()) {
-    INFO(c.name << " " << c.params.describe());
+    INFO(c.name << " " << describe(c));
     auto op = make_op(c.name, 64, 4, c.params, false);
     int64_t previous = 0;
     for (int64_t T : {16, 32, 64, 128, 256}) {

@@ -34,8 +34,9 @@ std::string read(const std::string& file) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-// A tiny word corpus and a matrix with one routed variant, dct|shade.
-void write_shade_matrix(const TempDir& d) {
+// A tiny word corpus and a matrix with one routed variant, dct|shade;
+// `norm` is its model.norm line (shade is post-norm only).
+void write_shade_matrix(const TempDir& d, const std::string& norm = "norm = \"post\"\n") {
   test::write_word_corpus(d, {"the", "light", "falls", "on", "a", "shade", "of", "grey", "and", "blue"}, 11, 200, 40);
   d.write("m.toml", R"([matrix]
 name = "shade"
@@ -48,8 +49,7 @@ seeds = [0]
 layers = ["dct", "dct|shade"]
 router = "threshold"
 router_params = { shares = [0.5, 0.5] }
-
-)" + test::kTinyLmTask);
+)" + norm + "\n" + test::kTinyLmTask);
 }
 
 struct Output {
@@ -100,6 +100,20 @@ TEST_CASE("operator traits come from the registry, without a model", "[presentat
           spec.n_heads = heads;
           return r.make_operator("shade", spec);
         }).empty());
+}
+
+TEST_CASE("an operator that does not declare pre_norm is refused in a pre-norm model", "[presentation][errors]") {
+  TempDir d("shade-pre");
+  write_shade_matrix(d, "");  // the default, pre-norm
+  const std::string db = d.path() + "/s.db";
+  const auto ran = test::run_chiar({"--plugin-dir", kShadeDir, "run", d.path() + "/m.toml", "--db", db, "--data-root",
+                                    d.path(), "--cache-dir", d.path() + "/cache"});
+  INFO(ran.output);
+  CHECK(ran.status == 2);  // bad input: refused before anything runs, nothing written
+  CHECK_THAT(ran.output, Catch::Matchers::Contains(
+                             "/m.toml:21:1: variant 'routed' on task 'lm': layer 2: operator 'shade' does not support "
+                             "model.norm = \"pre\" (its traits do not declare pre_norm); set model.norm = \"post\""));
+  CHECK_FALSE(boost::filesystem::exists(db));
 }
 
 TEST_CASE("an operator from outside the tree is coloured, charted and benchmarked", "[presentation][cli]") {

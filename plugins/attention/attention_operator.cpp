@@ -1,7 +1,7 @@
 // Multi-head self-attention with rotary positions (RoPE, half-split pairs:
 // feature i rotates with feature i + dh/2 at frequency base^(-2i/dh)),
 // causal for language modelling, key-padding-masked for classification;
-// y = LN(x + W_o Attn(x)).
+// y = LN(x + W_o Attn(x)), or pre-norm y = x + W_o Attn(LN(x)).
 //
 // Causal attention runs in query blocks of `block` positions: the queries of
 // block [s, s + block) score keys [0, s + block) only, so about half of the
@@ -170,13 +170,15 @@ class AttentionOperator final : public Operator {
     q_ = register_module("q", torch::nn::Linear(d_, d_));
     kv_ = register_module("kv", torch::nn::Linear(d_, 2 * d_));
     out_ = register_module("out", torch::nn::Linear(d_, d_));
-    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
+    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
+                         spec.pre_norm);
   }
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    auto q = queries(project(q_, x).view({B, T, heads_, dh_}), {}, T);  // (B, h, T, dh)
-    auto [kt, v] = keys_values(x);  // (B, h, dh, T), (B, h, T, dh)
+    const auto in = norm_.input(x);  // (B, T, d)
+    auto q = queries(project(q_, in).view({B, T, heads_, dh_}), {}, T);  // (B, h, T, dh)
+    auto [kt, v] = keys_values(in);  // (B, h, dh, T), (B, h, T, dh)
     at::Tensor o;                   // (B, h, T, dh)
     if (fuses(q)) {
       chiar::count_host_kernel();
@@ -201,7 +203,7 @@ class AttentionOperator final : public Operator {
       }
       o = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
     }
-    return chiar::apply_layer_norm(norm_, project(out_, o.transpose(1, 2).reshape({B, T, d_}), x));
+    return norm_.output(project(out_, o.transpose(1, 2).reshape({B, T, d_}), x));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
@@ -210,7 +212,7 @@ class AttentionOperator final : public Operator {
     // Every row selected (rows are strictly increasing): the blocked forward
     // is the same computation without the gathers.
     if (N == x.size(0) * T) return forward(x, ctx).view({N, d_});
-    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
+    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d): the residual
     auto t = at::remainder(rows, T);                      // (N,) query positions
     // The rows are grouped on the host (the groups' sizes decide the
     // products' shapes): from the routed layer's host copy of them
@@ -221,9 +223,11 @@ class AttentionOperator final : public Operator {
     const RowGroups hg = group_rows(at::div(host_rows, T, "floor"));  // one group per sequence, on the host
     const RowGroups g = groups_on_device(hg, x.device());
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.
-    auto [kt, v] = keys_values(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, h, dh, T), (G, h, T, dh)
+    const auto in = norm_.input(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, T, d)
+    auto [kt, v] = keys_values(in);  // (G, h, dh, T), (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
-    auto q = queries(project(q_, xr).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
+    const auto q_in = norm_.pre() ? in.reshape({-1, d_}).index_select(0, g.group * T + t) : xr;  // (N, d)
+    auto q = queries(project(q_, q_in).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
     const bool recompute = recompute_for(T, ctx.causal);
     const bool fused = fuses(q);
@@ -237,9 +241,9 @@ class AttentionOperator final : public Operator {
         for (int64_t j = 0, start = 0; j < g.count; start += n[j], ++j) segments.insert(segments.end(), {start, n[j], j, T});
         auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), ctx.causal ? t : at::Tensor(),
                                                        valid);
-        return chiar::apply_layer_norm(norm_, project(out_, o.reshape({N, d_}), xr));
+        return norm_.output(project(out_, o.reshape({N, d_}), xr));
       }
-      return chiar::apply_layer_norm(norm_, project(out_, attend_rows(q, kt, v, t, g, T, ctx.causal ? 1 : T, valid, recompute), xr));
+      return norm_.output(project(out_, attend_rows(q, kt, v, t, g, T, ctx.causal ? 1 : T, valid, recompute), xr));
     }
 
     // Each sequence's rows go in query blocks of span(rows, T) positions
@@ -264,7 +268,7 @@ class AttentionOperator final : public Operator {
         i += n;
       }
       auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), t, valid);  // (N, h, dh)
-      return chiar::apply_layer_norm(norm_, project(out_, o.reshape({N, d_}), xr));
+      return norm_.output(project(out_, o.reshape({N, d_}), xr));
     }
     // The chunked core and SDPA: rows sorted by e, then sequence (stable, so
     // then by position): the rows of one e are one slice, each of its
@@ -319,7 +323,7 @@ class AttentionOperator final : public Operator {
                                    std::max<int64_t>(1, e - b.widest + 1), vab, recompute));
     }
     auto o = at::cat(pieces).index_select(0, plan[1]);  // (N, d) in row order
-    return chiar::apply_layer_norm(norm_, project(out_, o, xr));
+    return norm_.output(project(out_, o, xr));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
@@ -343,6 +347,7 @@ class AttentionOperator final : public Operator {
     t.colour = "#f7c9c0";
     t.role = OperatorRole::GlobalMixing;
     t.attention_flops = true;
+    t.pre_norm = true;
     return t;
   }
 
@@ -377,7 +382,8 @@ class AttentionOperator final : public Operator {
     f += FlopCount{5 * keys * h, 3 * keys * h};
     // Backward recomputes the scores and weights rather than storing them.
     if (recompute) f += FlopCount{0, 2 * keys * d + 5 * keys * h};
-    return f + elementwise_flops(n, d) + layernorm_flops(n, d);
+    // Pre-norm normalises every position the keys read, post-norm the rows.
+    return f + elementwise_flops(n, d) + layernorm_flops(norm_.pre() ? T : n, d);
   }
 
   // (query, key) pairs of a whole sequence of length T: all of them, or the
@@ -599,7 +605,7 @@ class AttentionOperator final : public Operator {
   double rope_base_;
   Core core_;  // which code computes softmax(q k^T + mask) v (see the top of this file)
   torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)
-  torch::nn::LayerNorm norm_{nullptr};
+  SublayerNorm norm_;
 };
 
 void register_plugin(Registrar& r) {

@@ -1,6 +1,7 @@
-// DCT mixing: y = LN(x + iDCT(DCT(x) * w)), per token along the feature axis,
-// with a learnable per-frequency filter w (d,) initialised to 1. Tokens are not
-// mixed, so it is causal by construction and ignores padding.
+// DCT mixing: y = LN(x + iDCT(DCT(x) * w)) (pre-norm: x + iDCT(DCT(LN x) * w)),
+// per token along the feature axis, with a learnable per-frequency filter w
+// (d,) initialised to 1. Tokens are not mixed, so it is causal by
+// construction and ignores padding.
 #include <ATen/ATen.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -23,18 +24,20 @@ class DctOperator final : public Operator {
         impl_(resolve_dct_impl(dct_impl_from_string(spec.params.get_string("dct_impl", "auto")),
                                spec.d_model)) {
     filter_ = register_parameter("filter", at::ones({d_}));
-    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
+    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
+                         spec.pre_norm);
   }
 
+  // A supplied spectrum is x's; pre-norm transforms LN(x) instead.
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
-    return mix(x, ctx.spectrum.defined() ? ctx.spectrum : dct2(x, impl_));
+    return mix(x, uses_spectrum(ctx) ? ctx.spectrum : dct2(norm_.input(x), impl_));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {
     // Every row (rows are strictly increasing): the same without the gathers.
     if (rows.size(0) == x.numel() / d_) return forward(x, ctx).reshape({-1, d_});
     auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
-    auto cr = ctx.spectrum.defined() ? ctx.spectrum.reshape({-1, d_}).index_select(0, rows) : dct2(xr, impl_);
+    auto cr = uses_spectrum(ctx) ? ctx.spectrum.reshape({-1, d_}).index_select(0, rows) : dct2(norm_.input(xr), impl_);
     return mix(xr, cr);
   }
 
@@ -46,7 +49,7 @@ class DctOperator final : public Operator {
   FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
                      const FlopContext& ctx) const override {
     const auto n = static_cast<int64_t>(positions.size());
-    return flops(T, n, d) - (ctx.spectrum ? transform_flops(n, d) : FlopCount{});
+    return flops(T, n, d) - (ctx.spectrum && !norm_.pre() ? transform_flops(n, d) : FlopCount{});
   }
 
   OperatorTraits traits() const override {
@@ -55,6 +58,7 @@ class DctOperator final : public Operator {
     t.display_name = "DCT";
     t.colour = "#cfe3f7";
     t.role = OperatorRole::CheapMixing;
+    t.pre_norm = true;
     return t;
   }
 
@@ -63,6 +67,8 @@ class DctOperator final : public Operator {
   }
 
  private:
+  bool uses_spectrum(const OpContext& ctx) const { return ctx.spectrum.defined() && !norm_.pre(); }
+
   FlopCount transform_flops(int64_t n_rows, int64_t d) const {
     FlopCount transform;
     if (impl_ == DctImpl::Gemm) {
@@ -75,9 +81,9 @@ class DctOperator final : public Operator {
     return transform;
   }
 
-  // x: (..., d) and its spectrum c = dct2(x): (..., d) -> (..., d).
+  // x: (..., d) and the spectrum c of x, or of LN(x) pre-norm: (..., d) -> (..., d).
   at::Tensor mix(const at::Tensor& x, const at::Tensor& c) {
-    if (impl_ != DctImpl::Gemm) return chiar::apply_layer_norm(norm_, x + idct2(c * filter_, impl_));
+    if (impl_ != DctImpl::Gemm) return norm_.output(x + idct2(c * filter_, impl_));
     // idct2(c * w) + x = (c * w) B + x, B the orthonormal basis (dct2(x) =
     // x B^T): the residual rides in the product's pass. Without gradients
     // w is folded into the basis too (d^2 multiplies instead of a pass over
@@ -86,14 +92,14 @@ class DctOperator final : public Operator {
     // FLOPs are counted per element either way, as the definition has them.
     const auto basis_t = dct_basis(d_, c.scalar_type(), c.device()).t();  // (d, d) = B^T
     if (at::GradMode::is_enabled() && (filter_.requires_grad() || c.requires_grad()))
-      return chiar::apply_layer_norm(norm_, chiar::linear(c * filter_, basis_t, {}, x));
-    return chiar::apply_layer_norm(norm_, chiar::linear(c, basis_t * filter_, {}, x));
+      return norm_.output(chiar::linear(c * filter_, basis_t, {}, x));
+    return norm_.output(chiar::linear(c, basis_t * filter_, {}, x));
   }
 
   int64_t d_;
   DctImpl impl_;
   at::Tensor filter_;  // (d,) per-frequency gain
-  torch::nn::LayerNorm norm_{nullptr};
+  SublayerNorm norm_;
 };
 
 void register_plugin(Registrar& r) {

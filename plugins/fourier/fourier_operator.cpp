@@ -1,4 +1,5 @@
-// FNet-style Fourier mixing: y = LN(x + Re(DFT_seq(DFT_features(x)))), no
+// FNet-style Fourier mixing: y = LN(x + Re(DFT_seq(DFT_features(x)))) (pre-norm:
+// x + Re(DFT_seq(DFT_features(LN x)))), no
 // parameters besides the LayerNorm. Every position mixes with every other, so
 // it is not causal: the harness refuses it in language-modelling variants.
 // Padding is honoured exactly: each sequence is transformed over its own real
@@ -21,12 +22,14 @@ using namespace chiar;
 class FourierOperator final : public Operator {
  public:
   explicit FourierOperator(const OperatorSpec& spec) : d_(spec.d_model) {
-    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
+    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
+                         spec.pre_norm);
   }
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     if (ctx.causal) throw UserError("fourier: the operator reads future tokens and cannot run causally");
-    if (!ctx.valid.defined()) return chiar::apply_layer_norm(norm_, x + mix(x));
+    const auto in = norm_.input(x);  // (B, T, d)
+    if (!ctx.valid.defined()) return norm_.output(x + mix(in));
     // Sequences of different real lengths: transform each over its own length.
     const int64_t B = x.size(0), T = x.size(1);
     // One host read, for the whole batch: the lengths size each transform.
@@ -35,12 +38,12 @@ class FourierOperator final : public Operator {
     std::vector<at::Tensor> rows;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t L = std::max<int64_t>(1, length[b]);
-      auto xb = x[b].narrow(0, 0, L).unsqueeze(0);             // (1, L, d)
+      auto xb = in[b].narrow(0, 0, L).unsqueeze(0);            // (1, L, d)
       auto yb = mix(xb).squeeze(0);                             // (L, d)
       if (L < T) yb = at::cat({yb, at::zeros({T - L, d_}, x.options())});  // padding rows: unspecified, zero
       rows.push_back(yb);
     }
-    return chiar::apply_layer_norm(norm_, x + at::stack(rows));
+    return norm_.output(x + at::stack(rows));
   }
 
   // Fourier mixing has no cheaper per-row form: the whole sequences of the
@@ -53,7 +56,8 @@ class FourierOperator final : public Operator {
     auto log2 = [](int64_t v) { return static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(std::max<int64_t>(v, 2))))); };
     // Complex FFTs of length d for T rows and of length T for d columns.
     const int64_t fft = 5 * T * d * (log2(d) + log2(T));
-    return FlopCount{fft, fft} + elementwise_flops(n, d) + layernorm_flops(n, d);
+    // Pre-norm normalises every position before the transforms.
+    return FlopCount{fft, fft} + elementwise_flops(n, d) + layernorm_flops(norm_.pre() ? T : n, d);
   }
 
   OperatorTraits traits() const override {
@@ -62,6 +66,7 @@ class FourierOperator final : public Operator {
     t.display_name = "Fourier";
     t.colour = "#e7d3ee";
     t.role = OperatorRole::IntermediateMixing;
+    t.pre_norm = true;
     return t;
   }
   std::string describe() const override { return "fourier(FNet)"; }
@@ -72,7 +77,7 @@ class FourierOperator final : public Operator {
   }
 
   int64_t d_;
-  torch::nn::LayerNorm norm_{nullptr};
+  SublayerNorm norm_;
 };
 
 void register_plugin(Registrar& r) {

@@ -6,6 +6,7 @@
 //   num_t = sum_{s in S(t)} a_ts v_s = phi(q_t)^T (sum_s phi(k_s) v_s^T)
 //   den_t = sum_{s in S(t)} a_ts     = phi(q_t) . (sum_s phi(k_s))
 //   mix_t = num_t / max(den_t, eps * max(n_t, 1)),   y = LN(x + W_o mix)
+//   (pre-norm: q, k, v read LN(x) and y = x + W_o mix)
 // S(t): the real (unpadded) positions, and for causal models only s <= t;
 // n_t = |S(t)|. The random-feature estimate of a kernel sum can be near zero or
 // negative even though the kernel is positive; flooring the normaliser at eps
@@ -101,7 +102,8 @@ class RbfOperator final : public Operator {
     q_ = register_module("q", torch::nn::Linear(d_, d_));
     kv_ = register_module("kv", torch::nn::Linear(d_, 2 * d_));
     out_ = register_module("out", torch::nn::Linear(d_, d_));
-    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
+    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
+                         spec.pre_norm);
     auto gen = at::detail::createCPUGenerator(spec.seed);
     omega_ = register_buffer(
         "omega", at::normal(0.0, std::sqrt(2.0 * gamma_), {d_, features_}, gen));
@@ -109,8 +111,9 @@ class RbfOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    auto q = phi(project(q_, x));         // (B, T, F)
-    auto [k, v, mask] = keys_values(x, ctx.valid);  // (B, T, F), (B, T, d), (B, T, 1)
+    const auto in = norm_.input(x);        // (B, T, d)
+    auto q = phi(project(q_, in));         // (B, T, F)
+    auto [k, v, mask] = keys_values(in, ctx.valid);  // (B, T, F), (B, T, d), (B, T, 1)
     at::Tensor num, den, count;
     if (!ctx.causal) {
       auto state = chiar::batch_matmul(k.transpose(1, 2), v);  // (B, F, d)
@@ -126,14 +129,13 @@ class RbfOperator final : public Operator {
       den = ((qc * z_prev.unsqueeze(2)).sum(-1) + a.sum(-1)).reshape({B, Tp}).narrow(1, 0, T);
       count = mask.squeeze(-1).cumsum(1);                     // (B, T)
     }
-    return chiar::apply_layer_norm(norm_, project(out_, kernel_average(num, den, count), x));
+    return norm_.output(project(out_, kernel_average(num, den, count), x));
   }
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
                           const OpContext& ctx) override {
     const int64_t T = x.size(1);
-    auto xr = x.reshape({-1, d_}).index_select(0, rows);   // (N, d)
-    auto q = phi(project(q_, xr));                          // (N, F)
+    auto xr = x.reshape({-1, d_}).index_select(0, rows);   // (N, d): the residual
     // Rows are grouped by a key of each row on the host, from the routed
     // layer's host copy of them (OpContext::host_rows) or one copy of our
     // own: grouping a GPU's keys would copy them back, and wait, per call.
@@ -147,8 +149,10 @@ class RbfOperator final : public Operator {
     const int64_t B = seqs.count;
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, seqs.keys) : at::Tensor();
     auto xs = seqs.count == x.size(0) ? x : x.index_select(0, seqs.keys);  // every sequence has rows: no gather
-    auto [k, v, mask] = keys_values(xs, valid);  // (B, T, F), (B, T, d), (B, T, 1)
     auto b = seqs.group, t = at::remainder(rows, T);
+    const auto in_s = norm_.input(xs);  // (B, T, d): what keys, values and (pre-norm) queries read
+    auto q = phi(project(q_, norm_.pre() ? in_s.reshape({-1, d_}).index_select(0, b * T + t) : xr));  // (N, F)
+    auto [k, v, mask] = keys_values(in_s, valid);  // (B, T, F), (B, T, d), (B, T, 1)
     at::Tensor num, den, count;
     if (!ctx.causal) {
       const RowGroups g = groups_of(host_seqs.group);
@@ -180,7 +184,7 @@ class RbfOperator final : public Operator {
       den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);            // (N,)
       count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, b * T + t);  // (N,)
     }
-    return chiar::apply_layer_norm(norm_, project(out_, kernel_average(num, den, count), xr));
+    return norm_.output(project(out_, kernel_average(num, den, count), xr));
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
@@ -191,7 +195,8 @@ class RbfOperator final : public Operator {
     f += matmul_flops(n + T, d, features_, /*weight_grad=*/false) + elementwise_flops(n + T, F, 2);
     f += matmul_flops(T, F, d) + matmul_flops(n, F, d) + elementwise_flops(n, F, 2);  // state, apply
     f += matmul_flops(n, F, C, false) + matmul_flops(n, C, d, false);  // within-chunk part (causal)
-    return f + elementwise_flops(n, d, 2) + layernorm_flops(n, d);
+    // Pre-norm normalises every position the keys read, post-norm the rows.
+    return f + elementwise_flops(n, d, 2) + layernorm_flops(norm_.pre() ? T : n, d);
   }
 
   OperatorTraits traits() const override {
@@ -199,6 +204,7 @@ class RbfOperator final : public Operator {
     t.display_name = "RBF";
     t.colour = "#cdeccf";
     t.role = OperatorRole::IntermediateMixing;
+    t.pre_norm = true;
     return t;
   }
 
@@ -258,7 +264,7 @@ class RbfOperator final : public Operator {
   double gamma_, eps_;
   int64_t chunk_;
   torch::nn::Linear q_{nullptr}, kv_{nullptr}, out_{nullptr};  // (d->d), (d->2d), (d->d)
-  torch::nn::LayerNorm norm_{nullptr};
+  SublayerNorm norm_;
   at::Tensor omega_;  // (d, R) random frequencies, a buffer (fixed, saved with the model)
 };
 

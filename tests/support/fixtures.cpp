@@ -69,8 +69,9 @@ double gradcheck(const std::function<at::Tensor()>& loss, const std::vector<at::
 }
 
 std::shared_ptr<Operator> make_op(const std::string& name, int64_t d, int64_t heads,
-                                  const Params& params, bool float64, uint64_t seed) {
+                                  const Params& params, bool float64, uint64_t seed, bool pre_norm) {
   OperatorSpec spec;
+  spec.pre_norm = pre_norm;
   spec.d_model = d;
   spec.n_heads = heads;
   spec.seed = seed;

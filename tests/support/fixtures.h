@@ -38,10 +38,12 @@ double rel_error(const at::Tensor& a, const at::Tensor& b);
 double gradcheck(const std::function<at::Tensor()>& loss, const std::vector<at::Tensor>& inputs,
                  double step = 1e-6);
 
-// An operator from the in-tree plugins, in float64 unless told otherwise.
+// An operator from the in-tree plugins, in float64 unless told otherwise;
+// pre_norm: OperatorSpec::pre_norm. The same seed gives the same parameters
+// in either placement.
 std::shared_ptr<Operator> make_op(const std::string& name, int64_t d, int64_t heads,
                                   const Params& params = {}, bool float64 = true,
-                                  uint64_t seed = 7);
+                                  uint64_t seed = 7, bool pre_norm = false);
 
 // Whether the attention plugin accepts core = "sdpa" (libtorch's fused
 // attention, which it offers from libtorch 2.1 on): asked of the plugin itself,

@@ -26,4 +26,23 @@ inline at::Tensor apply_layer_norm(torch::nn::LayerNorm norm, const at::Tensor& 
   return layer_norm(x, norm->weight, norm->bias, o.eps());
 }
 
+// Where a sub-layer's LayerNorm sits (OperatorSpec::pre_norm, model.norm):
+//   post  y = LN(x + f(x))   the paper's blocks
+//   pre   y = x + f(LN(x))   the residual stream is never normalised; the
+//                            model ends in one more LN (docs/method.md,
+//                            "Training recipe": post-LN stalls classification)
+// A sub-layer computes f on input(x) and returns output(x + f).
+class SublayerNorm {
+ public:
+  SublayerNorm() = default;
+  SublayerNorm(torch::nn::LayerNorm norm, bool pre) : norm_(std::move(norm)), pre_(pre) {}
+  at::Tensor input(const at::Tensor& x) const { return pre_ ? apply_layer_norm(norm_, x) : x; }
+  at::Tensor output(const at::Tensor& sum) const { return pre_ ? sum : apply_layer_norm(norm_, sum); }
+  bool pre() const { return pre_; }
+
+ private:
+  torch::nn::LayerNorm norm_{nullptr};
+  bool pre_ = false;
+};
+
 }  // namespace chiar

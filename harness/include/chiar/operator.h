@@ -75,6 +75,9 @@ struct OperatorTraits {
   // Its FLOPs are "attention FLOPs": the accounting's reference formula, the
   // reports' attention GFLOPs column and the paper's FLOP claims count them.
   bool attention_flops = false;
+  // Honours OperatorSpec::pre_norm. The harness refuses model.norm = "pre"
+  // for an operator that does not say so.
+  bool pre_norm = false;
 };
 
 // Everything a factory needs to build one operator instance.
@@ -83,10 +86,14 @@ struct OperatorSpec {
   int64_t n_heads = 4;
   uint64_t seed = 0;  // fixes any random but non-learned state (e.g. RBF frequencies)
   Params params;      // operator-specific options
+  // Where the sub-layer's LayerNorm sits: false y = LN(x + f(x)), true
+  // y = x + f(LN(x)) (chiar::SublayerNorm does either).
+  bool pre_norm = false;
 };
 
 // A token-mixing (or per-token) sub-layer including its residual and LayerNorm:
-// y = LN(x + f(x)). Implementations register all parameters in their constructor.
+// y = LN(x + f(x)), or y = x + f(LN(x)) with OperatorSpec::pre_norm.
+// Implementations register all parameters in their constructor.
 class CHIAR_API Operator : public torch::nn::Module {
  public:
   ~Operator() override;

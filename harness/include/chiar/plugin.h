@@ -29,7 +29,8 @@
 //    loader failing on a missing symbol).
 // 6: OpContext::host_rows (its layout), rows_by_choice_and_host and
 //    rows_in_host_memory.
-#define CHIAR_PLUGIN_API_VERSION 6
+// 7: OperatorSpec::pre_norm and OperatorTraits::pre_norm (their layouts).
+#define CHIAR_PLUGIN_API_VERSION 7
 
 #define CHIAR_STRINGIFY_IMPL(x) #x
 #define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)

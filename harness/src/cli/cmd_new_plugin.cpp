@@ -35,11 +35,12 @@ add_test(NAME test_@NAME@ COMMAND test_@NAME@)
 )TPL";
 
 const char* kOperator = R"TPL(// @NAME@: an operator plugin. It starts as a per-token linear mixing,
-// y = LN(x + W x); replace mix() with your operator.
+// y = LN(x + W x) (pre-norm: x + W LN(x)); replace mix() with your operator.
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include "chiar/layer_norm.h"
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar/rows.h"
@@ -54,20 +55,25 @@ class Op final : public Operator {
   // options are reported to the user as unknown).
   explicit Op(const OperatorSpec& spec) : d_(spec.d_model) {
     linear_ = register_module("linear", torch::nn::Linear(d_, d_));
-    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
+    // Where the LayerNorm sits (spec.pre_norm): mix() reads norm_.input(x),
+    // the result is norm_.output(x + mix).
+    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
+                         spec.pre_norm);
   }
 
   // x: (B, T, d) -> (B, T, d), residual and LayerNorm included. When
   // ctx.causal, the output at t may read positions <= t only; ctx.valid (B, T)
   // marks real tokens: padding must not change real outputs.
-  at::Tensor forward(const at::Tensor& x, const OpContext&) override { return norm_(x + mix(x)); }
+  at::Tensor forward(const at::Tensor& x, const OpContext&) override {
+    return norm_.output(x + mix(norm_.input(x)));
+  }
 
   // Outputs for rows only: rows (N,) are increasing flat indices into B*T;
   // returns (N, d) equal to the same rows of forward. Compute only what the
   // rows need (operators that mix tokens still read all of x).
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext&) override {
     auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
-    return norm_(xr + mix(xr));
+    return norm_.output(xr + mix(norm_.input(xr)));
   }
 
   // FLOPs of one sequence of length T of which n rows produce outputs, as this
@@ -90,6 +96,7 @@ class Op final : public Operator {
     // GlobalMixing (quadratic, attention-like).
     t.role = OperatorRole::CheapMixing;
     t.attention_flops = false;  // true: its FLOPs count as attention FLOPs in reports and claims
+    t.pre_norm = true;          // it honours spec.pre_norm (model.norm = "pre")
     return t;
   }
   std::string describe() const override { return "@NAME@"; }
@@ -100,7 +107,7 @@ class Op final : public Operator {
 
   int64_t d_;
   torch::nn::Linear linear_{nullptr};  // (d -> d)
-  torch::nn::LayerNorm norm_{nullptr};
+  SublayerNorm norm_;
 };
 
 void register_plugin(Registrar& r) {

@@ -413,6 +413,10 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere, const ValueOr
   // run trains, not what it is: outside the hash.
   toml::table hashed = run;
   if (toml::table* train = hashed["train"].as_table()) train->erase("device");
+  // Every run stored before model.norm existed was post-norm: leaving "post"
+  // out keeps their hashes, so such a store still finds (and resumes) them.
+  if (toml::table* model = hashed["model"].as_table())
+    if (model->get("norm") && model->get("norm")->value_or(std::string()) == "post") model->erase("norm");
   json << toml::json_formatter{hashed};
   text << toml::toml_formatter{run};
   spec.canonical = json.str();

@@ -102,6 +102,8 @@ template <>
 struct Codec<MetaRouterKind> : NamedCodec<MetaRouterKind, to_string, meta_router_from_string> {};
 template <>
 struct Codec<Execution> : NamedCodec<Execution, to_string, execution_from_string> {};
+template <>
+struct Codec<NormPlacement> : NamedCodec<NormPlacement, to_string, norm_placement_from_string> {};
 
 template <class O, class T>
 OptionField<O> field(const char* key, T O::*member, const char* doc,
@@ -195,6 +197,9 @@ const std::vector<OptionField<ModelOptions>>& model_option_fields() {
       field("meta_router", &M::meta_router_,
             "task-level gate on layer 1: none, causal (no look-ahead) or batch_mean (the reference's)"),
       field("execution", &M::execution_, "routed layers: auto (sparse where the choice is hard), dense or sparse"),
+      field("norm", &M::norm_,
+            "where each sub-layer's LayerNorm sits: pre, x + f(LN x), or post, LN(x + f(x)) (the paper's; left out "
+            "of run hashes, so runs stored before this option existed keep theirs)"),
   };
   return fields;
 }

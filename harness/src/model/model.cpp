@@ -36,6 +36,14 @@ MetaRouterKind meta_router_from_string(const std::string& name) {
   throw UserError("unknown meta_router '" + name + "' (known: none, causal, batch_mean)");
 }
 
+const char* to_string(NormPlacement n) { return n == NormPlacement::Pre ? "pre" : "post"; }
+
+NormPlacement norm_placement_from_string(const std::string& name) {
+  if (name == "pre") return NormPlacement::Pre;
+  if (name == "post") return NormPlacement::Post;
+  throw UserError("unknown norm '" + name + "' (known: pre, post)");
+}
+
 std::vector<std::string> split_layer_spec(const std::string& spec) {
   std::vector<std::string> parts;
   std::stringstream in(spec);
@@ -90,6 +98,7 @@ LayerOperators make_layer_operators(const PluginRegistry& registry, const ModelO
     spec.d_model = o.d_model();
     spec.n_heads = o.n_heads();
     spec.seed = o.seed() * 1000003ULL + layer * 101ULL + made.names.size();
+    spec.pre_norm = o.norm() == NormPlacement::Pre;
     auto params = o.operator_params().find(name);
     if (params == o.operator_params().end()) params = o.operator_params().find(requested);
     if (params != o.operator_params().end()) spec.params = params->second;
@@ -115,10 +124,11 @@ std::string model_shape_problem(const ModelOptions& o) {
          std::to_string(o.n_heads()) + ")";
 }
 
-FeedForward::FeedForward(int64_t d, int64_t mult, double dropout) {
+FeedForward::FeedForward(int64_t d, int64_t mult, double dropout, NormPlacement norm) {
   up_ = register_module("up", torch::nn::Linear(d, mult * d));
   down_ = register_module("down", torch::nn::Linear(mult * d, d));
-  norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}))),
+                       norm == NormPlacement::Pre);
   drop_ = register_module("drop", torch::nn::Dropout(dropout));
 }
 
@@ -126,13 +136,13 @@ at::Tensor FeedForward::forward(const at::Tensor& x) {
   // The up projection's bias joins the GELU (chiar/gelu.h): its product then
   // writes a fresh output instead of accumulating onto a pre-filled bias, and
   // backward sums the bias gradient in the GELU's own pass.
-  auto h = chiar::linear(x, up_->weight);  // (B, T, m d)
+  auto h = chiar::linear(norm_.input(x), up_->weight);  // (B, T, m d)
   // Without grad mode nothing keeps the pre-activation for backward.
   h = torch::autograd::GradMode::is_enabled() ? bias_gelu(h, up_->bias) : bias_gelu_(h, up_->bias);
-  if (is_training() && drop_->options.p() > 0) return chiar::apply_layer_norm(norm_, x + drop_(project(down_, h)));
+  if (is_training() && drop_->options.p() > 0) return norm_.output(x + drop_(project(down_, h)));
   // The residual as the product's addend: one pass over (B, T, d) fewer than
   // adding it afterwards (docs/performance.md, 'FFN').
-  return chiar::apply_layer_norm(norm_, project(down_, h, x));
+  return norm_.output(project(down_, h, x));
 }
 
 ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
@@ -164,14 +174,21 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
       if (!causal && !traits.padded)
         throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
                         "' does not support padded classification inputs");
+      if (o.norm() == NormPlacement::Pre && !traits.pre_norm)
+        throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
+                        "' does not support model.norm = \"pre\" (its traits do not declare pre_norm); "
+                        "set model.norm = \"post\"");
     }
     std::shared_ptr<Router> router = ops.size() > 1 ? make_layer_router(registry, o, i, names) : nullptr;
     auto layer = std::make_shared<MixingLayer>(static_cast<int64_t>(i), names, ops, router);
     layer->set_execution(o.execution());
     mixing_.push_back(register_module("mix" + std::to_string(i), layer));
     ffn_.push_back(register_module(
-        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout())));
+        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout(), o.norm())));
   }
+  // Post-norm ends every block normalised; pre-norm's residual stream is not.
+  if (o.norm() == NormPlacement::Pre)
+    final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model()})));
 
   if (o.meta_router() != MetaRouterKind::None) {
     meta_ = register_module("meta", torch::nn::Linear(o.d_model(), 1));
@@ -216,6 +233,7 @@ ModelOutput ChiarModel::forward(const at::Tensor& tokens, const at::Tensor& vali
     if (mixing_[i]->routed()) out.routing.push_back(routing);
     h = ffn_[i]->forward(mixed);
   }
+  if (final_norm_) h = chiar::apply_layer_norm(final_norm_, h);
   if (options_.head() == TaskHead::LanguageModel) {
     out.hidden = h;
     if (logits) out.logits = chiar::linear(h, embed_->weight);  // tied head: (B, T, V)
@@ -263,7 +281,8 @@ int64_t ChiarModel::parameter_count() const {
 std::string ChiarModel::describe() const {
   std::ostringstream out;
   out << "ChiarModel(" << to_string(options_.head()) << ", vocab " << options_.vocab_size() << ", d "
-      << options_.d_model() << ", heads " << options_.n_heads() << ", ffn x" << options_.ffn_mult();
+      << options_.d_model() << ", heads " << options_.n_heads() << ", ffn x" << options_.ffn_mult() << ", "
+      << to_string(options_.norm()) << "-norm";
   if (options_.head() == TaskHead::Classifier) out << ", classes " << options_.n_classes();
   if (options_.meta_router() != MetaRouterKind::None)
     out << ", meta_router " << to_string(options_.meta_router());

@@ -11,6 +11,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include "chiar/layer_norm.h"
 #include "chiar/params.h"
 #include "chiar/task.h"
 #include "mixing_layer.h"
@@ -28,6 +29,14 @@ const char* to_string(TaskHead h);
 enum class MetaRouterKind { None, Causal, BatchMean };
 const char* to_string(MetaRouterKind m);
 MetaRouterKind meta_router_from_string(const std::string& name);
+
+// Where every sub-layer's LayerNorm sits (chiar::SublayerNorm): "post"
+// y = LN(x + f(x)), the paper's blocks; "pre" y = x + f(LN(x)) and one more
+// LN before the head. Post-LN stalls classification at the harness's budgets
+// (docs/method.md, "Training recipe"), so "pre" is the default.
+enum class NormPlacement { Post, Pre };
+const char* to_string(NormPlacement n);
+NormPlacement norm_placement_from_string(const std::string& name);
 
 using OperatorParams = std::map<std::string, Params>;  // operator name -> its options
 
@@ -61,20 +70,22 @@ struct ModelOptions {
   CHIAR_OPTION(OperatorParams, operator_params) = {};  // applied to every instance
   CHIAR_OPTION(MetaRouterKind, meta_router) = MetaRouterKind::None;
   CHIAR_OPTION(Execution, execution) = Execution::Auto;
+  CHIAR_OPTION(NormPlacement, norm) = NormPlacement::Pre;
   CHIAR_OPTION(uint64_t, seed) = 0;  // parameter init and fixed random state
 };
 #undef CHIAR_OPTION
 
-// The block's second half: y = LN(x + W2 GELU(W1 x)), d -> ffn_mult*d -> d.
-// Identical whichever operator a token took, so variants match in size.
+// The block's second half: y = LN(x + W2 GELU(W1 x)) (pre-norm:
+// x + W2 GELU(W1 LN(x))), d -> ffn_mult*d -> d. Identical whichever operator
+// a token took, so variants match in size.
 class FeedForward : public torch::nn::Module {
  public:
-  FeedForward(int64_t d, int64_t mult, double dropout);
+  FeedForward(int64_t d, int64_t mult, double dropout, NormPlacement norm);
   at::Tensor forward(const at::Tensor& x);  // (B, T, d) -> (B, T, d)
 
  private:
   torch::nn::Linear up_{nullptr}, down_{nullptr};  // (d -> m d), (m d -> d)
-  torch::nn::LayerNorm norm_{nullptr};
+  SublayerNorm norm_;
   torch::nn::Dropout drop_{nullptr};
 };
 
@@ -124,6 +135,7 @@ class ChiarModel : public torch::nn::Module {
   torch::nn::Dropout embed_drop_{nullptr};
   std::vector<std::shared_ptr<MixingLayer>> mixing_;
   std::vector<std::shared_ptr<FeedForward>> ffn_;
+  torch::nn::LayerNorm final_norm_{nullptr};  // pre-norm only: the residual stream's LN before the head
   torch::nn::Linear meta_{nullptr};  // (d -> 1) MetaRouter gate
   torch::nn::Linear cls_hidden_{nullptr}, cls_out_{nullptr};  // (d -> d), (d -> C)
 };
