@@ -150,7 +150,7 @@ train.clip = [0.5, 1]
     INFO(m.runs[index].name());
     CHECK(m.runs[index].hash == hash);
   }
-  // The default placement, pre-norm, is in the hash: the same runs, new hashes.
+  // Any other placement is in the hash: the same runs, new hashes.
   o.set.push_back("model.norm=\"pre\"");
   const auto pre = engine::load_matrix(d.path() + "/pinned.toml", o);
   for (const auto& [index, hash] : pinned) CHECK(pre.runs[index].hash != hash);

@@ -422,7 +422,6 @@ TEST_CASE("faults: NaN injected mid-run -> diverged, the matrix goes on", "[faul
 [variants.poisoned]
 layers = ["dct", "nan_at"]
 operators = { nan_at = { call = 5 } }
-norm = "post"  # nan_at is post-norm only
 
 )" + test::kTinyBaseVariant + "\n" + test::kTinyLmTask);
   const std::string db = d.path() + "/nan.db";

@@ -138,15 +138,18 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   ChiarModel baseline(test::plugins(), small({"attn", "attn"}));
   const int64_t attention = (d * d + d) + (d * 2 * d + 2 * d) + (d * d + d) + 2 * d;
   const int64_t ffn = (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * d;
-  const int64_t final_norm = 2 * d;  // pre-norm (the default) ends in one more LayerNorm
-  CHECK(baseline.parameter_count() == V * d + 2 * (attention + ffn) + final_norm);
-  CHECK(ChiarModel(test::plugins(), small({"attn", "attn"}).norm(NormPlacement::Post)).parameter_count() ==
-        V * d + 2 * (attention + ffn));
+  CHECK(baseline.parameter_count() == V * d + 2 * (attention + ffn));  // "auto": post-norm for a language model
+  const int64_t final_norm = 2 * d;  // pre-norm ends in one more LayerNorm
+  CHECK(ChiarModel(test::plugins(), small({"attn", "attn"}).norm(NormPlacement::Pre)).parameter_count() ==
+        V * d + 2 * (attention + ffn) + final_norm);
   ChiarModel routed(test::plugins(), small({"dct|attn", "dct"}));
   const int64_t dct = d + 2 * d, gate = 0;
-  CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn) + final_norm);
+  CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn));
+  // "auto" is pre-norm for a classifier.
+  CHECK_THAT(ChiarModel(test::plugins(), small({"attn"}).head(TaskHead::Classifier).n_classes(3)).describe(),
+             Catch::Matchers::Contains("classifier, vocab 50, d 16, heads 2, ffn x4, pre-norm, classes 3"));
   CHECK(routed.describe() ==
-        std::string("ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, pre-norm, layers [dct(filter, gemm) | "
+        std::string("ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, post-norm, layers [dct(filter, gemm) | "
                     "attention(heads 2, block 128, fused core (fp32 CPU), else ") + (test::attention_has_sdpa() ? "SDPA" : "chunked") +
             ", rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
             std::to_string(routed.parameter_count()) + " parameters)");

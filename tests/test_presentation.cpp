@@ -35,8 +35,9 @@ std::string read(const std::string& file) {
 }
 
 // A tiny word corpus and a matrix with one routed variant, dct|shade;
-// `norm` is its model.norm line (shade is post-norm only).
-void write_shade_matrix(const TempDir& d, const std::string& norm = "norm = \"post\"\n") {
+// `norm` is its model.norm line (shade is post-norm only; "auto" is post on
+// a language model).
+void write_shade_matrix(const TempDir& d, const std::string& norm = "") {
   test::write_word_corpus(d, {"the", "light", "falls", "on", "a", "shade", "of", "grey", "and", "blue"}, 11, 200, 40);
   d.write("m.toml", R"([matrix]
 name = "shade"
@@ -104,7 +105,7 @@ TEST_CASE("operator traits come from the registry, without a model", "[presentat
 
 TEST_CASE("an operator that does not declare pre_norm is refused in a pre-norm model", "[presentation][errors]") {
   TempDir d("shade-pre");
-  write_shade_matrix(d, "");  // the default, pre-norm
+  write_shade_matrix(d, "norm = \"pre\"\n");
   const std::string db = d.path() + "/s.db";
   const auto ran = test::run_chiar({"--plugin-dir", kShadeDir, "run", d.path() + "/m.toml", "--db", db, "--data-root",
                                     d.path(), "--cache-dir", d.path() + "/cache"});
@@ -112,7 +113,8 @@ TEST_CASE("an operator that does not declare pre_norm is refused in a pre-norm m
   CHECK(ran.status == 2);  // bad input: refused before anything runs, nothing written
   CHECK_THAT(ran.output, Catch::Matchers::Contains(
                              "/m.toml:21:1: variant 'routed' on task 'lm': layer 2: operator 'shade' does not support "
-                             "model.norm = \"pre\" (its traits do not declare pre_norm); set model.norm = \"post\""));
+                             "pre-norm sub-layers (its traits do not declare pre_norm), which model.norm = \"pre\" asks "
+                             "for here; set model.norm = \"post\""));
   CHECK_FALSE(boost::filesystem::exists(db));
 }
 

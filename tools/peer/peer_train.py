@@ -102,7 +102,7 @@ def read_lm(folder, files, min_count):
     text = {}
     for split in ("train", "valid", "test"):
         with open(os.path.join(folder, files.format(split=split)), encoding="utf-8") as fh:
-            text[split] = [w for line in fh if line.strip() for w in line.split() + ["<eos>"]]
+            text[split] = [w for line in fh for w in line.split() + ["<eos>"]]  # blank lines too, as WikiText counts
     counts = {}
     for w in text["train"]:
         counts[w] = counts.get(w, 0) + 1

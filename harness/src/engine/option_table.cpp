@@ -198,8 +198,9 @@ const std::vector<OptionField<ModelOptions>>& model_option_fields() {
             "task-level gate on layer 1: none, causal (no look-ahead) or batch_mean (the reference's)"),
       field("execution", &M::execution_, "routed layers: auto (sparse where the choice is hard), dense or sparse"),
       field("norm", &M::norm_,
-            "where each sub-layer's LayerNorm sits: pre, x + f(LN x), or post, LN(x + f(x)) (the paper's; left out "
-            "of run hashes, so runs stored before this option existed keep theirs)"),
+            "where each sub-layer's LayerNorm sits: pre, x + f(LN x); post, LN(x + f(x)) (the paper's; left out of "
+            "run hashes, so runs stored before this option existed keep theirs); auto, pre for classification and "
+            "post for language modelling"),
   };
   return fields;
 }

@@ -36,12 +36,25 @@ MetaRouterKind meta_router_from_string(const std::string& name) {
   throw UserError("unknown meta_router '" + name + "' (known: none, causal, batch_mean)");
 }
 
-const char* to_string(NormPlacement n) { return n == NormPlacement::Pre ? "pre" : "post"; }
+const char* to_string(NormPlacement n) {
+  switch (n) {
+    case NormPlacement::Auto: return "auto";
+    case NormPlacement::Post: return "post";
+    case NormPlacement::Pre: return "pre";
+  }
+  return "?";
+}
 
 NormPlacement norm_placement_from_string(const std::string& name) {
+  if (name == "auto") return NormPlacement::Auto;
   if (name == "pre") return NormPlacement::Pre;
   if (name == "post") return NormPlacement::Post;
-  throw UserError("unknown norm '" + name + "' (known: pre, post)");
+  throw UserError("unknown norm '" + name + "' (known: auto, pre, post)");
+}
+
+bool uses_pre_norm(const ModelOptions& o) {
+  if (o.norm() == NormPlacement::Auto) return o.head() == TaskHead::Classifier;
+  return o.norm() == NormPlacement::Pre;
 }
 
 std::vector<std::string> split_layer_spec(const std::string& spec) {
@@ -98,7 +111,7 @@ LayerOperators make_layer_operators(const PluginRegistry& registry, const ModelO
     spec.d_model = o.d_model();
     spec.n_heads = o.n_heads();
     spec.seed = o.seed() * 1000003ULL + layer * 101ULL + made.names.size();
-    spec.pre_norm = o.norm() == NormPlacement::Pre;
+    spec.pre_norm = uses_pre_norm(o);
     auto params = o.operator_params().find(name);
     if (params == o.operator_params().end()) params = o.operator_params().find(requested);
     if (params != o.operator_params().end()) spec.params = params->second;
@@ -124,11 +137,11 @@ std::string model_shape_problem(const ModelOptions& o) {
          std::to_string(o.n_heads()) + ")";
 }
 
-FeedForward::FeedForward(int64_t d, int64_t mult, double dropout, NormPlacement norm) {
+FeedForward::FeedForward(int64_t d, int64_t mult, double dropout, bool pre_norm) {
   up_ = register_module("up", torch::nn::Linear(d, mult * d));
   down_ = register_module("down", torch::nn::Linear(mult * d, d));
   norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}))),
-                       norm == NormPlacement::Pre);
+                       pre_norm);
   drop_ = register_module("drop", torch::nn::Dropout(dropout));
 }
 
@@ -174,20 +187,20 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
       if (!causal && !traits.padded)
         throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
                         "' does not support padded classification inputs");
-      if (o.norm() == NormPlacement::Pre && !traits.pre_norm)
+      if (uses_pre_norm(o) && !traits.pre_norm)
         throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
-                        "' does not support model.norm = \"pre\" (its traits do not declare pre_norm); "
-                        "set model.norm = \"post\"");
+                        "' does not support pre-norm sub-layers (its traits do not declare pre_norm), which "
+                        "model.norm = \"" + to_string(o.norm()) + "\" asks for here; set model.norm = \"post\"");
     }
     std::shared_ptr<Router> router = ops.size() > 1 ? make_layer_router(registry, o, i, names) : nullptr;
     auto layer = std::make_shared<MixingLayer>(static_cast<int64_t>(i), names, ops, router);
     layer->set_execution(o.execution());
     mixing_.push_back(register_module("mix" + std::to_string(i), layer));
     ffn_.push_back(register_module(
-        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout(), o.norm())));
+        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout(), uses_pre_norm(o))));
   }
   // Post-norm ends every block normalised; pre-norm's residual stream is not.
-  if (o.norm() == NormPlacement::Pre)
+  if (uses_pre_norm(o))
     final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model()})));
 
   if (o.meta_router() != MetaRouterKind::None) {
@@ -282,7 +295,7 @@ std::string ChiarModel::describe() const {
   std::ostringstream out;
   out << "ChiarModel(" << to_string(options_.head()) << ", vocab " << options_.vocab_size() << ", d "
       << options_.d_model() << ", heads " << options_.n_heads() << ", ffn x" << options_.ffn_mult() << ", "
-      << to_string(options_.norm()) << "-norm";
+      << (uses_pre_norm(options_) ? "pre" : "post") << "-norm";
   if (options_.head() == TaskHead::Classifier) out << ", classes " << options_.n_classes();
   if (options_.meta_router() != MetaRouterKind::None)
     out << ", meta_router " << to_string(options_.meta_router());

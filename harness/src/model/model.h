@@ -32,9 +32,10 @@ MetaRouterKind meta_router_from_string(const std::string& name);
 
 // Where every sub-layer's LayerNorm sits (chiar::SublayerNorm): "post"
 // y = LN(x + f(x)), the paper's blocks; "pre" y = x + f(LN(x)) and one more
-// LN before the head. Post-LN stalls classification at the harness's budgets
-// (docs/method.md, "Training recipe"), so "pre" is the default.
-enum class NormPlacement { Post, Pre };
+// LN before the head; "auto" (the default) pre for a classifier, post for a
+// language model: at the harness's budgets post-norm stalls classification
+// and pre-norm slows language modelling (docs/method.md, "Training recipe").
+enum class NormPlacement { Auto, Post, Pre };
 const char* to_string(NormPlacement n);
 NormPlacement norm_placement_from_string(const std::string& name);
 
@@ -70,7 +71,7 @@ struct ModelOptions {
   CHIAR_OPTION(OperatorParams, operator_params) = {};  // applied to every instance
   CHIAR_OPTION(MetaRouterKind, meta_router) = MetaRouterKind::None;
   CHIAR_OPTION(Execution, execution) = Execution::Auto;
-  CHIAR_OPTION(NormPlacement, norm) = NormPlacement::Pre;
+  CHIAR_OPTION(NormPlacement, norm) = NormPlacement::Auto;
   CHIAR_OPTION(uint64_t, seed) = 0;  // parameter init and fixed random state
 };
 #undef CHIAR_OPTION
@@ -80,7 +81,7 @@ struct ModelOptions {
 // a token took, so variants match in size.
 class FeedForward : public torch::nn::Module {
  public:
-  FeedForward(int64_t d, int64_t mult, double dropout, NormPlacement norm);
+  FeedForward(int64_t d, int64_t mult, double dropout, bool pre_norm);
   at::Tensor forward(const at::Tensor& x);  // (B, T, d) -> (B, T, d)
 
  private:
@@ -139,6 +140,10 @@ class ChiarModel : public torch::nn::Module {
   torch::nn::Linear meta_{nullptr};  // (d -> 1) MetaRouter gate
   torch::nn::Linear cls_hidden_{nullptr}, cls_out_{nullptr};  // (d -> d), (d -> C)
 };
+
+// Whether the model's sub-layers are pre-norm: model.norm, with "auto"
+// resolved by the head.
+bool uses_pre_norm(const ModelOptions& o);
 
 // "a|b" -> {"a", "b"}; whitespace trimmed; empty parts are an error.
 std::vector<std::string> split_layer_spec(const std::string& spec);
