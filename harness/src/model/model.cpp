@@ -172,6 +172,7 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
   torch::manual_seed(o.seed());
 
   const bool causal = o.head() == TaskHead::LanguageModel;
+  const bool pre_norm = uses_pre_norm(o);
   embed_ = register_module("embed", torch::nn::Embedding(o.vocab_size(), o.d_model()));
   torch::NoGradGuard no_grad;
   embed_->weight.normal_(0.0, 0.02);
@@ -187,7 +188,7 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
       if (!causal && !traits.padded)
         throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
                         "' does not support padded classification inputs");
-      if (uses_pre_norm(o) && !traits.pre_norm)
+      if (pre_norm && !traits.pre_norm)
         throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
                         "' does not support pre-norm sub-layers (its traits do not declare pre_norm), which "
                         "model.norm = \"" + to_string(o.norm()) + "\" asks for here; set model.norm = \"post\"");
@@ -197,10 +198,10 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
     layer->set_execution(o.execution());
     mixing_.push_back(register_module("mix" + std::to_string(i), layer));
     ffn_.push_back(register_module(
-        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout(), uses_pre_norm(o))));
+        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout(), pre_norm)));
   }
   // Post-norm ends every block normalised; pre-norm's residual stream is not.
-  if (uses_pre_norm(o))
+  if (pre_norm)
     final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model()})));
 
   if (o.meta_router() != MetaRouterKind::None) {
