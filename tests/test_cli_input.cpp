@@ -26,7 +26,7 @@ const std::string kExtraPlugins = std::string(CHIAR_TEST_PLUGIN_DIR) + "/shade";
 
 // What every refusal of a wikitext option lists when nothing is close.
 const std::string kWikitextKeys =
-    "batching, eval_stride, files, max_vocab, min_count, path, seq_len, test_file, tokenizer, train_file, "
+    "batching, eval_lines, eval_stride, files, max_vocab, min_count, path, seq_len, test_file, tokenizer, train_file, "
     "valid_file, valid_fraction, vocab_size";
 
 // A matrix of one tiny run on wikitext whose [tasks.wt] table ends with

@@ -87,6 +87,15 @@ TEST_CASE("wikitext: errors name the folder or file", "[task][wikitext][errors]"
   CHECK(carved->stats("train").tokens == 5);
   CHECK(carved->stats("valid").tokens == 4);
   CHECK_THAT(carved->describe(), Catch::Matchers::Contains("(last 1 lines)"));
+  // Validation and test can be cut to their first lines; training keeps all of its own.
+  auto cut = make_task("wikitext", Params().set("path", std::string("corpus")).set("eval_lines", int64_t{1}), d.path());
+  CHECK(cut->stats("train").tokens == 9);
+  CHECK(cut->stats("valid").tokens == 2);  // "x" <eos>
+  CHECK(cut->stats("test").examples == 1);
+  CHECK(cut->stats("test").tokens == 3);   // "a b" <eos>
+  CHECK_THAT(cut->describe(), Catch::Matchers::Contains("test " + d.path() + "/corpus/wiki.test.tokens (first 1 lines)"));
+  CHECK_THROWS_WITH(make_task("wikitext", Params().set("path", std::string("corpus")).set("eval_lines", int64_t{-1}), d.path()),
+                    Catch::Matchers::EndsWith("wikitext: eval_lines must be 0 (all) or positive"));
 }
 
 TEST_CASE("wikitext with a subword tokenizer counts words and bytes from the text", "[task][wikitext][spm]") {

@@ -10,7 +10,9 @@
 // vocab_size, seq_len (256), batching (blocks | streams), eval_stride (0 =
 // non-overlapping windows), valid_fraction (0: when > 0 the last fraction of
 // the training file's lines is the validation split instead of valid_file —
-// for corpora whose training split is not available).
+// for corpora whose training split is not available), eval_lines (0: when
+// > 0 validation and test keep only their first eval_lines lines, so a short
+// demonstration does not spend most of its time scoring whole splits).
 #include <ATen/ATen.h>
 
 #include <map>
@@ -50,6 +52,8 @@ class WikiTextTask final : public Task {
     const std::string pattern = spec.params.get_string("files", "wiki.{split}.tokens");
     const double valid_fraction = spec.params.get_double("valid_fraction", 0.0);
     if (!(valid_fraction >= 0 && valid_fraction < 1)) throw UserError("wikitext: valid_fraction must lie in [0, 1)");
+    const int64_t eval_lines = spec.params.get_int("eval_lines", 0);
+    if (eval_lines < 0) throw UserError("wikitext: eval_lines must be 0 (all) or positive");
     std::map<std::string, std::vector<std::string>> lines;
     for (const char* split : kSplits) {
       if (valid_fraction > 0 && std::string(split) == "valid") continue;
@@ -67,6 +71,12 @@ class WikiTextTask final : public Task {
       train.resize(train.size() - n_valid);
       files_["valid"] = files_["train"] + " (last " + std::to_string(n_valid) + " lines)";
       files_["train"] += " (first " + std::to_string(train.size()) + " lines)";
+    }
+    for (const char* split : {"valid", "test"}) {
+      auto& kept = lines[split];
+      if (eval_lines == 0 || static_cast<size_t>(eval_lines) >= kept.size()) continue;
+      kept.resize(static_cast<size_t>(eval_lines));
+      files_[split] += " (first " + std::to_string(eval_lines) + " lines)";
     }
     for (const char* split : kSplits) {
       int64_t words = 0;
@@ -146,7 +156,7 @@ std::vector<TaskOption> wikitext_options() {
                                      {"train_file", ParamKind::String},    {"valid_file", ParamKind::String},
                                      {"test_file", ParamKind::String},     {"seq_len", ParamKind::Int},
                                      {"batching", ParamKind::String},      {"eval_stride", ParamKind::Int},
-                                     {"valid_fraction", ParamKind::Number}};
+                                     {"valid_fraction", ParamKind::Number}, {"eval_lines", ParamKind::Int}};
   for (auto& o : tokenizer_options()) options.push_back(std::move(o));
   return options;
 }
