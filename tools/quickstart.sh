@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job on embedded defaults: installs what is missing, builds, prepares
 # the State of the Union corpus, and runs the quickstart matrix (the five paper
-# variants on short ListOps and on State of the Union language modelling,
-# 2 seeds) into results/quickstart.db, then prints the results. A second run
+# variants on flat ListOps and on State of the Union byte-level language
+# modelling, 3 seeds) into results/quickstart.db, then prints the results. A second run
 # finds every run finished and ends in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
