@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include <boost/filesystem.hpp>
+#include <toml++/toml.h>
 
 #include "model/model.h"
 #include "engine/build_commit.h"
@@ -161,6 +162,27 @@ train.clip = [0.5, 1]
   REQUIRE(!quickstart.runs.empty());
   INFO(quickstart.runs[0].name());
   CHECK(quickstart.runs[0].hash == "f00951310e6c25e4");
+}
+
+// Every matrix shipped in configs/ loads and validates, as `chiar run --dry-run`
+// would check it, so a config cannot rot while the code moves on; the
+// reproduction's stated seeds design is accepted with its claims.
+TEST_CASE("matrix: every shipped matrix loads", "[engine][matrix]") {
+  int matrices = 0;
+  for (const auto& entry : boost::filesystem::directory_iterator(CHIAR_SOURCE_DIR "/configs")) {
+    const std::string path = entry.path().string();
+    if (entry.path().extension() != ".toml") continue;
+    if (!toml::parse_file(path).contains("matrix")) continue;
+    INFO(path);
+    engine::MatrixOptions o;
+    CHECK_NOTHROW(engine::load_matrix(path, o));
+    ++matrices;
+  }
+  CHECK(matrices >= 6);
+  const auto design = test::run_chiar({"run", CHIAR_SOURCE_DIR "/configs/repro.toml", "--decide",
+                                       CHIAR_SOURCE_DIR "/configs/claims.toml", "--rounds", "2", "--dry-run"});
+  INFO(design.output);
+  CHECK(design.status == 0);
 }
 
 // The options reference is generated from the option tables, and the copy in
