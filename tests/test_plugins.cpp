@@ -2,12 +2,18 @@
 #include <catch2/catch.hpp>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <regex>
+#include <string>
+#include <vector>
 #include <sys/wait.h>
+
+#include <boost/filesystem.hpp>
 
 #include "chiar/registry.h"
 #include "engine/runtime.h"
@@ -280,4 +286,28 @@ TEST_CASE("CLI: data commands", "[cli][data]") {
   REQUIRE(row.size() >= 7);  // ... vocabulary {a, b, c, <unk>, <eos>}
   CHECK(std::vector<std::string>(row.begin(), row.begin() + 7) ==
         std::vector<std::string>{"test", "1", "5", "5", "8", "5", "20.00"});
+}
+
+// Docs that state the plugin API version say the one the header defines:
+// every "API version ... currently N" (or CHIAR_PLUGIN_API_VERSION ... currently N)
+// in README.md and docs/*.md, so a version bump cannot leave a page behind.
+TEST_CASE("the docs state the current plugin API version", "[plugins][docs]") {
+  const std::regex stated(R"((API version|CHIAR_PLUGIN_API_VERSION)[^;]{0,100}?currently (\d+))");
+  std::vector<std::string> pages = {CHIAR_SOURCE_DIR "/README.md"};
+  for (const auto& entry : boost::filesystem::directory_iterator(CHIAR_SOURCE_DIR "/docs"))
+    if (entry.path().extension() == ".md") pages.push_back(entry.path().string());
+  int statements = 0;
+  for (const auto& page : pages) {
+    std::ifstream in(page);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string flat = text.str();
+    std::replace(flat.begin(), flat.end(), '\n', ' ');  // a statement may wrap
+    for (std::sregex_iterator it(flat.begin(), flat.end(), stated), end; it != end; ++it) {
+      INFO(page << ": " << it->str());
+      CHECK(std::stoi((*it)[2].str()) == CHIAR_PLUGIN_API_VERSION);
+      ++statements;
+    }
+  }
+  CHECK(statements >= 2);  // docs/design.md and docs/plugins.md state it
 }

@@ -88,9 +88,12 @@ TEST_CASE("wikitext: errors name the folder or file", "[task][wikitext][errors]"
   CHECK(carved->stats("valid").tokens == 4);
   CHECK_THAT(carved->describe(), Catch::Matchers::Contains("(last 1 lines)"));
   // Validation and test can be cut to their first lines; training keeps all of its own.
+  d.write("corpus/wiki.valid.tokens", "x\ny z\n");
   auto cut = make_task("wikitext", Params().set("path", std::string("corpus")).set("eval_lines", int64_t{1}), d.path());
   CHECK(cut->stats("train").tokens == 9);
+  CHECK(cut->stats("valid").examples == 1);
   CHECK(cut->stats("valid").tokens == 2);  // "x" <eos>
+  CHECK_THAT(cut->describe(), Catch::Matchers::Contains("valid " + d.path() + "/corpus/wiki.valid.tokens (first 1 lines)"));
   CHECK(cut->stats("test").examples == 1);
   CHECK(cut->stats("test").tokens == 3);   // "a b" <eos>
   CHECK_THAT(cut->describe(), Catch::Matchers::Contains("test " + d.path() + "/corpus/wiki.test.tokens (first 1 lines)"));
