@@ -19,6 +19,7 @@
 #include "engine/runtime.h"
 #include "chiar/error.h"
 #include "chiar/plugin.h"
+#include "support/faults.h"
 #include "support/fixtures.h"
 #include "support/reference.h"
 #include "support/skip.h"
@@ -298,10 +299,7 @@ TEST_CASE("the docs state the current plugin API version", "[plugins][docs]") {
     if (entry.path().extension() == ".md") pages.push_back(entry.path().string());
   int statements = 0;
   for (const auto& page : pages) {
-    std::ifstream in(page);
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string flat = text.str();
+    std::string flat = test::read_text(page);
     std::replace(flat.begin(), flat.end(), '\n', ' ');  // a statement may wrap
     for (std::sregex_iterator it(flat.begin(), flat.end(), stated), end; it != end; ++it) {
       INFO(page << ": " << it->str());
