@@ -26,6 +26,7 @@
 #include "engine/store.h"
 #include "support/faults.h"
 #include "support/process.h"
+#include "support/synthetic_store.h"
 #include "support/temp_dir.h"
 #include "support/tiny_matrix.h"
 
@@ -157,6 +158,55 @@ TEST_CASE("merge: shard stores combine into one holding every run once; merging 
     // The temporary merged store is gone with the command.
     CHECK(report.output.find("chiar-view") == std::string::npos);
   }
+}
+
+TEST_CASE("merge: synthetic shard stores of a sweep merge into the whole sweep, which every store command reads",
+          "[merge]") {
+  // The stores chiar_store_scale measures: each run is made from its index,
+  // so four shards of 10 runs hold exactly the runs of one store of 40.
+  TempDir d("merge-synthetic");
+  test::SyntheticStoreShape whole;
+  whole.runs = 40;
+  whole.seeds = 2;
+  whole.steps = 200;
+  whole.eval_every = 50;
+  test::write_synthetic_store(d.path() + "/whole.db", whole);
+  fs::create_directories(d.path() + "/shards");
+  for (int64_t k = 0; k < 4; ++k) {
+    test::SyntheticStoreShape shard = whole;
+    shard.runs = 10;
+    shard.first_run = 10 * k;
+    test::write_synthetic_store(d.path() + "/shards/shard-" + std::to_string(k) + ".db", shard);
+  }
+  const std::string merged = d.path() + "/merged.db";
+  const auto first = test::run_chiar({"merge", merged, d.path() + "/shards"});
+  CHECK(first.output == "merged 4 stores into " + merged + ": 40 runs added, 0 updated, 0 unchanged\n");
+  const auto again = test::run_chiar({"merge", merged, d.path() + "/shards"});
+  CHECK(again.output == "merged 4 stores into " + merged + ": 0 runs added, 0 updated, 40 unchanged\n");
+  for (const std::string table : {"metrics", "train_log", "flops", "routing", "histograms"}) {
+    INFO(table);
+    const std::string n = "SELECT COUNT(*) FROM " + table;
+    CHECK(test::query_integer(merged, n) == test::query_integer(d.path() + "/whole.db", n));
+    CHECK(test::query_integer(merged, n) > 0);
+  }
+
+  const auto csv = test::run_chiar({"export", "--csv", merged});
+  REQUIRE(csv.status == 0);
+  CHECK(csv.output == test::run_chiar({"export", "--csv", d.path() + "/whole.db"}).output);
+  // Every run is listed (the failed and diverged ones too), and those that
+  // finished carry a test metric.
+  CHECK(std::count(csv.output.begin(), csv.output.end(), '\n') == 1 + 40);
+  CHECK(test::query_integer(merged,
+                            "SELECT COUNT(*) FROM results WHERE main_metric IS NOT NULL") ==
+        test::synthetic_done_runs(whole));
+  CHECK(test::run_chiar({"show", merged}).status == 0);
+  const std::string claims = std::string(CHIAR_SOURCE_DIR) + "/configs/claims.toml";
+  const auto report = test::run_chiar({"report", merged, "--out", d.path() + "/r/sweep", "--claims", claims});
+  INFO(report.output);
+  REQUIRE(report.status == 0);
+  const std::string md = read_text(d.path() + "/r/sweep.md");
+  CHECK(md.find("## The paper's claims against this database") != std::string::npos);
+  CHECK(md.find("chiar_threshold3") != std::string::npos);
 }
 
 TEST_CASE("merge: a run finished differently in two stores is a conflict, and nothing is written", "[merge]") {

@@ -1,9 +1,11 @@
 #include "process.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -31,6 +33,19 @@ int wait_chiar(pid_t pid) {
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Measured run_chiar_measured(const std::vector<std::string>& args, const std::string& log_file) {
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = spawn_chiar(args, log_file);
+  int status = 0;
+  rusage usage{};
+  wait4(pid, &status, 0, &usage);
+  Measured m;
+  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  m.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;  // kilobytes on Linux
+  return m;
 }
 
 Finished run_chiar(const std::vector<std::string>& args) {

@@ -21,4 +21,14 @@ pid_t spawn_chiar(const std::vector<std::string>& args, const std::string& log_f
 // Waits for a spawned child; exit status or 128 + signal.
 int wait_chiar(pid_t pid);
 
+// A finished child with what it cost.
+struct Measured {
+  int status = -1;         // exit status, or 128 + signal
+  double seconds = 0;      // wall clock from fork to exit
+  double peak_rss_mb = 0;  // the child's maximum resident set (getrusage's ru_maxrss)
+};
+
+// Runs `chiar args...` with output to log_file, and measures it.
+Measured run_chiar_measured(const std::vector<std::string>& args, const std::string& log_file);
+
 }  // namespace chiar::test
