@@ -80,6 +80,52 @@ std::string variant_colour(const Summary& s, const std::string& variant) {
 
 namespace {
 
+constexpr size_t kPaletteSize = sizeof kPalette / sizeof *kPalette;
+
+// The variants a chart that draws lines per variant shows for one task. Past
+// the palette's size colours repeat and a legend of hundreds of entries reads
+// as nothing, and gnuplot's time grows with every line (a 10,000-run sweep:
+// chiar_store_scale): a task with more variants shows the baseline and the
+// best others by their mean test metric. The tables list every variant.
+struct ShownVariants {
+  std::vector<const VariantSummary*> variants;
+  size_t of = 0;  // the task's variants
+  bool all() const { return variants.size() == of; }
+  // Colours are the report's own while every variant is shown, else by place here.
+  std::string colour(const Summary& s, const std::string& variant) const {
+    if (all()) return variant_colour(s, variant);
+    for (size_t i = 0; i < variants.size(); ++i)
+      if (variants[i]->variant == variant) return kPalette[i % kPaletteSize];
+    return kPalette[0];
+  }
+  // What a caption says of the choice; empty when every variant is shown.
+  std::string note(const TaskSummary& t) const {
+    if (all()) return "";
+    return " It shows " + std::to_string(variants.size()) + " of the task's " + std::to_string(of) +
+           " variants: the baseline and the best by mean test " + (t.language_model ? "perplexity" : "accuracy") +
+           "; the tables list them all.";
+  }
+};
+
+ShownVariants shown_variants(const TaskSummary& t, const std::string& baseline) {
+  ShownVariants shown;
+  shown.of = t.variants.size();
+  for (const auto& v : t.variants) shown.variants.push_back(&v);
+  if (shown.variants.size() <= kPaletteSize) return shown;
+  const std::string metric = t.language_model ? "token_ppl" : "accuracy";
+  const auto score = [&](const VariantSummary* v) {
+    const auto it = v->metric.find(metric);
+    if (it == v->metric.end() || it->second.n == 0) return -HUGE_VAL;
+    return t.language_model ? -it->second.mean : it->second.mean;
+  };
+  std::stable_sort(shown.variants.begin(), shown.variants.end(), [&](const VariantSummary* a, const VariantSummary* b) {
+    if ((a->variant == baseline) != (b->variant == baseline)) return a->variant == baseline;
+    return score(a) > score(b);
+  });
+  shown.variants.resize(kPaletteSize);
+  return shown;
+}
+
 // Where one report's charts go: names, paths, the store, the charts made.
 struct ChartSite {
   const Summary& s;
@@ -150,12 +196,14 @@ std::map<int64_t, double> validation_losses(engine::Database& db, int64_t run_id
 }
 
 // Training loss (lines) and validation loss (circles) over steps.
-void curves_chart(const ChartSite& site, const TaskSummary& t) {
+void curves_chart(const ChartSite& site, const TaskSummary& t, const ShownVariants& shown) {
   const std::string name = site.file("curves-" + t.task), data = site.path(name + ".dat");
   std::ofstream d(data);
   int points = 0, block = 0;
   std::ostringstream plot;
-  for (const auto& v : t.variants) {
+  for (const VariantSummary* shown_variant : shown.variants) {
+    const VariantSummary& v = *shown_variant;
+    const std::string colour = shown.colour(site.s, v.variant);
     bool titled = false;
     for (const RunRow* r : v.runs) {
       auto q = site.db.prepare("SELECT step, loss FROM train_log WHERE run_id = ? ORDER BY step");
@@ -166,14 +214,14 @@ void curves_chart(const ChartSite& site, const TaskSummary& t) {
       }
       d << "\n\n";
       const int index = block++;
-      plot << (index ? ", " : "") << quote(data) << " index " << index << " with lines lw 1.5 lc rgb '"
-           << variant_colour(site.s, v.variant) << "' " << (titled ? "notitle" : "title " + quote(v.variant));
+      plot << (index ? ", " : "") << quote(data) << " index " << index << " with lines lw 1.5 lc rgb '" << colour
+           << "' " << (titled ? "notitle" : "title " + quote(v.variant));
       titled = true;
       for (const auto& [step, loss] : validation_losses(site.db, r->id)) d << step << ' ' << loss << '\n';
       d << "\n\n";
       const int val_index = block++;
-      plot << ", " << quote(data) << " index " << val_index << " with points pt 6 ps 1.1 lc rgb '"
-           << variant_colour(site.s, v.variant) << "' notitle";
+      plot << ", " << quote(data) << " index " << val_index << " with points pt 6 ps 1.1 lc rgb '" << colour
+           << "' notitle";
     }
   }
   d.close();
@@ -181,7 +229,8 @@ void curves_chart(const ChartSite& site, const TaskSummary& t) {
   site.render(name,
               "\nset title " + quote(t.task + ": training (lines) and validation (circles) loss") +
                   "\nset xlabel 'step'\nset ylabel 'loss (nats per token or example)'\nplot " + plot.str() + "\n",
-              {t.task + ": learning curves", name, "Training loss of every run (lines) and validation loss (circles)."});
+              {t.task + ": learning curves", name,
+               "Training loss of every run (lines) and validation loss (circles)." + shown.note(t)});
 }
 
 // The routing chart's caption: the plotted operators with their point shapes,
@@ -203,13 +252,14 @@ std::string routing_caption(const Summary& s, std::vector<std::string> plotted, 
 
 // Operator shares per routed layer over training (first seed of each routed
 // variant): every operator but the cheap ones, which take the rest.
-void routing_chart(const ChartSite& site, const TaskSummary& t) {
+void routing_chart(const ChartSite& site, const TaskSummary& t, const ShownVariants& shown) {
   const std::string name = site.file("routing-" + t.task), data = site.path(name + ".dat");
   std::ofstream d(data);
   std::ostringstream plot;
   int block = 0;
   std::vector<std::string> plotted, cheap;
-  for (const auto& v : t.variants) {
+  for (const VariantSummary* shown_variant : shown.variants) {
+    const VariantSummary& v = *shown_variant;
     if (v.runs.empty()) continue;
     const RunRow* r = v.runs.front();
     auto layers = site.db.prepare("SELECT DISTINCT layer, operator FROM routing WHERE run_id = ? ORDER BY layer, operator");
@@ -230,7 +280,7 @@ void routing_chart(const ChartSite& site, const TaskSummary& t) {
       const int index = block++;
       plot << (index ? ", " : "") << quote(data) << " index " << index << " with linespoints lw 1.5 pt "
            << operator_point(site.s.operators, op).type << " dt " << (layer % 2 ? 1 : 2) << " lc rgb '"
-           << variant_colour(site.s, v.variant) << "' title "
+           << shown.colour(site.s, v.variant) << "' title "
            << quote(v.variant + " L" + std::to_string(layer + 1) + " " + traits.display_name);
     }
   }
@@ -239,7 +289,7 @@ void routing_chart(const ChartSite& site, const TaskSummary& t) {
   site.render(name,
               "\nset title " + quote(t.task + ": operator share per routed layer") +
                   "\nset xlabel 'step'\nset ylabel 'share of tokens (%)'\nset yrange [0:100]\nplot " + plot.str() + "\n",
-              {t.task + ": routing over training", name, routing_caption(site.s, plotted, cheap)});
+              {t.task + ": routing over training", name, routing_caption(site.s, plotted, cheap) + shown.note(t)});
 }
 
 // The first run with data-derived thresholds: tau holds a bracket with a digit.
@@ -298,15 +348,19 @@ void speedup_chart(const ChartSite& site, const std::string& baseline) {
   std::ostringstream plot;
   int block = 0, points = 0;
   double top = 1.5;
+  std::vector<std::map<std::string, const VariantSummary*>> by_name(s.tasks.size());  // per task
+  for (size_t i = 0; i < s.tasks.size(); ++i)
+    for (const auto& x : s.tasks[i].variants) by_name[i][x.variant] = &x;
+  const auto find = [&](size_t task, const std::string& variant) -> const VariantSummary* {
+    const auto it = by_name[task].find(variant);
+    return it == by_name[task].end() ? nullptr : it->second;
+  };
   for (const auto& variant : s.variant_order) {
     if (variant == baseline) continue;
     bool any = false;
-    for (const auto& t : s.tasks) {
-      const VariantSummary *b = nullptr, *v = nullptr;
-      for (const auto& x : t.variants) {
-        if (x.variant == baseline) b = &x;
-        if (x.variant == variant) v = &x;
-      }
+    for (size_t i = 0; i < s.tasks.size(); ++i) {
+      const auto& t = s.tasks[i];
+      const VariantSummary *b = find(i, baseline), *v = find(i, variant);
       if (!b || !v || v->runs.empty() || b->runs.empty()) continue;
       double bf = 0, vf = 0;
       for (const RunRow* r : b->runs) bf += r->total_train / static_cast<double>(b->runs.size());
@@ -357,9 +411,10 @@ std::vector<Chart> draw_charts(const Summary& s, const std::string& out_dir, con
   std::vector<Chart> charts;
   const ChartSite site{s, db, out_dir, prefix, charts};
   for (const auto& t : s.tasks) {
+    const ShownVariants shown = shown_variants(t, baseline);
     pareto_chart(site, t);
-    curves_chart(site, t);
-    routing_chart(site, t);
+    curves_chart(site, t, shown);
+    routing_chart(site, t, shown);
     entropy_chart(site, t);
   }
   speedup_chart(site, baseline);

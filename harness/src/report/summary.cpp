@@ -155,25 +155,31 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
     while (share.step()) r.final_share[share.text(0)] = share.real(1);
     read_valid_curve(db, r);
   }
+  std::set<std::string> seen_variants;
   for (const auto& r : s.runs) {
-    if (std::find(s.variant_order.begin(), s.variant_order.end(), r.variant) == s.variant_order.end())
-      s.variant_order.push_back(r.variant);
+    if (seen_variants.insert(r.variant).second) s.variant_order.push_back(r.variant);
     if (r.status != engine::RunStatus::Done) s.problems.push_back(&r);
   }
+  // One pass over the runs groups them (a sweep has thousands of variants).
   std::vector<std::string> tasks;
-  for (const auto& r : s.runs)
-    if (std::find(tasks.begin(), tasks.end(), r.task) == tasks.end()) tasks.push_back(r.task);
+  std::map<std::string, std::string> family_of;  // the last family a task's runs name
+  std::map<std::pair<std::string, std::string>, std::vector<const RunRow*>> finished;  // by (task, variant)
+  for (const auto& r : s.runs) {
+    if (!family_of.count(r.task)) tasks.push_back(r.task);
+    std::string& family = family_of[r.task];
+    if (!r.family.empty()) family = r.family;
+    if (r.status == engine::RunStatus::Done) finished[{r.task, r.variant}].push_back(&r);
+  }
   for (const auto& task : tasks) {
     TaskSummary t;
     t.task = task;
-    for (const auto& r : s.runs)
-      if (r.task == task && !r.family.empty()) t.family = r.family;
+    t.family = family_of.at(task);
     for (const auto& variant : s.variant_order) {
       VariantSummary v;
       v.variant = variant;
-      for (const auto& r : s.runs)
-        if (r.task == task && r.variant == variant && r.status == engine::RunStatus::Done) v.runs.push_back(&r);
-      if (v.runs.empty()) continue;
+      const auto runs = finished.find({task, variant});
+      if (runs == finished.end()) continue;
+      v.runs = runs->second;
       std::map<std::string, std::vector<double>> metrics;
       std::vector<double> attn, attn_sp, total, total_sp, ttps, etps, gpu_alloc, gpu_reserved;
       for (const RunRow* r : v.runs) {
