@@ -130,35 +130,69 @@ std::string joined(const std::vector<std::string>& names, bool placeholders = fa
   return out;
 }
 
-// Copies one run from `from` into `to` (inside to's transaction), under a new id.
-void copy_run(Database& from, int64_t id, Database& to) {
-  std::vector<std::string> cols = columns_of(from, "runs");
-  cols.erase(std::remove(cols.begin(), cols.end(), "id"), cols.end());
-  auto read = from.prepare("SELECT " + joined(cols) + " FROM runs WHERE id = ?");
-  read.bind(1, id);
-  if (!read.step()) throw std::logic_error(from.file() + ": run " + std::to_string(id) + " vanished during a merge");
-  auto insert = to.prepare("INSERT INTO runs(" + joined(cols) + ") VALUES (" + joined(cols, true) + ")");
-  for (size_t c = 0; c < cols.size(); ++c) insert.bind_column(static_cast<int>(c + 1), read, static_cast<int>(c));
-  insert.run();
-  const int64_t new_id = to.last_insert_id();
-  for (const char* table : kCopiedTables) {
-    const std::vector<std::string> tcols = columns_of(from, table);
-    auto rows = from.prepare("SELECT " + joined(tcols) + " FROM " + table + " WHERE run_id = ?");
-    rows.bind(1, id);
-    auto put = to.prepare(std::string("INSERT INTO ") + table + "(" + joined(tcols) + ") VALUES (" +
-                          joined(tcols, true) + ")");
-    while (rows.step()) {
-      for (size_t c = 0; c < tcols.size(); ++c) {
-        if (tcols[c] == "run_id")
-          put.bind(static_cast<int>(c + 1), new_id);
-        else
-          put.bind_column(static_cast<int>(c + 1), rows, static_cast<int>(c));
+// Copies runs from one input store into the output (inside the output's
+// transaction), each under a new id. The statements are prepared once per
+// input: an input may be of an older schema, with fewer columns, so each
+// input has its own. (Preparing them per run cost about half of a merge of
+// 100 shards of 100 runs: chiar_store_scale.)
+class RunCopier {
+ public:
+  RunCopier(Database& from, Database& to) {
+    std::vector<std::string> cols = columns_of(from, "runs");
+    cols.erase(std::remove(cols.begin(), cols.end(), "id"), cols.end());
+    run_ = std::make_unique<Copy>(from, "SELECT " + joined(cols) + " FROM runs WHERE id = ?", to,
+                                  "INSERT INTO runs(" + joined(cols) + ") VALUES (" + joined(cols, true) + ")", -1);
+    for (const char* table : kCopiedTables) {
+      const std::vector<std::string> tcols = columns_of(from, table);
+      const auto at = std::find(tcols.begin(), tcols.end(), "run_id");
+      records_.push_back(std::make_unique<Copy>(
+          from, "SELECT " + joined(tcols) + " FROM " + table + " WHERE run_id = ?", to,
+          std::string("INSERT INTO ") + table + "(" + joined(tcols) + ") VALUES (" + joined(tcols, true) + ")",
+          at == tcols.end() ? -1 : static_cast<int>(at - tcols.begin())));
+    }
+    from_ = &from;
+    to_ = &to;
+  }
+
+  void copy(int64_t id) {
+    Copy& run = *run_;
+    run.read.bind(1, id);
+    if (!run.read.step())
+      throw std::logic_error(from_->file() + ": run " + std::to_string(id) + " vanished during a merge");
+    for (int c = 0; c < run.read.columns(); ++c) run.put.bind_column(c + 1, run.read, c);
+    run.put.run();
+    run.put.reset();
+    run.read.reset();
+    const int64_t new_id = to_->last_insert_id();
+    for (auto& table : records_) {
+      table->read.bind(1, id);
+      while (table->read.step()) {
+        for (int c = 0; c < table->read.columns(); ++c) {
+          if (c == table->run_id_column)
+            table->put.bind(c + 1, new_id);
+          else
+            table->put.bind_column(c + 1, table->read, c);
+        }
+        table->put.run();
+        table->put.reset();
       }
-      put.run();
-      put.reset();
+      table->read.reset();
     }
   }
-}
+
+ private:
+  // One table's read from the input and insert into the output.
+  struct Copy {
+    Copy(Database& from, const std::string& read_sql, Database& to, const std::string& put_sql, int run_id)
+        : read(from.prepare(read_sql)), put(to.prepare(put_sql)), run_id_column(run_id) {}
+    Statement read, put;
+    int run_id_column;  // where the record names its run; -1 in runs itself
+  };
+  std::unique_ptr<Copy> run_;
+  std::vector<std::unique_ptr<Copy>> records_;
+  Database* from_ = nullptr;
+  Database* to_ = nullptr;
+};
 
 void delete_run(Database& db, int64_t id) {
   for (const char* table : kRunTables)
@@ -276,11 +310,17 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
   }
   Store target(out, StoreAccess::ReadWrite);
   target.db().transaction([&] {
+    std::map<size_t, std::unique_ptr<RunCopier>> copiers;  // by input
+    const auto copy_run = [&](const RunCopy& copy) {
+      auto& copier = copiers[copy.store];
+      if (!copier) copier = std::make_unique<RunCopier>(stores[copy.store]->db(), target.db());
+      copier->copy(copy.id);
+    };
     for (const RunCopy* copy : to_replace) {
       delete_run(target.db(), held.at(copy->hash).id);
-      copy_run(stores[copy->store]->db(), copy->id, target.db());
+      copy_run(*copy);
     }
-    for (const RunCopy* copy : to_add) copy_run(stores[copy->store]->db(), copy->id, target.db());
+    for (const RunCopy* copy : to_add) copy_run(*copy);
     if (design) {
       target.save_sequential_design_in_transaction(*design);
       for (const auto& l : looks) target.record_look(l);
