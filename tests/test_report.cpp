@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
+#include <string>
 
 #include <boost/filesystem.hpp>
 
+#include "engine/runner.h"
 #include "engine/sqlite.h"
 #include "engine/store.h"
 #include "report/claims.h"
@@ -18,6 +21,7 @@
 #include "support/faults.h"
 #include "support/fixtures.h"
 #include "support/process.h"
+#include "support/synthetic_store.h"
 #include "support/temp_dir.h"
 
 using namespace chiar;
@@ -328,4 +332,50 @@ TEST_CASE("report files: Markdown with charts beside it, HTML that renders offli
   CHECK(dom.find("Uncaught") == std::string::npos);
   capture("chromium " + flags + "--screenshot=" + shot + " file://" + files.html);
   CHECK(boost::filesystem::exists(shot));
+}
+
+TEST_CASE("results: attn_gflops sums the operators whose traits count as attention, at each run's last record",
+          "[report]") {
+  // Synthetic runs: the baseline (attention in every layer) and
+  // chiar_dct_attn (dct, routed attention|dct, attention), one seed.
+  TempDir d("results-attention");
+  const std::string db = d.path() + "/s.db";
+  test::SyntheticStoreShape shape;
+  shape.runs = 8;
+  shape.seeds = 1;
+  shape.steps = 200;
+  shape.eval_every = 100;
+  test::write_synthetic_store(db, shape);
+  const auto gflops_of = [&](const std::string& ops) {
+    std::map<std::string, double> out;
+    engine::Database con(db, engine::OpenMode::ReadOnly);
+    auto q = con.prepare(
+        "SELECT r.name, SUM(f.fwd_executed) / 1e9 FROM flops f JOIN runs r ON r.id = f.run_id WHERE f.operator IN (" +
+        ops + ") AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = f.run_id) GROUP BY r.name");
+    while (q.step()) out[q.text(0)] = q.real(1);
+    return out;
+  };
+  const auto cells_of = [&](const std::set<std::string>& attention) {
+    std::map<std::string, std::string> out;
+    for (const auto& row : engine::read_results(db, attention)) out[row.cells[0]] = row.cells[4];
+    return out;
+  };
+  const auto attention = gflops_of("'attention'"), both = gflops_of("'attention', 'dct'");
+  const auto by_attention = cells_of({"attention"}), by_both = cells_of({"attention", "dct"}), by_none = cells_of({});
+  REQUIRE(by_attention.size() == 8);
+  int counted = 0;
+  for (const auto& [name, cell] : by_attention) {
+    INFO(name);
+    if (!attention.count(name)) continue;  // a failed run records no FLOPs
+    ++counted;
+    CHECK(std::stod(cell) == Approx(attention.at(name)).epsilon(1e-4));
+    CHECK(std::stod(by_both.at(name)) == Approx(both.at(name)).epsilon(1e-4));
+    CHECK(std::stod(by_both.at(name)) > std::stod(cell) - 1e-12);
+    CHECK(by_none.at(name).empty());
+  }
+  CHECK(counted >= 6);
+  // The same figure the store's view gives for the in-tree attention.
+  engine::Database con(db, engine::OpenMode::ReadOnly);
+  auto q = con.prepare("SELECT name, attention_gflops FROM results WHERE attention_gflops IS NOT NULL");
+  while (q.step()) CHECK(std::stod(by_attention.at(q.text(0))) == Approx(q.real(1)).epsilon(1e-4));
 }

@@ -2,6 +2,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
+#include <string>
 
 #include <boost/filesystem.hpp>
 
@@ -170,10 +172,25 @@ int run_report(const Global& g, const ReportArgs& a) {
   return 0;
 }
 
-int run_show(const Global&, const ShowArgs& a) {
+namespace {
+
+// The operators whose FLOPs count as attention, by their traits: what
+// show's and export's attn_gflops sum, as the report does.
+std::set<std::string> attention_operators(const Global& g) {
+  PluginRegistry registry;
+  registry.load_default(g.plugin_dirs);
+  std::set<std::string> out;
+  for (const auto& e : registry.entries())
+    if (e.kind == "operator" && registry.operator_traits(e.name).attention_flops) out.insert(e.name);
+  return out;
+}
+
+}  // namespace
+
+int run_show(const Global& g, const ShowArgs& a) {
   const engine::StoreView view(a.dbs);
   const auto columns = engine::result_columns();
-  const auto rows = engine::read_results(view.db());
+  const auto rows = engine::read_results(view.db(), attention_operators(g));
   std::vector<size_t> width(columns.size());
   for (size_t c = 0; c < columns.size(); ++c) {
     width[c] = columns[c].name.size();
@@ -191,11 +208,11 @@ int run_show(const Global&, const ShowArgs& a) {
   return 0;
 }
 
-int run_export(const Global&, const ShowArgs& a) {
+int run_export(const Global& g, const ShowArgs& a) {
   if (a.csv == a.json) throw UserError("export: give exactly one of --csv and --json");
   const engine::StoreView view(a.dbs);
   const auto columns = engine::result_columns();
-  const auto rows = engine::read_results(view.db());
+  const auto rows = engine::read_results(view.db(), attention_operators(g));
   std::ofstream file;
   if (!a.out.empty()) {
     file.open(a.out);

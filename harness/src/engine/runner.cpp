@@ -472,19 +472,45 @@ std::vector<ResultColumn> result_columns() {
           {"params", true},       {"overhead_%", true},   {"commit", false},     {"clean_tree", true}};
 }
 
-std::vector<ResultRow> read_results(const std::string& db) {
+namespace {
+
+// Forward GFLOPs per sequence of each run's attention-like operators at its
+// last FLOP record, by run id; a run with none is absent.
+std::map<int64_t, double> attention_gflops(Database& db, const std::set<std::string>& attention_operators) {
+  auto q = db.prepare(
+      "SELECT f.run_id, f.operator, SUM(f.fwd_executed) / 1e9 FROM flops f "
+      "JOIN (SELECT run_id, MAX(step) AS step FROM flops GROUP BY run_id) last "
+      "ON last.run_id = f.run_id AND last.step = f.step GROUP BY f.run_id, f.operator");
+  std::map<int64_t, double> out;
+  while (q.step())
+    if (attention_operators.count(q.text(1))) out[q.integer(0)] += q.real(2);
+  return out;
+}
+
+}  // namespace
+
+std::vector<ResultRow> read_results(const std::string& db, const std::set<std::string>& attention_operators) {
   Store store(db, StoreAccess::ReadOnly);
+  const std::map<int64_t, double> attention = attention_gflops(store.db(), attention_operators);
   // The code that made each run: which commit, and whether the tree was
   // clean when its binary was built (true/false; empty where not recorded).
   auto q = store.db().prepare(
-      "SELECT res.name, res.status, COALESCE(res.metric_name, ''), res.main_metric, res.attention_gflops, "
+      "SELECT res.name, res.status, COALESCE(res.metric_name, ''), res.main_metric, NULL, "
       "res.total_gflops, res.train_tokens_per_s, res.eval_tokens_per_s, res.params, 100 * res.overhead_fraction, "
-      "runs.git_commit, CASE runs.git_dirty WHEN 0 THEN 'true' WHEN 1 THEN 'false' END "
+      "runs.git_commit, CASE runs.git_dirty WHEN 0 THEN 'true' WHEN 1 THEN 'false' END, res.id "
       "FROM results res JOIN runs ON runs.id = res.id ORDER BY res.task, res.variant, res.seed");
+  constexpr int kAttention = 4, kId = 12;  // column 4 is filled from `attention`
   std::vector<ResultRow> rows;
   while (q.step()) {
     ResultRow row;
-    for (int c = 0; c < q.columns(); ++c) {
+    for (int c = 0; c < kId; ++c) {
+      if (c == kAttention) {
+        const auto it = attention.find(q.integer(kId));
+        std::ostringstream s;
+        if (it != attention.end()) s << std::setprecision(5) << it->second;
+        row.cells.push_back(s.str());
+        continue;
+      }
       if (q.is_null(c)) {
         row.cells.push_back("");
         continue;

@@ -1,5 +1,6 @@
 #pragma once
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,10 @@ struct ResultColumn {
   bool number = false;
 };
 std::vector<ResultColumn> result_columns();
-std::vector<ResultRow> read_results(const std::string& db);
+// attn_gflops counts the operators named in `attention_operators`: those
+// whose traits say they count as attention (OperatorTraits::attention_flops),
+// as the report counts them. The store's `results` view, plain SQL, knows
+// only the name "attention".
+std::vector<ResultRow> read_results(const std::string& db, const std::set<std::string>& attention_operators);
 
 }  // namespace chiar::engine
