@@ -8,8 +8,11 @@
 
 #include <boost/filesystem.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "chiar/error.h"
 #include "engine/runtime.h"
@@ -357,6 +360,27 @@ TEST_CASE("runtime: the BLAS warning names the real cause", "[runtime][cli]") {
     busy.blas_gflops = 12;
     CHECK(blas_warning(busy) == "warning: the BLAS runs a GEMM at 12.0 GFLOP/s (< 20.0) on " + busy.blas);
   }
+}
+
+TEST_CASE("CLI: chiar info says whether the CPU has bf16 instructions, as /proc/cpuinfo lists them",
+          "[runtime][cli]") {
+  const auto info = run_chiar({"info", "--threads", "1"});
+  REQUIRE(info.status == 0);
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line) && line.rfind("flags", 0) != 0) {
+  }
+  std::vector<std::string> found;
+  std::istringstream words(line);
+  for (std::string w; words >> w;)
+    if (w == "avx512_bf16" || w == "amx_bf16") found.push_back(w);
+  std::sort(found.begin(), found.end(), [](const std::string& a, const std::string& b) { return a > b; });
+  if (found.empty())
+    CHECK_THAT(info.output, Catch::Matchers::Contains("bf16       emulated: no bf16 instructions (avx512_bf16, "
+                                                      "amx_bf16); precision \"bf16\" trains slower than \"fp32\" here\n"));
+  else
+    CHECK_THAT(info.output, Catch::Matchers::Contains("bf16       native: " + found[0] +
+                                                      (found.size() > 1 ? ", " + found[1] : std::string()) + "\n"));
 }
 
 TEST_CASE("CLI: chiar info names the kernels OpenBLAS runs", "[runtime][cli]") {

@@ -2,6 +2,7 @@
 
 #include "chiar/registry.h"
 #include "engine/build_commit.h"
+#include "engine/device.h"
 #include "engine/matrix.h"
 #include "engine/runtime.h"
 #include "commands.h"
@@ -28,7 +29,13 @@ int run_info(const Global& g) {
             << info.blas_gflops << " on the BLAS)\n"
             << "host       " << info.host << "\n"
             << "cpu        " << info.cpu << "\n"
-            << "allocator  " << info.allocator << "\n";
+            << "allocator  " << info.allocator << "\n"
+            << "bf16       "
+            << (engine::cpu_bf16_instructions().empty()
+                    ? std::string("emulated: no bf16 instructions (avx512_bf16, amx_bf16); precision \"bf16\" trains "
+                                  "slower than \"fp32\" here")
+                    : "native: " + engine::cpu_bf16_instructions())
+            << "\n";
   if (const std::string warning = blas_warning(info); !warning.empty()) std::cerr << warning << "\n";
   const auto dirs = default_plugin_dirs();
   std::cout << "plugins    " << (dirs.empty() ? std::string("(no default folder found)") : dirs[0])

@@ -11,6 +11,7 @@
 #include <map>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -192,8 +193,35 @@ bool cpu_bf16_sums_in_fp32() {
   return exact;
 }
 
+std::string cpu_bf16_instructions() {
+  static const std::string found = [] {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line, flags;
+    while (std::getline(cpuinfo, line))
+      if (line.rfind("flags", 0) == 0) {
+        flags = " " + line.substr(line.find(':') + 1) + " ";
+        break;
+      }
+    std::string out;
+    for (const char* name : {"avx512_bf16", "amx_bf16"})
+      if (flags.find(std::string(" ") + name + " ") != std::string::npos) out += (out.empty() ? "" : ", ") + std::string(name);
+    return out;
+  }();
+  return found;
+}
+
 void warn_if_bf16_sums_inexact(const at::Device& device, bool bf16) {
-  if (!bf16 || !device.is_cpu() || cpu_bf16_sums_in_fp32()) return;
+  if (!bf16 || !device.is_cpu()) return;
+  if (cpu_bf16_instructions().empty()) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      std::cerr << "warning: precision \"bf16\" on this CPU: it has no bf16 instructions (avx512_bf16, amx_bf16), so "
+                   "libtorch converts to fp32 around every product and the run trains slower than in \"fp32\"; it "
+                   "goes on"
+                << std::endl;
+    });
+  }
+  if (cpu_bf16_sums_in_fp32()) return;
   static std::once_flag once;
   std::call_once(once, [] {
     std::cerr << "warning: precision \"bf16\" on this CPU: libtorch's bf16 matrix products here sum in bf16 "

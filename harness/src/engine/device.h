@@ -79,8 +79,15 @@ void configure_device(const at::Device& device);
 // its precision in every long sum.
 bool cpu_bf16_sums_in_fp32();
 
+// The CPU's bf16 instructions as the kernel lists them in /proc/cpuinfo
+// ("avx512_bf16", "amx_bf16"), comma-separated; empty when it has none:
+// libtorch then converts bf16 to fp32 around every product, and a bf16 run
+// is slower than an fp32 one.
+std::string cpu_bf16_instructions();
+
 // Says so on stderr, once per process, when a bf16 run or benchmark is on
-// the CPU and its products sum in bf16.
+// the CPU and its products sum in bf16, or the CPU has no bf16 instructions.
+// The run goes on either way.
 void warn_if_bf16_sums_inexact(const at::Device& device, bool bf16);
 
 // Waits for the work queued on `device` (nothing to wait for on the CPU): a
