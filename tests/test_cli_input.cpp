@@ -211,12 +211,15 @@ TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's optio
     args.insert(args.end(), extra.begin(), extra.end());
     return run_chiar(args);
   };
-  // An operator's option, in the variant's table, named at its key.
+  // An operator's option, in the variant's table, named at its key (its
+  // value's column: toml++ keeps no key positions) with the keys the
+  // operator declares.
   const auto op = dry_run({});
   CHECK(op.status == 2);
-  const std::string unknown_colour = "key 'variants.base.operators': operator 'attention' (" + plugins +
-                                     "libchiar_attention.so): unknown parameter 'colour'\n";
-  CHECK(op.output == "chiar: " + matrix + ":16:13: " + unknown_colour);
+  const std::string unknown_colour = "key 'variants.base.operators.attn.colour': unknown option of operator "
+                                     "'attention' (known: block, chunk_mib, core, heads, recompute_mib, rope, "
+                                     "rope_base)\n";
+  CHECK(op.output == "chiar: " + matrix + ":16:33: " + unknown_colour);
   const auto slurm = run_chiar({"slurm", matrix, "--tasks", "2", "--dir", d.path() + "/shards"});
   CHECK(slurm.status == 2);
   CHECK(slurm.output == op.output);
@@ -227,13 +230,36 @@ TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's optio
   // A router's option from --set, unknown or refused by the router.
   const auto colour = dry_run({"--only", "routed/*", "--set", "router.colour=1"});
   CHECK(colour.status == 2);
-  CHECK(colour.output == "chiar: --set router.colour: router 'threshold' (" + plugins +
-                             "libchiar_threshold.so): unknown parameter 'colour'\n");
+  CHECK(colour.output == "chiar: --set router.colour: unknown option of router 'threshold' (known: shares, tau)\n");
+  const auto kind = dry_run({"--only", "routed/*", "--set", "router.tau=true"});
+  CHECK(kind.status == 2);
+  CHECK(kind.output ==
+        "chiar: --set router.tau: router 'threshold' takes a list of numbers or \"auto\", found a boolean (true)\n");
   const auto tau = dry_run({"--only", "routed/*", "--set", "router.tau=[0.1, 0.2, 0.3]"});
   CHECK(tau.status == 2);
   CHECK(tau.output == "chiar: --set router.tau: router 'threshold' (" + plugins +
                           "libchiar_threshold.so): threshold: 2 operators need 1 thresholds, found 3\n");
   CHECK_FALSE(boost::filesystem::exists(db));
+}
+
+TEST_CASE("CLI: a typo in a router's options fails the dry run at its line, with a did-you-mean", "[cli]") {
+  TempDir d("cli-router-typo");
+  const std::string matrix =
+      d.write("m.toml", "[matrix]\nname = \"m\"\nvariants = [\"routed\"]\ntasks = [\"wt\"]\n\n"
+                        "[model]\nd_model = 16\nn_heads = 2\n\n"
+                        "[variants.routed]\nlayers = [\"dct|attn\"]\nrouter = \"threshold\"\n"
+                        "router_params = { tua = \"auto\" }\n\n"
+                        "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\n");
+  const auto typo = run_chiar({"run", matrix, "--dry-run", "--db", d.path() + "/r.db"});
+  CHECK(typo.status == 2);
+  CHECK(typo.output == "chiar: " + matrix +
+                           ":13:25: key 'variants.routed.router_params.tua': unknown option of router 'threshold' "
+                           "(did you mean 'tau'?)\n");
+  const auto slurm = run_chiar({"slurm", matrix, "--tasks", "2", "--dir", d.path() + "/shards"});
+  CHECK(slurm.status == 2);
+  CHECK(slurm.output == typo.output);
+  CHECK_FALSE(boost::filesystem::exists(d.path() + "/r.db"));
+  CHECK_FALSE(boost::filesystem::exists(d.path() + "/shards"));
 }
 
 TEST_CASE("CLI: an output the system refuses is an environment failure, exit 3", "[cli]") {

@@ -666,7 +666,7 @@ TEST_CASE("operators reject bad options with a clear message", "[operator][error
                     Catch::Matchers::EndsWith("unknown DCT implementation 'fast' (known: auto, gemm, fft)"));
   spec.params = Params().set("featuers", int64_t{8});
   CHECK_THROWS_WITH(test::plugins().make_operator("rbf", spec),
-                    Catch::Matchers::EndsWith("libchiar_rbf.so): unknown parameter 'featuers'"));
+                    Catch::Matchers::EndsWith("libchiar_rbf.so): unknown parameter 'featuers' (known: chunk, eps, features, gamma)"));
   spec.params = Params().set("features", std::string("many"));
   CHECK_THROWS_WITH(test::plugins().make_operator("rbf", spec),
                     Catch::Matchers::EndsWith(

@@ -86,6 +86,8 @@ TEST_CASE("loader errors name the file and what is wrong", "[plugins][errors]") 
                     "plugin file '" + broken("bad_api") +
                         "' was built for plugin API version 999, but this harness provides version " +
                         std::to_string(CHIAR_PLUGIN_API_VERSION) + "; rebuild the plugin");
+  // Plugin API 8 changed no layout: a plugin of API 7 still loads.
+  CHECK_NOTHROW(r.load_file(broken("old_api")));
   CHECK_THROWS_WITH(r.load_file(broken("bad_torch")),
                     "plugin file '" + broken("bad_torch") +
                         "' was built against libtorch 0.1, but this harness uses libtorch " +
@@ -133,7 +135,7 @@ TEST_CASE("a throwing factory and unknown names give clear errors", "[plugins][e
   CHECK_THROWS_WITH(r.make_router("threshold", {}), "unknown router 'threshold' (known: none; no plugins loaded)");
   spec.params.set("colour", std::string("blue")).set("dct_impl", std::string("gemm"));
   CHECK_THROWS_WITH(r.make_operator("dct", spec),
-                    "operator 'dct' (" + in_tree("dct") + "): unknown parameter 'colour'");
+                    "operator 'dct' (" + in_tree("dct") + "): unknown parameter 'colour' (known: dct_impl)");
 }
 
 TEST_CASE("an object keeps its plugin library loaded after the registry is gone", "[plugins][lifetime]") {
@@ -308,4 +310,41 @@ TEST_CASE("the docs state the current plugin API version", "[plugins][docs]") {
     }
   }
   CHECK(statements >= 2);  // docs/design.md and docs/plugins.md state it
+}
+
+TEST_CASE("plugins: declared options are refused by key and kind before the factory runs", "[plugins]") {
+  PluginRegistry r;
+  r.load_default();
+  const auto declared = r.declared_options("router", "threshold");
+  REQUIRE(declared);
+  REQUIRE(declared->size() == 2);
+  CHECK((*declared)[0].key == "tau");
+  CHECK((*declared)[0].default_value == "auto");
+  CHECK(r.declared_options("operator", "attn"));  // by alias too
+  RouterSpec spec;
+  spec.d_model = 8;
+  spec.operators = {"dct", "attention"};
+  spec.params.set("tua", std::string("auto"));
+  std::string file;
+  for (const auto& e : r.entries())
+    if (e.name == "threshold") file = e.file;
+  const std::string who = "router 'threshold' (" + file + "): ";
+  CHECK_THROWS_WITH(r.make_router("threshold", spec), who + "unknown parameter 'tua' (known: shares, tau)");
+  spec.params = Params().set("tau", std::string("high"));
+  CHECK_THROWS_WITH(r.make_router("threshold", spec),
+                    who + "parameter 'tau': expected a list of numbers or \"auto\", found a string (\"high\")");
+  spec.params = Params().set("tau", std::string("auto"));
+  CHECK_NOTHROW(r.make_router("threshold", spec));
+  spec.params = Params().set("tau", 0.5);
+  CHECK_NOTHROW(r.make_router("threshold", spec));
+}
+
+TEST_CASE("plugins: chiar options lists every plugin's declared options", "[plugins][cli]") {
+  const auto printed = run_cli("options");
+  REQUIRE(printed.status == 0);
+  CHECK_THAT(printed.output, Catch::Matchers::Contains("### router `threshold`\n\n| key | takes | default | meaning |"));
+  CHECK_THAT(printed.output, Catch::Matchers::Contains("| `tau` | a list of numbers or \"auto\" | `auto` |"));
+  CHECK_THAT(printed.output, Catch::Matchers::Contains("### operator `attention` (also `attn`)"));
+  CHECK_THAT(printed.output, Catch::Matchers::Contains("| `core` | a string | `auto` |"));
+  CHECK_THAT(printed.output, Catch::Matchers::Contains("### task `listops`"));
 }

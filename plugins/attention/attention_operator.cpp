@@ -612,6 +612,16 @@ void register_plugin(Registrar& r) {
   r.add_operator("attention", "multi-head self-attention with RoPE, causal or padding-masked, O(T^2 d)",
                  [](const OperatorSpec& spec) { return std::make_unique<AttentionOperator>(spec); },
                  {"attn"});
+  r.declare_options("operator", "attention",
+                    {{"heads", ParamKind::Int, "model.n_heads", "attention heads; d_model must be a multiple"},
+                     {"core", ParamKind::String, "auto", "the code computing softmax(q k^T + mask) v: auto, fused, sdpa "
+                                                         "(libtorch 2.1 or newer) or chunked"},
+                     {"block", ParamKind::Int, "128", "query positions per block of causal attention"},
+                     {"chunk_mib", ParamKind::Number, "32", "most MiB of attention weights per chunk (core chunked)"},
+                     {"recompute_mib", ParamKind::Number, "64",
+                      "weights above this many MiB are recomputed in backward instead of stored (core chunked)"},
+                     {"rope", ParamKind::Bool, "true", "rotary positions on queries and keys"},
+                     {"rope_base", ParamKind::Number, "10000", "RoPE frequency base"}});
 }
 
 }  // namespace

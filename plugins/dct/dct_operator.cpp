@@ -105,6 +105,9 @@ class DctOperator final : public Operator {
 void register_plugin(Registrar& r) {
   r.add_operator("dct", "DCT mixing: per-token learnable frequency filter, O(d^2) or O(d log d)",
                  [](const OperatorSpec& spec) { return std::make_unique<DctOperator>(spec); });
+  r.declare_options("operator", "dct",
+                    {{"dct_impl", ParamKind::String, "auto",
+                      "how the DCT runs: gemm, fft, or auto (gemm below d_model 1024, fft from there)"}});
 }
 
 }  // namespace

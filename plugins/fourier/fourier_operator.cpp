@@ -83,6 +83,7 @@ class FourierOperator final : public Operator {
 void register_plugin(Registrar& r) {
   r.add_operator("fourier", "FNet Fourier mixing over sequence and features; non-causal (classification only)",
                  [](const OperatorSpec& spec) { return std::make_unique<FourierOperator>(spec); });
+  r.declare_options("operator", "fourier", {});
 }
 
 }  // namespace

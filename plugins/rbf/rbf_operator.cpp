@@ -271,6 +271,11 @@ class RbfOperator final : public Operator {
 void register_plugin(Registrar& r) {
   r.add_operator("rbf", "RBF kernel mixing, random Fourier features in linear form, O(T R d)",
                  [](const OperatorSpec& spec) { return std::make_unique<RbfOperator>(spec); });
+  r.declare_options("operator", "rbf",
+                    {{"features", ParamKind::Int, "64", "random Fourier features R (phi has 2R entries)"},
+                     {"gamma", ParamKind::Number, "1 / d_model", "kernel width: exp(-gamma |q - k|^2)"},
+                     {"eps", ParamKind::Number, "0.001", "floor of the kernel mean in the normaliser"},
+                     {"chunk", ParamKind::Int, "64", "positions per chunk of the causal sums"}});
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ void register_plugin(chiar::Registrar& r) {
                [](const chiar::RouterSpec& spec) {
                  return std::make_unique<chiar::GatedRouter>(spec, chiar::RouteMode::Soft, "soft");
                });
+  r.declare_options("router", "soft", chiar::gated_router_options());
 }
 
 }  // namespace

@@ -131,6 +131,13 @@ class ThresholdRouter final : public Router {
 void register_plugin(Registrar& r) {
   r.add_router("threshold", "spectral-entropy thresholds, fixed or calibrated to target shares",
                [](const RouterSpec& spec) { return std::make_unique<ThresholdRouter>(spec); });
+  r.declare_options("router", "threshold",
+                    {{"tau", ParamKind::Numbers, "auto",
+                      "fixed thresholds: one number for 2 operators, K-1 increasing for K; \"auto\" calibrates them "
+                      "to `shares`",
+                      {"auto"}},
+                     {"shares", ParamKind::Numbers, "equal shares",
+                      "target share of tokens per operator, cheapest first, for the calibration"}});
 }
 
 }  // namespace

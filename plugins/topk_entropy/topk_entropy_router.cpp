@@ -76,6 +76,9 @@ class TopkEntropyRouter final : public Router {
 void register_plugin(Registrar& r) {
   r.add_router("topk_entropy", "a fixed share of the highest-entropy tokens per sequence to attention (budgeted)",
                [](const RouterSpec& spec) { return std::make_unique<TopkEntropyRouter>(spec); });
+  r.declare_options("router", "topk_entropy",
+                    {{"shares", ParamKind::Numbers, "[0.75, 0.25]; 3 operators [0.5, 0.25, 0.25]",
+                      "share of each sequence's tokens per operator, first to last; the highest entropies go last"}});
 }
 
 }  // namespace

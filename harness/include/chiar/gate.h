@@ -8,6 +8,7 @@
 
 #include "chiar/export.h"
 #include "chiar/router.h"
+#include "chiar/task_options.h"
 
 namespace chiar {
 
@@ -41,5 +42,12 @@ class CHIAR_API GatedRouter : public Router {
   double lambda_;
   std::shared_ptr<EntropyGate> gate_;
 };
+
+// The options GatedRouter reads, for the plugins that register one
+// (Registrar::declare_options).
+inline std::vector<PluginOption> gated_router_options() {
+  return {{"collapse_lambda", ParamKind::Number, "0",
+           "weight of the collapse regulariser (minus the entropy of mean operator usage); 0 turns it off"}};
+}
 
 }  // namespace chiar

@@ -30,7 +30,11 @@
 // 6: OpContext::host_rows (its layout), rows_by_choice_and_host and
 //    rows_in_host_memory.
 // 7: OperatorSpec::pre_norm and OperatorTraits::pre_norm (their layouts).
-#define CHIAR_PLUGIN_API_VERSION 7
+// 8: Registrar::declare_options. No layout changed, so plugins of API 7 still
+//    load (CHIAR_PLUGIN_API_OLDEST); one calling declare_options needs 8.
+#define CHIAR_PLUGIN_API_VERSION 8
+// The oldest plugin API whose plugins this harness loads.
+#define CHIAR_PLUGIN_API_OLDEST 7
 
 #define CHIAR_STRINGIFY_IMPL(x) #x
 #define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)
@@ -75,6 +79,13 @@ class CHIAR_API Registrar {
   // any other registrar ignores it. A task that declares nothing is checked
   // only after construction (the keys it never read).
   void declare_task_options(const std::string& name, std::vector<TaskOption> options);
+
+  // Every option the operator, router or task `name` of `kind` (registered
+  // by this plugin before) reads, with its default and meaning
+  // (chiar/task_options.h). Non-virtual, like declare_task_options. An object
+  // whose plugin declares nothing is checked after construction (the keys it
+  // never read).
+  void declare_options(const std::string& kind, const std::string& name, std::vector<PluginOption> options);
 };
 
 }  // namespace chiar

@@ -48,6 +48,12 @@ class CHIAR_API PluginRegistry {
   // The options a task's plugin declared (Registrar::declare_task_options);
   // nullopt when it declared none. Throws a UserError for an unknown name.
   std::optional<std::vector<TaskOption>> task_options(const std::string& name) const;
+  // The options a plugin declared for the operator, router or task `name`
+  // (a name or an alias) of `kind`, with defaults and meanings where it gave
+  // them (Registrar::declare_options or, keys and kinds only,
+  // declare_task_options); nullopt when it declared none. Throws a UserError
+  // for an unknown name.
+  std::optional<std::vector<PluginOption>> declared_options(const std::string& kind, const std::string& name) const;
 
   // An operator's traits without a model: asked of an instance made once
   // (d_model 8, 2 heads, default options) and remembered. An empty display

@@ -22,6 +22,23 @@ struct TaskOption {
   ParamKind kind;
 };
 
+// One option an operator, router or task reads, declared once when its
+// plugin registers it (Registrar::declare_options): the harness refuses an
+// unknown key or a value of another kind before the factory runs, and before
+// any run starts (`chiar run --dry-run`, `chiar slurm`), at the key's own
+// line with a did-you-mean; `chiar options` lists the declarations.
+struct PluginOption {
+  std::string key;
+  ParamKind kind;
+  // The value the plugin uses when the key is not set, as the docs say it:
+  // "128", "model.n_heads", "equal shares".
+  std::string default_value;
+  std::string doc;  // one line: what it does
+  // Strings accepted besides a value of `kind`: {"auto"} for a number
+  // that may also be "auto".
+  std::vector<std::string> words = {};
+};
+
 // "a boolean", "an integer", ... as messages say it.
 inline const char* param_kind_name(ParamKind kind) {
   switch (kind) {
@@ -62,6 +79,22 @@ inline bool param_has_kind(const Params::Value& value, ParamKind kind) {
     case ParamKind::Numbers: return is_int || is_double || std::holds_alternative<std::vector<double>>(value);
   }
   return false;
+}
+
+// Whether a declared option takes the value: one of its kind, or one of its words.
+inline bool option_accepts(const PluginOption& option, const Params::Value& value) {
+  if (const auto* text = std::get_if<std::string>(&value))
+    for (const auto& w : option.words)
+      if (*text == w) return true;
+  return param_has_kind(value, option.kind);
+}
+
+// "a number or \"auto\"" as messages say what an option takes.
+inline std::string option_kind_name(const PluginOption& option) {
+  std::string out = param_kind_name(option.kind);
+  for (size_t i = 0; i < option.words.size(); ++i)
+    out += std::string(i + 1 == option.words.size() ? " or " : ", ") + "\"" + option.words[i] + "\"";
+  return out;
 }
 
 // The options make_tokenizer (chiar/tokenizer.h) reads, for tasks that build

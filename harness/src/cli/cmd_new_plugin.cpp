@@ -113,6 +113,10 @@ class Op final : public Operator {
 void register_plugin(Registrar& r) {
   r.add_operator("@NAME@", "@NAME@: per-token linear mixing (a template)",
                  [](const OperatorSpec& spec) { return std::make_unique<Op>(spec); });
+  // Every option the constructor reads, {key, kind, default, meaning}: none
+  // yet. `chiar options` lists them, and a matrix setting a key not declared
+  // here is refused before anything runs.
+  r.declare_options("operator", "@NAME@", {});
 }
 
 }  // namespace
@@ -157,6 +161,11 @@ class Rt final : public Router {
 void register_plugin(Registrar& r) {
   r.add_router("@NAME@", "@NAME@: fixed entropy threshold (a template)",
                [](const RouterSpec& spec) { return std::make_unique<Rt>(spec); });
+  // Every option the constructor reads, {key, kind, default, meaning}:
+  // `chiar options` lists them, and a matrix setting a key not declared here
+  // (router_params = { tua = 0.5 }) is refused before anything runs.
+  r.declare_options("router", "@NAME@",
+                    {{"tau", ParamKind::Number, "0.8", "entropy above which a token takes the last operator"}});
 }
 
 }  // namespace
@@ -218,7 +227,9 @@ void register_plugin(Registrar& r) {
              [](const TaskSpec& spec) { return std::make_unique<Tk>(spec); });
   // Every option the constructor reads: the harness refuses an unknown key or
   // a value of another kind before the constructor runs.
-  r.declare_task_options("@NAME@", {{"n", ParamKind::Int}, {"data_seed", ParamKind::Int}});
+  r.declare_options("task", "@NAME@",
+                    {{"n", ParamKind::Int, "2000", "examples per split"},
+                     {"data_seed", ParamKind::Int, "0", "seed of the generated examples"}});
 }
 
 }  // namespace

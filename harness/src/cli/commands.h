@@ -25,7 +25,7 @@ void start_compute(const Global& g);
 int run_info(const Global& g);
 int run_plugins(const Global& g);
 // Prints the options reference that docs/options.md holds.
-int run_options();
+int run_options(const Global& g);
 int run_entropy(const Global& g, const std::string& input, const std::string& dct_impl);
 
 struct ModelArgs {

@@ -71,7 +71,7 @@ void add_global_options(CLI::App& app, Global& g) {
 void add_info_commands(CLI::App& app, Args& a, Commands& c) {
   c.info = app.add_subcommand("info", "libtorch, threads, BLAS and the measured GEMM rate");
   c.plugins = app.add_subcommand("plugins", "list every plugin: name, kind, description, file, API");
-  c.options = app.add_subcommand("options", "every [model] and [train] option: key, kind, default, meaning (Markdown)");
+  c.options = app.add_subcommand("options", "every [model] and [train] option, and every plugin's: key, kind, default, meaning (Markdown)");
   c.entropy = app.add_subcommand(
       "entropy", "spectral entropy of each line's vector (float64, 12 significant digits)");
   c.entropy->add_option("file", a.input, "input file, or - for stdin");
@@ -307,7 +307,7 @@ int dispatch(Args& a, const Commands& c) {
   const Global& g = a.g;
   if (*c.info) return run_info(g);
   if (*c.plugins) return run_plugins(g);
-  if (*c.options) return run_options();
+  if (*c.options) return run_options(g);
   if (*c.entropy) return run_entropy(g, a.input, a.dct_impl);
   if (*c.model) return run_model(g, a.m);
   if (*c.stats) return run_data_stats(g, a.d);

@@ -1,10 +1,12 @@
 #include "matrix_checks.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "chiar/error.h"
+#include "engine/suggest.h"
 #include "engine/task_config.h"
 #include "model/model.h"
 
@@ -62,6 +64,50 @@ void check_plugin_names_of(const engine::Matrix& matrix, const PluginRegistry& r
     } catch (const UserError& e) {
       throw UserError(origin_or(matrix, r, "model.router", at_variant) + ": " + e.what());
     }
+  }
+}
+
+// One plugin's options in a matrix against what it declared: an unknown key
+// (with a did-you-mean) or a value of another kind, at the key's own line.
+// `origin` says where a key was set; a plugin that declared nothing is left
+// to the check that makes it.
+void check_declared(const PluginRegistry& registry, const std::string& kind, const std::string& name,
+                    const Params& params, const std::function<std::string(const std::string&)>& origin) {
+  if (params.empty() || !registry.has(kind, name)) return;
+  const auto declared = registry.declared_options(kind, name);
+  if (!declared) return;
+  const std::string plugin = kind + " '" + registry.canonical(kind, name) + "'";
+  std::vector<std::string> known;
+  for (const auto& o : *declared) known.push_back(o.key);
+  std::sort(known.begin(), known.end());
+  for (const auto& [key, value] : params.values()) {
+    const auto option = std::find_if(declared->begin(), declared->end(),
+                                     [&key = key](const PluginOption& o) { return o.key == key; });
+    if (option == declared->end())
+      throw UserError(origin(key) + ": unknown option of " + plugin +
+                      (known.empty() ? std::string(", which takes none") : engine::did_you_mean(key, known)));
+    if (!option_accepts(*option, value))
+      throw UserError(origin(key) + ": " + plugin + " takes " + option_kind_name(*option) + ", found " +
+                      param_value_kind_name(value) + " (" + describe_value(value) + ")");
+  }
+}
+
+// The router's and operators' options of every run checked against their
+// declarations, before any of them is made.
+void check_declared_layer_options_of(const engine::Matrix& matrix, const PluginRegistry& registry) {
+  for (const auto& r : matrix.runs) {
+    const ModelOptions& o = r.model;
+    const std::string at_variant = matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "'";
+    check_declared(registry, "router", o.router(), o.router_params(), [&](const std::string& key) {
+      std::string at = matrix.origin_of(r, "router." + key);  // a --set router.KEY
+      if (at.empty()) at = matrix.origin_of(r, "model.router_params." + key);
+      return at.empty() ? origin_or(matrix, r, "model.router_params", at_variant) : at;
+    });
+    for (const auto& [name, params] : o.operator_params())
+      check_declared(registry, "operator", name, params, [&, &name = name](const std::string& key) {
+        const std::string at = matrix.origin_of(r, "model.operators." + name + "." + key);
+        return at.empty() ? origin_or(matrix, r, "model.operators", at_variant) : at;
+      });
   }
 }
 
@@ -146,6 +192,7 @@ void check_layer_plugins_of(const engine::Matrix& matrix, const PluginRegistry& 
 void check_against_plugins(const engine::Matrix& matrix, const PluginRegistry& registry) {
   check_plugin_names_of(matrix, registry);
   check_task_options_of(matrix, registry);
+  check_declared_layer_options_of(matrix, registry);
   check_layer_plugins_of(matrix, registry);
 }
 

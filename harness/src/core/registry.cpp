@@ -33,7 +33,7 @@ struct Factory {
   OperatorFactory make_operator;
   RouterFactory make_router;
   TaskFactory make_task;
-  std::optional<std::vector<TaskOption>> task_options;  // a task's declared options, if it declared them
+  std::optional<std::vector<PluginOption>> options;  // what it declared it reads, if it declared anything
 };
 
 // Collects what one library registers; committed only if registration succeeds.
@@ -55,13 +55,19 @@ class CollectingRegistrar final : public Registrar {
     add(name, "task", description, aliases).make_task = std::move(factory);
   }
 
-  void declare_task_options(const std::string& name, std::vector<TaskOption> options) {
+  void declare_options(const std::string& kind, const std::string& name, std::vector<PluginOption> options) {
+    for (size_t i = 0; i < options.size(); ++i) {
+      if (options[i].key.empty()) throw UserError("it declares an option of " + kind + " '" + name + "' with no key");
+      for (size_t j = 0; j < i; ++j)
+        if (options[j].key == options[i].key)
+          throw UserError("it declares the option '" + options[i].key + "' of " + kind + " '" + name + "' twice");
+    }
     for (auto& f : added)
-      if (f.entry.kind == "task" && f.entry.name == name) {
-        f.task_options = std::move(options);
+      if (f.entry.kind == kind && f.entry.name == name) {
+        f.options = std::move(options);
         return;
       }
-    throw UserError("it declares the options of task '" + name + "', which it did not register before");
+    throw UserError("it declares the options of " + kind + " '" + name + "', which it did not register before");
   }
 
   std::vector<Factory> added;
@@ -89,21 +95,22 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
   return out;
 }
 
-// The first of a task's options that it did not declare or whose value is of
-// another kind, as a message; "" when all are fine. The CLI checks the same
-// earlier, with positions and suggestions; this guards every other caller.
-std::string declared_option_problem(const Params& params, const std::vector<TaskOption>& declared) {
+// The first option that was not declared or whose value is of another kind,
+// as a message; "" when all are fine. The CLI checks the same earlier, with
+// positions and suggestions; this guards every other caller.
+std::string declared_option_problem(const Params& params, const std::vector<PluginOption>& declared) {
   for (const auto& [key, value] : params.values()) {
     const auto option = std::find_if(declared.begin(), declared.end(),
-                                     [&key = key](const TaskOption& o) { return o.key == key; });
+                                     [&key = key](const PluginOption& o) { return o.key == key; });
     if (option == declared.end()) {
       std::vector<std::string> known;
       for (const auto& o : declared) known.push_back(o.key);
       std::sort(known.begin(), known.end());
-      return "unknown parameter '" + key + "' (known: " + join(known, ", ") + ")";
+      return "unknown parameter '" + key + "' (known: " + (known.empty() ? std::string("none") : join(known, ", ")) +
+             ")";
     }
-    if (!param_has_kind(value, option->kind))
-      return "parameter '" + key + "': expected " + param_kind_name(option->kind) + ", found " +
+    if (!option_accepts(*option, value))
+      return "parameter '" + key + "': expected " + option_kind_name(*option) + ", found " +
              param_value_kind_name(value) + " (" + describe_value(value) + ")";
   }
   return "";
@@ -112,8 +119,14 @@ std::string declared_option_problem(const Params& params, const std::vector<Task
 }  // namespace
 
 void Registrar::declare_task_options(const std::string& name, std::vector<TaskOption> options) {
+  std::vector<PluginOption> declared;
+  for (auto& o : options) declared.push_back({std::move(o.key), o.kind, "", ""});
+  declare_options("task", name, std::move(declared));
+}
+
+void Registrar::declare_options(const std::string& kind, const std::string& name, std::vector<PluginOption> options) {
   if (auto* collecting = dynamic_cast<CollectingRegistrar*>(this))
-    collecting->declare_task_options(name, std::move(options));
+    collecting->declare_options(kind, name, std::move(options));
 }
 
 struct PluginRegistry::Impl {
@@ -150,11 +163,9 @@ struct PluginRegistry::Impl {
   template <class Object, class Spec>
   std::shared_ptr<Object> make(const Factory& f, Spec spec) const {
     const std::string who = f.entry.kind + " '" + f.entry.name + "' (" + f.entry.file + ")";
-    if constexpr (std::is_same_v<Object, Task>) {
-      if (f.task_options)
-        if (const std::string problem = declared_option_problem(spec.params, *f.task_options); !problem.empty())
-          throw UserError(who + ": " + problem);
-    }
+    if (f.options)
+      if (const std::string problem = declared_option_problem(spec.params, *f.options); !problem.empty())
+        throw UserError(who + ": " + problem);
     std::unique_ptr<Object> made;
     try {
       if constexpr (std::is_same_v<Object, Operator>)
@@ -183,7 +194,7 @@ struct PluginRegistry::Impl {
 
 void check_plugin_descriptor(const std::string& file, const chiar_plugin_descriptor* d) {
   if (!d) throw UserError("plugin file '" + file + "': its entry point returned nothing");
-  if (d->api_version != CHIAR_PLUGIN_API_VERSION)
+  if (d->api_version < CHIAR_PLUGIN_API_OLDEST || d->api_version > CHIAR_PLUGIN_API_VERSION)
     throw UserError("plugin file '" + file + "' was built for plugin API version " +
                     std::to_string(d->api_version) + ", but this harness provides version " +
                     std::to_string(CHIAR_PLUGIN_API_VERSION) + "; rebuild the plugin");
@@ -299,7 +310,16 @@ std::shared_ptr<Task> PluginRegistry::make_task(const std::string& name, const T
 }
 
 std::optional<std::vector<TaskOption>> PluginRegistry::task_options(const std::string& name) const {
-  return impl_->require("task", name).task_options;
+  const auto& declared = impl_->require("task", name).options;
+  if (!declared) return std::nullopt;
+  std::vector<TaskOption> out;
+  for (const auto& o : *declared) out.push_back({o.key, o.kind});
+  return out;
+}
+
+std::optional<std::vector<PluginOption>> PluginRegistry::declared_options(const std::string& kind,
+                                                                          const std::string& name) const {
+  return impl_->require(kind, name).options;
 }
 
 OperatorTraits PluginRegistry::operator_traits(const std::string& name) const {
