@@ -181,21 +181,22 @@ class ImdbTask final : public ClassificationTask {
 
 // Every option the constructor reads, so the harness refuses a misspelt or
 // mistyped one before the reviews are read or the archive extracted.
-std::vector<TaskOption> imdb_options() {
-  std::vector<TaskOption> options = {{"path", ParamKind::String},
-                                     {"archive", ParamKind::String},
-                                     {"max_len", ParamKind::Int},
-                                     {"valid_fraction", ParamKind::Number},
-                                     {"split_seed", ParamKind::Int},
-                                     {"test_size", ParamKind::Int}};
-  for (auto& o : tokenizer_options()) options.push_back(std::move(o));
+std::vector<PluginOption> imdb_options() {
+  std::vector<PluginOption> options = {
+      {"path", ParamKind::String, "imdb", "a folder holding aclImdb/, or aclImdb itself, relative to the data root"},
+      {"archive", ParamKind::String, "", "a .tar.gz of the aclImdb layout, extracted once into the cache folder"},
+      {"max_len", ParamKind::Int, "4000", "tokens kept of each review (LRA Text: 1000 or 4000 bytes)"},
+      {"valid_fraction", ParamKind::Number, "0.1", "the share of train held out for validation"},
+      {"split_seed", ParamKind::Int, "0", "seed of the validation split and of the test order and sample"},
+      {"test_size", ParamKind::Int, "0", "test reviews scored, half of each class (0: all 25,000)"}};
+  for (auto& o : tokenizer_plugin_options("bytes")) options.push_back(std::move(o));
   return options;
 }
 
 void register_plugin(Registrar& r) {
   r.add_task("imdb", "IMDB sentiment (aclImdb layout), byte-level like LRA Text or word/subword",
              [](const TaskSpec& spec) { return std::make_unique<ImdbTask>(spec); });
-  r.declare_task_options("imdb", imdb_options());
+  r.declare_options("task", "imdb", imdb_options());
 }
 
 }  // namespace

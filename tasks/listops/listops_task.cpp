@@ -111,27 +111,39 @@ class ListOpsTask final : public ClassificationTask {
 
 // Every option the constructor reads for one variant, so the harness refuses
 // a misspelt or mistyped one before a file is read or an example generated.
-std::vector<TaskOption> listops_options(bool flat) {
-  std::vector<TaskOption> options = {{"train_file", ParamKind::String}, {"valid_file", ParamKind::String},
-                                     {"test_file", ParamKind::String},  {"n_train", ParamKind::Int},
-                                     {"n_valid", ParamKind::Int},       {"n_test", ParamKind::Int},
-                                     {"data_seed", ParamKind::Int},     {"max_args", ParamKind::Int},
-                                     {"seq_len", ParamKind::Int}};
-  const std::vector<TaskOption> generator =
-      flat ? std::vector<TaskOption>{{"min_args", ParamKind::Int}}
-           : std::vector<TaskOption>{{"max_depth", ParamKind::Int}, {"min_length", ParamKind::Int},
-                                     {"max_length", ParamKind::Int}};
-  options.insert(options.end(), generator.begin(), generator.end());
+std::vector<PluginOption> listops_options(bool flat) {
+  const ListOpsOptions lra;
+  std::vector<PluginOption> options;
+  const auto add = [&](const char* key, ParamKind kind, const std::string& default_value, const char* doc) {
+    options.push_back({key, kind, default_value, doc});
+  };
+  add("train_file", ParamKind::String, "", "an LRA TSV file of training examples (with valid_file and test_file)");
+  add("valid_file", ParamKind::String, "", "an LRA TSV file of validation examples");
+  add("test_file", ParamKind::String, "", "an LRA TSV file of test examples");
+  add("n_train", ParamKind::Int, "96000", "generated training examples");
+  add("n_valid", ParamKind::Int, "2000", "generated validation examples");
+  add("n_test", ParamKind::Int, "2000", "generated test examples");
+  add("data_seed", ParamKind::Int, "0", "seed of the generated examples");
+  add("max_args", ParamKind::Int, flat ? "8" : std::to_string(lra.max_args), "the most arguments of an operator");
+  add("seq_len", ParamKind::Int, flat ? "32" : "2000", "tokens kept of each example");
+  if (flat) {
+    add("min_args", ParamKind::Int, "4", "the fewest digits the operator takes");
+  } else {
+    add("max_depth", ParamKind::Int, std::to_string(lra.max_depth), "the deepest nesting");
+    add("min_length", ParamKind::Int, std::to_string(lra.min_length),
+        "generated examples are longer than this (operators, digits and closing brackets)");
+    add("max_length", ParamKind::Int, std::to_string(lra.max_length), "generated examples are shorter than this");
+  }
   return options;
 }
 
 void register_plugin(Registrar& r) {
   r.add_task("listops", "Long Range Arena ListOps: LRA TSV files or the LRA generator, 10 classes",
              [](const TaskSpec& spec) { return std::make_unique<ListOpsTask>(spec, false); });
-  r.declare_task_options("listops", listops_options(false));
+  r.declare_options("task", "listops", listops_options(false));
   r.add_task("listops_flat", "the CHIAR paper's flat ListOps: one operator over 4-8 digits",
              [](const TaskSpec& spec) { return std::make_unique<ListOpsTask>(spec, true); });
-  r.declare_task_options("listops_flat", listops_options(true));
+  r.declare_options("task", "listops_flat", listops_options(true));
 }
 
 }  // namespace

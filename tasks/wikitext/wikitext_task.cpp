@@ -151,20 +151,27 @@ class WikiTextTask final : public Task {
 
 // Every option the constructor reads, so the harness refuses a misspelt or
 // mistyped one before the corpus is read.
-std::vector<TaskOption> wikitext_options() {
-  std::vector<TaskOption> options = {{"path", ParamKind::String},          {"files", ParamKind::String},
-                                     {"train_file", ParamKind::String},    {"valid_file", ParamKind::String},
-                                     {"test_file", ParamKind::String},     {"seq_len", ParamKind::Int},
-                                     {"batching", ParamKind::String},      {"eval_stride", ParamKind::Int},
-                                     {"valid_fraction", ParamKind::Number}, {"eval_lines", ParamKind::Int}};
-  for (auto& o : tokenizer_options()) options.push_back(std::move(o));
+std::vector<PluginOption> wikitext_options() {
+  std::vector<PluginOption> options = {
+      {"path", ParamKind::String, "wikitext-2", "the corpus folder, relative to the data root"},
+      {"files", ParamKind::String, "wiki.{split}.tokens", "the split files' pattern (wiki.{split}.raw: the raw release)"},
+      {"train_file", ParamKind::String, "", "the training split's file, instead of the pattern's"},
+      {"valid_file", ParamKind::String, "", "the validation split's file, instead of the pattern's"},
+      {"test_file", ParamKind::String, "", "the test split's file, instead of the pattern's"},
+      {"seq_len", ParamKind::Int, "256", "tokens per training sequence"},
+      {"batching", ParamKind::String, "blocks", "blocks (shuffled windows) or streams (contiguous per batch row)"},
+      {"eval_stride", ParamKind::Int, "0", "validation and test window stride (0: windows that do not overlap)"},
+      {"valid_fraction", ParamKind::Number, "0",
+       "when above 0, the training file's last fraction of lines is the validation split"},
+      {"eval_lines", ParamKind::Int, "0", "when above 0, validation and test keep only their first lines"}};
+  for (auto& o : tokenizer_plugin_options("word")) options.push_back(std::move(o));
   return options;
 }
 
 void register_plugin(Registrar& r) {
   r.add_task("wikitext", "language modelling on a WikiText-layout corpus (train/valid/test files)",
              [](const TaskSpec& spec) { return std::make_unique<WikiTextTask>(spec); });
-  r.declare_task_options("wikitext", wikitext_options());
+  r.declare_options("task", "wikitext", wikitext_options());
 }
 
 }  // namespace

@@ -97,8 +97,18 @@ inline std::string option_kind_name(const PluginOption& option) {
   return out;
 }
 
-// The options make_tokenizer (chiar/tokenizer.h) reads, for tasks that build
-// their tokeniser with it to add to their own.
+// The options make_tokenizer (chiar/tokenizer.h) reads, declared with their
+// defaults, for tasks that build their tokeniser with it to add to their own;
+// `fallback` is the tokeniser the task passes make_tokenizer.
+inline std::vector<PluginOption> tokenizer_plugin_options(const std::string& fallback) {
+  return {{"tokenizer", ParamKind::String, fallback,
+           "word, bytes, bpe or unigram (sentencepiece, trained on the train split and cached)"},
+          {"min_count", ParamKind::Int, "1", "word: the fewest occurrences a word needs to enter the vocabulary"},
+          {"max_vocab", ParamKind::Int, "0", "word: the most words kept, most frequent first (0: no limit)"},
+          {"vocab_size", ParamKind::Int, "8192", "bpe and unigram: the vocabulary size"}};
+}
+
+// The same keys and kinds only, for declare_task_options (plugin API 5).
 inline std::vector<TaskOption> tokenizer_options() {
   return {{"tokenizer", ParamKind::String},
           {"min_count", ParamKind::Int},

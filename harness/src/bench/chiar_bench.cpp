@@ -10,6 +10,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -251,6 +252,16 @@ void BM_batched(benchmark::State& state, GemmBackend backend) {
   time_product(state, backend, run, expected, 2.0 * 32 * 128 * 64 * static_cast<double>(e));
 }
 
+// Whether the plugin `name` of `kind` declares the option `key`; for a
+// plugin that declares nothing (plugin API 7), whether `probe` (making one
+// with the option set) succeeds.
+bool takes_option(const std::string& kind, const std::string& name, const std::string& key,
+                  const std::function<bool()>& probe) {
+  const auto declared = registry().declared_options(kind, name);
+  if (!declared) return probe();
+  return std::any_of(declared->begin(), declared->end(), [&](const PluginOption& o) { return o.key == key; });
+}
+
 // The routed-layer cases' plugins: the registry's first CheapMixing and
 // first GlobalMixing operator (dct and attention in-tree), each with the
 // shortest of its names for case names (dct, attn), and its first router
@@ -277,11 +288,16 @@ const RoutedPair& routed_pair() {
         rs.d_model = 16;
         rs.operators = {"cheap_mixing", "global_mixing"};
         rs.params.set("tau", 0.5);
-        try {
-          registry().make_router(e.name, rs);
-          p.router = e.name;
-        } catch (const UserError&) {
-        }
+        const auto makes = [&] {
+          try {
+            registry().make_router(e.name, rs);
+            return true;
+          } catch (const UserError&) {
+            return false;
+          }
+        };
+        // Declaring tau is not enough: the router must take one fixed value.
+        if (takes_option("router", e.name, "tau", makes) && makes()) p.router = e.name;
       }
     }
     if (p.cheap.empty() || p.global.empty() || p.router.empty()) p = RoutedPair{};
@@ -663,11 +679,12 @@ void register_all() {
         for (int64_t T : {128, 256, 512, 1024, 2048}) b->Args({T, d});
       b->Unit(benchmark::kMillisecond)->UseRealTime();
     }
-  // Operators with cores (attention): the chunked core is every case's
-  // reference; SDPA is refused on builds whose libtorch lacks it.
+  // Operators with cores (attention, which declares "core"): the chunked
+  // core is every case's reference; SDPA is refused on builds whose libtorch
+  // lacks it.
   for (const auto& op : operators) {
     const auto with_core = [&](const char* core) { return accepts(op, Params().set("core", std::string(core))); };
-    if (!with_core("chunked")) continue;
+    if (!takes_option("operator", op, "core", [&] { return with_core("chunked"); }) || !with_core("chunked")) continue;
     std::vector<std::string> cores;
     for (const char* core : {"fused", "chunked", "sdpa"})
       if (with_core(core)) cores.push_back(core);
