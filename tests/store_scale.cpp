@@ -111,7 +111,8 @@ void measure_size(const std::string& dir, int64_t runs, const std::string& claim
   const std::string log = dir + "/command.log";
   const Measured show = measured({"show", db}, log);
   const Measured csv = measured({"export", db, "--csv", "--out", dir + "/results.csv"}, log);
-  const Measured report = measured({"report", db, "--claims", claims, "--out", dir + "/report-" + std::to_string(runs)}, log);
+  const Measured report =
+      measured({"report", db, "--claims", claims, "--out", dir + "/report-" + std::to_string(runs)}, log);
   char size[32];
   std::snprintf(size, sizeof size, "%.0f MB", megabytes(db));
   std::cout << "| " << runs << " | " << size << " (" << static_cast<int>(written + 0.5) << " s to write) | "

@@ -191,8 +191,7 @@ TEST_CASE("FusedAdamW matches libtorch's AdamW and shares its state", "[adamw]")
   }
 }
 
-TEST_CASE("FusedAdamW updates parameters outside its loop by foreach ops, exactly as libtorch's step",
-          "[adamw]") {
+TEST_CASE("FusedAdamW updates parameters outside its loop by foreach ops, exactly as libtorch's step", "[adamw]") {
   // float64 here; on a GPU, every parameter. Two groups (one decayed), a
   // parameter that misses a gradient (so two step counts in one group), a
   // checkpoint that crosses into libtorch's AdamW.

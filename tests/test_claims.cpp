@@ -118,7 +118,8 @@ std::string store_of(const TempDir& d, const std::string& name, const Values& va
   return db;
 }
 
-report::ClaimSpec compare(const std::string& a, const std::string& b, const std::string& metric, const std::string& better) {
+report::ClaimSpec compare(const std::string& a, const std::string& b, const std::string& metric,
+                          const std::string& better) {
   report::ClaimSpec c;
   c.id = a + "_beats_" + b;
   c.text = a + " beats " + b;
@@ -173,20 +174,19 @@ TEST_CASE("claims: one holding task and one contradicting make a task-dependent 
     const double p = 2 * t_tail(std::abs(s.mean) / s.se, s.df);
     CHECK(row->p_adjusted == Approx(std::min(1.0, 2 * p)).epsilon(1e-5));
   }
-  CHECK(lm.measured == "fast 30.50 vs slow 35.42 (4 and 4 seeds); difference -4.92 [" +
-                           shown("%+.2f", lm.lo) + ", " + shown("%+.2f", lm.hi) +
-                           "], paired by seed, adjusted p " +
-                           (lm.p_adjusted < 0.001 ? std::string("< 0.001") : "= " + shown("%.3f", lm.p_adjusted)) + ", d_z = " +
-                           shown("%+.2f", lm.test->effect));
+  CHECK(lm.measured == "fast 30.50 vs slow 35.42 (4 and 4 seeds); difference -4.92 [" + shown("%+.2f", lm.lo) + ", " +
+                           shown("%+.2f", lm.hi) + "], paired by seed, adjusted p " +
+                           (lm.p_adjusted < 0.001 ? std::string("< 0.001") : "= " + shown("%.3f", lm.p_adjusted)) +
+                           ", d_z = " + shown("%+.2f", lm.test->effect));
 }
 
 TEST_CASE("claims: decided on some tasks and open on the rest is partly decided; a NaN metric gives no verdict",
           "[report][claims]") {
   TempDir d("claims-partly");
   const std::vector<double> noisy_a = {30, 40, 35}, noisy_b = {36, 31, 38};
-  const std::string db = store_of(
-      d, "p.db", {{"lm", {{"fast", kFast}, {"slow", kSlow}}}, {"lm2", {{"fast", noisy_a}, {"slow", noisy_b}}}},
-      "token_ppl");
+  const std::string db =
+      store_of(d, "p.db", {{"lm", {{"fast", kFast}, {"slow", kSlow}}}, {"lm2", {{"fast", noisy_a}, {"slow", noisy_b}}}},
+               "token_ppl");
   const auto claim = report::evaluate_claim(compare("fast", "slow", "token_ppl", "lower"), summary_of(db), "slow");
   CHECK(claim.verdict == "partly decided");
   CHECK(claim.detail == "holds on lm; open on lm2");
@@ -276,7 +276,8 @@ TEST_CASE("claims: a family task where a variant has no finished run is not enou
   CHECK(claim.tasks[1].verdict == "not enough seeds");
   CHECK(claim.tasks[1].left_out == "slow 1 failed");
   CHECK(claim.tasks[1].missing == "slow has no finished run");
-  CHECK(claim.tasks[1].measured == "fast 31.33 vs slow (3 and 0 seeds; left out: slow 1 failed; slow has no finished run)");
+  CHECK(claim.tasks[1].measured ==
+        "fast 31.33 vs slow (3 and 0 seeds; left out: slow 1 failed; slow has no finished run)");
   CHECK(claim.tasks[2].missing == "slow has no finished run");
   CHECK(claim.verdict == "not enough seeds");
   CHECK(claim.detail == "lacking on lm2 (slow has no finished run), lm3 (slow has no finished run)");
@@ -292,11 +293,12 @@ TEST_CASE("claims: a family task where a variant has no finished run is not enou
 TEST_CASE("claims: runs identical across seeds get no p-value and decide nothing", "[report][claims]") {
   TempDir d("claims-no-spread");
   // slow is fast + 5 on every seed: the differences have no spread.
-  const std::string db =
-      store_of(d, "z.db", {{"lm", {{"fast", {30, 31, 32}}, {"slow", {35, 36, 37}}, {"same", {30, 31, 32}}}}}, "token_ppl");
+  const std::string db = store_of(
+      d, "z.db", {{"lm", {{"fast", {30, 31, 32}}, {"slow", {35, 36, 37}}, {"same", {30, 31, 32}}}}}, "token_ppl");
   auto c = compare("fast", "slow", "token_ppl", "lower");
   c.paper = {1, 2};
-  const auto table = report::evaluate_claims({c, compare("fast", "same", "token_ppl", "lower")}, summary_of(db), "slow");
+  const auto table =
+      report::evaluate_claims({c, compare("fast", "same", "token_ppl", "lower")}, summary_of(db), "slow");
   CHECK(table.tests == 0);
   const auto& row = table.claims[0].tasks.at(0);
   CHECK(row.no_spread);
@@ -306,8 +308,9 @@ TEST_CASE("claims: runs identical across seeds get no p-value and decide nothing
   CHECK(row.note ==
         "identical across seeds: every seed gives the same difference, so there is no spread to test it against and "
         "no p-value");
-  CHECK(row.measured == "fast 31.00 vs slow 36.00 (3 and 3 seeds); difference -5.00, identical across seeds, paired by "
-                        "seed, no p-value");
+  CHECK(row.measured ==
+        "fast 31.00 vs slow 36.00 (3 and 3 seeds); difference -5.00, identical across seeds, paired by "
+        "seed, no p-value");
   CHECK(table.claims[1].tasks.at(0).verdict == "inconclusive");  // the same numbers under two names
 }
 
@@ -321,7 +324,8 @@ std::string share_store(const TempDir& d, const std::string& name,
   engine::Store store(db);
   std::vector<engine::RunSpec> runs;
   for (const auto& [task, shares] : rbf)
-    for (size_t seed = 0; seed < shares.size(); ++seed) runs.push_back(spec("hard", task, static_cast<int64_t>(seed), ""));
+    for (size_t seed = 0; seed < shares.size(); ++seed)
+      runs.push_back(spec("hard", task, static_cast<int64_t>(seed), ""));
   store.register_runs(runs);
   for (const auto& r : runs) {
     store.claim(r, engine::Provenance{});
@@ -417,7 +421,7 @@ TEST_CASE("claims: a reduction is decided on the per-seed cut's interval against
   CHECK(wide.verdict == "holds");
   CHECK(judge(0.5).verdict == "inconclusive");  // 49.5-50.5% cuts through the interval
   c.reduction = 80;
-  CHECK(judge(5).verdict == "does not hold");   // 75-85%: wholly outside
+  CHECK(judge(5).verdict == "does not hold");  // 75-85%: wholly outside
 }
 
 TEST_CASE("claims export: one record per (claim, task), CSV and JSON", "[report][claims]") {
@@ -440,7 +444,8 @@ TEST_CASE("claims export: one record per (claim, task), CSV and JSON", "[report]
   CHECK_THAT(lines[0], Catch::Matchers::StartsWith("claim,kind,claim_verdict,claim_detail,task,metric,variant_a,"));
   CHECK_THAT(lines[1], Catch::Matchers::StartsWith("fast_beats_slow,compare,task-dependent,holds on lm; does not hold "
                                                    "on lm2,lm,token_ppl,fast,slow,4,4,"));
-  CHECK_THAT(lines[3], Catch::Matchers::StartsWith("absent,compare,not enough seeds,,,,,,,,,needs fast and slow on task imdb,"));
+  CHECK_THAT(lines[3],
+             Catch::Matchers::StartsWith("absent,compare,not enough seeds,,,,,,,,,needs fast and slow on task imdb,"));
   const auto& row = table.claims[0].tasks[0];
   CHECK_THAT(lines[1], Catch::Matchers::Contains("," + report::number_cell(row.lo) + "," + report::number_cell(row.hi) +
                                                  ",0.975,2,"));
@@ -449,8 +454,10 @@ TEST_CASE("claims export: one record per (claim, task), CSV and JSON", "[report]
   CHECK_THAT(json.str(), Catch::Matchers::Contains("\"n_b\": null"));  // the claim about no task
 }
 
-TEST_CASE("report claims: runs left out are named, pairs are the seeds both finished; a claim over several tasks "
-          "needs all of them", "[report][claims]") {
+TEST_CASE(
+    "report claims: runs left out are named, pairs are the seeds both finished; a claim over several tasks "
+    "needs all of them",
+    "[report][claims]") {
   // Perplexity 10 + seed for a (seeds 0-2), 20 + seed for b (0-2; seed 3
   // diverged), 15 + seed for c (0-3), 30 + seed for d (10-12) on lm; lm2 has
   // a and b with 2 seeds each.
@@ -512,7 +519,6 @@ TEST_CASE("report claims: runs left out are named, pairs are the seeds both fini
   CHECK(both.tasks.size() == 2);
   CHECK(both.verdict == "not enough seeds");
 }
-
 
 TEST_CASE("verdict statistics: paired and Welch intervals, p-values, effect sizes, Holm", "[report][claims]") {
   // Reference values computed by hand from the definitions: Student's t
@@ -581,16 +587,17 @@ TEST_CASE("seed planning: seeds for 80% power against textbook values", "[report
   CHECK(report::t_test_power(0.5, 1 / std::sqrt(34.0), 33, 0.05) == Approx(0.8078).epsilon(2e-3));
 }
 
-
 TEST_CASE("chiar report --claims: a user's claim end to end, with its export", "[report][claims]") {
   TempDir d("user-claims");
   const std::string db = store_of(d, "u.db", {{"lm", {{"fast", kFast}, {"slow", kSlow}}}}, "token_ppl");
   d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
-  const std::string claims = d.write(
-      "mine.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"mine\"\ntext = \"fast beats slow\"\n"
-                   "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\n"
-                   "better = \"lower\"\npaper = [10, 20]\neffect_ratio = 0.5\n");
-  const auto out = test::run_chiar({"report", db, "--out", d.path() + "/r/u", "--baseline", "slow", "--claims", claims});
+  const std::string claims =
+      d.write("mine.toml",
+              "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"mine\"\ntext = \"fast beats slow\"\n"
+              "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\n"
+              "better = \"lower\"\npaper = [10, 20]\neffect_ratio = 0.5\n");
+  const auto out =
+      test::run_chiar({"report", db, "--out", d.path() + "/r/u", "--baseline", "slow", "--claims", claims});
   INFO(out.output);
   REQUIRE(out.status == 0);
   CHECK_THAT(out.output, Catch::Matchers::Contains("the claims table as " + d.path() + "/r/u-claims.csv and " +
@@ -614,31 +621,37 @@ TEST_CASE("claims file: effects and margins are checked at file:line", "[report]
   d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
   const auto claim = [&](const std::string& kind, const std::string& extra) {
     return d.write(kind + ".toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\nkind = \"" +
-                                       kind + "\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\n"
-                                       "better = \"lower\"\n" + extra);
+                                       kind +
+                                       "\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\n"
+                                       "better = \"lower\"\n" +
+                                       extra);
   };
   const auto good = report::load_claims(claim("compare", "effect = -3.5\nmargin = 0.5\n"));
   CHECK(good.at(0).effect == -3.5);
   CHECK(good.at(0).margin == 0.5);
   CHECK(std::isnan(good.at(0).effect_ratio));
   const std::string both = claim("compare", "effect = 1\neffect_ratio = 0.5\n");
-  CHECK_THROWS_WITH(report::load_claims(both), both + ":11:16: key 'claims[0].effect_ratio': a claim states its effect "
-                                                      "as a difference or a ratio, not both");
+  CHECK_THROWS_WITH(report::load_claims(both), both +
+                                                   ":11:16: key 'claims[0].effect_ratio': a claim states its effect "
+                                                   "as a difference or a ratio, not both");
   const std::string ratio = claim("compare", "effect_ratio = 0\n");
-  CHECK_THROWS_WITH(report::load_claims(ratio), ratio + ":10:16: key 'claims[0].effect_ratio': expected a ratio above 0");
+  CHECK_THROWS_WITH(report::load_claims(ratio),
+                    ratio + ":10:16: key 'claims[0].effect_ratio': expected a ratio above 0");
   const std::string margin = claim("compare", "margin = -1\n");
   CHECK_THROWS_WITH(report::load_claims(margin), margin + ":10:10: key 'claims[0].margin': expected a margin above 0");
   const std::string reduction = claim("reduction", "reduction = 50\ntolerance = 5\nmargin = 1\n");
   CHECK_THROWS_WITH(report::load_claims(reduction),
                     reduction + ":12:10: key 'claims[0].margin': only a compare claim takes it");
   const std::string typo = claim("compare", "efect = 1\n");
-  CHECK_THROWS_WITH(report::load_claims(typo), typo + ":10:9: key 'claims[0].efect': unknown key (did you mean 'effect'?)");
+  CHECK_THROWS_WITH(report::load_claims(typo),
+                    typo + ":10:9: key 'claims[0].efect': unknown key (did you mean 'effect'?)");
 }
 
 TEST_CASE("chiar plan: seeds from a pilot's spread at the report's level, as a table and as TOML", "[report][claims]") {
   TempDir d("plan");
-  test::write_tiny_matrix(d, "name = \"m\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\nseeds = [0, 1, 2]\n",
-                          test::tiny_train_body());
+  test::write_tiny_matrix(
+      d, "name = \"m\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\nseeds = [0, 1, 2]\n",
+      test::tiny_train_body());
   const std::string pilot = store_of(d, "pilot.db", {{"lm", {{"routed", kFast}, {"base", kSlow}}}}, "token_ppl");
   const std::string claims = d.write(
       "claims.toml",
@@ -647,8 +660,8 @@ TEST_CASE("chiar plan: seeds from a pilot's spread at the report's level, as a t
       "[[claims]]\nid = \"everywhere\"\ntext = \"routed beats base\"\nkind = \"compare\"\ntask = \"*\"\n"
       "variants = [\"routed\", \"base\"]\nmetric = [\"token_ppl\", \"accuracy\"]\nbetter = [\"lower\", \"higher\"]\n"
       "margin = 0.5\n");
-  const auto out = test::run_chiar({"plan", d.path() + "/m.toml", "--pilot", pilot, "--claims", claims,
-                                    "--baseline", "base", "--out", d.path() + "/seeds.toml"});
+  const auto out = test::run_chiar({"plan", d.path() + "/m.toml", "--pilot", pilot, "--claims", claims, "--baseline",
+                                    "base", "--out", d.path() + "/seeds.toml"});
   INFO(out.output);
   REQUIRE(out.status == 0);
   // The report will hold 3 rows (lm_only on lm; everywhere on lm and flat):
@@ -676,18 +689,21 @@ TEST_CASE("chiar plan: seeds from a pilot's spread at the report's level, as a t
   CHECK_FALSE(boost::filesystem::exists(d.path() + "/bad.toml"));
 }
 
-TEST_CASE("claims file: a share's threshold is a fraction, a reduction's tolerance not negative", "[report][claims][errors]") {
+TEST_CASE("claims file: a share's threshold is a fraction, a reduction's tolerance not negative",
+          "[report][claims][errors]") {
   TempDir d("claims-ranges");
   d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
-  const std::string share = d.write(
-      "share.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\nkind = \"share\"\n"
-                    "variants = [\"fast\"]\nmetric = \"share\"\nbetter = \"lower\"\noperator = \"rbf\"\nthreshold = 1.5\n");
+  const std::string share =
+      d.write("share.toml",
+              "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\nkind = \"share\"\n"
+              "variants = [\"fast\"]\nmetric = \"share\"\nbetter = \"lower\"\noperator = \"rbf\"\nthreshold = 1.5\n");
   CHECK_THROWS_WITH(report::load_claims(share),
                     share + ":11:13: key 'claims[0].threshold': expected a fraction between 0 and 1");
-  const std::string cut = d.write(
-      "cut.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\nkind = \"reduction\"\n"
-                  "variants = [\"fast\", \"slow\"]\nmetric = \"attention_gflops\"\nbetter = \"lower\"\nreduction = 50\n"
-                  "tolerance = -1\n");
+  const std::string cut =
+      d.write("cut.toml",
+              "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\nkind = \"reduction\"\n"
+              "variants = [\"fast\", \"slow\"]\nmetric = \"attention_gflops\"\nbetter = \"lower\"\nreduction = 50\n"
+              "tolerance = -1\n");
   CHECK_THROWS_WITH(report::load_claims(cut),
                     cut + ":11:13: key 'claims[0].tolerance': expected 0 or more percentage points");
 }
@@ -711,8 +727,9 @@ TEST_CASE("provenance guard: a row whose runs come from several code states gets
   CHECK(row.verdict == "no verdict");
   CHECK(row.direction.empty());
   CHECK(row.mixed_code == "2 code states: aaaaaaaaaaaa (4 runs); bbbbbbbbbbbb (4 runs)");
-  CHECK(row.note == "mixed code: 2 code states: aaaaaaaaaaaa (4 runs); bbbbbbbbbbbb (4 runs); no verdict (chiar report "
-                    "--allow-mixed-code judges it anyway)");
+  CHECK(row.note ==
+        "mixed code: 2 code states: aaaaaaaaaaaa (4 runs); bbbbbbbbbbbb (4 runs); no verdict (chiar report "
+        "--allow-mixed-code judges it anyway)");
   const auto allowed = judge(true);
   CHECK(allowed.tests == 1);
   CHECK(allowed.claims[0].tasks.at(0).verdict == "holds");
@@ -731,8 +748,9 @@ TEST_CASE("provenance guard: a row whose runs come from several code states gets
   // Through the CLI, and the export's commit and clean-tree columns.
   d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
   const std::string claims = d.write(
-      "c.toml", "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"c\"\ntext = \"fast beats slow\"\nkind = \"compare\"\n"
-                "task = \"lm\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\nbetter = \"lower\"\n");
+      "c.toml",
+      "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"c\"\ntext = \"fast beats slow\"\nkind = \"compare\"\n"
+      "task = \"lm\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\nbetter = \"lower\"\n");
   for (const bool allow : {false, true}) {
     std::vector<std::string> args = {"report", db, "--out", d.path() + "/r/m", "--claims", claims};
     if (allow) args.push_back("--allow-mixed-code");

@@ -35,11 +35,12 @@ const std::string kWikitextKeys =
 // A matrix of one tiny run on wikitext whose [tasks.wt] table ends with
 // `task_lines`; the corpus folder "corpus" does not exist.
 std::string write_matrix(const TempDir& d, const std::string& task_lines) {
-  return d.write("m.toml", "[matrix]\nname = \"m\"\nvariants = [\"base\"]\ntasks = [\"wt\"]\n\n"
-                           "[model]\nd_model = 16\nn_heads = 2\n\n[train]\nsteps = 2\nbatch_size = 2\n\n"
-                           "[variants.base]\nlayers = [\"attn\"]\n\n"
-                           "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\n" +
-                               task_lines);
+  return d.write("m.toml",
+                 "[matrix]\nname = \"m\"\nvariants = [\"base\"]\ntasks = [\"wt\"]\n\n"
+                 "[model]\nd_model = 16\nn_heads = 2\n\n[train]\nsteps = 2\nbatch_size = 2\n\n"
+                 "[variants.base]\nlayers = [\"attn\"]\n\n"
+                 "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\n" +
+                     task_lines);
 }
 
 }  // namespace
@@ -154,8 +155,8 @@ TEST_CASE("CLI: chiar run refuses an unknown or mistyped task option at file:lin
   TempDir d("cli-run-options");
   const std::string db = d.path() + "/r.db";
   const auto run = [&](const std::string& matrix, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"run", matrix, "--db", db, "--data-root", d.path(), "--cache-dir",
-                                     d.path() + "/cache"};
+    std::vector<std::string> args = {"run",         matrix,   "--db",        db,
+                                     "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
     args.insert(args.end(), extra.begin(), extra.end());
     return run_chiar(args);
   };
@@ -171,8 +172,8 @@ TEST_CASE("CLI: chiar run refuses an unknown or mistyped task option at file:lin
     const std::string matrix = write_matrix(d, "seq_len = \"long\"\n");
     const auto r = run(matrix);
     CHECK(r.status == 2);
-    CHECK(r.output == "chiar: " + matrix +
-                          ":20:11: key 'tasks.wt.seq_len': expected an integer, found a string (\"long\")\n");
+    CHECK(r.output ==
+          "chiar: " + matrix + ":20:11: key 'tasks.wt.seq_len': expected an integer, found a string (\"long\")\n");
   }
   SECTION("from --set task.KEY") {
     const std::string matrix = write_matrix(d, "seq_len = 4\n");
@@ -200,11 +201,12 @@ TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's optio
   TempDir d("cli-layer-options");
   const std::string db = d.path() + "/r.db";
   const std::string matrix =
-      d.write("m.toml", "[matrix]\nname = \"m\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"wt\"]\n\n"
-                        "[model]\nd_model = 16\nn_heads = 2\n\n[train]\nsteps = 2\nbatch_size = 2\n\n"
-                        "[variants.base]\nlayers = [\"attn\"]\noperators = { attn = { colour = \"blue\" } }\n\n"
-                        "[variants.routed]\nlayers = [\"dct|attn\"]\nrouter = \"threshold\"\n\n"
-                        "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\n");
+      d.write("m.toml",
+              "[matrix]\nname = \"m\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"wt\"]\n\n"
+              "[model]\nd_model = 16\nn_heads = 2\n\n[train]\nsteps = 2\nbatch_size = 2\n\n"
+              "[variants.base]\nlayers = [\"attn\"]\noperators = { attn = { colour = \"blue\" } }\n\n"
+              "[variants.routed]\nlayers = [\"dct|attn\"]\nrouter = \"threshold\"\n\n"
+              "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\n");
   const std::string plugins = std::string(CHIAR_PLUGIN_DIR) + "/";
   const auto dry_run = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {"run", matrix, "--dry-run", "--db", db};
@@ -216,9 +218,10 @@ TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's optio
   // operator declares.
   const auto op = dry_run({});
   CHECK(op.status == 2);
-  const std::string unknown_colour = "key 'variants.base.operators.attn.colour': unknown option of operator "
-                                     "'attention' (known: block, chunk_mib, core, heads, recompute_mib, rope, "
-                                     "rope_base)\n";
+  const std::string unknown_colour =
+      "key 'variants.base.operators.attn.colour': unknown option of operator "
+      "'attention' (known: block, chunk_mib, core, heads, recompute_mib, rope, "
+      "rope_base)\n";
   CHECK(op.output == "chiar: " + matrix + ":16:33: " + unknown_colour);
   const auto slurm = run_chiar({"slurm", matrix, "--tasks", "2", "--dir", d.path() + "/shards"});
   CHECK(slurm.status == 2);
@@ -244,12 +247,12 @@ TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's optio
 
 TEST_CASE("CLI: a typo in a router's options fails the dry run at its line, with a did-you-mean", "[cli]") {
   TempDir d("cli-router-typo");
-  const std::string matrix =
-      d.write("m.toml", "[matrix]\nname = \"m\"\nvariants = [\"routed\"]\ntasks = [\"wt\"]\n\n"
-                        "[model]\nd_model = 16\nn_heads = 2\n\n"
-                        "[variants.routed]\nlayers = [\"dct|attn\"]\nrouter = \"threshold\"\n"
-                        "router_params = { tua = \"auto\" }\n\n"
-                        "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\n");
+  const std::string matrix = d.write("m.toml",
+                                     "[matrix]\nname = \"m\"\nvariants = [\"routed\"]\ntasks = [\"wt\"]\n\n"
+                                     "[model]\nd_model = 16\nn_heads = 2\n\n"
+                                     "[variants.routed]\nlayers = [\"dct|attn\"]\nrouter = \"threshold\"\n"
+                                     "router_params = { tua = \"auto\" }\n\n"
+                                     "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\n");
   const auto typo = run_chiar({"run", matrix, "--dry-run", "--db", d.path() + "/r.db"});
   CHECK(typo.status == 2);
   CHECK(typo.output == "chiar: " + matrix +
@@ -286,8 +289,9 @@ TEST_CASE("CLI: an output the system refuses is an environment failure, exit 3",
   // projection, 2^50 bytes), after an embedding of one token (64 MiB).
   const auto wide = run_chiar({"model", "--layers", "attn", "--vocab", "1", "--d-model", "16777216", "--heads", "1"});
   CHECK(wide.status == 3);
-  CHECK(wide.output == "chiar: out of memory: can't allocate memory: you tried to allocate 1125899906842624 bytes. "
-                       "Error code 12 (Cannot allocate memory)\n");
+  CHECK(wide.output ==
+        "chiar: out of memory: can't allocate memory: you tried to allocate 1125899906842624 bytes. "
+        "Error code 12 (Cannot allocate memory)\n");
 }
 
 TEST_CASE("CLI: out-of-memory errors are told apart from the others", "[cli]") {
@@ -302,11 +306,12 @@ TEST_CASE("CLI: out-of-memory errors are told apart from the others", "[cli]") {
   // libtorch's CPU allocator: a plain c10::Error, told by its words.
   const auto cpu = thrown_by([] { (void)at::empty({int64_t{1} << 46}, at::kFloat); });
   CHECK(cpu.first);
-  CHECK(cpu.second == "can't allocate memory: you tried to allocate 281474976710656 bytes. Error code 12 (Cannot "
-                      "allocate memory)");
+  CHECK(cpu.second ==
+        "can't allocate memory: you tried to allocate 281474976710656 bytes. Error code 12 (Cannot "
+        "allocate memory)");
   // The CUDA allocator's type.
-  const auto cuda = thrown_by(
-      [] { TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 GiB"); });
+  const auto cuda =
+      thrown_by([] { TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 GiB"); });
   CHECK(cuda == std::make_pair(true, std::string("CUDA out of memory. Tried to allocate 2.00 GiB")));
   CHECK(thrown_by([] { throw std::bad_alloc(); }) ==
         std::make_pair(true, std::string("a host allocation failed (std::bad_alloc)")));
@@ -388,8 +393,7 @@ TEST_CASE("runtime: the BLAS warning names the real cause", "[runtime][cli]") {
   }
 }
 
-TEST_CASE("CLI: chiar info says whether the CPU has bf16 instructions, as /proc/cpuinfo lists them",
-          "[runtime][cli]") {
+TEST_CASE("CLI: chiar info says whether the CPU has bf16 instructions, as /proc/cpuinfo lists them", "[runtime][cli]") {
   const auto info = run_chiar({"info", "--threads", "1"});
   REQUIRE(info.status == 0);
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -402,8 +406,9 @@ TEST_CASE("CLI: chiar info says whether the CPU has bf16 instructions, as /proc/
     if (w == "avx512_bf16" || w == "amx_bf16") found.push_back(w);
   std::sort(found.begin(), found.end(), [](const std::string& a, const std::string& b) { return a > b; });
   if (found.empty())
-    CHECK_THAT(info.output, Catch::Matchers::Contains("bf16       emulated: no bf16 instructions (avx512_bf16, "
-                                                      "amx_bf16); precision \"bf16\" trains slower than \"fp32\" here\n"));
+    CHECK_THAT(info.output,
+               Catch::Matchers::Contains("bf16       emulated: no bf16 instructions (avx512_bf16, "
+                                         "amx_bf16); precision \"bf16\" trains slower than \"fp32\" here\n"));
   else
     CHECK_THAT(info.output, Catch::Matchers::Contains("bf16       native: " + found[0] +
                                                       (found.size() > 1 ? ", " + found[1] : std::string()) + "\n"));

@@ -30,11 +30,11 @@ std::string lines(const std::vector<std::string>& failures) {
 
 // A failed check prints every failure of the conformance checks, not only
 // that their list was not empty.
-#define CHECK_CONFORMS(failures_expression)                                         \
-  do {                                                                              \
-    const std::vector<std::string> failures = (failures_expression);                \
+#define CHECK_CONFORMS(failures_expression)                                        \
+  do {                                                                             \
+    const std::vector<std::string> failures = (failures_expression);               \
     INFO(failures.size() << " conformance check(s) failed:\n" << lines(failures)); \
-    CHECK(failures.empty());                                                        \
+    CHECK(failures.empty());                                                       \
   } while (false)
 
 TEST_CASE("every in-tree operator and router passes the conformance checks", "[conformance]") {
@@ -53,7 +53,8 @@ TEST_CASE("every in-tree operator and router passes the conformance checks", "[c
 
 TEST_CASE("in-tree tasks pass the conformance checks", "[conformance]") {
   test::TempDir d("conf");
-  for (const char* split : {"train", "valid", "test"}) d.write(std::string("c/wiki.") + split + ".tokens", "a b c d e f g h\ni j k\n");
+  for (const char* split : {"train", "valid", "test"})
+    d.write(std::string("c/wiki.") + split + ".tokens", "a b c d e f g h\ni j k\n");
   TaskSpec lm;
   lm.params.set("path", std::string("c")).set("seq_len", int64_t{4});
   lm.data_root = d.path();

@@ -66,7 +66,6 @@ Expected reference(const at::Tensor& hidden, const at::Tensor& weight, const at:
   return e;
 }
 
-
 enum class Weights { Mean, Mask, Random };
 
 struct Case {
@@ -88,10 +87,9 @@ at::Tensor token_weights(Weights kind, int64_t N) {
 TEST_CASE("linear_cross_entropy matches the float64 definition, loss and both gradients", "[cross_entropy][linear]") {
   // (N, d, V, weights, rows per pass, tolerance): single rows, odd sizes, the
   // anchor's vocabulary with a pass split mid-batch, GPT-2's vocabulary.
-  const std::vector<Case> cases{
-      {1, 3, 2, Weights::Mean, 0, 1e-5},      {7, 5, 11, Weights::Mask, 0, 1e-5},
-      {64, 16, 1000, Weights::Random, 0, 1e-5}, {300, 32, 8192, Weights::Mean, 0, 2e-5},
-      {300, 32, 8192, Weights::Mask, 37, 2e-5}, {65, 8, 50257, Weights::Mean, 16, 2e-5}};
+  const std::vector<Case> cases{{1, 3, 2, Weights::Mean, 0, 1e-5},        {7, 5, 11, Weights::Mask, 0, 1e-5},
+                                {64, 16, 1000, Weights::Random, 0, 1e-5}, {300, 32, 8192, Weights::Mean, 0, 2e-5},
+                                {300, 32, 8192, Weights::Mask, 37, 2e-5}, {65, 8, 50257, Weights::Mean, 16, 2e-5}};
   for (const auto backend : test::gemm_backends()) {
     test::BackendScope scope(backend);
     for (const auto& c : cases) {
@@ -145,7 +143,8 @@ TEST_CASE("linear_cross_entropy: a row with a non-finite logit makes the loss Na
   CHECK(std::isnan(at::cross_entropy_loss(at::matmul(hidden, weight.t()), targets).item<double>()));
 }
 
-TEST_CASE("linear_cross_entropy of no rows: the mean is NaN, a weighted sum 0, fused or not", "[cross_entropy][linear]") {
+TEST_CASE("linear_cross_entropy of no rows: the mean is NaN, a weighted sum 0, fused or not",
+          "[cross_entropy][linear]") {
   for (const auto policy : {KernelPolicy::Auto, KernelPolicy::Compositions}) {
     ScopedKernelPolicy scope(policy);
     CAPTURE(policy == KernelPolicy::Auto ? "fused host kernel" : "libtorch's path");
@@ -161,7 +160,8 @@ TEST_CASE("linear_cross_entropy of no rows: the mean is NaN, a weighted sum 0, f
   }
 }
 
-TEST_CASE("linear_cross_entropy rejects targets outside the vocabulary and mismatched shapes", "[cross_entropy][linear]") {
+TEST_CASE("linear_cross_entropy rejects targets outside the vocabulary and mismatched shapes",
+          "[cross_entropy][linear]") {
   const auto hidden = at::zeros({4, 3}), weight = at::zeros({11, 3});
   auto targets = at::tensor(std::vector<int64_t>{0, 10, 11, 2});
   REQUIRE_THROWS_WITH(linear_cross_entropy(hidden, weight, targets),
@@ -173,9 +173,9 @@ TEST_CASE("linear_cross_entropy rejects targets outside the vocabulary and misma
                       "linear_cross_entropy: hidden [4, 3] and weight [11, 4] are not (N, d) and (V, d)");
   REQUIRE_THROWS_WITH(linear_cross_entropy(hidden, weight, at::zeros({4}, at::TensorOptions().dtype(at::kInt))),
                       "linear_cross_entropy: targets must be (4,) int64, found [4] Int");
-  REQUIRE_THROWS_WITH(linear_cross_entropy(hidden, weight, at::zeros({4}, at::TensorOptions().dtype(at::kLong)),
-                                           at::ones({3})),
-                      "linear_cross_entropy: token_weights must be (4,), found [3]");
+  REQUIRE_THROWS_WITH(
+      linear_cross_entropy(hidden, weight, at::zeros({4}, at::TensorOptions().dtype(at::kLong)), at::ones({3})),
+      "linear_cross_entropy: token_weights must be (4,), found [3]");
 }
 
 namespace {
@@ -201,9 +201,11 @@ void check_chunked(const at::Tensor& hidden0, const at::Tensor& weight0, const a
 }
 
 // Cases around the padding of V to 64 rows and blocks that split the batch.
-const std::vector<Case> kChunkedCases{
-    {1, 3, 2, Weights::Mean, 0, 0},      {7, 5, 11, Weights::Mask, 3, 0},      {64, 16, 1000, Weights::Random, 0, 0},
-    {130, 16, 8192, Weights::Mask, 64, 0}, {65, 8, 50257, Weights::Mean, 16, 0}};
+const std::vector<Case> kChunkedCases{{1, 3, 2, Weights::Mean, 0, 0},
+                                      {7, 5, 11, Weights::Mask, 3, 0},
+                                      {64, 16, 1000, Weights::Random, 0, 0},
+                                      {130, 16, 8192, Weights::Mask, 64, 0},
+                                      {65, 8, 50257, Weights::Mean, 16, 0}};
 
 }  // namespace
 
@@ -219,8 +221,8 @@ TEST_CASE("chunked_linear_cross_entropy (a GPU's blocks) matches the float64 def
     {
       INFO("float64 products");
       const auto w64 = w.defined() ? w.to(at::kDouble) : w;
-      check_chunked(hidden, weight, targets, w64, at::kDouble, c.rows_per_pass,
-                    reference(hidden, weight, targets, w64), 1e-10);
+      check_chunked(hidden, weight, targets, w64, at::kDouble, c.rows_per_pass, reference(hidden, weight, targets, w64),
+                    1e-10);
     }
     const auto h32 = hidden.to(at::kFloat), w32 = weight.to(at::kFloat);
     {
@@ -341,11 +343,12 @@ TEST_CASE("cuda: the language model head on a GPU takes the blocks and the head 
                                                 at::kBFloat16)
                        .item<double>()));
   // Tensors on another device are refused by name, before any launch.
-  REQUIRE_THROWS_WITH(chunked_linear_cross_entropy(hidden.to(gpu), weight.to(gpu), targets, {}, at::kFloat),
-                      "chunked_linear_cross_entropy: every tensor must be on hidden's device (cuda:0), found one on cpu");
+  REQUIRE_THROWS_WITH(
+      chunked_linear_cross_entropy(hidden.to(gpu), weight.to(gpu), targets, {}, at::kFloat),
+      "chunked_linear_cross_entropy: every tensor must be on hidden's device (cuda:0), found one on cpu");
   auto bad_targets = targets.narrow(0, 0, 4).clone();
   bad_targets[2] = 8192;
-  CHECK(std::isnan(chunked_linear_cross_entropy(hidden.narrow(0, 0, 4).to(gpu), weight.to(gpu), bad_targets.to(gpu), {},
-                                                at::kFloat)
-                       .item<double>()));
+  CHECK(std::isnan(
+      chunked_linear_cross_entropy(hidden.narrow(0, 0, 4).to(gpu), weight.to(gpu), bad_targets.to(gpu), {}, at::kFloat)
+          .item<double>()));
 }

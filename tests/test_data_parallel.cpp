@@ -72,7 +72,6 @@ int rank_of(pid_t pid) {
   return -1;
 }
 
-
 // One run long enough (a few seconds on two processes) to be caught mid-way.
 void write_long_matrix(const TempDir& d) {
   d.write("m.toml", R"([matrix]
@@ -146,7 +145,8 @@ TEST_CASE("data parallel: two processes train a run as one does, step by step", 
 variants = ["base", "routed"]
 tasks = ["lm", "flat"]
 seeds = [0]
-)", test::tiny_train_body(20, 10, 10) + "log_every = 1\n");
+)",
+                          test::tiny_train_body(20, 10, 10) + "log_every = 1\n");
   const std::string one = d.path() + "/one.db", two = d.path() + "/two.db";
   const auto single = test::run_chiar(run_args(d, one));
   INFO(single.output);
@@ -200,7 +200,6 @@ TEST_CASE("data parallel: a global batch that does not divide is refused before 
         std::string::npos);
   CHECK_FALSE(boost::filesystem::exists(d.path() + "/x.db"));
 }
-
 
 TEST_CASE("data parallel: a rank that dies stops the others, naming it, and the rerun resumes", "[data_parallel]") {
   TempDir d("dp-kill");
@@ -257,8 +256,7 @@ TEST_CASE("data parallel: memory running out stops the group, exit 3; the run re
     CHECK(oom.output.find("chiar: [1/1] base/flat/seed=0: " + cause +
                           "; the process group stops (rerun to resume)\n") != std::string::npos);
     CHECK(oom.output.find("Exception raised from") == std::string::npos);
-    CHECK(query_integer(db, "SELECT COUNT(*) FROM runs WHERE status = 'interrupted' AND error = '" + cause + "'") ==
-          1);
+    CHECK(query_integer(db, "SELECT COUNT(*) FROM runs WHERE status = 'interrupted' AND error = '" + cause + "'") == 1);
   }
   const auto rerun = test::run_chiar(args);
   INFO(rerun.output);

@@ -36,12 +36,13 @@ namespace {
 
 // The hidden cases that train on a GPU need one, and a build that lets runs
 // use it: without -DCHIAR_CUDA_TRAINING=ON they are skipped, saying so.
-#define REQUIRE_CUDA_TRAINING()                                                                            \
-  do {                                                                                                    \
-    REQUIRE(torch::cuda::is_available());                                                                 \
-    if (!engine::cuda_training_enabled())                                                                 \
-      CHIAR_SKIP("[cuda]", "this build refuses CUDA devices for training (configure with "                 \
-                           "-DCHIAR_CUDA_TRAINING=ON, as tools/gpu-check.sh does)");                      \
+#define REQUIRE_CUDA_TRAINING()                                                  \
+  do {                                                                           \
+    REQUIRE(torch::cuda::is_available());                                        \
+    if (!engine::cuda_training_enabled())                                        \
+      CHIAR_SKIP("[cuda]",                                                       \
+                 "this build refuses CUDA devices for training (configure with " \
+                 "-DCHIAR_CUDA_TRAINING=ON, as tools/gpu-check.sh does)");       \
   } while (false)
 
 void write_matrix(const TempDir& d, const std::string& train_extra = "") {
@@ -135,9 +136,10 @@ TEST_CASE("device: a run records the CPU as cpu, and a GPU as nvidia-smi describ
     ~RestorePath() { setenv("PATH", saved.c_str(), 1); }
   } restore{path};
   setenv("PATH", (d.path() + ":" + path).c_str(), 1);
-  const std::string tool = d.write("nvidia-smi", "#!/bin/sh\n"
-                                                 "[ \"$4\" = 0 ] || exit 6\n"
-                                                 "echo 'NVIDIA H200, 143771, 9.0, 570.86.15'\n");
+  const std::string tool = d.write("nvidia-smi",
+                                   "#!/bin/sh\n"
+                                   "[ \"$4\" = 0 ] || exit 6\n"
+                                   "echo 'NVIDIA H200, 143771, 9.0, 570.86.15'\n");
   boost::filesystem::permissions(tool, boost::filesystem::owner_all);
   CHECK(engine::nvidia_smi_description(0) == "NVIDIA H200, 140.4 GiB, compute capability 9.0, driver 570.86.15");
   CHECK(engine::nvidia_smi_description(1) == "nvidia-smi: not found or failed");  // exits 6 for -i 1
@@ -174,7 +176,8 @@ TEST_CASE("device: the device is not part of a run's hash", "[device][cli]") {
   CHECK(q.text(1) == "cpu");
 }
 
-TEST_CASE("device: precision auto is bf16 on a GPU and fp32 on the CPU, and it is resolved before the hash", "[device][cli]") {
+TEST_CASE("device: precision auto is bf16 on a GPU and fp32 on the CPU, and it is resolved before the hash",
+          "[device][cli]") {
   CHECK(engine::resolve_precision("auto", "cpu") == "fp32");
   CHECK(engine::resolve_precision("auto", "cuda") == "bf16");
   CHECK(engine::resolve_precision("auto", "cuda:3") == "bf16");
@@ -213,7 +216,8 @@ TEST_CASE("device: precision auto is bf16 on a GPU and fp32 on the CPU, and it i
 }
 
 TEST_CASE("device: CUDA on a libtorch without it is refused before anything runs, naming the source", "[device][cli]") {
-  if (engine::built_with_cuda()) CHIAR_SKIP("[device]", "this libtorch has CUDA; the refusals checked here are a CPU build's");
+  if (engine::built_with_cuda())
+    CHIAR_SKIP("[device]", "this libtorch has CUDA; the refusals checked here are a CPU build's");
   TempDir d("device-refuse");
   const std::string db = d.path() + "/r.db";
   const std::string needs = "\"cuda\" needs a libtorch built with CUDA; this build has none\n";
@@ -289,7 +293,8 @@ namespace {
 // layer, each as a language model and as a classifier, seed 0.
 void write_four_run_matrix(const TempDir& d, const std::string& name, const std::string& train_body) {
   test::write_tiny_matrix(
-      d, "name = \"" + name + "\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\nseeds = [0]\n", train_body);
+      d, "name = \"" + name + "\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\nseeds = [0]\n",
+      train_body);
 }
 
 // The tiny matrix's test metrics trained on `device`, in a fresh store.
@@ -403,8 +408,9 @@ TEST_CASE("device: a GPU run whose losses are read late trains as one whose loss
   check_close(test::test_split_metrics(late), test::test_split_metrics(every));
 
   const std::vector<std::string> diverging = {"--set", "train.lr=1e12", "--set", "train.clip=0"};
-  const std::string sql = "SELECT group_concat(name || ':' || diverged_step, ' ') FROM "
-                          "(SELECT name, diverged_step FROM runs WHERE status = 'diverged' ORDER BY name)";
+  const std::string sql =
+      "SELECT group_concat(name || ':' || diverged_step, ' ') FROM "
+      "(SELECT name, diverged_step FROM runs WHERE status = 'diverged' ORDER BY name)";
   const auto diverged_at = [&](const std::string& db) {
     engine::Database con(db, engine::OpenMode::ReadOnly);
     auto q = con.prepare(sql);
@@ -422,12 +428,15 @@ TEST_CASE("device: a GPU run whose losses are read late trains as one whose loss
 TEST_CASE("device: a checkpoint written on a GPU resumes on the CPU, and one from the CPU on a GPU", "[.cuda]") {
   REQUIRE_CUDA_TRAINING();
   TempDir d("device-gpu-resume");
-  test::write_tiny_matrix(d, R"(name = "resume"
+  test::write_tiny_matrix(
+      d, R"(name = "resume"
 variants = ["routed"]
 tasks = ["lm"]
 seeds = [0]
-)", test::tiny_train_body(6, 3, 3) + "precision = \"fp32\"\n");  // explicit: the run moves between devices
-  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{{"cuda", "cpu"}, {"cpu", "cuda"}}) {
+)",
+      test::tiny_train_body(6, 3, 3) + "precision = \"fp32\"\n");  // explicit: the run moves between devices
+  for (const auto& [first, second] :
+       std::vector<std::pair<std::string, std::string>>{{"cuda", "cpu"}, {"cpu", "cuda"}}) {
     INFO(first << " then " << second);
     const std::string db = first + "-" + second + ".db";
     auto args = run_args(d, d.path() + "/" + db);
@@ -483,14 +492,17 @@ void train_every_variant(const TempDir& d, const std::string& device) {
   const std::string include = std::string("include = [\"") + CHIAR_SOURCE_DIR + "/configs/variants.toml\"]\n";
   const std::string shared = test::kTinyModelTable + "\n[train]\n" + test::tiny_train_body(5, 2, 2) + "\n" +
                              test::kTinyLmTask + "\n" + test::kTinyFlatTask;
-  for (const auto& [name, listed, task] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"lm", causal, "lm"}, {"cls", all, "flat"}}) {
+  for (const auto& [name, listed, task] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"lm", causal, "lm"}, {"cls", all, "flat"}}) {
     INFO(name << " on " << device);
-    d.write(name + ".toml", include + "[matrix]\nname = \"" + name + "\"\nvariants = [" + listed + "]\ntasks = [\"" + task +
-                                "\"]\nseeds = [0]\n\n" + shared);
+    d.write(name + ".toml", include + "[matrix]\nname = \"" + name + "\"\nvariants = [" + listed + "]\ntasks = [\"" +
+                                task + "\"]\nseeds = [0]\n\n" + shared);
     const std::string db = d.path() + "/" + name + ".db";
-    const std::vector<std::string> args = {"run", d.path() + "/" + name + ".toml", "--db", db, "--data-root",
-                                           d.path(), "--cache-dir", d.path() + "/cache", "--device", device};
+    const std::vector<std::string> args = {"run",         d.path() + "/" + name + ".toml",
+                                           "--db",        db,
+                                           "--data-root", d.path(),
+                                           "--cache-dir", d.path() + "/cache",
+                                           "--device",    device};
     setenv("CHIAR_FAILPOINT", "train.step:3:term", 1);
     const auto stopped = test::run_chiar(args);
     unsetenv("CHIAR_FAILPOINT");
@@ -509,8 +521,8 @@ void train_every_variant(const TempDir& d, const std::string& device) {
     engine::Database con(db, engine::OpenMode::ReadOnly);
     auto q = con.prepare("SELECT name FROM runs ORDER BY id");
     while (q.step()) {
-      const auto shown = test::run_chiar({"inspect", db, "--run", q.text(0), "--text", "the route of a token",
-                                          "--tsv", "--data-root", d.path(), "--cache-dir", d.path() + "/cache"});
+      const auto shown = test::run_chiar({"inspect", db, "--run", q.text(0), "--text", "the route of a token", "--tsv",
+                                          "--data-root", d.path(), "--cache-dir", d.path() + "/cache"});
       INFO(q.text(0) << ": " << shown.output);
       CHECK(shown.status == 0);
     }

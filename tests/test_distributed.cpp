@@ -183,8 +183,11 @@ TEST_CASE("world_from_environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT", 
 }
 
 TEST_CASE("world_from_environment: Slurm's variables", "[distributed]") {
-  Env env{{"SLURM_PROCID", "3"},     {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
-          {"SLURM_NODELIST", "node[01-04,07]"}, {"SLURM_JOB_ID", "123456"}};
+  Env env{{"SLURM_PROCID", "3"},
+          {"SLURM_NTASKS", "4"},
+          {"SLURM_LOCALID", "1"},
+          {"SLURM_NODELIST", "node[01-04,07]"},
+          {"SLURM_JOB_ID", "123456"}};
   WorldInfo w = world_from_environment(env);
   CHECK(w.launcher == "slurm");
   CHECK(w.rank == 3);
@@ -213,8 +216,8 @@ TEST_CASE("world_from_environment: Slurm's variables", "[distributed]") {
   // A batch script without --ntasks sets no task count: one task.
   CHECK(world_from_environment(Env{{"SLURM_PROCID", "0"}, {"SLURM_JOB_ID", "9"}}).world_size == 1);
   // The older name of the task count.
-  CHECK(world_from_environment(Env{{"SLURM_PROCID", "1"}, {"SLURM_NPROCS", "2"}, {"SLURM_NODELIST", "n"},
-                                   {"SLURM_JOB_ID", "9"}})
+  CHECK(world_from_environment(
+            Env{{"SLURM_PROCID", "1"}, {"SLURM_NPROCS", "2"}, {"SLURM_NODELIST", "n"}, {"SLURM_JOB_ID", "9"}})
             .world_size == 2);
 }
 
@@ -331,14 +334,10 @@ TEST_CASE("ProcessGroup: two ranks average, sum and broadcast", "[distributed]")
     // 5 (carried as float) | half 6. The 2x5 tensor is a transposed view:
     // not contiguous.
     const auto make = [](int r) {
-      return std::vector<at::Tensor>{values(r, 3, at::kFloat, 0),
-                                     values(r, 10, at::kFloat, 1).view({5, 2}).t(),
-                                     values(r, 4, at::kDouble, 2),
-                                     values(r, 20, at::kFloat, 3),
-                                     values(r, 1, at::kFloat, 4),
-                                     at::Tensor(),
-                                     values(r, 5, at::kBFloat16, 5),
-                                     values(r, 6, at::kHalf, 6)};
+      return std::vector<at::Tensor>{values(r, 3, at::kFloat, 0),    values(r, 10, at::kFloat, 1).view({5, 2}).t(),
+                                     values(r, 4, at::kDouble, 2),   values(r, 20, at::kFloat, 3),
+                                     values(r, 1, at::kFloat, 4),    at::Tensor(),
+                                     values(r, 5, at::kBFloat16, 5), values(r, 6, at::kHalf, 6)};
     };
     std::vector<at::Tensor> grads = make(rank);
     const std::vector<at::Tensor> mine = make(0), theirs = make(1);
@@ -349,9 +348,9 @@ TEST_CASE("ProcessGroup: two ranks average, sum and broadcast", "[distributed]")
         continue;
       }
       const at::Tensor mean = ((mine[i].to(at::kDouble) + theirs[i].to(at::kDouble)) / 2).to(mine[i].scalar_type());
-      expect(grads[i].sizes() == mean.sizes() && grads[i].scalar_type() == mean.scalar_type() &&
-                 at::equal(grads[i], mean),
-             "mean of tensor " + std::to_string(i));
+      expect(
+          grads[i].sizes() == mean.sizes() && grads[i].scalar_type() == mean.scalar_type() && at::equal(grads[i], mean),
+          "mean of tensor " + std::to_string(i));
     }
 
     // Started, then awaited: the same result.
@@ -360,8 +359,7 @@ TEST_CASE("ProcessGroup: two ranks average, sum and broadcast", "[distributed]")
     pending.wait();
     pending.wait();  // a no-op
     expect(at::equal(later[0], (values(0, 7, at::kFloat, 5) + values(1, 7, at::kFloat, 5)) / 2), "async mean 0");
-    expect(at::equal(later[1], (values(0, 30, at::kDouble, 6) + values(1, 30, at::kDouble, 6)) / 2),
-           "async mean 1");
+    expect(at::equal(later[1], (values(0, 30, at::kDouble, 6) + values(1, 30, at::kDouble, 6)) / 2), "async mean 1");
 
     at::Tensor counts = at::tensor({int64_t{rank + 1}, int64_t{10 * rank}, int64_t{-3}});
     pg.allreduce_sum(counts);
@@ -432,9 +430,10 @@ TEST_CASE("ProcessGroup: a rank that dies stops the others, naming it", "[distri
     CHECK(starts_with(report, me + "lost contact with the process group during allreduce (peer rank 1 stopped "
                                    "responding): "));
   } else {
-    CHECK(starts_with(report, me + "lost contact with the process group during allreduce (rank 0, which serves "
-                                   "the rendezvous store at 127.0.0.1:" + std::to_string(port) +
-                                   ", is unreachable): "));
+    CHECK(starts_with(report, me +
+                                  "lost contact with the process group during allreduce (rank 0, which serves "
+                                  "the rendezvous store at 127.0.0.1:" +
+                                  std::to_string(port) + ", is unreachable): "));
   }
   CHECK(report.find("\n" + me + "the process group failed earlier: lost contact") != std::string::npos);
   CHECK(report.find("Exception raised from") == std::string::npos);  // no libtorch backtrace
@@ -490,8 +489,10 @@ TEST_CASE("ProcessGroup: a rank that never joins is named", "[distributed]") {
     return "joined";
   });
   INFO(outcomes[0].report);
-  CHECK(starts_with(outcomes[0].report, "EnvironmentError: rank 1 of 2: cannot reach the rendezvous store at "
-                                        "127.0.0.1:" + std::to_string(empty_port) + " within 1 s: "));
+  CHECK(starts_with(outcomes[0].report,
+                    "EnvironmentError: rank 1 of 2: cannot reach the rendezvous store at "
+                    "127.0.0.1:" +
+                        std::to_string(empty_port) + " within 1 s: "));
   CHECK(outcomes[0].report.find("Exception raised from") == std::string::npos);
   // The error is the one message: c10d's own lines about the failed
   // connection are silenced, whether libtorch logs through glog or not.
@@ -506,8 +507,7 @@ TEST_CASE("launch_local_ranks: every rank gets its place in the world", "[distri
   options.master_port = 0;
   const LaunchResult result = launch_local_ranks(
       3,
-      {"sh", "-c",
-       "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT\" > \"$0/rank-$RANK\"", dir.path()},
+      {"sh", "-c", "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT\" > \"$0/rank-$RANK\"", dir.path()},
       options);
   CHECK(result.exit_status == 0);
   CHECK(result.failed_rank == -1);

@@ -67,8 +67,9 @@ variants = ["routed"]
 tasks = ["lm"]
 seeds = [1]
 
-)" + test::kTinyModelTable + "\n[train]\n" + test::tiny_train_body(60, 20, 7) + "\n" + test::kTinyRoutedVariant +
-                        "\n" + test::kTinyLmTask);
+)" + test::kTinyModelTable +
+                        "\n[train]\n" + test::tiny_train_body(60, 20, 7) + "\n" + test::kTinyRoutedVariant + "\n" +
+                        test::kTinyLmTask);
 }
 
 // Product library pinned: metrics are compared bit for bit across processes.
@@ -185,10 +186,9 @@ TEST_CASE("resume: a corrupt newest state checkpoint is reported and the previou
   const auto resumed = run(d, "r.db");
   INFO(resumed.output);
   CHECK(resumed.status == 0);
-  CHECK(line_with(resumed.output, "truncated") == "[1/1] " + std::string(kRun) + ": " + newest +
-                                                       ": truncated checkpoint (" + std::to_string(whole.size() / 2) +
-                                                       " of " + std::to_string(whole.size()) +
-                                                       " bytes); resuming from step 21 instead");
+  CHECK(line_with(resumed.output, "truncated") ==
+        "[1/1] " + std::string(kRun) + ": " + newest + ": truncated checkpoint (" + std::to_string(whole.size() / 2) +
+            " of " + std::to_string(whole.size()) + " bytes); resuming from step 21 instead");
   CHECK(final_metrics(db) == reference);
   CHECK(query_text(db, "SELECT status FROM runs") == "done");
   // The corrupt file is gone with its record; the newest two states remain.
@@ -305,8 +305,9 @@ TEST_CASE("inspect: a named checkpoint the store records is verified before libt
   write_fixture(d);
   const std::string db = d.path() + "/i.db";
   REQUIRE(run(d, "i.db").status == 0);
-  const std::string best = query_text(db, "SELECT file FROM checkpoints WHERE kind = 'best' ORDER BY step DESC LIMIT 1");
-  const std::vector<std::string> inspect = {"inspect", best, "--text", "the route of a token", "--tsv",
+  const std::string best =
+      query_text(db, "SELECT file FROM checkpoints WHERE kind = 'best' ORDER BY step DESC LIMIT 1");
+  const std::vector<std::string> inspect = {"inspect",     best,     "--text",      "the route of a token", "--tsv",
                                             "--data-root", d.path(), "--cache-dir", d.path() + "/cache"};
   const auto good = test::run_chiar(inspect);
   INFO(good.output);
@@ -324,7 +325,8 @@ TEST_CASE("inspect: a named checkpoint the store records is verified before libt
   boost::filesystem::create_directories(d.path() + "/copy");
   const std::string folder = boost::filesystem::path(best).parent_path().string();
   boost::filesystem::copy_file(folder + "/spec.toml", d.path() + "/copy/spec.toml");
-  const std::string state = query_text(db, "SELECT file FROM checkpoints WHERE kind = 'state' ORDER BY step DESC LIMIT 1");
+  const std::string state =
+      query_text(db, "SELECT file FROM checkpoints WHERE kind = 'state' ORDER BY step DESC LIMIT 1");
   boost::filesystem::copy_file(state, d.path() + "/copy/state-60.pt");
   auto copied = inspect;
   copied[1] = d.path() + "/copy/state-60.pt";

@@ -51,12 +51,14 @@ void write_fixture(const TempDir& d, const std::string& train_extra = "", const 
 variants = ["base", "routed"]
 tasks = ["lm", "flat"]
 seeds = [0, 1]
-)", test::tiny_train_body() + train_extra, extra);
+)",
+                          test::tiny_train_body() + train_extra, extra);
 }
 
 std::vector<std::string> run_args(const TempDir& d, const std::string& db, std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {"run", d.path() + "/m.toml", "--db", d.path() + "/" + db, "--data-root",
-                                   d.path(), "--cache-dir", d.path() + "/cache"};
+  std::vector<std::string> args = {
+      "run",         d.path() + "/m.toml", "--db", d.path() + "/" + db, "--data-root", d.path(),
+      "--cache-dir", d.path() + "/cache"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -145,8 +147,11 @@ train.clip = [0.5, 1]
   o.set = {"train.eval_every=4", "model.dropout=0.1"};
   const auto m = engine::load_matrix(d.path() + "/pinned.toml", o);
   REQUIRE(m.runs.size() == 24);
-  const std::vector<std::pair<size_t, std::string>> pinned = {
-      {0, "8fa7768bc9a69b2f"}, {5, "15f039b041759106"}, {11, "5ff2e811b1d36561"}, {17, "08ee06325994c9cc"}, {23, "d291b0af9811029a"}};
+  const std::vector<std::pair<size_t, std::string>> pinned = {{0, "8fa7768bc9a69b2f"},
+                                                              {5, "15f039b041759106"},
+                                                              {11, "5ff2e811b1d36561"},
+                                                              {17, "08ee06325994c9cc"},
+                                                              {23, "d291b0af9811029a"}};
   for (const auto& [index, hash] : pinned) {
     INFO(m.runs[index].name());
     CHECK(m.runs[index].hash == hash);
@@ -181,8 +186,8 @@ TEST_CASE("matrix: every shipped matrix passes a dry run", "[engine][matrix]") {
   }
   CHECK(matrices >= 6);
   const auto design = test::run_chiar({"run", CHIAR_SOURCE_DIR "/configs/repro.toml", "--decide",
-                                       CHIAR_SOURCE_DIR "/configs/claims.toml", "--rounds", "2", "--dry-run",
-                                       "--db", "/nonexistent/dry-run.db"});
+                                       CHIAR_SOURCE_DIR "/configs/claims.toml", "--rounds", "2", "--dry-run", "--db",
+                                       "/nonexistent/dry-run.db"});
   INFO(design.output);
   CHECK(design.status == 0);
   CHECK_THAT(design.output, Catch::Matchers::Contains("up to 6 seeds in 2 rounds (3, 6 seeds); alpha 0.05 / 23 "
@@ -230,8 +235,7 @@ TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[
   CHECK(set.runs[0].hash != m.runs[0].hash);
   // Lists of strings and inline tables are written as TOML; a list of
   // numbers keeps the type it always had (floats), and so its runs' hashes.
-  o.set = {"model.layers=[\"dct\", \"attn\"]", "model.operators={ attn = { block = 4 } }",
-           "router.shares=[1, 0]"};
+  o.set = {"model.layers=[\"dct\", \"attn\"]", "model.operators={ attn = { block = 4 } }", "router.shares=[1, 0]"};
   const auto lists = engine::load_matrix(d.path() + "/m.toml", o);
   CHECK(lists.runs[0].model.layers() == std::vector<std::string>{"dct", "attn"});
   CHECK(lists.runs[0].model.operator_params().at("attn").describe() == "block=4");
@@ -241,9 +245,10 @@ TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[
                   canonical.end());
   CHECK(canonical.find("\"shares\":[1.0,0.0]") != std::string::npos);
   o.set = {"model.layers=[dct, attn]"};
-  CHECK_THROWS_WITH(engine::load_matrix(d.path() + "/m.toml", o),
-                    Catch::Matchers::StartsWith("--set model.layers: [dct, attn] is not a TOML value (") &&
-                        Catch::Matchers::EndsWith("); quote the strings of a list: model.layers=[\"dct\", \"dct|attn\"]"));
+  CHECK_THROWS_WITH(
+      engine::load_matrix(d.path() + "/m.toml", o),
+      Catch::Matchers::StartsWith("--set model.layers: [dct, attn] is not a TOML value (") &&
+          Catch::Matchers::EndsWith("); quote the strings of a list: model.layers=[\"dct\", \"dct|attn\"]"));
   // A plugin's options hold no lists of strings or tables.
   o.set = {"task.note=[\"a\"]"};
   CHECK_THROWS_WITH(engine::load_matrix(d.path() + "/m.toml", o),
@@ -256,19 +261,22 @@ TEST_CASE("matrix: expansion, sweeps, --set, --only, --shard, stable hashes", "[
     o = {};
     o.shard_index = k;
     o.shard_count = 3;
-    for (const auto& r : engine::load_matrix(d.path() + "/m.toml", o).runs) CHECK(union_of_shards.insert(r.hash).second);
+    for (const auto& r : engine::load_matrix(d.path() + "/m.toml", o).runs)
+      CHECK(union_of_shards.insert(r.hash).second);
   }
   CHECK(union_of_shards == hashes);
 
-  std::ofstream(d.path() + "/m.toml", std::ios::app) << "\n[sweep]\nmodel.d_model = [16, 32]\ntrain.lr = [0.001, 0.01, 0.1]\n";
+  std::ofstream(d.path() + "/m.toml", std::ios::app)
+      << "\n[sweep]\nmodel.d_model = [16, 32]\ntrain.lr = [0.001, 0.01, 0.1]\n";
   const auto swept = engine::load_matrix(d.path() + "/m.toml");
   CHECK(swept.runs.size() == 8 * 6);
   CHECK(swept.runs[0].name() == "base/lm/seed=0,d_model=16,lr=0.001");
   // A list's items joined by '+', a table by its place: every point's runs
   // have names of their own.
-  d.write("lists.toml", "include = [\"m.toml\"]\n[matrix]\nvariants = [\"base\"]\ntasks = [\"flat\"]\n"
-                        "seeds = [0]\n[sweep]\nmodel.layers = [[\"attn\"], [\"dct\", \"attn\"]]\n"
-                        "model.operators = [{}, { attn = { dropout = 0.1 } }]\n");
+  d.write("lists.toml",
+          "include = [\"m.toml\"]\n[matrix]\nvariants = [\"base\"]\ntasks = [\"flat\"]\n"
+          "seeds = [0]\n[sweep]\nmodel.layers = [[\"attn\"], [\"dct\", \"attn\"]]\n"
+          "model.operators = [{}, { attn = { dropout = 0.1 } }]\n");
   std::vector<std::string> names;
   for (const auto& r : engine::load_matrix(d.path() + "/lists.toml").runs) names.push_back(r.name());
   REQUIRE(names.size() == 2 * 2 * 2 * 3);  // with m.toml's d_model and lr axes
@@ -290,17 +298,20 @@ TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][
                     d.path() + "/bad.toml:3:9: key 'train.stpes': unknown key (did you mean 'steps'?)");
   CHECK_THROWS_WITH(engine::load_matrix(with("[train]\nlr = \"fast\"\n")),
                     d.path() + "/bad.toml:3:6: key 'train.lr': expected a number");
-  CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\nvariants = [\"based\"]\n")),
-                    Catch::Matchers::EndsWith("key 'matrix.variants': no variant 'based' is defined (did you mean 'base'?)"));
+  CHECK_THROWS_WITH(
+      engine::load_matrix(with("[matrix]\nvariants = [\"based\"]\n")),
+      Catch::Matchers::EndsWith("key 'matrix.variants': no variant 'based' is defined (did you mean 'base'?)"));
   // Names that a '.' or a '/' would split, where a lookup would then say
   // "no variant 'v1.5' is defined (did you mean 'v1.5'?)".
   CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\nvariants = [\"v1.5\"]\n[variants.\"v1.5\"]\nlayers = "
                                              "[\"attn\"]\n")),
-                    d.path() + "/bad.toml:3:12: key 'matrix.variants': a variant name takes letters, digits, '_' and "
-                               "'-' (it is part of key paths and of run names), found 'v1.5'");
+                    d.path() +
+                        "/bad.toml:3:12: key 'matrix.variants': a variant name takes letters, digits, '_' and "
+                        "'-' (it is part of key paths and of run names), found 'v1.5'");
   CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\ntasks = [\"lm/small\"]\n")),
-                    d.path() + "/bad.toml:3:9: key 'matrix.tasks': a task name takes letters, digits, '_' and '-' "
-                               "(it is part of key paths and of run names), found 'lm/small'");
+                    d.path() +
+                        "/bad.toml:3:9: key 'matrix.tasks': a task name takes letters, digits, '_' and '-' "
+                        "(it is part of key paths and of run names), found 'lm/small'");
   CHECK_THROWS_WITH(engine::load_matrix(with("[variants.routed]\nlayrs = [\"dct\"]\n")),
                     d.path() + "/bad.toml:3:9: key 'variants.routed.layrs': unknown key (did you mean 'layers'?)");
   CHECK_THROWS_WITH(engine::load_matrix(with("[train]\nprecision = \"fp8\"\n")),
@@ -333,11 +344,14 @@ TEST_CASE("matrix: a refused value is reported at the key that set it", "[engine
                     bad + ":3:6: key 'variants.base.train.lr': must be positive");
   CHECK_THROWS_WITH(load("[tasks.flat.train]\nbeta1 = 1.5\n"),
                     bad + ":3:9: key 'tasks.flat.train.beta1': must lie in [0, 1)");
-  CHECK_THROWS_WITH(load("[variants.routed]\nexecution = \"fast\"\n"),
-                    bad + ":3:13: key 'variants.routed.execution': unknown execution 'fast' (known: auto, dense, sparse)");
-  CHECK_THROWS_WITH(load("[variants.routed.model]\nmeta_router = \"global\"\n[variants.routed]\nexecution = \"dense\"\n"),
-                    bad + ":3:15: key 'variants.routed.model.meta_router': unknown meta_router 'global' (known: none, "
-                          "causal, batch_mean)");
+  CHECK_THROWS_WITH(
+      load("[variants.routed]\nexecution = \"fast\"\n"),
+      bad + ":3:13: key 'variants.routed.execution': unknown execution 'fast' (known: auto, dense, sparse)");
+  CHECK_THROWS_WITH(
+      load("[variants.routed.model]\nmeta_router = \"global\"\n[variants.routed]\nexecution = \"dense\"\n"),
+      bad +
+          ":3:15: key 'variants.routed.model.meta_router': unknown meta_router 'global' (known: none, "
+          "causal, batch_mean)");
   CHECK_THROWS_WITH(load("", {"model.execution=fast"}),
                     "--set model.execution: unknown execution 'fast' (known: auto, dense, sparse)");
   CHECK_THROWS_WITH(load("[sweep]\ntrain.lr = [0.001, -0.5]\n"), bad + ":3:12: key 'sweep.train.lr': must be positive");
@@ -361,16 +375,21 @@ TEST_CASE("run: a 2x2x2 matrix, a no-op rerun, show and export", "[engine][e2e]"
   CHECK(count(db, "SELECT COUNT(*) FROM histograms WHERE bin = 19") == 4 * 2);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE blas LIKE '%blas%' AND gemm_gflops > 0 AND threads = 1") == 8);
   // Trained on the CPU: no GPU memory marks.
-  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE peak_gpu_allocated_mb IS NULL AND peak_gpu_reserved_mb IS NULL") == 8);
+  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE peak_gpu_allocated_mb IS NULL AND peak_gpu_reserved_mb IS NULL") ==
+        8);
   // The library that ran the products, and why ("auto" times both).
-  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE gemm LIKE 'onednn: oneDNN % sgemm, ISA %; auto: %' OR "
-                  "gemm = 'blas (auto: this build has no oneDNN)' OR gemm LIKE 'blas (libtorch''s path); auto: %'") == 8);
+  CHECK(count(db,
+              "SELECT COUNT(*) FROM runs WHERE gemm LIKE 'onednn: oneDNN % sgemm, ISA %; auto: %' OR "
+              "gemm = 'blas (auto: this build has no oneDNN)' OR gemm LIKE 'blas (libtorch''s path); auto: %'") == 8);
   // Harness overhead recorded per run, its fraction consistent with its parts.
-  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE overhead_fraction > 0 AND "
-                  "json_extract(overhead, '$.steps_s') > 0 AND json_extract(overhead, '$.store_s') > 0 AND "
-                  "json_extract(overhead, '$.accounting_s') > 0 AND json_extract(overhead, '$.checkpoints_s') > 0 AND "
-                  "ABS(overhead_fraction - (json_extract(overhead, '$.store_s') + json_extract(overhead, '$.accounting_s') + "
-                  "json_extract(overhead, '$.progress_s')) / json_extract(overhead, '$.steps_s')) < 1e-4 * overhead_fraction") == 8);
+  CHECK(
+      count(db,
+            "SELECT COUNT(*) FROM runs WHERE overhead_fraction > 0 AND "
+            "json_extract(overhead, '$.steps_s') > 0 AND json_extract(overhead, '$.store_s') > 0 AND "
+            "json_extract(overhead, '$.accounting_s') > 0 AND json_extract(overhead, '$.checkpoints_s') > 0 AND "
+            "ABS(overhead_fraction - (json_extract(overhead, '$.store_s') + json_extract(overhead, '$.accounting_s') + "
+            "json_extract(overhead, '$.progress_s')) / json_extract(overhead, '$.steps_s')) < 1e-4 * "
+            "overhead_fraction") == 8);
   const auto finished = count(db, "SELECT SUM(LENGTH(finished_at)) FROM runs");
   const auto again = test::run_chiar(run_args(d, "r.db"));
   CHECK(again.status == 0);
@@ -417,17 +436,21 @@ TEST_CASE("store: an older database is migrated to the current schema on open", 
   {
     engine::Store store(db);
     engine::Database con(db);
-    con.exec("INSERT INTO runs(hash, name, matrix, variant, task, seed, spec, created_at) "
-             "VALUES ('h', 'v/t/seed=0', 'm', 'v', 't', 0, '{}', 'now')");
+    con.exec(
+        "INSERT INTO runs(hash, name, matrix, variant, task, seed, spec, created_at) "
+        "VALUES ('h', 'v/t/seed=0', 'm', 'v', 't', 0, '{}', 'now')");
     // Back to schema 1: no spec_toml, no overhead or gemm columns, the old results view.
-    con.exec("DROP VIEW results; ALTER TABLE runs DROP COLUMN spec_toml; ALTER TABLE runs DROP COLUMN overhead; "
-             "ALTER TABLE runs DROP COLUMN overhead_fraction; ALTER TABLE runs DROP COLUMN gemm; CREATE VIEW results AS SELECT id, name FROM runs; "
-             "UPDATE meta SET value = '1' WHERE key = 'schema_version'");
+    con.exec(
+        "DROP VIEW results; ALTER TABLE runs DROP COLUMN spec_toml; ALTER TABLE runs DROP COLUMN overhead; "
+        "ALTER TABLE runs DROP COLUMN overhead_fraction; ALTER TABLE runs DROP COLUMN gemm; CREATE VIEW results AS "
+        "SELECT id, name FROM runs; "
+        "UPDATE meta SET value = '1' WHERE key = 'schema_version'");
   }
   engine::Store store(db);
   CHECK(count(db, "SELECT value FROM meta WHERE key = 'schema_version'") == engine::kSchemaVersion);
-  CHECK(count(db, "SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name IN "
-                  "('spec_toml', 'overhead', 'overhead_fraction', 'gemm')") == 4);
+  CHECK(count(db,
+              "SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name IN "
+              "('spec_toml', 'overhead', 'overhead_fraction', 'gemm')") == 4);
   CHECK(count(db, "SELECT COUNT(*) FROM pragma_table_info('results') WHERE name = 'overhead_fraction'") == 1);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE hash = 'h'") == 1);
   // A database from a newer harness is refused rather than misread.
@@ -435,15 +458,16 @@ TEST_CASE("store: an older database is migrated to the current schema on open", 
     engine::Database con(db);
     con.exec("UPDATE meta SET value = '99' WHERE key = 'schema_version'");
   }
-  CHECK_THROWS_WITH(engine::Store(db), db + ": schema version 99 is newer than this harness's " +
-                                           std::to_string(engine::kSchemaVersion));
+  CHECK_THROWS_WITH(engine::Store(db),
+                    db + ": schema version 99 is newer than this harness's " + std::to_string(engine::kSchemaVersion));
 }
 
 TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][errors]") {
   TempDir d("e2e-bad");
   write_fixture(d);
   d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nrouter = \"mystery\"\n");
-  const auto bad_router = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
+  const auto bad_router =
+      test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_router.status == 2);
   CHECK(bad_router.output == "chiar: " + d.path() +
                                  "/bad.toml:3:10: key 'variants.routed.router': unknown router 'mystery' (known: "
@@ -466,7 +490,8 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
                                "listops_flat, wikitext)\n");
   // The harness has no layer plan of its own: a variant without one is refused.
   d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nlayers = []\n");
-  const auto no_layers = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
+  const auto no_layers =
+      test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(no_layers.status == 2);
   const std::string no_layers_message = "chiar: " + d.path() +
                                         "/bad.toml:2:1: variant 'routed' on task 'lm': model.layers is required: one "
@@ -485,7 +510,8 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
                                 "/bad.toml:2:1: variant 'routed' on task 'lm': model.router is required: layer 2 "
                                 "('dct|attn') is routed (`chiar plugins` lists the routers)\n");
   d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.lm]\npath = \"missing\"\n");
-  const auto bad_data = test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
+  const auto bad_data =
+      test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(bad_data.status == 2);
   CHECK_THAT(bad_data.output, Catch::Matchers::Contains("task 'lm': task 'wikitext'"));
   CHECK_THAT(bad_data.output, Catch::Matchers::Contains("missing/wiki.train.tokens: cannot open the file"));
@@ -493,9 +519,8 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   // first point of a variant on a task: here the second cannot serve a
   // language model.
   d.write("bad.toml", "include = [\"m.toml\"]\n[sweep]\nmodel.layers = [[\"attn\"], [\"fourier\"]]\n");
-  const auto bad_point =
-      test::run_chiar({"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path(), "--only",
-                       "base/lm/*"});
+  const auto bad_point = test::run_chiar(
+      {"run", d.path() + "/bad.toml", "--db", d.path() + "/x.db", "--data-root", d.path(), "--only", "base/lm/*"});
   CHECK(bad_point.status == 2);
   CHECK_THAT(bad_point.output, Catch::Matchers::EndsWith(": variant 'base' on task 'lm': layer 1: operator 'fourier' "
                                                          "does not support causal language modelling (it reads "
@@ -511,7 +536,9 @@ TEST_CASE("run: a forced divergence is recorded and the matrix goes on", "[engin
   const auto r = test::run_chiar(run_args(d, "n.db", {"--only", "*/lm/seed=0"}));
   CHECK(r.status == 0);
   const std::string db = d.path() + "/n.db";
-  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE status = 'diverged' AND diverged_step > 0 AND error LIKE 'loss %'") == 2);
+  CHECK(
+      count(db, "SELECT COUNT(*) FROM runs WHERE status = 'diverged' AND diverged_step > 0 AND error LIKE 'loss %'") ==
+      2);
 }
 
 namespace {
@@ -520,9 +547,10 @@ namespace {
 // "run step split/checkpoint/name value" with every digit of the value.
 std::vector<std::string> all_metrics(const std::string& db) {
   engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare("SELECT r.name, m.step, m.split || '/' || m.checkpoint || '/' || m.name, m.value "
-                       "FROM metrics m JOIN runs r ON r.id = m.run_id ORDER BY r.name, m.step, m.split, "
-                       "m.checkpoint, m.name");
+  auto q = con.prepare(
+      "SELECT r.name, m.step, m.split || '/' || m.checkpoint || '/' || m.name, m.value "
+      "FROM metrics m JOIN runs r ON r.id = m.run_id ORDER BY r.name, m.step, m.split, "
+      "m.checkpoint, m.name");
   std::vector<std::string> rows;
   while (q.step()) {
     std::ostringstream row;
@@ -542,8 +570,11 @@ std::vector<std::string> all_metrics(const std::string& db) {
 TEST_CASE("run: late loss reads log, score, stop, resume and diverge as reads every step do", "[engine][loss_reads]") {
   TempDir d("e2e-loss-reads");
   write_fixture(d, "log_every = 1\ngrad_accum = 2\n");
-  const std::vector<std::string> nine = {"--only", "*/*/seed=0", "--set", "train.steps=9", "--set",
-                                         "train.eval_every=4", "--set", "train.checkpoint_every=4", "--device", "cpu"};
+  const std::vector<std::string> nine = {"--only",   "*/*/seed=0",
+                                         "--set",    "train.steps=9",
+                                         "--set",    "train.eval_every=4",
+                                         "--set",    "train.checkpoint_every=4",
+                                         "--device", "cpu"};
   const auto run_with = [&](const std::string& reads, const std::string& db, std::vector<std::string> extra) {
     test::EnvScope env("CHIAR_LOSS_READS", reads);
     return test::run_chiar(pinned_run_args(d, db, std::move(extra)));
@@ -556,8 +587,9 @@ TEST_CASE("run: late loss reads log, score, stop, resume and diverge as reads ev
   REQUIRE(all_metrics(every).size() > 8);
   CHECK(all_metrics(late) == all_metrics(every));
   // Every run timed, from the steps read late as from the others.
-  CHECK(count(late, "SELECT COUNT(*) FROM runs WHERE step_ms > 0 AND train_tokens_per_s > 0 AND "
-                    "overhead LIKE '{\"steps_s\": %'") == 4);
+  CHECK(count(late,
+              "SELECT COUNT(*) FROM runs WHERE step_ms > 0 AND train_tokens_per_s > 0 AND "
+              "overhead LIKE '{\"steps_s\": %'") == 4);
 
   // A stop requested at a step read late is honoured at the next step, which
   // is read before its update; resumed, the run ends as it would have.
@@ -605,8 +637,9 @@ TEST_CASE("run: late loss reads log, score, stop, resume and diverge as reads ev
     CHECK(all_metrics(d.path() + "/late-nan.db") == all_metrics(d.path() + "/every-nan.db"));
     // Nothing kept of a step at or after the divergence (the step read
     // before its update that follows a diverged step read late included).
-    CHECK(count(d.path() + "/late-nan.db", "SELECT COUNT(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
-                                           "WHERE c.step >= r.diverged_step") == 0);
+    CHECK(count(d.path() + "/late-nan.db",
+                "SELECT COUNT(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+                "WHERE c.step >= r.diverged_step") == 0);
   }
 
   // Another value is refused before anything is written.
@@ -621,8 +654,8 @@ TEST_CASE("run: late loss reads log, score, stop, resume and diverge as reads ev
 TEST_CASE("run: interrupted by SIGINT, or killed, then resumed, ends as an uninterrupted run", "[engine][resume]") {
   TempDir d("e2e-resume");
   write_fixture(d, "log_every = 1\n");
-  const std::vector<std::string> one = {"--only", "routed/lm/seed=1", "--set", "train.steps=120", "--set",
-                                        "train.checkpoint_every=7", "--set", "train.eval_every=40"};
+  const std::vector<std::string> one = {"--only", "routed/lm/seed=1",         "--set", "train.steps=120",
+                                        "--set",  "train.checkpoint_every=7", "--set", "train.eval_every=40"};
   REQUIRE(test::run_chiar(pinned_run_args(d, "ref.db", one)).status == 0);
   const auto reference = final_metrics(d.path() + "/ref.db", "routed/lm/seed=1");
   REQUIRE(reference.size() > 4);
@@ -660,7 +693,9 @@ TEST_CASE("run: a resumed run keeps the GEMM library it began on, or says that i
   struct Restore {
     const std::string& value;
     bool set;
-    ~Restore() { if (set) setenv("CHIAR_GEMM", value.c_str(), 1); }
+    ~Restore() {
+      if (set) setenv("CHIAR_GEMM", value.c_str(), 1);
+    }
   } restore{kept_gemm, inherited != nullptr};
   TempDir d("e2e-gemm-resume");
   write_fixture(d);
@@ -805,9 +840,8 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
   REQUIRE(test::run_chiar(run_args(d, "i.db", {"--only", "routed/lm/seed=0"})).status == 0);
   const std::string db = d.path() + "/i.db";
   const std::string text = "the route of a token is cheap or not the entropy";
-  const auto out = test::run_chiar({"inspect", db, "--run", "routed/lm/seed=0", "--text", text, "--tsv",
-                                    "--data-root", d.path(), "--cache-dir", d.path() + "/cache", "--html",
-                                    d.path() + "/routes.html"});
+  const auto out = test::run_chiar({"inspect", db, "--run", "routed/lm/seed=0", "--text", text, "--tsv", "--data-root",
+                                    d.path(), "--cache-dir", d.path() + "/cache", "--html", d.path() + "/routes.html"});
   INFO(out.output);
   REQUIRE(out.status == 0);
 
@@ -825,8 +859,9 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
   mo.vocab_size(task->vocab_size()).head(TaskHead::LanguageModel);
   ChiarModel model(test::plugins(), mo);
   // The best model the store recorded (state-<step>.pt / best-<step>.pt).
-  auto best = con.prepare("SELECT c.file FROM checkpoints c JOIN runs r ON r.id = c.run_id "
-                          "WHERE r.name = 'routed/lm/seed=0' AND c.kind = 'best' ORDER BY c.step DESC");
+  auto best = con.prepare(
+      "SELECT c.file FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+      "WHERE r.name = 'routed/lm/seed=0' AND c.kind = 'best' ORDER BY c.step DESC");
   REQUIRE(best.step());
   torch::serialize::InputArchive archive;
   archive.load_from(best.text(0));
@@ -877,17 +912,35 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
 TEST_CASE("bench-train: every variant measured, every JSON field written", "[engine][bench]") {
   TempDir d("bench");
   const std::string json = d.path() + "/b.json";
-  const auto out = test::run_chiar({"bench-train", "--variants-file", std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
-                                    "--variants", "baseline,chiar_dct_attn,chiar_soft", "--batch", "2", "--seq", "16",
-                                    "--d-model", "16", "--heads", "2", "--vocab", "50", "--steps", "2", "--warmup", "1",
-                                    "--json", json});
+  const auto out = test::run_chiar({"bench-train",
+                                    "--variants-file",
+                                    std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
+                                    "--variants",
+                                    "baseline,chiar_dct_attn,chiar_soft",
+                                    "--batch",
+                                    "2",
+                                    "--seq",
+                                    "16",
+                                    "--d-model",
+                                    "16",
+                                    "--heads",
+                                    "2",
+                                    "--vocab",
+                                    "50",
+                                    "--steps",
+                                    "2",
+                                    "--warmup",
+                                    "1",
+                                    "--json",
+                                    json});
   INFO(out.output);
   REQUIRE(out.status == 0);
   std::ifstream in(json);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
-  for (const char* v : {"\"baseline\"", "\"chiar_dct_attn\"", "\"chiar_soft\""}) CHECK(text.find(v) != std::string::npos);
-  for (const char* k : {"train_tokens_per_s", "infer_tokens_per_s", "step_flops", "achieved_gflops", "gemm_gflops", "peak_rss_mb",
-                        "\"device\": \"cpu\"", "\"precision\": \"fp32\""}) {
+  for (const char* v : {"\"baseline\"", "\"chiar_dct_attn\"", "\"chiar_soft\""})
+    CHECK(text.find(v) != std::string::npos);
+  for (const char* k : {"train_tokens_per_s", "infer_tokens_per_s", "step_flops", "achieved_gflops", "gemm_gflops",
+                        "peak_rss_mb", "\"device\": \"cpu\"", "\"precision\": \"fp32\""}) {
     size_t n = 0;
     for (size_t at = text.find(k); at != std::string::npos; at = text.find(k, at + 1)) ++n;
     CHECK(n == 3);
@@ -900,9 +953,29 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   CHECK(flops_of("chiar_soft") > flops_of("chiar_dct_attn"));
   // bf16 autocast in the timed forward passes, on request.
   const std::string bf16_json = d.path() + "/bf16.json";
-  const auto bf16 = test::run_chiar({"bench-train", "--variants-file", std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
-                                     "--variants", "baseline", "--batch", "2", "--seq", "16", "--d-model", "16", "--heads", "2",
-                                     "--vocab", "50", "--steps", "1", "--warmup", "1", "--precision", "bf16", "--json", bf16_json});
+  const auto bf16 = test::run_chiar({"bench-train",
+                                     "--variants-file",
+                                     std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
+                                     "--variants",
+                                     "baseline",
+                                     "--batch",
+                                     "2",
+                                     "--seq",
+                                     "16",
+                                     "--d-model",
+                                     "16",
+                                     "--heads",
+                                     "2",
+                                     "--vocab",
+                                     "50",
+                                     "--steps",
+                                     "1",
+                                     "--warmup",
+                                     "1",
+                                     "--precision",
+                                     "bf16",
+                                     "--json",
+                                     bf16_json});
   INFO(bf16.output);
   REQUIRE(bf16.status == 0);
   CHECK(test::read_text(bf16_json).find("\"precision\": \"bf16\"") != std::string::npos);
@@ -912,13 +985,17 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   CHECK(unknown.status == 2);
   CHECK_THAT(unknown.output, Catch::Matchers::StartsWith("chiar: --variants: no variant 'basline' is defined (did you "
                                                          "mean 'baseline'?"));
-  for (const auto& [flag, value, low] : std::vector<std::tuple<std::string, std::string, int>>{
-           {"--steps", "0", 1}, {"--warmup", "-1", 0}, {"--batch", "0", 1}, {"--seq", "-4", 1}, {"--d-model", "0", 1},
-           {"--layers", "0", 1}, {"--heads", "0", 1}, {"--vocab", "0", 1}}) {
+  for (const auto& [flag, value, low] : std::vector<std::tuple<std::string, std::string, int>>{{"--steps", "0", 1},
+                                                                                               {"--warmup", "-1", 0},
+                                                                                               {"--batch", "0", 1},
+                                                                                               {"--seq", "-4", 1},
+                                                                                               {"--d-model", "0", 1},
+                                                                                               {"--layers", "0", 1},
+                                                                                               {"--heads", "0", 1},
+                                                                                               {"--vocab", "0", 1}}) {
     const auto refused = test::run_chiar({"bench-train", "--variants-file", variants, flag, value});
     CHECK(refused.status == 2);
-    CHECK(refused.output ==
-          "chiar: " + flag + ": must be at least " + std::to_string(low) + ", found " + value + "\n");
+    CHECK(refused.output == "chiar: " + flag + ": must be at least " + std::to_string(low) + ", found " + value + "\n");
   }
 }
 
@@ -926,16 +1003,22 @@ TEST_CASE("run: the fnet and chiar_topk variants run in a matrix; fnet is refuse
   TempDir d("e2e-new");
   write_fixture(d);
   const std::string variants = std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml";
-  d.write("new.toml", "include = [\"" + variants + "\", \"m.toml\"]\n[matrix]\nvariants = [\"chiar_topk\", \"fnet\"]\ntasks = [\"flat\"]\nseeds = [0]\n");
+  d.write("new.toml",
+          "include = [\"" + variants +
+              "\", \"m.toml\"]\n[matrix]\nvariants = [\"chiar_topk\", \"fnet\"]\ntasks = [\"flat\"]\nseeds = [0]\n");
   const auto ok = test::run_chiar({"run", d.path() + "/new.toml", "--db", d.path() + "/n.db", "--data-root", d.path(),
                                    "--cache-dir", d.path() + "/cache"});
   INFO(ok.output);
   CHECK(ok.status == 0);
   CHECK(count(d.path() + "/n.db", "SELECT COUNT(*) FROM runs WHERE status = 'done'") == 2);
-  d.write("lm.toml", "include = [\"" + variants + "\", \"m.toml\"]\n[matrix]\nvariants = [\"fnet\"]\ntasks = [\"lm\"]\nseeds = [0]\n");
-  const auto refused = test::run_chiar({"run", d.path() + "/lm.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
+  d.write("lm.toml", "include = [\"" + variants +
+                         "\", \"m.toml\"]\n[matrix]\nvariants = [\"fnet\"]\ntasks = [\"lm\"]\nseeds = [0]\n");
+  const auto refused =
+      test::run_chiar({"run", d.path() + "/lm.toml", "--db", d.path() + "/x.db", "--data-root", d.path()});
   CHECK(refused.status == 2);
-  CHECK_THAT(refused.output, Catch::Matchers::Contains(
-                                 "variant 'fnet' on task 'lm': layer 1: operator 'fourier' does not support causal language modelling"));
+  CHECK_THAT(
+      refused.output,
+      Catch::Matchers::Contains(
+          "variant 'fnet' on task 'lm': layer 1: operator 'fourier' does not support causal language modelling"));
   CHECK(!boost::filesystem::exists(d.path() + "/x.db"));
 }

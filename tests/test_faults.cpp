@@ -28,14 +28,14 @@
 #include "support/tiny_matrix.h"
 
 using namespace chiar;
-using test::TempDir;
 using test::has_line;
+using test::TempDir;
 namespace fs = boost::filesystem;
 
 namespace {
 
-const std::vector<std::string> kWords = {"a", "disk", "fills", "while", "the", "store", "is", "written",
-                                         "and", "then", "it", "resumes"};
+const std::vector<std::string> kWords = {"a",  "disk",    "fills", "while", "the", "store",
+                                         "is", "written", "and",   "then",  "it",  "resumes"};
 
 // The [model] and [train] tables every matrix here shares: tiny runs, one
 // thread, a progress line (and store heartbeat) after every step.
@@ -62,8 +62,8 @@ const std::vector<std::string> kRunNames = {"base/lm/seed=0", "routed/lm/seed=0"
 // its resumptions in separate processes then agree bit for bit (with
 // "auto", each process times the libraries and may pick another).
 std::vector<std::string> run_args(const TempDir& d, const std::string& db, std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {"--gemm", "blas", "run", d.path() + "/m.toml", "--db", db, "--data-root",
-                                   d.path(), "--cache-dir", d.path() + "/cache"};
+  std::vector<std::string> args = {"--gemm", "blas",        "run",    d.path() + "/m.toml", "--db",
+                                   db,       "--data-root", d.path(), "--cache-dir",        d.path() + "/cache"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -132,8 +132,8 @@ struct PointKind {
   int64_t max_n;
 };
 const std::vector<PointKind> kPointKinds = {
-    {"train.step", 5},          {"eval.scored", 2},  {"checkpoint.written", 2},
-    {"checkpoint.renamed", 2},  {"store.commit", 10}, {"", 5},
+    {"train.step", 5},         {"eval.scored", 2},   {"checkpoint.written", 2},
+    {"checkpoint.renamed", 2}, {"store.commit", 10}, {"", 5},
 };
 
 // `kills` points: every kind once, then kinds drawn at random, in a shuffled
@@ -172,8 +172,7 @@ int kill_after_steps(pid_t pid, const std::string& log, int64_t steps) {
 }
 
 // One attempt under `point`: the child's status, its output appended to *logs.
-int attempt(const std::vector<std::string>& args, const KillPoint& point, const std::string& log,
-            std::string* logs) {
+int attempt(const std::vector<std::string>& args, const KillPoint& point, const std::string& log, std::string* logs) {
   int status = 0;
   if (point.failpoint.empty()) {
     status = kill_after_steps(test::spawn_chiar_with_env(args, log, {}), log, point.n);
@@ -337,9 +336,11 @@ TEST_CASE("faults: 4 concurrent processes on one store run each run exactly once
   TempDir d("faults-four");
   test::write_word_corpus(d, kWords, 23, 300, 60);
   // 8 runs: 2 variants x 2 tasks x 2 seeds.
-  d.write("m.toml", "[matrix]\nname = \"four\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
-                    "seeds = [0, 1]\n\n" + tiny_tables(16, 6, 3, 3) + "\n" + test::kTinyBaseVariant + "\n" +
-                    test::kTinyRoutedVariant + "\n" + test::kTinyFlatTask + "\n" + test::kTinyLmTask);
+  d.write("m.toml",
+          "[matrix]\nname = \"four\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
+          "seeds = [0, 1]\n\n" +
+              tiny_tables(16, 6, 3, 3) + "\n" + test::kTinyBaseVariant + "\n" + test::kTinyRoutedVariant + "\n" +
+              test::kTinyFlatTask + "\n" + test::kTinyLmTask);
   const std::string db = d.path() + "/four.db";
   std::vector<pid_t> children;
   for (int i = 0; i < 4; ++i)
@@ -417,13 +418,16 @@ TEST_CASE("faults: NaN injected mid-run -> diverged, the matrix goes on", "[faul
   TempDir d("faults-nan");
   test::write_word_corpus(d, kWords, 25, 300, 60);
   // The poisoned run comes first, so the base run shows that the matrix goes on.
-  d.write("m.toml", "[matrix]\nname = \"nan\"\nvariants = [\"poisoned\", \"base\"]\ntasks = [\"lm\"]\n"
-                    "seeds = [0]\n\n" + tiny_tables(16, 8, 4, 4) + R"(
+  d.write("m.toml",
+          "[matrix]\nname = \"nan\"\nvariants = [\"poisoned\", \"base\"]\ntasks = [\"lm\"]\n"
+          "seeds = [0]\n\n" +
+              tiny_tables(16, 8, 4, 4) + R"(
 [variants.poisoned]
 layers = ["dct", "nan_at"]
 operators = { nan_at = { call = 5 } }
 
-)" + test::kTinyBaseVariant + "\n" + test::kTinyLmTask);
+)" + test::kTinyBaseVariant +
+              "\n" + test::kTinyLmTask);
   const std::string db = d.path() + "/nan.db";
   std::vector<std::string> args = run_args(d, db);
   args.insert(args.begin(), {"--plugin-dir", std::string(CHIAR_TEST_PLUGIN_DIR) + "/nan_at"});
@@ -434,11 +438,13 @@ operators = { nan_at = { call = 5 } }
   CHECK_THAT(r.output, Catch::Matchers::Contains("base/lm/seed=0: done in"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("matrix 'nan': 2 run, 0 skipped"));
   // The 5th training forward is step 5's: the loss of step 5 is NaN.
-  CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE name = 'poisoned/lm/seed=0' AND status = 'diverged' AND "
-                  "diverged_step = 5 AND error LIKE 'loss %nan at step 5'") == 1);
+  CHECK(count(db,
+              "SELECT COUNT(*) FROM runs WHERE name = 'poisoned/lm/seed=0' AND status = 'diverged' AND "
+              "diverged_step = 5 AND error LIKE 'loss %nan at step 5'") == 1);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE name = 'base/lm/seed=0' AND status = 'done'") == 1);
-  CHECK(count(db, "SELECT COUNT(*) FROM metrics m JOIN runs r ON r.id = m.run_id WHERE "
-                  "r.name = 'base/lm/seed=0' AND m.split = 'test'") > 0);
+  CHECK(count(db,
+              "SELECT COUNT(*) FROM metrics m JOIN runs r ON r.id = m.run_id WHERE "
+              "r.name = 'base/lm/seed=0' AND m.split = 'test'") > 0);
   // A second run leaves both alone: diverged is final.
   const auto again = test::run_chiar(args);
   INFO(again.output);
@@ -500,10 +506,12 @@ TEST_CASE("faults: a failed run is skipped until --retry-failed starts it again,
   CHECK(has_line(failed.output,
                  "[2/2] routed/lm/seed=0: failed: failure at failpoint train.step (CHIAR_FAILPOINT asked for it)"));
   CHECK(text_of(db, "SELECT status FROM runs WHERE name = 'routed/lm/seed=0'") == "failed");
-  CHECK(count(db, "SELECT COUNT(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
-                  "WHERE r.name = 'routed/lm/seed=0'") > 0);
-  CHECK(count(db, "SELECT COUNT(*) FROM histograms h JOIN runs r ON r.id = h.run_id "
-                  "WHERE r.name = 'routed/lm/seed=0'") > 0);
+  CHECK(count(db,
+              "SELECT COUNT(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+              "WHERE r.name = 'routed/lm/seed=0'") > 0);
+  CHECK(count(db,
+              "SELECT COUNT(*) FROM histograms h JOIN runs r ON r.id = h.run_id "
+              "WHERE r.name = 'routed/lm/seed=0'") > 0);
 
   // Failed is final: a rerun skips it.
   const auto again = test::run_chiar(run_args(d, db));
@@ -533,7 +541,8 @@ TEST_CASE("faults: a failed run is skipped until --retry-failed starts it again,
   for (const std::string table :
        {"metrics", "train_log", "flops", "flops_reference", "routing", "histograms", "checkpoints"}) {
     INFO(table);
-    const std::string rows = "SELECT COUNT(*) FROM " + table + " t JOIN runs r ON r.id = t.run_id "
+    const std::string rows = "SELECT COUNT(*) FROM " + table +
+                             " t JOIN runs r ON r.id = t.run_id "
                              "WHERE r.name = 'routed/lm/seed=0'";
     CHECK(count(db, rows) == count(reference_db, rows));
     CHECK(count(db, "SELECT COUNT(*) FROM " + table + " WHERE run_id NOT IN (SELECT id FROM runs)") == 0);
@@ -571,17 +580,17 @@ TEST_CASE("faults: one run failed and one out of memory -> both recorded, exit 3
   // Memory running out is the environment's failure: it decides the status.
   CHECK(both.status == 3);
   CHECK(has_line(both.output, "[2/2] routed/lm/seed=0: recorded interrupted, to resume on a device with more memory"));
-  CHECK(has_line(both.output, "matrix 'failoom': 2 run, 0 skipped, 1 failed (the error of each is above and in "
-                              "runs.error), 1 out of memory; results in " + db));
+  CHECK(has_line(both.output,
+                 "matrix 'failoom': 2 run, 0 skipped, 1 failed (the error of each is above and in "
+                 "runs.error), 1 out of memory; results in " +
+                     db));
   CHECK(has_line(both.output, "chiar: " + db +
                                   ": 1 run ran out of memory and is recorded interrupted: rerun on a device with more "
                                   "memory to resume it, or lower train.batch (a new run)"));
-  CHECK(text_of(db, "SELECT status || ' at ' || step FROM runs WHERE name = 'routed/lm/seed=0'") ==
-        "interrupted at 3");
+  CHECK(text_of(db, "SELECT status || ' at ' || step FROM runs WHERE name = 'routed/lm/seed=0'") == "interrupted at 3");
 }
 
-TEST_CASE("faults: a stop requested as a run fails ends the command there; the next run is left pending",
-          "[faults]") {
+TEST_CASE("faults: a stop requested as a run fails ends the command there; the next run is left pending", "[faults]") {
   TempDir d("faults-fail-stop");
   // SIGTERM (as from scancel) reaches the process at the moment base's step
   // 4 throws (the targets act in the order given).
@@ -590,14 +599,14 @@ TEST_CASE("faults: a stop requested as a run fails ends the command there; the n
   CHECK(stopped.status == 130);
   // The second run is not claimed only to be interrupted at once.
   CHECK_THAT(stopped.output, !Catch::Matchers::Contains("routed/lm/seed=0"));
-  CHECK(text_of(db, "SELECT status || ' ' || COALESCE(started_at, 'never started') FROM runs WHERE name = "
-                    "'routed/lm/seed=0'") == "pending never started");
+  CHECK(text_of(db,
+                "SELECT status || ' ' || COALESCE(started_at, 'never started') FROM runs WHERE name = "
+                "'routed/lm/seed=0'") == "pending never started");
 
   // The rerun trains the second run; the failed one stays failed.
   const auto rerun = test::run_chiar(run_args(d, db));
   INFO(rerun.output);
   CHECK(rerun.status == 0);
   CHECK_THAT(rerun.output, Catch::Matchers::Contains("[2/2] routed/lm/seed=0: starting"));
-  CHECK(text_of(db, "SELECT group_concat(status, ' ') FROM (SELECT status FROM runs ORDER BY name)") ==
-        "failed done");
+  CHECK(text_of(db, "SELECT group_concat(status, ' ') FROM (SELECT status FROM runs ORDER BY name)") == "failed done");
 }

@@ -56,7 +56,7 @@ TEST_CASE("bias_gelu matches the float64 definition, forward and both gradients"
   // Tolerances: the erfc approximation's 1.5e-7 absolute error, fp32 rounding,
   // and the bias sums over up to 2048 rows.
   const std::vector<Case> cases = {
-      {{1, 1}, 1.0, 1e-6},     {{3, 17}, 2.0, 1e-6},        {{2, 5, 33}, 3.0, 1e-6},
+      {{1, 1}, 1.0, 1e-6},      {{3, 17}, 2.0, 1e-6},      {{2, 5, 33}, 3.0, 1e-6},
       {{257, 1000}, 2.0, 1e-6}, {{2048, 1024}, 1.5, 2e-6}, {{64, 48}, 12.0, 1e-6},
   };
   for (const auto& c : cases) {

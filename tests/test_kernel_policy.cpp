@@ -154,8 +154,10 @@ TEST_CASE("kernel policy: linear and batch_matmul agree, forward and backward", 
   };
   // 3-D inputs with a bias, with a bias and an addend; more inputs than
   // outputs (oneDNN's kept transposed weight); 2-D with an addend alone.
-  const std::vector<LinearCase> cases{
-      {{2, 9, 16}, 24, true, false}, {{2, 9, 16}, 24, true, true}, {{3, 40, 48}, 8, true, true}, {{7, 5}, 3, false, true}};
+  const std::vector<LinearCase> cases{{{2, 9, 16}, 24, true, false},
+                                      {{2, 9, 16}, 24, true, true},
+                                      {{3, 40, 48}, 8, true, true},
+                                      {{7, 5}, 3, false, true}};
   for (const auto& c : cases) {
     INFO("x " << at::IntArrayRef(c.x_shape) << ", n " << c.n << ", bias " << c.bias << ", addend " << c.addend);
     at::manual_seed(41);
@@ -285,7 +287,8 @@ TEST_CASE("kernel policy: linear_cross_entropy agrees, loss and both gradients",
     int weights;            // 0: the mean (undefined), 1: random, 2: every third token masked
     int64_t rows_per_pass;  // 0: automatic
   };
-  const std::vector<LossCase> cases{{7, 5, 11, 2, 0}, {64, 16, 1000, 0, 0}, {64, 16, 1000, 1, 0}, {300, 32, 2048, 2, 37}};
+  const std::vector<LossCase> cases{
+      {7, 5, 11, 2, 0}, {64, 16, 1000, 0, 0}, {64, 16, 1000, 1, 0}, {300, 32, 2048, 2, 37}};
   // The fused path runs on whichever GEMM library is selected, oneDNN or not.
   for (const auto backend : test::gemm_backends()) {
     test::BackendScope gemm(backend);
@@ -341,8 +344,9 @@ TEST_CASE("kernel policy: FusedAdamW's loop and libtorch's AdamW step reach the 
     // Two groups, as the trainer makes them: matrices decayed, vectors not.
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(std::vector<at::Tensor>{params[1]}, std::make_unique<torch::optim::AdamWOptions>(options));
-    groups.emplace_back(std::vector<at::Tensor>{params[0], params[2]},
-                        std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(options).weight_decay(0.0)));
+    groups.emplace_back(
+        std::vector<at::Tensor>{params[0], params[2]},
+        std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(options).weight_decay(0.0)));
     FusedAdamW opt(std::move(groups));
     for (const auto& step : steps) {
       for (size_t j = 0; j < params.size(); ++j) params[j].mutable_grad() = step[j].clone();
@@ -406,7 +410,7 @@ TEST_CASE("kernel policy: spectral entropy agrees, from coefficients and from ve
   for (const int64_t d : {16, 37, 64}) {
     INFO("d " << d);
     auto x = at::randn({3, 7, d});
-    x[0][0].zero_();  // a zero vector: H = 0 on both paths
+    x[0][0].zero_();                     // a zero vector: H = 0 on both paths
     const auto coeffs = chiar::dct2(x);  // computed once: the entropy kernel alone is compared
     at::Tensor from_coeffs[2], from_x[2];
     for (size_t i = 0; i < 2; ++i) {
@@ -624,8 +628,7 @@ TEST_CASE("kernel policy: a routed layer's sparse execution agrees (rows per ope
       y[i] = out.detach();
       choice[i] = routing.choice;
       grads[i].push_back(input.grad().clone());
-      for (const auto& p : layer.parameters())
-        grads[i].push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+      for (const auto& p : layer.parameters()) grads[i].push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
       // Without: rows placed by the host scatter under Auto.
       at::NoGradGuard no_grad;
       LayerRouting eval_routing;
@@ -645,13 +648,13 @@ namespace {
 
 // What three training steps of a tiny language model gave.
 struct Trained {
-  std::vector<double> thresholds;      // the routers' after calibration
-  std::vector<double> losses;          // per step
-  std::vector<bool> fused;             // per step: FusedAdamW took its loop
-  std::vector<at::Tensor> choices;     // per step, every routed layer's
-  at::Tensor eval_logits;              // after training, without autograd
+  std::vector<double> thresholds;   // the routers' after calibration
+  std::vector<double> losses;       // per step
+  std::vector<bool> fused;          // per step: FusedAdamW took its loop
+  std::vector<at::Tensor> choices;  // per step, every routed layer's
+  at::Tensor eval_logits;           // after training, without autograd
   std::vector<at::Tensor> eval_choices;
-  uint64_t host_kernels = 0;           // host kernel entries over all of it
+  uint64_t host_kernels = 0;  // host kernel entries over all of it
 };
 
 ModelOptions tiny_model(std::vector<std::string> layers, const std::string& router = "threshold", int64_t vocab = 50) {
@@ -730,8 +733,8 @@ TEST_CASE("kernel policy: a tiny model trains to the same losses under both poli
   const std::vector<Variant> variants{
       {"baseline, all attention", tiny_model({"attn", "attn"}), false},
       // 256 tokens so that the calibration sample holds each once.
-      {"dct, dct|attn, threshold, sparse", tiny_model({"dct", "dct|attn"}, "threshold", 256).execution(Execution::Sparse),
-       true},
+      {"dct, dct|attn, threshold, sparse",
+       tiny_model({"dct", "dct|attn"}, "threshold", 256).execution(Execution::Sparse), true},
       {"dct, dct|rbf|attn, hard_ste", tiny_model({"dct", "dct|rbf|attn"}, "hard_ste"), false},
       {"dct, dct|rbf|attn, soft", tiny_model({"dct", "dct|rbf|attn"}, "soft"), false}};
   for (const auto& v : variants) {
@@ -774,24 +777,31 @@ TEST_CASE("kernel policy: each fast path enters its host kernel under Auto and n
           "[kernels][kernel_policy]") {
   test::BackendScope gemm(fast_gemm());
   at::manual_seed(5);
-  const auto x = at::randn({4, 6, 16});     // (B, T, d)
-  const auto w = at::randn({24, 16});       // (out, d)
+  const auto x = at::randn({4, 6, 16});  // (B, T, d)
+  const auto w = at::randn({24, 16});    // (out, d)
   const auto b = at::randn({24});
   const auto ln_w = at::randn({16}), ln_b = at::randn({16});
   const auto targets = at::randint(24, {24}, at::TensorOptions().dtype(at::kLong));
   const auto key = at::tensor(std::vector<int64_t>{0, 0, 1, 3, 3, 3}, at::TensorOptions().dtype(at::kLong));
   const auto outs = std::vector<at::Tensor>{at::randn({2, 3, 16}), at::randn({2, 3, 16})};  // (B, T, d) each
-  const auto mix = at::softmax(at::randn({2, 3, 2}), -1);                                     // (B, T, K)
-  const auto choice =                                                                          // (B, T)
+  const auto mix = at::softmax(at::randn({2, 3, 2}), -1);                                   // (B, T, K)
+  const auto choice =                                                                       // (B, T)
       at::tensor(std::vector<int64_t>{0, 1, 1, 0, 1, 0}, at::TensorOptions().dtype(at::kLong)).view({2, 3});
   const std::vector<std::pair<const char*, std::function<void()>>> paths = {
       {"linear", [&] { chiar::linear(x, w, b); }},
       {"batch_matmul", [&] { chiar::batch_matmul(x, x.transpose(1, 2)); }},
       {"layer_norm", [&] { chiar::layer_norm(x, ln_w, ln_b, 1e-5); }},
       {"bias_gelu", [&] { chiar::bias_gelu(x, ln_b); }},
-      {"linear_cross_entropy", [&] { chiar::linear_cross_entropy(x.reshape({-1, 16}), w, targets, {}, 0); }},
+      {"linear_cross_entropy",
+       [&] {
+         chiar::linear_cross_entropy(x.reshape({-1, 16}), w, targets, {}, 0);
+       }},
       {"group_rows", [&] { chiar::group_rows(key); }},
-      {"spectral_entropy", [&] { at::NoGradGuard g; chiar::spectral_entropy_from_coeffs(x); }},
+      {"spectral_entropy",
+       [&] {
+         at::NoGradGuard g;
+         chiar::spectral_entropy_from_coeffs(x);
+       }},
       {"blend_outputs", [&] { chiar::blend_outputs(outs, mix); }},
       {"choose_outputs", [&] { chiar::choose_outputs(outs, choice, {}); }},
   };

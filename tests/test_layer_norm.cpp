@@ -24,7 +24,8 @@ struct Expected {
 // dx = (1/sigma) (g - mean(g) - xhat mean(g xhat)), g = dy w; dw = sum dy xhat, db = sum dy.
 Expected reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& dy, double eps) {
   const int64_t n = x.size(-1);
-  const auto xd = x.to(at::kDouble).reshape({-1, n}).contiguous(), dyd = dy.to(at::kDouble).reshape({-1, n}).contiguous();
+  const auto xd = x.to(at::kDouble).reshape({-1, n}).contiguous(),
+             dyd = dy.to(at::kDouble).reshape({-1, n}).contiguous();
   const auto wd = w.to(at::kDouble).contiguous(), bd = b.to(at::kDouble).contiguous();
   const int64_t rows = xd.size(0);
   Expected e{at::empty({rows, n}, xd.options()), at::empty({rows, n}, xd.options()), at::zeros({n}, xd.options()),
@@ -63,7 +64,7 @@ TEST_CASE("layer_norm matches the float64 definition, forward and all gradients"
   // Offsets far from zero check that the variance does not cancel; a row of
   // constants has zero variance and leans on eps.
   const std::vector<Case> cases = {
-      {{1, 1}, 0.0, 1.0, 1e-5, 1e-5},       {{3, 7}, 0.0, 1.0, 1e-5, 1e-5},     {{2, 5, 33}, 3.0, 2.0, 1e-5, 1e-5},
+      {{1, 1}, 0.0, 1.0, 1e-5, 1e-5},        {{3, 7}, 0.0, 1.0, 1e-5, 1e-5},       {{2, 5, 33}, 3.0, 2.0, 1e-5, 1e-5},
       {{4, 256, 256}, 0.0, 1.0, 1e-5, 1e-5}, {{17, 1000}, 100.0, 0.5, 1e-5, 2e-5}, {{8, 64}, 0.0, 1e-4, 1e-3, 1e-5},
   };
   for (const auto& c : cases) {

@@ -19,7 +19,7 @@ using test::TempDir;
 
 namespace {
 
-const std::vector<std::string> kFiller = {"the", "a",    "film",  "was",  "very",  "not",   "plot", "actor",
+const std::vector<std::string> kFiller = {"the",  "a",   "film",  "was",   "very", "not",   "plot",  "actor",
                                           "good", "bad", "scene", "story", "long", "short", "music", "end"};
 
 // One text: 12-40 filler words with the two markers at two distinct places
@@ -60,8 +60,9 @@ void write_order_corpus(const TempDir& d, int64_t n_train, int64_t n_test) {
 
 double test_accuracy(const std::string& db) {
   engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare("SELECT m.value FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.status = 'done' "
-                       "AND m.split = 'test' AND m.checkpoint = 'last' AND m.name = 'accuracy'");
+  auto q = con.prepare(
+      "SELECT m.value FROM metrics m JOIN runs r ON r.id = m.run_id WHERE r.status = 'done' "
+      "AND m.split = 'test' AND m.checkpoint = 'last' AND m.name = 'accuracy'");
   return q.step() ? q.real(0) : -1.0;
 }
 
@@ -78,7 +79,8 @@ seeds = [0]
 [model]
 d_model = 32
 n_heads = 2
-)" + model_extra + R"(
+)" + model_extra +
+         R"(
 [variants.attn]
 layers = ["attn", "attn"]
 
@@ -108,8 +110,8 @@ valid_fraction = 0.05
 double trained_accuracy(const TempDir& d, const std::string& model_extra) {
   d.write("m.toml", order_matrix(model_extra));
   const std::string db = d.path() + "/r-" + std::to_string(model_extra.size()) + ".db";
-  const auto run = test::run_chiar({"--gemm", "blas", "run", d.path() + "/m.toml", "--db", db, "--data-root",
-                                    d.path(), "--cache-dir", d.path() + "/cache"});
+  const auto run = test::run_chiar({"--gemm", "blas", "run", d.path() + "/m.toml", "--db", db, "--data-root", d.path(),
+                                    "--cache-dir", d.path() + "/cache"});
   INFO(run.output);
   REQUIRE(run.status == 0);
   return test_accuracy(db);

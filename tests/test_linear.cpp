@@ -53,10 +53,9 @@ struct Case {
 
 TEST_CASE("linear matches the float64 definition on every GEMM library, forward and backward", "[linear]") {
   const std::vector<Case> cases = {
-      {{7, 5}, 3, true, false, false},      {{2, 9, 16}, 24, true, true, false},
-      {{2, 9, 16}, 24, false, true, false}, {{2, 9, 16}, 24, false, false, false},
-      {{1, 1}, 1, true, true, false},       {{33, 64}, 1, true, false, false},
-      {{6, 1}, 40, false, true, false},     {{12, 20}, 8, true, true, true},
+      {{7, 5}, 3, true, false, false},       {{2, 9, 16}, 24, true, true, false}, {{2, 9, 16}, 24, false, true, false},
+      {{2, 9, 16}, 24, false, false, false}, {{1, 1}, 1, true, true, false},      {{33, 64}, 1, true, false, false},
+      {{6, 1}, 40, false, true, false},      {{12, 20}, 8, true, true, true},
   };
   for (const auto backend : test::gemm_backends()) {
     test::BackendScope scope(backend);
@@ -106,7 +105,7 @@ TEST_CASE("linear follows in-place and replaced weights (the kept transposed cop
     at::NoGradGuard no_grad;
     CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);
     CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);  // the kept copy
-    w.mul_(-2.0).add_(0.5);  // in place, as an optimiser step
+    w.mul_(-2.0).add_(0.5);                                                   // in place, as an optimiser step
     CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);
     w.set_data(at::randn({8, 48}));  // new storage, as a checkpoint load onto another device would
     CHECK(rel_error(linear(x, w, b), reference_linear(x, w, b, {})) < 1e-6);
@@ -147,7 +146,7 @@ TEST_CASE("gemm_into handles transposed operands, accumulation and empty sums", 
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         INFO("transposed a " << ta << ", b " << tb);
-        auto a = ta ? at::randn({11, 9}).t() : at::randn({9, 11});   // (9, 11)
+        auto a = ta ? at::randn({11, 9}).t() : at::randn({9, 11});    // (9, 11)
         auto b = tb ? at::randn({13, 11}).t() : at::randn({11, 13});  // (11, 13)
         auto c0 = at::randn({9, 13});
         auto c = c0.clone();
@@ -215,11 +214,11 @@ TEST_CASE("batch_matmul matches float64 products over batches of views, forward 
     at::manual_seed(9);
     // (G, h, T, dh) like attention's keys: a narrowed, transposed operand is
     // read in place, with batch strides that are not m * k.
-    auto q = at::randn({3, 2, 7, 8});                     // (G, h, m, dh)
+    auto q = at::randn({3, 2, 7, 8});                      // (G, h, m, dh)
     auto keys = at::randn({3, 2, 12, 8}).narrow(2, 0, 9);  // (G, h, e, dh), row stride kept
-    auto p = at::randn({3, 2, 7, 9});                     // (G, h, m, e)
-    auto packed = at::randn({40, 5, 6});                  // many small products: run side by side
-    auto mixed = at::randn({40, 3, 6}).transpose(1, 2);   // (40, 6, 3), column-major
+    auto p = at::randn({3, 2, 7, 9});                      // (G, h, m, e)
+    auto packed = at::randn({40, 5, 6});                   // many small products: run side by side
+    auto mixed = at::randn({40, 3, 6}).transpose(1, 2);    // (40, 6, 3), column-major
     auto rowvec = at::randn({4, 1, 6}), colvec = at::randn({4, 6, 1});
     struct Pair {
       const char* name;
@@ -258,7 +257,7 @@ TEST_CASE("gradients of gradients through linear and batch_matmul match float64"
     // f = sum((d/dW sum(y^2))^2) with y = batch_matmul(linear(x, W, b)^T, m): the
     // first gradient, taken with create_graph, must itself be differentiable.
     const auto f = [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& m, bool ours) {
-      auto h = ours ? linear(x, w, b) : at::linear(x, w, b);                                   // (3, 5, 4)
+      auto h = ours ? linear(x, w, b) : at::linear(x, w, b);                                  // (3, 5, 4)
       auto y = ours ? batch_matmul(h.transpose(1, 2), m) : at::matmul(h.transpose(1, 2), m);  // (3, 4, 2)
       auto gw = torch::autograd::grad({y.square().sum()}, {w}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
       return gw.square().sum();
@@ -321,7 +320,8 @@ TEST_CASE("a resumed run keeps the GEMM library it began on unless another is as
   timed.gemm_library = "onednn";
   timed.gemm = "onednn: oneDNN 2.6.3 sgemm; auto: 2048x256x1024 at 280 GFLOP/s on oneDNN, 190 on the BLAS";
   timed.gemm_timed = true;
-  const std::string began_blas = "blas (libtorch's path); auto: 2048x256x1024 at 150 GFLOP/s on oneDNN, 160 on the BLAS";
+  const std::string began_blas =
+      "blas (libtorch's path); auto: 2048x256x1024 at 150 GFLOP/s on oneDNN, 160 on the BLAS";
 
   // A fresh run (and a run from before the store kept the library) takes the process's choice.
   for (const std::string& none : {std::string(), std::string("mkl: from another harness")}) {
@@ -331,7 +331,8 @@ TEST_CASE("a resumed run keeps the GEMM library it began on unless another is as
     CHECK(fresh.note.empty());
   }
   // Timing chose the library the run began on: the record of that first decision stays.
-  const std::string began_onednn = "onednn: oneDNN 2.6.3 sgemm; auto: 2048x256x1024 at 250 GFLOP/s on oneDNN, 200 on the BLAS";
+  const std::string began_onednn =
+      "onednn: oneDNN 2.6.3 sgemm; auto: 2048x256x1024 at 250 GFLOP/s on oneDNN, 200 on the BLAS";
   const RunGemm same = gemm_for_run(timed, began_onednn);
   CHECK(same.library == "onednn");
   CHECK(same.record == began_onednn);
@@ -368,8 +369,9 @@ TEST_CASE("a resumed run keeps the GEMM library it began on unless another is as
   const RunGemm without = gemm_for_run(no_onednn, began_onednn, /*onednn_built=*/false);
   CHECK(without.library == "blas");
   CHECK(without.record == "blas (auto: this build has no oneDNN); switched from onednn at resumption");
-  CHECK(without.note == "resumes on blas (this build has no oneDNN); it began on onednn, so its results will "
-                        "differ from an uninterrupted run's");
+  CHECK(without.note ==
+        "resumes on blas (this build has no oneDNN); it began on onednn, so its results will "
+        "differ from an uninterrupted run's");
   // A process whose timing chose the BLAS, in a build with oneDNN, keeps it.
   RuntimeInfo chose_blas = no_onednn;
   chose_blas.gemm = "blas (libtorch's path); auto: 2048x256x1024 at 150 GFLOP/s on oneDNN, 160 on the BLAS";

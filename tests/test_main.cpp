@@ -17,13 +17,11 @@ int main(int argc, char* argv[]) {
   // name; the ctest entry passes this flag so that a machine without one
   // reports the entry as skipped instead.
   bool skip_without_cuda = false;
-  session.cli(session.cli() |
-              Catch::clara::Opt(skip_without_cuda)["--skip-without-cuda"](
-                  "exit with the skip status, running nothing, when no CUDA device is usable"));
+  session.cli(session.cli() | Catch::clara::Opt(skip_without_cuda)["--skip-without-cuda"](
+                                  "exit with the skip status, running nothing, when no CUDA device is usable"));
   if (const int rc = session.applyCommandLine(argc, argv)) return rc;
   if (skip_without_cuda && !torch::cuda::is_available()) {
-    std::cout << "SKIPPED [cuda]: no CUDA device is usable here (torch::cuda::is_available() is false)"
-              << std::endl;
+    std::cout << "SKIPPED [cuda]: no CUDA device is usable here (torch::cuda::is_available() is false)" << std::endl;
     return chiar::test::kSkipExitCode;
   }
   // fp32 products in IEEE fp32 on a GPU, whatever the environment says, as

@@ -139,7 +139,7 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   const int64_t attention = (d * d + d) + (d * 2 * d + 2 * d) + (d * d + d) + 2 * d;
   const int64_t ffn = (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * d;
   CHECK(baseline.parameter_count() == V * d + 2 * (attention + ffn));  // "auto": post-norm for a language model
-  const int64_t final_norm = 2 * d;  // pre-norm ends in one more LayerNorm
+  const int64_t final_norm = 2 * d;                                    // pre-norm ends in one more LayerNorm
   CHECK(ChiarModel(test::plugins(), small({"attn", "attn"}).norm(NormPlacement::Pre)).parameter_count() ==
         V * d + 2 * (attention + ffn) + final_norm);
   ChiarModel routed(test::plugins(), small({"dct|attn", "dct"}));
@@ -148,17 +148,20 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   // "auto" is pre-norm for a classifier.
   CHECK_THAT(ChiarModel(test::plugins(), small({"attn"}).head(TaskHead::Classifier).n_classes(3)).describe(),
              Catch::Matchers::Contains("classifier, vocab 50, d 16, heads 2, ffn x4, pre-norm, classes 3"));
-  CHECK(routed.describe() ==
-        std::string("ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, post-norm, layers [dct(filter, gemm) | "
-                    "attention(heads 2, block 128, fused core (fp32 CPU), else ") + (test::attention_has_sdpa() ? "SDPA" : "chunked") +
-            ", rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
-            std::to_string(routed.parameter_count()) + " parameters)");
+  CHECK(
+      routed.describe() ==
+      std::string("ChiarModel(language-model, vocab 50, d 16, heads 2, ffn x4, post-norm, layers [dct(filter, gemm) | "
+                  "attention(heads 2, block 128, fused core (fp32 CPU), else ") +
+          (test::attention_has_sdpa() ? "SDPA" : "chunked") +
+          ", rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
+          std::to_string(routed.parameter_count()) + " parameters)");
   ChiarModel again(test::plugins(), small({"dct|attn", "dct"}));
   auto x = tokens(1, 8);
   CHECK(at::equal(routed.forward(x).logits, again.forward(x).logits));
 }
 
-TEST_CASE("lm_loss through the fused head equals the loss from the logits, value and every gradient", "[model][cross_entropy]") {
+TEST_CASE("lm_loss through the fused head equals the loss from the logits, value and every gradient",
+          "[model][cross_entropy]") {
   // The fp32 fused path against libtorch's cross-entropy on the logits the
   // same model gives, with the tied weight reached twice (embedding and head).
   for (const auto& v : variants()) {
@@ -180,8 +183,8 @@ TEST_CASE("lm_loss through the fused head equals the loss from the logits, value
         REQUIRE_FALSE(out.logits.defined());
         loss = model.lm_loss(out, targets, w);
       } else {
-        const auto nll = at::cross_entropy_loss(out.logits.reshape({-1, 50}), targets.reshape({-1}), {},
-                                                at::Reduction::None);
+        const auto nll =
+            at::cross_entropy_loss(out.logits.reshape({-1, 50}), targets.reshape({-1}), {}, at::Reduction::None);
         loss = (nll * w.reshape({-1})).sum();
       }
       loss.backward();

@@ -66,7 +66,8 @@ TEST_CASE("fourier equals LN(x + Re(DFT2(x))) per sequence length, padding exact
 }
 
 TEST_CASE("a non-causal operator is refused for language modelling, accepted for classification", "[model][fourier]") {
-  auto options = ModelOptions().vocab_size(30).d_model(8).n_heads(2).layers({"fourier", "fourier|attn"}).router("topk_entropy");
+  auto options =
+      ModelOptions().vocab_size(30).d_model(8).n_heads(2).layers({"fourier", "fourier|attn"}).router("topk_entropy");
   CHECK_THROWS_WITH(ChiarModel(test::plugins(), options),
                     "layer 1: operator 'fourier' does not support causal language modelling (it reads future tokens)");
   options.head(TaskHead::Classifier).n_classes(3);
@@ -89,9 +90,11 @@ TEST_CASE("topk_entropy: exactly the highest-entropy share of real tokens per se
     auto chosen = r.choice[b].narrow(0, 0, n).eq(1);
     CHECK(chosen.sum().item<int64_t>() == k);
     // Every chosen token's entropy is at least every unchosen one's.
-    CHECK(real.masked_select(chosen).min().item<double>() >= real.masked_select(chosen.logical_not()).max().item<double>());
+    CHECK(real.masked_select(chosen).min().item<double>() >=
+          real.masked_select(chosen.logical_not()).max().item<double>());
   }
-  auto three = topk({"dct", "rbf", "attention"}, Params().set("shares", std::vector<double>{0.5, 0.3, 0.2}))->route(x, h, {});
+  auto three =
+      topk({"dct", "rbf", "attention"}, Params().set("shares", std::vector<double>{0.5, 0.3, 0.2}))->route(x, h, {});
   CHECK(three.choice[0].eq(2).sum().item<int64_t>() == 4);
   CHECK(three.choice[0].eq(1).sum().item<int64_t>() == 6);
   CHECK_THROWS_WITH(topk({"dct", "attention"}, Params().set("shares", std::vector<double>{0.5, 0.6})),
@@ -110,7 +113,9 @@ TEST_CASE("topk_entropy is causal for language modelling and close to its share"
   CHECK(at::equal(router->route(x, changed, ctx).choice.narrow(1, 0, 100), r.choice.narrow(1, 0, 100)));
   CHECK(r.choice.to(at::kDouble).mean().item<double>() == Approx(0.25).margin(0.05));
   // A whole causal model with it stays causal.
-  ChiarModel model(test::plugins(), ModelOptions().vocab_size(40).d_model(8).n_heads(2).layers({"dct|attn", "attn"}).router("topk_entropy"));
+  ChiarModel model(
+      test::plugins(),
+      ModelOptions().vocab_size(40).d_model(8).n_heads(2).layers({"dct|attn", "attn"}).router("topk_entropy"));
   model.to(at::kDouble);
   model.eval();
   at::NoGradGuard g;

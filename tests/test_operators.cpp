@@ -77,7 +77,8 @@ std::vector<OpCase> op_cases() {
       {"attention", chunked().set("block", int64_t{3}).set("chunk_mib", 1e-9).set("recompute_mib", 0.0)},
       {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{3})},
       {"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{64})}};
-  if (test::attention_has_sdpa()) cases.push_back({"attention", Params().set("core", std::string("sdpa")).set("block", int64_t{3})});
+  if (test::attention_has_sdpa())
+    cases.push_back({"attention", Params().set("core", std::string("sdpa")).set("block", int64_t{3})});
   // And each again with its LayerNorm before the sub-layer.
   const size_t post = cases.size();
   for (size_t i = 0; i < post; ++i) cases.push_back({cases[i].name, cases[i].params, true});
@@ -94,9 +95,8 @@ TEST_CASE("dct operator equals LN(x + iDCT(DCT(x) * w)) from the definition", "[
     auto x = at::randn({2, 5, 16}, kF64);
     auto m = ref::dct_matrix(16);
     auto filtered = at::matmul(at::matmul(x, m.t()) * named(*op, "filter"), m);
-    auto expected = ref::layer_norm((x + filtered).view({-1, 16}), named(*op, "norm.weight"),
-                                    named(*op, "norm.bias"))
-                        .view_as(x);
+    auto expected =
+        ref::layer_norm((x + filtered).view({-1, 16}), named(*op, "norm.weight"), named(*op, "norm.bias")).view_as(x);
     CHECK(rel_error(op->forward(x, {}), expected) < 1e-12);
     // Inference folds the filter into the inverse basis: the same values.
     at::NoGradGuard no_grad;
@@ -112,8 +112,8 @@ TEST_CASE("dct operator reads the spectrum a routed layer supplies instead of tr
   auto x = at::randn({2, 5, 16}, kF64);
   auto m = ref::dct_matrix(16);
   const auto expected_from = [&](const at::Tensor& c) {
-    return ref::layer_norm((x + at::matmul(c * named(*op, "filter"), m)).view({-1, 16}),
-                           named(*op, "norm.weight"), named(*op, "norm.bias"))
+    return ref::layer_norm((x + at::matmul(c * named(*op, "filter"), m)).view({-1, 16}), named(*op, "norm.weight"),
+                           named(*op, "norm.bias"))
         .view_as(x);
   };
   OpContext ctx;
@@ -135,23 +135,23 @@ TEST_CASE("attention equals a naive float64 implementation", "[operator][attenti
   std::vector<std::string> cores{"auto", "chunked"};
   if (test::attention_has_sdpa()) cores.push_back("sdpa");
   for (const auto& core : cores)
-  for (bool causal : {true, false})
-    for (int64_t heads : {1, 2, 4})
-      for (int64_t block : {256, 1, 4}) {
-        INFO("core " << core << ", causal " << causal << ", heads " << heads << ", block " << block);
-        const auto params = Params().set("block", block).set("core", core);
-        auto op = make_op("attention", 16, heads, params);
-        auto x = at::randn({3, 9, 16}, kF64);
-        OpContext ctx;
-        ctx.causal = causal;
-        if (!causal) ctx.valid = test::padding_mask(9, {0, 3, 8});
-        auto expected = ref::attention(x, attention_weights(*op, heads), causal, ctx.valid);
-        CHECK(rel_error_valid(op->forward(x, ctx), expected, ctx.valid) < 1e-12);
-        // Float32 against the same float64 reference.
-        auto op32 = make_op("attention", 16, heads, params, /*float64=*/false);
-        auto expected32 = ref::attention(x, attention_weights(*op32, heads), causal, ctx.valid);
-        CHECK(rel_error_valid(op32->forward(x.to(at::kFloat), ctx), expected32, ctx.valid) < 1e-5);
-      }
+    for (bool causal : {true, false})
+      for (int64_t heads : {1, 2, 4})
+        for (int64_t block : {256, 1, 4}) {
+          INFO("core " << core << ", causal " << causal << ", heads " << heads << ", block " << block);
+          const auto params = Params().set("block", block).set("core", core);
+          auto op = make_op("attention", 16, heads, params);
+          auto x = at::randn({3, 9, 16}, kF64);
+          OpContext ctx;
+          ctx.causal = causal;
+          if (!causal) ctx.valid = test::padding_mask(9, {0, 3, 8});
+          auto expected = ref::attention(x, attention_weights(*op, heads), causal, ctx.valid);
+          CHECK(rel_error_valid(op->forward(x, ctx), expected, ctx.valid) < 1e-12);
+          // Float32 against the same float64 reference.
+          auto op32 = make_op("attention", 16, heads, params, /*float64=*/false);
+          auto expected32 = ref::attention(x, attention_weights(*op32, heads), causal, ctx.valid);
+          CHECK(rel_error_valid(op32->forward(x.to(at::kFloat), ctx), expected32, ctx.valid) < 1e-5);
+        }
 }
 
 TEST_CASE("attention: recomputing the weights in backward gives the stored path's gradients", "[operator][attention]") {
@@ -211,13 +211,12 @@ Pass run_pass(Operator& op, const at::Tensor& x, const OpContext& ctx, const at:
 // errors out_tol and grad_tol, in the causal and padded contexts the
 // operator's traits allow.
 void check_against_f64(const std::string& name, const Params& params, const Params& params64, int64_t T,
-                       const at::TensorOptions& as, bool bf16, double out_tol, double grad_tol,
-                       bool pre_norm = false) {
+                       const at::TensorOptions& as, bool bf16, double out_tol, double grad_tol, bool pre_norm = false) {
   for (bool causal : {true, false})
     for (bool padded : {false, true})
       for (int64_t heads : {1, 2}) {
-        INFO(name << " " << params.describe() << (pre_norm ? ", pre-norm" : "") << ", T " << T << ", causal " << causal << ", padded " << padded
-                  << ", heads " << heads << ", " << as << (bf16 ? ", bf16 autocast" : ""));
+        INFO(name << " " << params.describe() << (pre_norm ? ", pre-norm" : "") << ", T " << T << ", causal " << causal
+                  << ", padded " << padded << ", heads " << heads << ", " << as << (bf16 ? ", bf16 autocast" : ""));
         auto op = make_op(name, 16, heads, params, false, 21, pre_norm);
         auto op64 = make_op(name, 16, heads, params64, true, 21, pre_norm);
         const auto traits = op->traits();
@@ -245,8 +244,7 @@ void check_against_f64(const std::string& name, const Params& params, const Para
           const auto r = sparse ? rows : at::Tensor();
           const auto& pr = sparse ? probe_rows : probe;
           const Pass want = run_pass(*op64, x, ctx, r, pr);
-          const Pass got =
-              run_pass(*op, x.to(as), on(ctx, as), sparse ? rows.to(as.device()) : r, pr.to(as), bf16);
+          const Pass got = run_pass(*op, x.to(as), on(ctx, as), sparse ? rows.to(as.device()) : r, pr.to(as), bf16);
           const auto mask = sparse ? (padded ? ctx.valid.reshape({-1}).index_select(0, rows) : at::Tensor())
                                    : (padded ? ctx.valid : at::Tensor());
           const double out_error = rel_error_valid(got.out.cpu().to(at::kDouble), want.out, mask);
@@ -276,8 +274,8 @@ TEST_CASE("attention's fused fp32 core matches the float64 definition, forward a
   // in blocks of 256 and 1000 (blocks cut into tiles of 128 rows), and T 1100
   // in one block (backward's tiles shrink to 64 rows to keep two 1100-key
   // score arrays within kTileBytes).
-  for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 3}, {11, 4}, {300, 256}, {300, 1000},
-                                                                         {1100, 2048}})
+  for (const auto& [T, block] :
+       std::vector<std::pair<int64_t, int64_t>>{{11, 3}, {11, 4}, {300, 256}, {300, 1000}, {1100, 2048}})
     check_core("fused", T, block);
 }
 
@@ -319,8 +317,7 @@ TEST_CASE("every operator in fp32 and under bf16 autocast matches itself in floa
   cases.push_back({"fourier", {}});
   for (const auto& c : cases) {
     check_against_f64(c.name, c.params, c.params, 11, at::kFloat, false, 1e-5, 1e-4, c.pre_norm);
-    check_against_f64(c.name, c.params, c.params, 11, at::kFloat, true, kBf16OutTol, bf16_grad_tol(c.name),
-                      c.pre_norm);
+    check_against_f64(c.name, c.params, c.params, 11, at::kFloat, true, kBf16OutTol, bf16_grad_tol(c.name), c.pre_norm);
   }
 }
 
@@ -351,9 +348,10 @@ TEST_CASE("attention's core option: unknown names and SDPA on builds without it 
   if (test::attention_has_sdpa()) {
     CHECK(test::plugins().make_operator("attention", spec)->describe().find("SDPA core") != std::string::npos);
   } else {
-    CHECK_THROWS_WITH(test::plugins().make_operator("attention", spec),
-                      Catch::Matchers::EndsWith("attention: core \"sdpa\" needs libtorch 2.1 or newer; this build has " +
-                                                std::string(TORCH_VERSION)));
+    CHECK_THROWS_WITH(
+        test::plugins().make_operator("attention", spec),
+        Catch::Matchers::EndsWith("attention: core \"sdpa\" needs libtorch 2.1 or newer; this build has " +
+                                  std::string(TORCH_VERSION)));
   }
 }
 
@@ -375,7 +373,8 @@ TEST_CASE("attention's fused core gives NaN exactly where the unfused core does"
   }
 }
 
-TEST_CASE("attention under bf16 autocast leaves the fused core and stays close to fp32", "[operator][attention][bf16]") {
+TEST_CASE("attention under bf16 autocast leaves the fused core and stays close to fp32",
+          "[operator][attention][bf16]") {
   auto op = make_op("attention", 16, 2, Params().set("block", int64_t{4}), /*float64=*/false, 25);
   at::manual_seed(26);
   auto x = at::randn({2, 11, 16});
@@ -439,7 +438,12 @@ TEST_CASE("rbf keeps the normaliser away from zero", "[operator][rbf]") {
   ctx.causal = true;
   auto y = op->forward(x, ctx);
   CHECK(y.isfinite().all().item<bool>());
-  CHECK(rel_error(y, ref::rbf_quadratic(x, [&] { auto w = rbf_weights(*op); w.eps = 0.5; return w; }(),
+  CHECK(rel_error(y, ref::rbf_quadratic(x,
+                                        [&] {
+                                          auto w = rbf_weights(*op);
+                                          w.eps = 0.5;
+                                          return w;
+                                        }(),
                                         true, {})) < 1e-12);
 }
 
@@ -506,8 +510,9 @@ TEST_CASE("every operator's pre-norm form is its post-norm sub-layer on LN(x), p
       CHECK(rel_error_valid(ln(pre->forward(x, ctx) - x + n), post->forward(n, ctx), ctx.valid) < 1e-12);
       auto rows = at::tensor(std::vector<int64_t>{0, 5, 12, 16, 31}, at::TensorOptions().dtype(at::kLong));
       const auto flat = [](const at::Tensor& u) { return u.reshape({-1, 16}); };
-      CHECK(rel_error(ln(pre->forward_rows(x, rows, ctx) - flat(x).index_select(0, rows) + flat(n).index_select(0, rows)),
-                      post->forward_rows(n, rows, ctx)) < 1e-12);
+      CHECK(
+          rel_error(ln(pre->forward_rows(x, rows, ctx) - flat(x).index_select(0, rows) + flat(n).index_select(0, rows)),
+                    post->forward_rows(n, rows, ctx)) < 1e-12);
     }
   }
 }
@@ -562,8 +567,7 @@ TEST_CASE("every operator passes a float64 finite-difference gradient check", "[
       CHECK(test::gradcheck([&] { return (op->forward(x, ctx) * probe).sum(); }, inputs) < 1e-6);
       auto rows = at::tensor(std::vector<int64_t>{1, 3, 6, 9}, at::TensorOptions().dtype(at::kLong));
       auto probe_rows = at::randn({4, 8}, kF64);
-      CHECK(test::gradcheck([&] { return (op->forward_rows(x, rows, ctx) * probe_rows).sum(); },
-                            inputs) < 1e-6);
+      CHECK(test::gradcheck([&] { return (op->forward_rows(x, rows, ctx) * probe_rows).sum(); }, inputs) < 1e-6);
     }
   }
 }
@@ -605,7 +609,9 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
     const auto all = every_position(T);
     const int64_t keys = 4 * 4 + 4 * 8 + 2 * 10;
     // Per (query, key) pair: two products and the softmax.
-    const auto per_keys = [&](int64_t n) { return FlopCount{2 * n * d, 4 * n * d} * 2 + FlopCount{5 * n * h, 3 * n * h}; };
+    const auto per_keys = [&](int64_t n) {
+      return FlopCount{2 * n * d, 4 * n * d} * 2 + FlopCount{5 * n * h, 3 * n * h};
+    };
     const FlopCount fixed = blocked->flops(T, T, d) - per_keys(T * T);
     CHECK(blocked->flops_at(T, all, d, {true, false}) == fixed + per_keys(keys));
     auto recomputed =
@@ -622,7 +628,8 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
     auto never = make_op("attention", 256, 4, Params(unfused).set("recompute_mib", 1e12), false);
     const auto recomputes = [&](int64_t t, bool causal) {
       const auto p = every_position(t);
-      return standard->flops_at(t, p, 256, {causal, false}).backward > never->flops_at(t, p, 256, {causal, false}).backward;
+      return standard->flops_at(t, p, 256, {causal, false}).backward >
+             never->flops_at(t, p, 256, {causal, false}).backward;
     };
     CHECK_FALSE(recomputes(2048, false));
     CHECK(recomputes(2049, false));
@@ -649,8 +656,8 @@ TEST_CASE("flops: non-negative, linear in rows, monotone in T, exact for dct", "
   }
   // The linear RBF form grows linearly in T.
   auto rbf = make_op("rbf", 64, 4, {}, false);
-  const double ratio = static_cast<double>(rbf->flops(1024, 1024, 64).forward) /
-                       static_cast<double>(rbf->flops(512, 512, 64).forward);
+  const double ratio =
+      static_cast<double>(rbf->flops(1024, 1024, 64).forward) / static_cast<double>(rbf->flops(512, 512, 64).forward);
   CHECK(ratio == Approx(2.0).epsilon(0.01));
 }
 
@@ -665,10 +672,10 @@ TEST_CASE("operators reject bad options with a clear message", "[operator][error
   CHECK_THROWS_WITH(test::plugins().make_operator("dct", spec),
                     Catch::Matchers::EndsWith("unknown DCT implementation 'fast' (known: auto, gemm, fft)"));
   spec.params = Params().set("featuers", int64_t{8});
-  CHECK_THROWS_WITH(test::plugins().make_operator("rbf", spec),
-                    Catch::Matchers::EndsWith("libchiar_rbf.so): unknown parameter 'featuers' (known: chunk, eps, features, gamma)"));
+  CHECK_THROWS_WITH(
+      test::plugins().make_operator("rbf", spec),
+      Catch::Matchers::EndsWith("libchiar_rbf.so): unknown parameter 'featuers' (known: chunk, eps, features, gamma)"));
   spec.params = Params().set("features", std::string("many"));
   CHECK_THROWS_WITH(test::plugins().make_operator("rbf", spec),
-                    Catch::Matchers::EndsWith(
-                        "parameter 'features': expected an integer, found a string (\"many\")"));
+                    Catch::Matchers::EndsWith("parameter 'features': expected an integer, found a string (\"many\")"));
 }

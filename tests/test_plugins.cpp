@@ -92,9 +92,8 @@ TEST_CASE("loader errors name the file and what is wrong", "[plugins][errors]") 
                     "plugin file '" + broken("bad_torch") +
                         "' was built against libtorch 0.1, but this harness uses libtorch " +
                         CHIAR_TORCH_VERSION_STRING + "; rebuild the plugin");
-  CHECK_THROWS_WITH(r.load_file(broken("throws_registering")),
-                    "plugin file '" + broken("throws_registering") +
-                        "' failed while registering: cannot register today");
+  CHECK_THROWS_WITH(r.load_file(broken("throws_registering")), "plugin file '" + broken("throws_registering") +
+                                                                   "' failed while registering: cannot register today");
   // Nothing from the failed libraries was registered.
   CHECK(r.entries().empty());
 }
@@ -102,9 +101,9 @@ TEST_CASE("loader errors name the file and what is wrong", "[plugins][errors]") 
 TEST_CASE("two plugins may not register the same name", "[plugins][errors]") {
   PluginRegistry r;
   r.load_file(in_tree("dct"));
-  CHECK_THROWS_WITH(r.load_file(broken("duplicate_dct")),
-                    "plugin file '" + broken("duplicate_dct") + "' registers operator 'dct', which '" +
-                        in_tree("dct") + "' already registered");
+  CHECK_THROWS_WITH(r.load_file(broken("duplicate_dct")), "plugin file '" + broken("duplicate_dct") +
+                                                              "' registers operator 'dct', which '" + in_tree("dct") +
+                                                              "' already registered");
   // Loading the same file twice is not a clash.
   r.load_file(in_tree("dct"));
   CHECK(r.entries().size() == 1);
@@ -126,8 +125,7 @@ TEST_CASE("a throwing factory and unknown names give clear errors", "[plugins][e
                     "operator 'explode' (" + broken("throwing") + "): factory failed: boom");
   // A libtorch error's message, without the backtrace libtorch appends to what().
   CHECK_THROWS_WITH(r.make_operator("explode_in_torch", spec),
-                    "operator 'explode_in_torch' (" + broken("throwing") +
-                        "): factory failed: boom in libtorch");
+                    "operator 'explode_in_torch' (" + broken("throwing") + "): factory failed: boom in libtorch");
   // Memory running out is not the plugin's fault: it passes through as it was thrown.
   CHECK_THROWS_AS(r.make_operator("runs_out", spec), c10::OutOfMemoryError);
   CHECK_THROWS_WITH(r.make_operator("attention", spec),
@@ -195,8 +193,9 @@ TEST_CASE("CLI: exit status 2 and one clear message for bad input", "[plugins][c
   // The harness has no router of its own: a routed plan names one.
   auto no_router = run_cli("model --layers 'dct,dct|attn'");
   CHECK(no_router.status == 2);
-  CHECK(no_router.output == "chiar: model.router is required: layer 2 ('dct|attn') is routed (routers loaded: "
-                            "hard_ste, soft, threshold, topk_entropy)\n");
+  CHECK(no_router.output ==
+        "chiar: model.router is required: layer 2 ('dct|attn') is routed (routers loaded: "
+        "hard_ste, soft, threshold, topk_entropy)\n");
   CHECK(run_cli("model --layers 'dct,attn'").status == 0);  // nothing routed, nothing to name
 }
 
@@ -223,7 +222,8 @@ TEST_CASE("runtime: the BLAS libtorch binds to is named, slow GEMM is flagged", 
   if (normal.output.find("libtorch's own BLAS: ") != std::string::npos) {
     // A libtorch wheel (Torch_DIR): its BLAS is linked into libtorch_cpu,
     // named from its build configuration, and no preloaded one replaces it.
-    CHIAR_SKIP("[runtime]", "libtorch links its own BLAS: the OpenBLAS and reference-BLAS checks apply to Debian's libtorch");
+    CHIAR_SKIP("[runtime]",
+               "libtorch links its own BLAS: the OpenBLAS and reference-BLAS checks apply to Debian's libtorch");
   }
   // The set-up scripts install OpenBLAS and, beside it, the reference BLAS.
   CHECK_THAT(normal.output, Catch::Matchers::Contains("openblas"));
@@ -241,9 +241,9 @@ TEST_CASE("runtime: the BLAS libtorch binds to is named, slow GEMM is flagged", 
   slow.blas_gflops = 7.5;
   slow.gemm_size = 512;
   slow.blas = reference;
-  CHECK_THAT(describe(slow), Catch::Matchers::EndsWith(
-                                 "warning: the BLAS runs a GEMM at 7.5 GFLOP/s (< 20.0): libtorch is on "
-                                 "the reference BLAS; install libopenblas0-openmp"));
+  CHECK_THAT(describe(slow),
+             Catch::Matchers::EndsWith("warning: the BLAS runs a GEMM at 7.5 GFLOP/s (< 20.0): libtorch is on "
+                                       "the reference BLAS; install libopenblas0-openmp"));
   RuntimeInfo fast = slow;
   fast.blas_gflops = 90;
   CHECK_THAT(describe(fast), !Catch::Matchers::Contains("warning"));
@@ -342,7 +342,8 @@ TEST_CASE("plugins: declared options are refused by key and kind before the fact
 TEST_CASE("plugins: chiar options lists every plugin's declared options", "[plugins][cli]") {
   const auto printed = run_cli("options");
   REQUIRE(printed.status == 0);
-  CHECK_THAT(printed.output, Catch::Matchers::Contains("### router `threshold`\n\n| key | takes | default | meaning |"));
+  CHECK_THAT(printed.output,
+             Catch::Matchers::Contains("### router `threshold`\n\n| key | takes | default | meaning |"));
   CHECK_THAT(printed.output, Catch::Matchers::Contains("| `tau` | a list of numbers or \"auto\" | `auto` |"));
   CHECK_THAT(printed.output, Catch::Matchers::Contains("### operator `attention` (also `attn`)"));
   CHECK_THAT(printed.output, Catch::Matchers::Contains("| `core` | a string | `auto` |"));

@@ -45,7 +45,8 @@ variants = ["routed"]
 tasks = ["lm"]
 seeds = [0]
 
-)" + test::kTinyModelTable + "\n[train]\n" + test::tiny_train_body() + R"(
+)" + test::kTinyModelTable +
+                        "\n[train]\n" + test::tiny_train_body() + R"(
 [variants.routed]
 layers = ["dct", "dct|shade"]
 router = "threshold"
@@ -111,10 +112,11 @@ TEST_CASE("an operator that does not declare pre_norm is refused in a pre-norm m
                                     d.path(), "--cache-dir", d.path() + "/cache"});
   INFO(ran.output);
   CHECK(ran.status == 2);  // bad input: refused before anything runs, nothing written
-  CHECK_THAT(ran.output, Catch::Matchers::Contains(
-                             "/m.toml:21:1: variant 'routed' on task 'lm': layer 2: operator 'shade' does not support "
-                             "pre-norm sub-layers (its traits do not declare pre_norm), which model.norm = \"pre\" asks "
-                             "for here; set model.norm = \"post\""));
+  CHECK_THAT(ran.output,
+             Catch::Matchers::Contains(
+                 "/m.toml:21:1: variant 'routed' on task 'lm': layer 2: operator 'shade' does not support "
+                 "pre-norm sub-layers (its traits do not declare pre_norm), which model.norm = \"pre\" asks "
+                 "for here; set model.norm = \"post\""));
   CHECK_FALSE(boost::filesystem::exists(db));
 }
 
@@ -132,9 +134,10 @@ TEST_CASE("an operator from outside the tree is coloured, charted and benchmarke
   // chiar inspect: ANSI colours from the traits' colours (shade's pale yellow
   // is ANSI yellow, dct's pale blue ANSI blue), and the HTML's own colours
   // and display names.
-  std::vector<std::string> inspect = {"--plugin-dir", kShadeDir, "inspect", db, "--run", "routed/lm/seed=0",
-                                      "--text", "the light falls on a shade of grey and blue the light",
-                                      "--color", "always", "--html", d.path() + "/routes.html"};
+  std::vector<std::string> inspect = {
+      "--plugin-dir", kShadeDir,          "inspect", db,
+      "--run",        "routed/lm/seed=0", "--text",  "the light falls on a shade of grey and blue the light",
+      "--color",      "always",           "--html",  d.path() + "/routes.html"};
   inspect.insert(inspect.end(), data.begin(), data.end());
   const auto shown = test::run_chiar(inspect);
   INFO(shown.output);
@@ -161,8 +164,8 @@ TEST_CASE("an operator from outside the tree is coloured, charted and benchmarke
 #ifdef CHIAR_BENCH
   // chiar_bench: a forward and a forward+backward case for every operator it
   // finds, shade included.
-  const auto bench = capture(std::string(CHIAR_BENCH) + " --allow-debug --plugin-dir=" + kShadeDir +
-                             " --benchmark_list_tests");
+  const auto bench =
+      capture(std::string(CHIAR_BENCH) + " --allow-debug --plugin-dir=" + kShadeDir + " --benchmark_list_tests");
   INFO(bench.text);
   CHECK(bench.status == 0);
   CHECK_THAT(bench.text, Catch::Matchers::Contains("\nshade/fwd/128/256/real_time\n"));
@@ -179,8 +182,10 @@ TEST_CASE("claims file: unknown keys and names are refused at file:line", "[pres
   TempDir d("claims-file");
   const std::string variants = std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml";
   const auto claim = [&](const std::string& names, const std::string& metric, const std::string& extra) {
-    return "include = [\"" + variants + "\"]\n\n[[claims]]\nid = \"x\"\ntext = \"X beats Y\"\nkind = \"compare\"\n"
-           "task = \"*\"\nvariants = " + names + "\nmetric = \"" + metric + "\"\nbetter = \"lower\"\n" + extra;
+    return "include = [\"" + variants +
+           "\"]\n\n[[claims]]\nid = \"x\"\ntext = \"X beats Y\"\nkind = \"compare\"\n"
+           "task = \"*\"\nvariants = " +
+           names + "\nmetric = \"" + metric + "\"\nbetter = \"lower\"\n" + extra;
   };
   const std::string named = "[\"chiar_dct_attn\", \"$baseline\"]";
   const std::string good = d.write("good.toml", claim(named, "token_ppl", ""));
@@ -189,11 +194,13 @@ TEST_CASE("claims file: unknown keys and names are refused at file:line", "[pres
   CHECK(specs[0].variants == std::vector<std::string>{"chiar_dct_attn", "$baseline"});
 
   const std::string key = d.write("key.toml", claim(named, "token_ppl", "paperr = [1, 2]\n"));
-  CHECK_THROWS_WITH(report::load_claims(key), key + ":11:10: key 'claims[0].paperr': unknown key (did you mean 'paper'?)");
+  CHECK_THROWS_WITH(report::load_claims(key),
+                    key + ":11:10: key 'claims[0].paperr': unknown key (did you mean 'paper'?)");
   const std::string variant = d.write("variant.toml", claim("[\"chiar_dtc_attn\", \"$baseline\"]", "token_ppl", ""));
   CHECK_THROWS_WITH(report::load_claims(variant),
-                    variant + ":8:12: key 'claims[0].variants': unknown variant 'chiar_dtc_attn' (did you mean "
-                              "'chiar_dct_attn'?)");
+                    variant +
+                        ":8:12: key 'claims[0].variants': unknown variant 'chiar_dtc_attn' (did you mean "
+                        "'chiar_dct_attn'?)");
   const std::string metric = d.write("metric.toml", claim(named, "tokn_ppl", ""));
   CHECK_THROWS_WITH(report::load_claims(metric),
                     metric + ":9:10: key 'claims[0].metric': unknown metric 'tokn_ppl' (did you mean 'token_ppl'?)");

@@ -82,8 +82,12 @@ std::string make_store(const TempDir& d) {
     sum.tau = "{}";
     if (r.task == "wikitext103") {
       // baseline perplexity 60, 62, 64; DCT+Attn 30, 32, 34; hard 40..; soft 50..
-      const double base = r.variant == "baseline" ? 60 : r.variant == "chiar_dct_attn" ? 30 : r.variant == "chiar_hard" ? 40 : 50;
-      store.add_metrics(r.hash, 10, "test", "best", {{"token_ppl", base + 2 * s}, {"word_ppl", base + 2 * s}, {"bits_per_byte", 1.0}});
+      const double base = r.variant == "baseline"         ? 60
+                          : r.variant == "chiar_dct_attn" ? 30
+                          : r.variant == "chiar_hard"     ? 40
+                                                          : 50;
+      store.add_metrics(r.hash, 10, "test", "best",
+                        {{"token_ppl", base + 2 * s}, {"word_ppl", base + 2 * s}, {"bits_per_byte", 1.0}});
       store.add_metrics(r.hash, 10, "test", "last", {{"token_ppl", base + 2 * s + 1}});
     } else {
       store.add_metrics(r.hash, 10, "test", "best",
@@ -91,8 +95,10 @@ std::string make_store(const TempDir& d) {
     }
     // Attention 8 GFLOPs per sequence for the baseline, 3 for DCT+Attn (-62.5%).
     const double attn = r.variant == "baseline" ? 8e9 : 3e9;
-    store.add_flops(r.hash, 10, {{1, "attention", 64, attn, attn, 3 * attn, 3 * attn}, {1, "ffn", 64, 2e9, 2e9, 6e9, 6e9}}, 5e9);
-    if (r.variant == "chiar_hard") store.add_routing(r.hash, 10, 1, {{"dct", 0.6}, {"rbf", 0.02}, {"attention", 0.38}}, std::vector<int64_t>(20, 1));
+    store.add_flops(r.hash, 10,
+                    {{1, "attention", 64, attn, attn, 3 * attn, 3 * attn}, {1, "ffn", 64, 2e9, 2e9, 6e9, 6e9}}, 5e9);
+    if (r.variant == "chiar_hard")
+      store.add_routing(r.hash, 10, 1, {{"dct", 0.6}, {"rbf", 0.02}, {"attention", 0.38}}, std::vector<int64_t>(20, 1));
     store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
   }
   return db;
@@ -111,7 +117,7 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   // 60, 62, 64: mean 62, sample std 2, CI t(0.975, 2) * 2 / sqrt(3) = 4.303 * 1.1547 = 4.97.
   CHECK(lm.rows[0][2] == "62.00 ± 2.00 (95% CI ± 4.97)");
   CHECK(lm.rows[1][2] == "32.00 ± 2.00 (95% CI ± 4.97)");
-  CHECK(lm.best[1][2]);   // lowest perplexity
+  CHECK(lm.best[1][2]);  // lowest perplexity
   CHECK_FALSE(lm.best[0][2]);
   // Word perplexity equal to token perplexity (a word-level vocabulary): not repeated.
   CHECK(lm.header[3] == "bits/byte");
@@ -120,8 +126,8 @@ TEST_CASE("report tables: means, standard deviations, 95% CIs, best marks", "[re
   CHECK(lm.rows[1][5] == "-62.5%");
   CHECK(lm.rows[1][8] == "1.50×");
   const auto& cls = tables[1].second;
-  CHECK(cls.rows.size() == 2);                    // failed and diverged runs are not averaged in
-  CHECK(cls.rows[0][2] == "91.00 ± 1.41");        // 90 and 92: two seeds, no CI
+  CHECK(cls.rows.size() == 2);              // failed and diverged runs are not averaged in
+  CHECK(cls.rows[0][2] == "91.00 ± 1.41");  // 90 and 92: two seeds, no CI
   CHECK(cls.best[0][2]);
   CHECK(cls.header[3] == "majority class %");  // shown beside accuracy, never ranked
   CHECK(cls.rows[0][3] == "12.50");
@@ -184,12 +190,15 @@ TEST_CASE("report provenance: which runs came from which commit; auto's product 
   CHECK(summary_of(db).provenance.commits == "abc123");
   {
     engine::Database w(db);
-    w.exec("UPDATE runs SET git_commit = 'fedcba9876543210aa', git_dirty = 1, started_at = '2999-01-01T00:00:00Z' "
-           "WHERE variant = 'chiar_soft'");
-    w.exec("UPDATE runs SET blas = 'libblas.so.3', gemm = 'onednn: oneDNN x; auto: 2048x256x1024 at 121 GFLOP/s on "
-           "oneDNN, 66 on the BLAS' WHERE variant = 'baseline'");
-    w.exec("UPDATE runs SET blas = 'libblas.so.3', gemm = 'onednn: oneDNN x; auto: 2048x256x1024 at 285 GFLOP/s on "
-           "oneDNN, 202 on the BLAS' WHERE variant = 'chiar_dct_attn'");
+    w.exec(
+        "UPDATE runs SET git_commit = 'fedcba9876543210aa', git_dirty = 1, started_at = '2999-01-01T00:00:00Z' "
+        "WHERE variant = 'chiar_soft'");
+    w.exec(
+        "UPDATE runs SET blas = 'libblas.so.3', gemm = 'onednn: oneDNN x; auto: 2048x256x1024 at 121 GFLOP/s on "
+        "oneDNN, 66 on the BLAS' WHERE variant = 'baseline'");
+    w.exec(
+        "UPDATE runs SET blas = 'libblas.so.3', gemm = 'onednn: oneDNN x; auto: 2048x256x1024 at 285 GFLOP/s on "
+        "oneDNN, 202 on the BLAS' WHERE variant = 'chiar_dct_attn'");
   }
   const auto p = summary_of(db).provenance;
   // 5 + 5 + 4 runs on abc123 started first; chiar_soft's 4 later, from a dirty tree.
@@ -217,7 +226,8 @@ TEST_CASE("quality at equal training time: read off each run's learning curve", 
       const std::vector<std::pair<int64_t, double>> curve =
           fast ? std::vector<std::pair<int64_t, double>>{{20, 110}, {40, 90}, {80, 70}}
                : std::vector<std::pair<int64_t, double>>{{10, 100}, {20, 80}, {30, 70}};
-      for (const auto& [step, ppl] : curve) store.add_metrics(r.hash, step, "valid", "current", {{"token_ppl", ppl + s}, {"tokens", 1000}});
+      for (const auto& [step, ppl] : curve)
+        store.add_metrics(r.hash, step, "valid", "current", {{"token_ppl", ppl + s}, {"tokens", 1000}});
       store.add_metrics(r.hash, fast ? 100 : 40, "valid", "current", {{"token_ppl", 50.0}, {"tokens", 5000}});
       store.add_metrics(r.hash, fast ? 100 : 40, "test", "best", {{"token_ppl", 60.0}});
       engine::RunSummary sum;
@@ -241,7 +251,8 @@ TEST_CASE("quality at equal training time: read off each run's learning curve", 
   // And in the report, under the task's table.
   const auto files = report::write_report(db, d.path() + "/out/equal", "baseline", kClaims, test::plugins());
   const std::string text = test::read_text(files.markdown);
-  CHECK_THAT(text, Catch::Matchers::Contains("### lm at equal training time\n\nValidation quality after the same 3.0 s of training, when baseline's curve ends"));
+  CHECK_THAT(text, Catch::Matchers::Contains("### lm at equal training time\n\nValidation quality after the same 3.0 s "
+                                             "of training, when baseline's curve ends"));
 }
 
 TEST_CASE("report claims: the paper's claims on the fixture; no task dropped, no verdict from identical seeds",
@@ -261,8 +272,9 @@ TEST_CASE("report claims: the paper's claims on the fixture; no task dropped, no
   CHECK(std::isnan(wiki.p_adjusted));
   CHECK(wiki.verdict == "inconclusive");
   CHECK(wiki.direction == "undecided");
-  CHECK(wiki.measured == "chiar_dct_attn 32.00 vs baseline 62.00 (3 and 3 seeds); difference -30.00, identical "
-                         "across seeds, paired by seed, no p-value");
+  CHECK(wiki.measured ==
+        "chiar_dct_attn 32.00 vs baseline 62.00 (3 and 3 seeds); difference -30.00, identical "
+        "across seeds, paired by seed, no p-value");
   CHECK(claims[0].verdict == "inconclusive");
   CHECK(claims[0].paper == "36.54 vs 66.62");
   CHECK(claims[1].tasks.empty());
@@ -302,7 +314,8 @@ TEST_CASE("report files: Markdown with charts beside it, HTML that renders offli
   for (const auto& image : files.images) CHECK(boost::filesystem::file_size(image) > 500);
   std::ifstream md(files.markdown);
   const std::string text((std::istreambuf_iterator<char>(md)), {});
-  CHECK_THAT(text, Catch::Matchers::Contains("| chiar_hard/listops_flat/seed=0 | diverged | diverged at step 7: loss nan at step 7 |"));
+  CHECK_THAT(text, Catch::Matchers::Contains(
+                       "| chiar_hard/listops_flat/seed=0 | diverged | diverged at step 7: loss nan at step 7 |"));
   CHECK_THAT(text, Catch::Matchers::Contains("](fixture-pareto-wikitext103.svg)"));
   CHECK_THAT(text, Catch::Matchers::Contains("Provenance: harness commit abc123"));
   std::ifstream html_in(files.html);

@@ -115,7 +115,8 @@ TEST_CASE("choose_outputs: exactly the chosen output; straight-through gradients
     const auto y = choose_outputs(c.outputs, c.choice, w);
     // Bit for bit: the value is a copy, not 1.0 * y.
     const auto stacked = at::stack(c.outputs, -1).detach();
-    CHECK(at::equal(y.detach(), stacked.gather(-1, c.choice.unsqueeze(-1).unsqueeze(-1).expand({kB, kT, kD, 1})).squeeze(-1)));
+    CHECK(at::equal(y.detach(),
+                    stacked.gather(-1, c.choice.unsqueeze(-1).unsqueeze(-1).expand({kB, kT, kD, 1})).squeeze(-1)));
     check(c, w, y, /*chosen=*/true, dtype == at::kDouble ? 1e-14 : 1e-6);
   }
   // Without weights (hard routing): gradients reach the chosen outputs only.
@@ -123,7 +124,8 @@ TEST_CASE("choose_outputs: exactly the chosen output; straight-through gradients
   const auto y = choose_outputs(c.outputs, c.choice, at::Tensor());
   const auto grads = torch::autograd::grad({(y * c.probe).sum()}, c.outputs);
   const auto e = reference(c, c.logits.softmax(-1), true);
-  for (int64_t k = 0; k < kK; ++k) CHECK(rel_error(grads[static_cast<size_t>(k)].reshape({-1, kD}), e.gout[static_cast<size_t>(k)]) < 1e-15);
+  for (int64_t k = 0; k < kK; ++k)
+    CHECK(rel_error(grads[static_cast<size_t>(k)].reshape({-1, kD}), e.gout[static_cast<size_t>(k)]) < 1e-15);
 }
 
 TEST_CASE("route mixing: second derivatives match the tensor-op formulation", "[route_mix]") {

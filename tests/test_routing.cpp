@@ -18,8 +18,8 @@ namespace {
 
 const auto kF64 = at::TensorOptions().dtype(at::kDouble);
 
-std::shared_ptr<Router> make_router(const std::string& name, std::vector<std::string> ops,
-                                    int64_t d, const Params& params = {}, bool float64 = true) {
+std::shared_ptr<Router> make_router(const std::string& name, std::vector<std::string> ops, int64_t d,
+                                    const Params& params = {}, bool float64 = true) {
   RouterSpec spec;
   spec.d_model = d;
   spec.operators = std::move(ops);
@@ -29,12 +29,12 @@ std::shared_ptr<Router> make_router(const std::string& name, std::vector<std::st
   return r;
 }
 
-std::shared_ptr<MixingLayer> make_layer(const std::vector<std::string>& names,
-                                        const std::string& router, const Params& router_params,
-                                        int64_t d, bool float64) {
+std::shared_ptr<MixingLayer> make_layer(const std::vector<std::string>& names, const std::string& router,
+                                        const Params& router_params, int64_t d, bool float64) {
   std::vector<std::shared_ptr<Operator>> ops;
   for (const auto& n : names)
-    ops.push_back(test::make_op(n, d, 2, n == "rbf" ? Params().set("features", int64_t{16}).set("chunk", int64_t{4}) : Params(), float64));
+    ops.push_back(test::make_op(
+        n, d, 2, n == "rbf" ? Params().set("features", int64_t{16}).set("chunk", int64_t{4}) : Params(), float64));
   return std::make_shared<MixingLayer>(1, names, ops, make_router(router, names, d, router_params, float64));
 }
 
@@ -45,9 +45,12 @@ std::vector<double> taus_for(const at::Tensor& x, const std::vector<double>& sha
   double cumulative = 0;
   for (size_t k = 0; k + 1 < shares.size(); ++k) {
     cumulative += shares[k];
-    if (cumulative <= 0) tau.push_back(-1.0);
-    else if (cumulative >= 1) tau.push_back(2.0);
-    else tau.push_back(at::quantile(h, cumulative).item<double>());
+    if (cumulative <= 0)
+      tau.push_back(-1.0);
+    else if (cumulative >= 1)
+      tau.push_back(2.0);
+    else
+      tau.push_back(at::quantile(h, cumulative).item<double>());
   }
   return tau;
 }
@@ -68,8 +71,8 @@ TEST_CASE("sparse routed execution equals dense at every routing share", "[routi
         ctx.causal = causal;
         if (!causal) ctx.valid = test::padding_mask(13, {0, 5, 2});
         for (const auto& shares : share_list) {
-          INFO("ops " << names.size() << ", float64 " << float64 << ", causal " << causal
-                      << ", shares[0] " << shares[0] << ", shares[last] " << shares.back());
+          INFO("ops " << names.size() << ", float64 " << float64 << ", causal " << causal << ", shares[0] " << shares[0]
+                      << ", shares[last] " << shares.back());
           auto layer = make_layer(names, "threshold", Params().set("tau", taus_for(x, shares)), 16, float64);
           layer->set_execution(Execution::Dense);
           LayerRouting dense_routing;
@@ -86,8 +89,8 @@ TEST_CASE("sparse routed execution equals dense at every routing share", "[routi
             CHECK(rel_error(layer->forward(x, ctx), dense) < (float64 ? 1e-12 : 1e-5));
           }
           // The realised attention share matches the target.
-          const double attn_share = (sparse_routing.choice == static_cast<int64_t>(names.size() - 1))
-                                        .to(at::kDouble).mean().item<double>();
+          const double attn_share =
+              (sparse_routing.choice == static_cast<int64_t>(names.size() - 1)).to(at::kDouble).mean().item<double>();
           CHECK(attn_share == Approx(shares.back()).margin(1.0 / 39 + 1e-9));
         }
       }
@@ -106,7 +109,8 @@ TEST_CASE("sparse routed execution equals dense on a CUDA device, forward and ba
   const std::vector<std::vector<double>> two = {{1, 0}, {0.75, 0.25}, {0, 1}};
   const std::vector<std::vector<double>> three = {{0, 0, 1}, {0.5, 0.25, 0.25}, {0.2, 0.3, 0.5}};
   for (bool causal : {true, false})
-    for (const auto& [names, share_list] : std::vector<std::pair<std::vector<std::string>, std::vector<std::vector<double>>>>{
+    for (const auto& [names, share_list] :
+         std::vector<std::pair<std::vector<std::string>, std::vector<std::vector<double>>>>{
              {{"dct", "attention"}, two}, {{"dct", "rbf", "attention"}, three}}) {
       const auto x = at::randn({3, 13, 16});
       const auto probe = at::randn({3, 13, 16}).to(cuda);
@@ -185,7 +189,8 @@ class FixedRouter final : public Router {
   int64_t pick_;
 };
 
-TEST_CASE("sparse execution: one operator for every token, and a choice out of range (dense too)", "[routing][sparse]") {
+TEST_CASE("sparse execution: one operator for every token, and a choice out of range (dense too)",
+          "[routing][sparse]") {
   at::manual_seed(40);
   const std::vector<std::string> names{"dct", "attention"};
   auto x = at::randn({2, 7, 16});
@@ -194,19 +199,19 @@ TEST_CASE("sparse execution: one operator for every token, and a choice out of r
   at::NoGradGuard no_grad;
   for (int64_t pick : {0, 1}) {
     INFO("every token to " << names[static_cast<size_t>(pick)]);
-    std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false), test::make_op("attention", 16, 2, {}, false)};
+    std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false),
+                                               test::make_op("attention", 16, 2, {}, false)};
     MixingLayer layer(0, names, ops, std::make_shared<FixedRouter>(pick));
     layer.set_execution(Execution::Sparse);
     CHECK(rel_error(layer.forward(x, ctx), ops[static_cast<size_t>(pick)]->forward(x, ctx)) < 1e-6);
   }
-  std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false), test::make_op("attention", 16, 2, {}, false)};
+  std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false),
+                                             test::make_op("attention", 16, 2, {}, false)};
   MixingLayer bad(0, names, ops, std::make_shared<FixedRouter>(2));
   bad.set_execution(Execution::Sparse);
-  CHECK_THROWS_WITH(bad.forward(x, ctx),
-                    "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
+  CHECK_THROWS_WITH(bad.forward(x, ctx), "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
   bad.set_execution(Execution::Dense);
-  CHECK_THROWS_WITH(bad.forward(x, ctx),
-                    "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
+  CHECK_THROWS_WITH(bad.forward(x, ctx), "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
 }
 
 TEST_CASE("sparse execution trains the operators it ran (threshold routing)", "[routing][sparse][grad]") {
@@ -266,9 +271,9 @@ TEST_CASE("threshold router rejects inconsistent options", "[routing][threshold]
   CHECK_THROWS_WITH(make_router("threshold", {"dct", "attention"}, 8,
                                 Params().set("tau", 0.5).set("shares", std::vector<double>{0.5, 0.5})),
                     Catch::Matchers::EndsWith("threshold: give either tau or shares, not both"));
-  CHECK_THROWS_WITH(make_router("threshold", {"dct", "rbf", "attention"}, 8,
-                                Params().set("tau", std::vector<double>{0.7, 0.2})),
-                    Catch::Matchers::EndsWith("threshold: tau must be increasing"));
+  CHECK_THROWS_WITH(
+      make_router("threshold", {"dct", "rbf", "attention"}, 8, Params().set("tau", std::vector<double>{0.7, 0.2})),
+      Catch::Matchers::EndsWith("threshold: tau must be increasing"));
 }
 
 TEST_CASE("STE: forward is exactly the chosen output, the gate gets the softmax gradient", "[routing][ste]") {
@@ -295,8 +300,7 @@ TEST_CASE("STE: forward is exactly the chosen output, the gate gets the softmax 
     auto stacked = at::stack(outputs, -1);
     auto chosen = stacked.gather(-1, routing.choice.unsqueeze(-1).unsqueeze(-1).expand({3, 9, 8, 1})).squeeze(-1);
     CHECK(at::equal(y, chosen));  // bit-for-bit, not approximately
-    for (int64_t k = 0; k < static_cast<int64_t>(names.size()); ++k)
-      CHECK(routing.choice.eq(k).any().item<bool>());
+    for (int64_t k = 0; k < static_cast<int64_t>(names.size()); ++k) CHECK(routing.choice.eq(k).any().item<bool>());
 
     auto probe = at::randn({3, 9, 8}, kF64);
     const auto gate = layer->router()->parameters();
@@ -332,17 +336,15 @@ TEST_CASE("soft routing blends every operator by softmax(Linear([x, H]))", "[rou
   auto w = test::named(*layer->router(), "gate.linear.weight");  // (3, 9)
   auto b = test::named(*layer->router(), "gate.linear.bias");    // (3,)
   auto h = test::ref::entropy(x.reshape({-1, 8})).view({2, 6, 1});
-  auto logits = at::matmul(at::cat({x, h}, -1), w.t()) + b;       // (2, 6, 3)
+  auto logits = at::matmul(at::cat({x, h}, -1), w.t()) + b;  // (2, 6, 3)
   auto e = at::exp(logits - std::get<0>(logits.max(-1, true)));
   auto p = e / e.sum(-1, true);
   auto expected = at::zeros_like(x);
-  for (int64_t k = 0; k < 3; ++k)
-    expected += p.select(-1, k).unsqueeze(-1) * layer->operators()[k]->forward(x, ctx);
+  for (int64_t k = 0; k < 3; ++k) expected += p.select(-1, k).unsqueeze(-1) * layer->operators()[k]->forward(x, ctx);
   CHECK(rel_error(y, expected) < 1e-12);
   CHECK(rel_error(routing.weights, p) < 1e-12);
   layer->set_execution(Execution::Sparse);
-  CHECK_THROWS_WITH(layer->forward(x, ctx),
-                    "layer 2: soft routing blends every operator and cannot execute sparsely");
+  CHECK_THROWS_WITH(layer->forward(x, ctx), "layer 2: soft routing blends every operator and cannot execute sparsely");
 }
 
 TEST_CASE("collapse regulariser is minus lambda times the entropy of mean usage", "[routing][collapse]") {
@@ -407,7 +409,8 @@ TEST_CASE("cuda: group_rows of GPU keys equals the host's, on the GPU; indices_t
     CHECK(at::equal(g.group.cpu(), host.group));
     CHECK(at::equal(g.slot.cpu(), host.slot));
   }
-  const auto a = at::arange(6, at::TensorOptions().dtype(at::kLong)).view({2, 3}), b = at::tensor(std::vector<int64_t>{7});
+  const auto a = at::arange(6, at::TensorOptions().dtype(at::kLong)).view({2, 3}),
+             b = at::tensor(std::vector<int64_t>{7});
   const auto moved = indices_to_device({a, b}, at::Device(at::kCUDA));
   REQUIRE(moved.size() == 2);
   CHECK(moved[0].is_cuda());

@@ -28,8 +28,7 @@ std::string read(const std::string& file) {
 
 }  // namespace
 
-TEST_CASE("scaffolded plugins build out of tree against an installed harness and run in a matrix",
-          "[scaffold][slow]") {
+TEST_CASE("scaffolded plugins build out of tree against an installed harness and run in a matrix", "[scaffold][slow]") {
   test::TempDir d("scaffold");
   const std::string prefix = d.path() + "/prefix", log = d.path() + "/log.txt";
   // A failing step reports the log as it stands after that step.
@@ -88,7 +87,8 @@ n = 200
   // A name (or alias) a loaded plugin registers could never load beside it.
   const auto taken = test::run_chiar({"new-plugin", "operator", "attn", "--dir", d.path()});
   CHECK(taken.status == 2);
-  CHECK_THAT(taken.output, Catch::Matchers::StartsWith("chiar: new-plugin: operator 'attn' is already registered by '"));
+  CHECK_THAT(taken.output,
+             Catch::Matchers::StartsWith("chiar: new-plugin: operator 'attn' is already registered by '"));
   CHECK_THAT(taken.output, Catch::Matchers::EndsWith("libchiar_attention.so', and the loader refuses a second; "
                                                      "choose another name\n"));
   CHECK_FALSE(boost::filesystem::exists(d.path() + "/attn"));
@@ -97,6 +97,7 @@ n = 200
   d.write("afile", "x");
   const auto unwritable = test::run_chiar({"new-plugin", "router", "fresh", "--dir", d.path() + "/afile"});
   CHECK(unwritable.status == 3);
-  CHECK_THAT(unwritable.output, Catch::Matchers::StartsWith("chiar: " + d.path() + "/afile/fresh: cannot create the folder: "));
+  CHECK_THAT(unwritable.output,
+             Catch::Matchers::StartsWith("chiar: " + d.path() + "/afile/fresh: cannot create the folder: "));
   CHECK(std::count(unwritable.output.begin(), unwritable.output.end(), '\n') == 1);
 }

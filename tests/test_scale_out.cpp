@@ -42,7 +42,8 @@ void write_matrix(const TempDir& d) {
 variants = ["base", "routed"]
 tasks = ["flat"]
 seeds = [0, 1]
-)", test::tiny_train_body());
+)",
+                          test::tiny_train_body());
 }
 
 using test::read_text;
@@ -63,8 +64,8 @@ void run_two_shards(const TempDir& d) {
 std::string dump(const std::string& db) {
   engine::Database con(db, engine::OpenMode::ReadOnly);
   std::ostringstream s;
-  for (const std::string table : {"runs", "metrics", "train_log", "flops", "flops_reference", "routing", "histograms",
-                                  "checkpoints"}) {
+  for (const std::string table :
+       {"runs", "metrics", "train_log", "flops", "flops_reference", "routing", "histograms", "checkpoints"}) {
     auto q = con.prepare("SELECT * FROM " + table);
     std::vector<std::string> rows;
     while (q.step()) {
@@ -196,8 +197,7 @@ TEST_CASE("merge: synthetic shard stores of a sweep merge into the whole sweep, 
   // Every run is listed (the failed and diverged ones too), and those that
   // finished carry a test metric.
   CHECK(std::count(csv.output.begin(), csv.output.end(), '\n') == 1 + 40);
-  CHECK(test::query_integer(merged,
-                            "SELECT COUNT(*) FROM results WHERE main_metric IS NOT NULL") ==
+  CHECK(test::query_integer(merged, "SELECT COUNT(*) FROM results WHERE main_metric IS NOT NULL") ==
         test::synthetic_done_runs(whole));
   CHECK(test::run_chiar({"show", merged}).status == 0);
   const std::string claims = std::string(CHIAR_SOURCE_DIR) + "/configs/claims.toml";
@@ -228,9 +228,12 @@ TEST_CASE("merge: a run finished differently in two stores is a conflict, and no
     std::snprintf(before, sizeof before, "%.9g", q.real(2));
     std::snprintf(after, sizeof after, "%.9g", q.real(2) + 0.5);
     was = "test best accuracy at step " + q.text(3) + " " + before + " vs " + after;
-    con.prepare("UPDATE metrics SET value = value + 0.5 WHERE split = 'test' AND checkpoint = 'best' AND "
-                "name = 'accuracy' AND step = ? AND run_id = (SELECT id FROM runs WHERE hash = ?)")
-        .bind(1, q.integer(3)).bind(2, hash).run();
+    con.prepare(
+           "UPDATE metrics SET value = value + 0.5 WHERE split = 'test' AND checkpoint = 'best' AND "
+           "name = 'accuracy' AND step = ? AND run_id = (SELECT id FROM runs WHERE hash = ?)")
+        .bind(1, q.integer(3))
+        .bind(2, hash)
+        .run();
   }
   const std::string all = d.path() + "/all.db";
   SECTION("between two inputs: no output file appears") {
@@ -411,7 +414,7 @@ TEST_CASE("slurm: chiar slurm writes a script whose tasks run their shards witho
   TempDir d("slurm-script");
   write_matrix(d);
   const std::string out = d.path() + "/out";
-  const std::vector<std::string> base = {"slurm", d.path() + "/m.toml", "--dir", out, "--data-root", d.path(),
+  const std::vector<std::string> base = {"slurm",       d.path() + "/m.toml", "--dir", out, "--data-root", d.path(),
                                          "--cache-dir", d.path() + "/cache"};
   auto too_many = base;
   too_many.insert(too_many.end(), {"--tasks", "5"});
@@ -446,7 +449,8 @@ TEST_CASE("slurm: chiar slurm writes a script whose tasks run their shards witho
   // Each array task, run by hand as Slurm would (SLURM_ARRAY_TASK_ID set).
   for (const std::string k : {"1", "2"}) {
     const int rc = std::system(("cd '" + d.path() + "' && SLURM_ARRAY_TASK_ID=" + k + " bash '" + script + "' > '" +
-                                d.path() + "/task-" + k + ".log' 2>&1").c_str());
+                                d.path() + "/task-" + k + ".log' 2>&1")
+                                   .c_str());
     INFO(read_text(d.path() + "/task-" + k + ".log"));
     REQUIRE(rc == 0);
   }
@@ -464,8 +468,8 @@ TEST_CASE("slurm: chiar slurm writes a script whose tasks run their shards witho
   const auto no_slurm = test::run_chiar(submit);
   setenv("PATH", saved.c_str(), 1);
   CHECK(no_slurm.status == 3);
-  CHECK(no_slurm.output == "chiar: sbatch: not found on PATH (is this a Slurm submit host?); the script is " +
-                               script + "\n");
+  CHECK(no_slurm.output ==
+        "chiar: sbatch: not found on PATH (is this a Slurm submit host?); the script is " + script + "\n");
   CHECK(fs::exists(script));
 }
 
@@ -473,14 +477,15 @@ TEST_CASE("slurm: --retry-failed starts the shards' failed runs again, once, bef
   TempDir d("slurm-retry");
   write_matrix(d);
   const std::string out = d.path() + "/out", script = out + "/slurm.sbatch";
-  const std::vector<std::string> args = {"slurm", d.path() + "/m.toml", "--dir", out, "--data-root", d.path(),
-                                         "--cache-dir", d.path() + "/cache", "--tasks", "2"};
+  const std::vector<std::string> args = {"slurm",       d.path() + "/m.toml", "--dir",   out, "--data-root", d.path(),
+                                         "--cache-dir", d.path() + "/cache",  "--tasks", "2"};
   REQUIRE(test::run_chiar(args).status == 0);
   // Array task K as Slurm would start it, with `env` (VAR=value ...) set.
   const auto array_task = [&](const std::string& k, const std::string& env) {
     const std::string log = d.path() + "/task-" + k + ".log";
     const int rc = std::system(("cd '" + d.path() + "' && env " + env + " SLURM_ARRAY_TASK_ID=" + k + " bash '" +
-                                script + "' > '" + log + "' 2>&1").c_str());
+                                script + "' > '" + log + "' 2>&1")
+                                   .c_str());
     return test::Finished{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_text(log)};
   };
   // Task 1's first run fails (a plugin's bug, say); the other runs finish.

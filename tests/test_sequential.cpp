@@ -44,9 +44,9 @@ TEST_CASE("sequential design: Lan-DeMets O'Brien-Fleming boundaries match the pu
 namespace {
 
 struct Simulated {
-  double rejected = 0;      // share of comparisons decided (at any look)
-  double naive = 0;         // share a t-test at 0.05 after every round would reject
-  double mean_seeds = 0;    // seeds used before stopping, on average
+  double rejected = 0;    // share of comparisons decided (at any look)
+  double naive = 0;       // share a t-test at 0.05 after every round would reject
+  double mean_seeds = 0;  // seeds used before stopping, on average
 };
 
 // `count` paired comparisons whose per-seed differences are N(effect, 1),
@@ -82,8 +82,10 @@ Simulated simulate(const report::SequentialDesign& design, double effect, int co
 
 }  // namespace
 
-TEST_CASE("sequential design: by simulation, the error rate holds where re-testing every round does not, and a real "
-          "effect stops early", "[report][sequential]") {
+TEST_CASE(
+    "sequential design: by simulation, the error rate holds where re-testing every round does not, and a real "
+    "effect stops early",
+    "[report][sequential]") {
   // 12 seeds in 3 rounds (4, 8, 12). Monte-Carlo error of a rate near 5%
   // over 10,000 comparisons: sqrt(0.05 x 0.95 / 10000) = 0.22 points.
   const auto design = report::obrien_fleming_design(12, 3, 0.05);
@@ -110,8 +112,9 @@ int64_t count(const std::string& db, const std::string& sql) {
 // The tiny matrix with 9 seeds (base and routed on lm and flat), and a
 // claims file with one comparison, routed against base on lm.
 std::string write_design_matrix(const TempDir& d) {
-  test::write_tiny_matrix(d, "name = \"seq\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
-                             "seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n",
+  test::write_tiny_matrix(d,
+                          "name = \"seq\"\nvariants = [\"base\", \"routed\"]\ntasks = [\"lm\", \"flat\"]\n"
+                          "seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n",
                           test::tiny_train_body());
   return d.write("claims.toml",
                  "include = [\"m.toml\"]\n\n[[claims]]\nid = \"routed_beats_base\"\ntext = \"routed beats base\"\n"
@@ -126,8 +129,9 @@ TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for c
   TempDir d("decide");
   const std::string claims = write_design_matrix(d);
   const std::string db = d.path() + "/seq.db";
-  const std::vector<std::string> base = {"run",        d.path() + "/m.toml", "--db",    db,        "--data-root",
-                                         d.path(),     "--cache-dir",        d.path() + "/cache", "--decide", claims};
+  const std::vector<std::string> base = {
+      "run",         d.path() + "/m.toml", "--db",     db,    "--data-root", d.path(),
+      "--cache-dir", d.path() + "/cache",  "--decide", claims};
   // --dry-run states the design and writes nothing.
   auto dry = base;
   dry.push_back("--dry-run");
@@ -163,8 +167,8 @@ TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for c
   // The report decides the comparison at its look's boundary and states the
   // design (--allow-mixed-code: a build from a tree with uncommitted changes
   // marks its runs so, and the row would get no verdict).
-  const auto reported = test::run_chiar({"report", db, "--out", d.path() + "/r/seq", "--baseline", "base", "--claims",
-                                         claims, "--allow-mixed-code"});
+  const auto reported = test::run_chiar(
+      {"report", db, "--out", d.path() + "/r/seq", "--baseline", "base", "--claims", claims, "--allow-mixed-code"});
   INFO(reported.output);
   REQUIRE(reported.status == 0);
   const std::string md = test::read_text(d.path() + "/r/seq.md");
@@ -176,9 +180,10 @@ TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for c
   REQUIRE(last.step());
   const std::string round = std::to_string(last.integer(0) + 1), outcome = last.text(2);
   CHECK_THAT(md, Catch::Matchers::Contains(" boundary " + last.text(1) + ", d_z"));
-  CHECK_THAT(md, Catch::Matchers::Contains(outcome == "decided"  ? "(decided at round " + round + " of 3"
-                                           : outcome == "futile" ? "(seeds stopped for futility at round " + round + " of 3"
-                                                                 : std::string("(undecided after the last round")));
+  CHECK_THAT(md,
+             Catch::Matchers::Contains(outcome == "decided"  ? "(decided at round " + round + " of 3"
+                                       : outcome == "futile" ? "(seeds stopped for futility at round " + round + " of 3"
+                                                             : std::string("(undecided after the last round")));
   CHECK_THAT(md, Catch::Matchers::Contains("rounds (3, 6, 9 seeds), two-sided alpha 0.05 (0.05 / 1) per comparison"));
 
   // Another design on the same store is refused, writing nothing, and so are
@@ -190,13 +195,14 @@ TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for c
   CHECK(refused.status == 2);
   CHECK(count(db, "SELECT COUNT(*) FROM sequential_looks") == looks_before);
   CHECK_THAT(refused.output, Catch::Matchers::Contains(db + ": holds runs of another sequential design (9 seeds in 3 "
-                                                       "rounds over 1 tests"));
+                                                            "rounds over 1 tests"));
   auto many = base;
   many[3] = d.path() + "/other.db";
   many.insert(many.end(), {"--max-seeds", "12"});
   const auto too_many = test::run_chiar(many);
   CHECK(too_many.status == 2);
-  CHECK(too_many.output == "chiar: --max-seeds 12: the matrix lists 9 seeds; list at least as many in [matrix] seeds\n");
+  CHECK(too_many.output ==
+        "chiar: --max-seeds 12: the matrix lists 9 seeds; list at least as many in [matrix] seeds\n");
   const std::string plain = d.path() + "/plain.db";
   REQUIRE(test::run_chiar({"run", d.path() + "/m.toml", "--db", plain, "--data-root", d.path(), "--cache-dir",
                            d.path() + "/cache", "--only", "*/flat/seed=0"})
@@ -210,10 +216,11 @@ TEST_CASE("chiar run --decide: rounds of seeds, looks recorded, seeds stop for c
                                        "store (--db)\n"));
   // A claim naming a variant the matrix lacks is refused where the claim is.
   d.write("more.toml", "[variants.other]\n");
-  const std::string typo = d.write(
-      "typo.toml", "include = [\"m.toml\", \"more.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\n"
-                   "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"other\", \"base\"]\nmetric = \"token_ppl\"\n"
-                   "better = \"lower\"\n");
+  const std::string typo =
+      d.write("typo.toml",
+              "include = [\"m.toml\", \"more.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\n"
+              "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"other\", \"base\"]\nmetric = \"token_ppl\"\n"
+              "better = \"lower\"\n");
   auto with_typo = base;
   with_typo[3] = d.path() + "/typo.db";
   with_typo.back() = typo;
@@ -229,8 +236,9 @@ namespace {
 // (round, claim, task, seeds, outcome) of every look a store holds, and p to 1e-9.
 std::vector<std::string> looks_of(const std::string& db) {
   engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare("SELECT round, claim, task, seeds, outcome, printf('%.9f', p) FROM sequential_looks "
-                       "ORDER BY round, claim, task");
+  auto q = con.prepare(
+      "SELECT round, claim, task, seeds, outcome, printf('%.9f', p) FROM sequential_looks "
+      "ORDER BY round, claim, task");
   std::vector<std::string> out;
   while (q.step())
     out.push_back(std::to_string(q.integer(0)) + " " + q.text(1) + " " + q.text(2) + " " +
@@ -245,8 +253,8 @@ TEST_CASE("chiar slurm --decide: one array per round, looks between them, the sa
   TempDir d("decide-slurm");
   const std::string claims = write_design_matrix(d);
   const std::string out = d.path() + "/out", script = out + "/slurm.sbatch";
-  const std::vector<std::string> args = {"slurm", d.path() + "/m.toml", "--dir", out, "--data-root", d.path(),
-                                         "--cache-dir", d.path() + "/cache", "--tasks", "2", "--decide", claims};
+  const std::vector<std::string> args = {"slurm",       d.path() + "/m.toml", "--dir",   out, "--data-root", d.path(),
+                                         "--cache-dir", d.path() + "/cache",  "--tasks", "2", "--decide",    claims};
   int arrays = 0;
   for (int step = 0; step < 5; ++step) {
     const auto wrote = test::run_chiar(args);
@@ -259,7 +267,8 @@ TEST_CASE("chiar slurm --decide: one array per round, looks between them, the sa
       // One product library in every process: "auto" times both at start-up,
       // and two busy processes may pick different ones.
       const int rc = std::system(("cd '" + d.path() + "' && CHIAR_GEMM=blas SLURM_ARRAY_TASK_ID=" + k + " bash '" +
-                                  script + "' > '" + d.path() + "/task-" + k + ".log' 2>&1").c_str());
+                                  script + "' > '" + d.path() + "/task-" + k + ".log' 2>&1")
+                                     .c_str());
       INFO(test::read_text(d.path() + "/task-" + k + ".log"));
       REQUIRE(rc == 0);
       if (step > 0 || k != "1") continue;
@@ -304,8 +313,8 @@ TEST_CASE("chiar slurm --decide: one array per round, looks between them, the sa
   INFO(merging.output);
   REQUIRE(merging.status == 0);
   CHECK(looks_of(merged) == by_arrays);
-  const auto reported = test::run_chiar({"report", merged, "--out", d.path() + "/r/m", "--baseline", "base",
-                                         "--claims", claims});
+  const auto reported =
+      test::run_chiar({"report", merged, "--out", d.path() + "/r/m", "--baseline", "base", "--claims", claims});
   INFO(reported.output);
   REQUIRE(reported.status == 0);
   CHECK_THAT(test::read_text(d.path() + "/r/m.md"),

@@ -92,11 +92,11 @@ TEST_CASE("spectral entropy: the fp32 row kernel of inference equals the float64
   for (int64_t d : {2, 3, 17, 64, 256, 1000}) {
     INFO("d " << d);
     auto c = at::randn({300, d}, at::TensorOptions().dtype(at::kDouble));
-    c[0].zero_();                       // H = 0
+    c[0].zero_();  // H = 0
     c[1].zero_();
-    c[1][d - 1] = 5.0;                  // one bin: H = 0
-    c[2].fill_(1e-3);                   // flat: H = 1
-    c[3] *= 1e15;                       // scale-free
+    c[1][d - 1] = 5.0;  // one bin: H = 0
+    c[2].fill_(1e-3);   // flat: H = 1
+    c[3] *= 1e15;       // scale-free
     c[4] *= 1e-15;
     c[5].narrow(0, 0, d / 2).mul_(1e-20);  // bins below fp32's smallest normal energy
     // Fed as spectra: row r of (300, d), and a strided view of the same rows.
@@ -122,7 +122,7 @@ TEST_CASE("spectral entropy: bf16 and fp16 coefficients give fp32 H, non-finite 
     if (d > 1) c[1].narrow(0, 1, d - 1).zero_();  // zeros beside energy: 0 log 0 in fp16 too
     for (const auto type : {at::kBFloat16, at::kHalf}) {
       INFO(at::toString(type));
-      const auto rounded = c.to(type);                                       // (40, d)
+      const auto rounded = c.to(type);                                            // (40, d)
       const auto want = test::ref::entropy_from_coeffs(rounded.to(at::kDouble));  // (40,)
       // Inference (the row kernel after widening) and training (the
       // composition with autograd) compute the same fp32 H from the rounded values.
@@ -164,10 +164,10 @@ TEST_CASE("spectral entropy in training: the row kernel forward and the closed-f
   for (int64_t d : {2, 3, 17, 64, 256}) {
     INFO("d " << d);
     auto c = at::randn({64, d}, at::TensorOptions().dtype(at::kDouble));  // (64, d)
-    c[0].zero_();                        // H = 0, gradient 0
+    c[0].zero_();                                                         // H = 0, gradient 0
     c[1].zero_();
-    c[1][d - 1] = 5.0;                   // one bin
-    c[2].fill_(1e-3);                    // flat: H = 1
+    c[1][d - 1] = 5.0;  // one bin
+    c[2].fill_(1e-3);   // flat: H = 1
     c[3] *= 1e15;
     c[4].narrow(0, 0, (d + 1) / 2).mul_(1e-20);  // bins below fp32's smallest normal energy
     const auto upstream = at::randn({64}, at::TensorOptions().dtype(at::kDouble));  // (64,) dL/dH
@@ -182,7 +182,7 @@ TEST_CASE("spectral entropy in training: the row kernel forward and the closed-f
       auto leaf = rounded.clone().requires_grad_(true);
       const uint64_t before = host_kernel_count();
       const auto h = spectral_entropy_from_coeffs(leaf);  // (64,)
-      CHECK(host_kernel_count() == before + 1);          // the forward is the row kernel's
+      CHECK(host_kernel_count() == before + 1);           // the forward is the row kernel's
       REQUIRE(h.requires_grad());
       (h * upstream.to(at::kFloat)).sum().backward();
       CHECK(at::allclose(h.detach().to(at::kDouble), want.detach(), /*rtol=*/0, /*atol=*/2e-6));
@@ -221,10 +221,8 @@ TEST_CASE("calibrate_thresholds reaches the target shares", "[spectral][router]"
   CHECK(tau[1] == Approx(0.67));
   CHECK(calibrate_thresholds(h, {0.5, 0.5})[0] == Approx(0.5));
   CHECK(calibrate_thresholds(h, {1.0, 0.0})[0] == Approx(1.0));
-  CHECK_THROWS_WITH(calibrate_thresholds(h, {0.5, 0.6}),
-                    "threshold calibration: shares must sum to 1, found 1.100000");
-  CHECK_THROWS_WITH(calibrate_thresholds(h, {1.0}),
-                    "threshold calibration: need at least 2 shares, found 1");
+  CHECK_THROWS_WITH(calibrate_thresholds(h, {0.5, 0.6}), "threshold calibration: shares must sum to 1, found 1.100000");
+  CHECK_THROWS_WITH(calibrate_thresholds(h, {1.0}), "threshold calibration: need at least 2 shares, found 1");
   CHECK_THROWS_WITH(calibrate_thresholds(at::empty({0}), {0.5, 0.5}),
                     "threshold calibration: the entropy sample is empty");
 }

@@ -82,7 +82,8 @@ void write_matrix(const TempDir& d) {
 variants = ["base", "routed"]
 tasks = ["lm", "flat"]
 seeds = [0, 1]
-)", test::tiny_train_body());
+)",
+                          test::tiny_train_body());
 }
 
 using test::query_integer;
@@ -167,8 +168,7 @@ TEST_CASE("store: an empty database becomes a marked store only through read-wri
   CHECK(stored.status.size() == 2);
 }
 
-TEST_CASE("store: a store from before the marker is read as it is and marked by read-write access",
-          "[engine][store]") {
+TEST_CASE("store: a store from before the marker is read as it is and marked by read-write access", "[engine][store]") {
   TempDir d("safety-legacy");
   const std::string db = d.path() + "/legacy.db";
   write_store(db);
@@ -188,8 +188,7 @@ TEST_CASE("store: a store from before the marker is read as it is and marked by 
   CHECK(engine::read_stored_runs(db).current);
 }
 
-TEST_CASE("store: read-only access refuses an older schema and says that chiar run migrates it",
-          "[engine][store]") {
+TEST_CASE("store: read-only access refuses an older schema and says that chiar run migrates it", "[engine][store]") {
   TempDir d("safety-older");
   const std::string db = d.path() + "/old.db";
   write_store(db);
@@ -279,9 +278,8 @@ TEST_CASE("store: SQLite failures of the environment are EnvironmentErrors namin
     std::vector<engine::RunSpec> many;
     for (int seed = 1; seed <= 200; ++seed) many.push_back(spec_named("c", seed));
     CHECK_THROWS_MATCHES(store.register_runs(many), EnvironmentError,
-                         Catch::Matchers::Message(db +
-                                                  ": running 'INSERT INTO runs(hash, name, matrix, variant, task, "
-                                                  "seed, sp...': database or disk is full"));
+                         Catch::Matchers::Message(db + ": running 'INSERT INTO runs(hash, name, matrix, variant, task, "
+                                                       "seed, sp...': database or disk is full"));
     CHECK(query_integer(db, "SELECT COUNT(*) FROM runs") == 2);
     CHECK(store.integrity_ok());
     store.register_runs({spec_named("d", 0)});  // the connection is usable after the rollback
@@ -317,8 +315,7 @@ TEST_CASE("store: integrity_ok tells a sound store from a damaged or foreign fil
   CHECK_FALSE(engine::integrity_ok(db));
 }
 
-TEST_CASE("run: four processes started together on a new store run every run exactly once",
-          "[engine][concurrency]") {
+TEST_CASE("run: four processes started together on a new store run every run exactly once", "[engine][concurrency]") {
   TempDir d("safety-four");
   write_matrix(d);
   boost::filesystem::create_directories(d.path() + "/store");

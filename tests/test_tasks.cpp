@@ -2,7 +2,6 @@
 #include <catch2/catch.hpp>
 #include <torch/utils.h>
 
-
 #include "model/model.h"
 #include "engine/sotu.h"
 #include "engine/task_config.h"
@@ -77,13 +76,18 @@ TEST_CASE("wikitext: errors name the folder or file", "[task][wikitext][errors]"
                     Catch::Matchers::EndsWith(d.path() + "/corpus/wiki.valid.tokens: empty split (no words)"));
   d.write("corpus/wiki.valid.tokens", "x\n");
   CHECK_THROWS_WITH(
-      make_task("wikitext", Params().set("path", std::string("corpus")).set("eval_stride", int64_t{9}).set("seq_len", int64_t{4}), d.path()),
+      make_task("wikitext",
+                Params().set("path", std::string("corpus")).set("eval_stride", int64_t{9}).set("seq_len", int64_t{4}),
+                d.path()),
       Catch::Matchers::EndsWith("wikitext: eval_stride must lie in 0..seq_len"));
   // A split can be mapped to another file.
-  auto mapped = make_task("wikitext", Params().set("path", std::string("corpus")).set("valid_file", std::string("wiki.test.tokens")), d.path());
+  auto mapped = make_task(
+      "wikitext", Params().set("path", std::string("corpus")).set("valid_file", std::string("wiki.test.tokens")),
+      d.path());
   CHECK(mapped->stats("valid").tokens == 9);
   // Or carved from the end of the training file: "a b" / "c" | "d e f".
-  auto carved = make_task("wikitext", Params().set("path", std::string("corpus")).set("valid_fraction", 0.34), d.path());
+  auto carved =
+      make_task("wikitext", Params().set("path", std::string("corpus")).set("valid_fraction", 0.34), d.path());
   CHECK(carved->stats("train").tokens == 5);
   CHECK(carved->stats("valid").tokens == 4);
   CHECK_THAT(carved->describe(), Catch::Matchers::Contains("(last 1 lines)"));
@@ -93,12 +97,15 @@ TEST_CASE("wikitext: errors name the folder or file", "[task][wikitext][errors]"
   CHECK(cut->stats("train").tokens == 9);
   CHECK(cut->stats("valid").examples == 1);
   CHECK(cut->stats("valid").tokens == 2);  // "x" <eos>
-  CHECK_THAT(cut->describe(), Catch::Matchers::Contains("valid " + d.path() + "/corpus/wiki.valid.tokens (first 1 lines)"));
+  CHECK_THAT(cut->describe(),
+             Catch::Matchers::Contains("valid " + d.path() + "/corpus/wiki.valid.tokens (first 1 lines)"));
   CHECK(cut->stats("test").examples == 1);
-  CHECK(cut->stats("test").tokens == 3);   // "a b" <eos>
-  CHECK_THAT(cut->describe(), Catch::Matchers::Contains("test " + d.path() + "/corpus/wiki.test.tokens (first 1 lines)"));
-  CHECK_THROWS_WITH(make_task("wikitext", Params().set("path", std::string("corpus")).set("eval_lines", int64_t{-1}), d.path()),
-                    Catch::Matchers::EndsWith("wikitext: eval_lines must be 0 (all) or positive"));
+  CHECK(cut->stats("test").tokens == 3);  // "a b" <eos>
+  CHECK_THAT(cut->describe(),
+             Catch::Matchers::Contains("test " + d.path() + "/corpus/wiki.test.tokens (first 1 lines)"));
+  CHECK_THROWS_WITH(
+      make_task("wikitext", Params().set("path", std::string("corpus")).set("eval_lines", int64_t{-1}), d.path()),
+      Catch::Matchers::EndsWith("wikitext: eval_lines must be 0 (all) or positive"));
 }
 
 TEST_CASE("wikitext with a subword tokenizer counts words and bytes from the text", "[task][wikitext][spm]") {
@@ -107,7 +114,10 @@ TEST_CASE("wikitext with a subword tokenizer counts words and bytes from the tex
   for (int i = 0; i < 200; ++i) text += "routing sends simple tokens to cheap operators " + std::to_string(i) + "\n";
   for (const char* split : {"train", "valid", "test"}) d.write(std::string("c/wiki.") + split + ".tokens", text);
   auto words = make_task("wikitext", Params().set("path", std::string("c")), d.path());
-  auto bpe = make_task("wikitext", Params().set("path", std::string("c")).set("tokenizer", std::string("bpe")).set("vocab_size", int64_t{80}), d.path());
+  auto bpe = make_task(
+      "wikitext",
+      Params().set("path", std::string("c")).set("tokenizer", std::string("bpe")).set("vocab_size", int64_t{80}),
+      d.path());
   CHECK(bpe->stats("test").words == words->stats("test").words);
   CHECK(bpe->stats("test").bytes == words->stats("test").bytes);
   CHECK(bpe->stats("test").tokens != words->stats("test").tokens);
@@ -116,12 +126,16 @@ TEST_CASE("wikitext with a subword tokenizer counts words and bytes from the tex
 TEST_CASE("imdb: labels from folders, <br /> removed, a seeded validation split, masks", "[task][imdb]") {
   TempDir d("imdb");
   write_imdb(d);
-  auto task = make_task("imdb", Params().set("path", std::string("imdb")).set("valid_fraction", 0.2).set("max_len", int64_t{40}), d.path());
+  auto task = make_task(
+      "imdb", Params().set("path", std::string("imdb")).set("valid_fraction", 0.2).set("max_len", int64_t{40}),
+      d.path());
   CHECK(task->n_classes() == 2);
   CHECK(task->stats("train").examples == 16);
   CHECK(task->stats("valid").examples == 4);
   CHECK(task->stats("test").label_counts == std::vector<int64_t>{10, 10});
-  auto again = make_task("imdb", Params().set("path", std::string("imdb")).set("valid_fraction", 0.2).set("max_len", int64_t{40}), d.path());
+  auto again = make_task(
+      "imdb", Params().set("path", std::string("imdb")).set("valid_fraction", 0.2).set("max_len", int64_t{40}),
+      d.path());
   CHECK(at::equal(task->eval_batch("valid", 0, 4).tokens, again->eval_batch("valid", 0, 4).tokens));
   auto b = task->eval_batch("test", 0, 20);
   CHECK(b.tokens.size(1) <= 40);
@@ -145,14 +159,19 @@ TEST_CASE("imdb: labels from folders, <br /> removed, a seeded validation split,
   CHECK(sub->stats("test").label_counts == std::vector<int64_t>{3, 3});
   auto sub_again = make_task("imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{6}), d.path());
   CHECK(at::equal(sub->eval_batch("test", 0, 6).tokens, sub_again->eval_batch("test", 0, 6).tokens));
-  auto other = make_task("imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{6}).set("split_seed", int64_t{5}), d.path());
+  auto other = make_task(
+      "imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{6}).set("split_seed", int64_t{5}),
+      d.path());
   CHECK_FALSE(at::equal(sub->eval_batch("test", 0, 6).tokens, other->eval_batch("test", 0, 6).tokens));
-  CHECK_THROWS_WITH(make_task("imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{7}), d.path()),
-                    Catch::Matchers::EndsWith("imdb: test_size must be 0 (all) or an even count of at most 20 (half of each class), found 7"));
+  CHECK_THROWS_WITH(
+      make_task("imdb", Params().set("path", std::string("imdb")).set("test_size", int64_t{7}), d.path()),
+      Catch::Matchers::EndsWith(
+          "imdb: test_size must be 0 (all) or an even count of at most 20 (half of each class), found 7"));
   d.write("imdb/aclImdb/test/pos/999_3.txt", "a three-star review filed as positive");
-  CHECK_THROWS_WITH(make_task("imdb", Params().set("path", std::string("imdb")), d.path()),
-                    Catch::Matchers::EndsWith("imdb: '" + d.path() +
-                                              "/imdb/aclImdb/test/pos/999_3.txt': expected <id>_<rating>.txt with a rating of 7-10"));
+  CHECK_THROWS_WITH(
+      make_task("imdb", Params().set("path", std::string("imdb")), d.path()),
+      Catch::Matchers::EndsWith("imdb: '" + d.path() +
+                                "/imdb/aclImdb/test/pos/999_3.txt': expected <id>_<rating>.txt with a rating of 7-10"));
   CHECK_THROWS_WITH(make_task("imdb", Params().set("path", std::string("nowhere")), d.path()),
                     Catch::Matchers::EndsWith("imdb: missing folder '" + d.path() + "/nowhere/train/neg'"));
 }
@@ -161,8 +180,15 @@ TEST_CASE("a padded task batch gives the classifier the same output as each exam
   TempDir d("imdb-pad");
   write_imdb(d);
   auto task = make_task("imdb", Params().set("path", std::string("imdb")).set("max_len", int64_t{64}), d.path());
-  auto options = ModelOptions().vocab_size(task->vocab_size()).d_model(16).n_heads(2)
-                     .layers({"dct", "dct|attn", "attn"}).router("threshold").head(TaskHead::Classifier).n_classes(2).seed(4);
+  auto options = ModelOptions()
+                     .vocab_size(task->vocab_size())
+                     .d_model(16)
+                     .n_heads(2)
+                     .layers({"dct", "dct|attn", "attn"})
+                     .router("threshold")
+                     .head(TaskHead::Classifier)
+                     .n_classes(2)
+                     .seed(4);
   ChiarModel model(test::plugins(), options);
   model.eval();
   at::NoGradGuard g;
@@ -177,8 +203,12 @@ TEST_CASE("a padded task batch gives the classifier the same output as each exam
 
 TEST_CASE("listops task: generated splits, LRA tokens, deterministic batches", "[task][listops]") {
   TempDir d("listops-task");
-  const auto params = Params().set("n_train", int64_t{50}).set("n_valid", int64_t{5}).set("n_test", int64_t{5})
-                          .set("min_length", int64_t{20}).set("max_length", int64_t{100});
+  const auto params = Params()
+                          .set("n_train", int64_t{50})
+                          .set("n_valid", int64_t{5})
+                          .set("n_test", int64_t{5})
+                          .set("min_length", int64_t{20})
+                          .set("max_length", int64_t{100});
   auto task = make_task("listops", params, d.path());
   CHECK(task->n_classes() == 10);
   CHECK(task->stats("train").examples == 50);
@@ -187,11 +217,14 @@ TEST_CASE("listops task: generated splits, LRA tokens, deterministic batches", "
   CHECK(at::equal(b.tokens, again.tokens));
   CHECK(b.targets.max().item<int64_t>() <= 9);
   for (int64_t t = 0; t < b.tokens.size(1); ++t) CHECK(task->token_text(b.tokens[0][t].item<int64_t>()) != "(");
-  auto flat = make_task("listops_flat", Params().set("n_train", int64_t{20}).set("n_valid", int64_t{2}).set("n_test", int64_t{2}), d.path());
+  auto flat =
+      make_task("listops_flat",
+                Params().set("n_train", int64_t{20}).set("n_valid", int64_t{2}).set("n_test", int64_t{2}), d.path());
   CHECK(flat->stats("train").lengths.back() <= 10);  // operator + 8 digits + "]"
   const auto tsv = d.write("bad.tsv", "Source\tTarget\n[MAX 1 ]\t11\n");
-  CHECK_THROWS_WITH(make_task("listops", Params().set("train_file", tsv).set("valid_file", tsv).set("test_file", tsv), d.path()),
-                    Catch::Matchers::EndsWith(tsv + ":2: label '11' is not in 0..9"));
+  CHECK_THROWS_WITH(
+      make_task("listops", Params().set("train_file", tsv).set("valid_file", tsv).set("test_file", tsv), d.path()),
+      Catch::Matchers::EndsWith(tsv + ":2: label '11' is not in 0..9"));
   // Sizes are checked before anything is generated.
   CHECK_THROWS_WITH(make_task("listops_flat", Params().set("n_train", int64_t{-8}), d.path()),
                     Catch::Matchers::EndsWith("listops_flat: n_train must be positive, found -8"));
@@ -227,7 +260,8 @@ TEST_CASE("State of the Union conversion: chronological splits, punctuation spli
   const auto s = convert_sotu(d.path() + "/in", d.path() + "/out");
   CHECK(s.speeches[0] == 1);
   CHECK(s.words[0] == 3);
-  auto task = make_task("wikitext", Params().set("path", std::string("out")).set("files", std::string("sotu.{split}.tokens")), d.path());
+  auto task = make_task(
+      "wikitext", Params().set("path", std::string("out")).set("files", std::string("sotu.{split}.tokens")), d.path());
   CHECK(task->stats("valid").tokens == 4);  // three , four <eos>
   CHECK_THROWS_WITH(convert_sotu(d.path() + "/none", d.path() + "/out"),
                     "sotu: folder '" + d.path() + "/none' does not exist");
@@ -239,7 +273,9 @@ TEST_CASE("real data: WikiText-2 and WikiText-103 match the published counts", "
   const std::string data = test::shared_data();
   if (data.empty()) CHIAR_SKIP("[data]", "../shared/data is absent on this machine");
   TempDir cache("wt-cache");
-  auto wt2 = make_task("wikitext", Params().set("path", std::string("wikitext-2")).set("train_file", std::string("wiki.valid.tokens")), data, cache.path());
+  auto wt2 = make_task(
+      "wikitext", Params().set("path", std::string("wikitext-2")).set("train_file", std::string("wiki.valid.tokens")),
+      data, cache.path());
   CHECK(wt2->stats("valid").examples == 3760);
   CHECK(wt2->stats("valid").tokens == 217646);
   CHECK(wt2->stats("test").examples == 4358);
@@ -247,7 +283,10 @@ TEST_CASE("real data: WikiText-2 and WikiText-103 match the published counts", "
   // With each split as its own training text every word is known, so the
   // unknown count is the literal <unk> tokens of the release.
   for (const char* split : {"valid", "test"}) {
-    auto own = make_task("wikitext", Params().set("path", std::string("wikitext-103")).set("train_file", std::string("wiki.") + split + ".tokens"), data, cache.path());
+    auto own = make_task(
+        "wikitext",
+        Params().set("path", std::string("wikitext-103")).set("train_file", std::string("wiki.") + split + ".tokens"),
+        data, cache.path());
     CHECK(own->stats(split).tokens == (std::string(split) == "valid" ? 217646 : 245569));
     CHECK(own->stats(split).unknown == (std::string(split) == "valid" ? 1657 : 2492));
   }
@@ -257,7 +296,9 @@ TEST_CASE("real data: IMDB has 12,500 reviews per class per split", "[data][imdb
   const std::string data = test::shared_data();
   if (data.empty()) CHIAR_SKIP("[data]", "../shared/data is absent on this machine");
   TempDir cache("imdb-cache");
-  auto task = make_task("imdb", Params().set("archive", std::string("imdb/aclImdb_labelled.tar.gz")).set("max_len", int64_t{1000}), data, cache.path());
+  auto task = make_task(
+      "imdb", Params().set("archive", std::string("imdb/aclImdb_labelled.tar.gz")).set("max_len", int64_t{1000}), data,
+      cache.path());
   auto train = task->stats("train"), valid = task->stats("valid"), test_split = task->stats("test");
   CHECK(test_split.label_counts == std::vector<int64_t>{12500, 12500});
   CHECK(train.label_counts[0] + valid.label_counts[0] == 12500);

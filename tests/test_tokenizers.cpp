@@ -8,7 +8,7 @@ using namespace chiar;
 
 TEST_CASE("word tokenizer: vocabulary from train, <unk>, counts, ids by frequency", "[tokenizer]") {
   WordTokenizer t({"the cat sat", "the dog <unk> sat", "the end"}, 1, 0);
-  CHECK(t.vocab_size() == 3 + 5);  // specials + the sat cat dog end
+  CHECK(t.vocab_size() == 3 + 5);   // specials + the sat cat dog end
   CHECK(t.token_text(3) == "the");  // most frequent first
   CHECK(t.token_text(4) == "sat");
   CHECK(t.encode("the bird sat") == std::vector<int64_t>{3, t.unk_id(), 4});

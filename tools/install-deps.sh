@@ -20,6 +20,7 @@ packages=(
   gnuplot-nox           # report charts
   chromium              # the report test renders the HTML headless
   clang libclang-rt-14-dev  # libFuzzer, ASan and UBSan for tools/fuzz.sh (docs/fuzzing.md)
+  clang-format-14       # the source layout (.clang-format), checked by the ctest entry `format`
   slurm-wlm munge       # a local one-node Slurm for the `slurm` test (tools/slurm-local.sh)
 )
 

@@ -58,8 +58,8 @@ template <typename T>
 cudaError_t launch_entropy(const void* c, int64_t rows, int64_t d, float* h, cudaStream_t stream) {
   const float inv_log_d = static_cast<float>(1.0 / log(static_cast<double>(d)));
   const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  spectral_entropy_kernel<T><<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(static_cast<const T*>(c), rows, d,
-                                                                           inv_log_d, h);
+  spectral_entropy_kernel<T>
+      <<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(static_cast<const T*>(c), rows, d, inv_log_d, h);
   return cudaGetLastError();
 }
 
@@ -76,7 +76,8 @@ __global__ void count_choices_kernel(const int64_t* __restrict__ choice, int64_t
     if (c >= 0 && c < k) atomicAdd(&counts[c], 1);
   }
   __syncthreads();
-  for (int j = threadIdx.x; j < k; j += blockDim.x) tile_counts[static_cast<int64_t>(j) * gridDim.x + blockIdx.x] = counts[j];
+  for (int j = threadIdx.x; j < k; j += blockDim.x)
+    tile_counts[static_cast<int64_t>(j) * gridDim.x + blockIdx.x] = counts[j];
 }
 
 // Pass 2, after an exclusive scan of tile_counts in (operator, tile) order:
@@ -126,8 +127,7 @@ cudaError_t kernels_loadable() {
   return cudaFuncGetAttributes(&attributes, count_choices_kernel);
 }
 
-cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_t d, float* h,
-                                  cudaStream_t stream) {
+cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_t d, float* h, cudaStream_t stream) {
   if (rows < 0 || d < 2) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if ((rows + kRowsPerBlock - 1) / kRowsPerBlock > INT32_MAX) return cudaErrorInvalidValue;  // the grid's x limit
@@ -147,8 +147,8 @@ size_t rows_by_choice_workspace(int64_t n, int k) {
   return 2 * table + align_up(scan_bytes(static_cast<int>(k * tiles)));
 }
 
-cudaError_t rows_by_choice(const int64_t* choice, int64_t n, int k, void* workspace, int64_t* rows_out,
-                           int64_t* counts, cudaStream_t stream) {
+cudaError_t rows_by_choice(const int64_t* choice, int64_t n, int k, void* workspace, int64_t* rows_out, int64_t* counts,
+                           cudaStream_t stream) {
   // k counters in the count kernel's shared memory, within its 48 KiB.
   if (n < 0 || k < 1 || k > kMaxOperators) return cudaErrorInvalidValue;
   if (n == 0) return cudaMemsetAsync(counts, 0, static_cast<size_t>(k) * sizeof(int64_t), stream);

@@ -21,8 +21,7 @@ cudaError_t kernels_loadable();
 // row, sums in fp32 whatever the storage type, H written in fp32. A row
 // holding a NaN or an infinity gives NaN, as on the host.
 //   c (rows, d) row-major on the device, d >= 2; h (rows) fp32
-cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_t d, float* h,
-                                  cudaStream_t stream);
+cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_t d, float* h, cudaStream_t stream);
 
 // Stream compaction of routing choices: the rows each of k operators takes
 // (1 <= k <= 4096), concatenated by operator, ascending within each; choices
@@ -33,7 +32,7 @@ cudaError_t spectral_entropy_rows(const void* c, Real type, int64_t rows, int64_
 // workspace: rows_by_choice_workspace(n, k) bytes of device memory (0 for
 // sizes rows_by_choice refuses).
 size_t rows_by_choice_workspace(int64_t n, int k);
-cudaError_t rows_by_choice(const int64_t* choice, int64_t n, int k, void* workspace, int64_t* rows_out,
-                           int64_t* counts, cudaStream_t stream);
+cudaError_t rows_by_choice(const int64_t* choice, int64_t n, int k, void* workspace, int64_t* rows_out, int64_t* counts,
+                           cudaStream_t stream);
 
 }  // namespace chiar::cuda

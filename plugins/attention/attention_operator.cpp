@@ -101,8 +101,7 @@ at::Tensor attend_stored(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // lets T = 4096 classification train with the whole batch's scores never held.
 struct RecomputedAttention : public torch::autograd::Function<RecomputedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& qpos, int64_t mask_from,
-                            const at::Tensor& valid) {
+                            const at::Tensor& v, const at::Tensor& qpos, int64_t mask_from, const at::Tensor& valid) {
     auto scores = masked_scores(q, k, qpos, mask_from, valid);  // (G, h, m, e)
     auto lse = scores.logsumexp(-1, /*keepdim=*/true);          // (G, h, m, 1)
     auto o = chiar::batch_matmul(scores.sub_(lse).exp_().to(v.scalar_type()), v);
@@ -123,14 +122,14 @@ struct RecomputedAttention : public torch::autograd::Function<RecomputedAttentio
     auto p = masked_scores(q, k, ctx->saved_data["qpos"].toTensor(), ctx->saved_data["mask_from"].toInt(),
                            ctx->saved_data["valid"].toTensor())
                  .sub_(lse)
-                 .exp_();                                                   // (G, h, m, e)
-    auto dv = chiar::batch_matmul(p.transpose(-2, -1), dout);               // (G, h, e, dh)
-    auto dp = chiar::batch_matmul(dout, v.to(wide).transpose(-2, -1));      // (G, h, m, e)
-    auto ds = p.mul_(dp.sub_((dout * o).sum(-1, /*keepdim=*/true)));       // softmax backward
-    auto dq = chiar::batch_matmul(ds, k.to(wide));                          // (G, h, m, dh)
-    auto dk = chiar::batch_matmul(ds.transpose(-2, -1), q.to(wide));        // (G, h, e, dh)
+                 .exp_();                                               // (G, h, m, e)
+    auto dv = chiar::batch_matmul(p.transpose(-2, -1), dout);           // (G, h, e, dh)
+    auto dp = chiar::batch_matmul(dout, v.to(wide).transpose(-2, -1));  // (G, h, m, e)
+    auto ds = p.mul_(dp.sub_((dout * o).sum(-1, /*keepdim=*/true)));    // softmax backward
+    auto dq = chiar::batch_matmul(ds, k.to(wide));                      // (G, h, m, dh)
+    auto dk = chiar::batch_matmul(ds.transpose(-2, -1), q.to(wide));    // (G, h, e, dh)
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(),           at::Tensor(),           at::Tensor()};
   }
 };
 
@@ -165,21 +164,20 @@ class AttentionOperator final : public Operator {
                       std::to_string(heads_));
     if (block_ < 1) throw UserError("attention: block must be at least 1, found " + std::to_string(block_));
     dh_ = d_ / heads_;
-    if (rope_ && dh_ % 2 != 0)
-      throw UserError("attention: RoPE needs an even head size, found " + std::to_string(dh_));
+    if (rope_ && dh_ % 2 != 0) throw UserError("attention: RoPE needs an even head size, found " + std::to_string(dh_));
     q_ = register_module("q", torch::nn::Linear(d_, d_));
     kv_ = register_module("kv", torch::nn::Linear(d_, 2 * d_));
     out_ = register_module("out", torch::nn::Linear(d_, d_));
-    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
-                         spec.pre_norm);
+    norm_ =
+        SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))), spec.pre_norm);
   }
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    const auto in = norm_.input(x);  // (B, T, d)
+    const auto in = norm_.input(x);                                      // (B, T, d)
     auto q = queries(project(q_, in).view({B, T, heads_, dh_}), {}, T);  // (B, h, T, dh)
-    auto [kt, v] = keys_values(in);  // (B, h, dh, T), (B, h, T, dh)
-    at::Tensor o;                   // (B, h, T, dh)
+    auto [kt, v] = keys_values(in);                                      // (B, h, dh, T), (B, h, T, dh)
+    at::Tensor o;                                                        // (B, h, T, dh)
     if (fuses(q)) {
       chiar::count_host_kernel();
       o = chiar_attention::fused_attention(q, kt, v, {}, ctx.valid, ctx.causal ? block_ : 0);
@@ -206,8 +204,7 @@ class AttentionOperator final : public Operator {
     return norm_.output(project(out_, o.transpose(1, 2).reshape({B, T, d_}), x));
   }
 
-  at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
-                          const OpContext& ctx) override {
+  at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {
     const int64_t T = x.size(1), N = rows.size(0);
     // Every row selected (rows are strictly increasing): the blocked forward
     // is the same computation without the gathers.
@@ -224,7 +221,7 @@ class AttentionOperator final : public Operator {
     const RowGroups g = groups_on_device(hg, x.device());
     // Every sequence has rows (g.keys = 0 .. B-1): no gather of x.
     const auto in = norm_.input(g.count == x.size(0) ? x : x.index_select(0, g.keys));  // (G, T, d)
-    auto [kt, v] = keys_values(in);  // (G, h, dh, T), (G, h, T, dh)
+    auto [kt, v] = keys_values(in);                                                     // (G, h, dh, T), (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
     const auto q_in = norm_.pre() ? in.reshape({-1, d_}).index_select(0, g.group * T + t) : xr;  // (N, d)
     auto q = queries(project(q_, q_in).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
@@ -238,7 +235,8 @@ class AttentionOperator final : public Operator {
         const auto per_sequence = rows_per_group(hg.group, hg.count);
         const int64_t* n = per_sequence.data();
         std::vector<int64_t> segments;
-        for (int64_t j = 0, start = 0; j < g.count; start += n[j], ++j) segments.insert(segments.end(), {start, n[j], j, T});
+        for (int64_t j = 0, start = 0; j < g.count; start += n[j], ++j)
+          segments.insert(segments.end(), {start, n[j], j, T});
         auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), ctx.causal ? t : at::Tensor(),
                                                        valid);
         return norm_.output(project(out_, o.reshape({N, d_}), xr));
@@ -305,7 +303,7 @@ class AttentionOperator final : public Operator {
     const auto plan =
         indices_to_device({order, inverse, gp.group, gp.slot, at::tensor(sequences, host_t.options())}, x.device());
     auto qs = q.index_select(0, plan[0]), ts = t.index_select(0, plan[0]);  // (N, h, dh), (N,)
-    std::vector<at::Tensor> pieces;  // (n_j, d) per e, in sorted order
+    std::vector<at::Tensor> pieces;                                         // (n_j, d) per e, in sorted order
     int64_t first_sequence = 0;
     for (KeyBlock& b : blocks) {
       const int64_t e = b.e, r = b.first_row, n = b.rows;
@@ -359,7 +357,9 @@ class AttentionOperator final : public Operator {
     std::string core;
     switch (core_) {
       case Core::Auto:
-      case Core::Fused: core = std::string("fused core (fp32 CPU), else ") + (sdpa_elsewhere ? "SDPA" : "chunked"); break;
+      case Core::Fused:
+        core = std::string("fused core (fp32 CPU), else ") + (sdpa_elsewhere ? "SDPA" : "chunked");
+        break;
       case Core::Sdpa: core = "SDPA core"; break;
       case Core::Chunked: core = "chunked core, recompute above " + mib.str() + " MiB"; break;
     }
@@ -528,9 +528,9 @@ class AttentionOperator final : public Operator {
   // into sequences whose keys and values are kt (G, h, dh, >= e), v (G, h,
   // >= e, dh); keys from mask_from on are masked beyond each query's
   // position. Returns (n, d).
-  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
-                         const at::Tensor& t, const RowGroups& g, int64_t e, int64_t mask_from,
-                         const at::Tensor& valid, bool recompute) const {
+  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& t,
+                         const RowGroups& g, int64_t e, int64_t mask_from, const at::Tensor& valid,
+                         bool recompute) const {
     auto qp = pack_rows(q, g).transpose(1, 2);  // (G, h, m, dh)
     auto qpos = pack_rows(t, g).view({g.count, 1, g.width, 1});
     at::Tensor o;  // (G, h, m, dh)
@@ -555,9 +555,8 @@ class AttentionOperator final : public Operator {
   // off, fragment the heap). Sequences are split before rows, which keeps the
   // products at up to `block` rows. With recompute_weights, training keeps no
   // weights for backward.
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& qpos, int64_t mask_from, const at::Tensor& valid,
-                    bool recompute_weights) const {
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& qpos,
+                    int64_t mask_from, const at::Tensor& valid, bool recompute_weights) const {
     if (sdpa_for(q))
       return chiar_attention::sdpa_attention(q, k, v, false, mask_from < k.size(2) ? qpos : at::Tensor(), valid);
     const bool recompute = recompute_weights && torch::autograd::GradMode::is_enabled() &&
@@ -598,8 +597,8 @@ class AttentionOperator final : public Operator {
   }
 
   int64_t d_, heads_, block_, dh_ = 0;
-  double recompute_mib_;  // recompute the weights when one sequence's would take more
-  double chunk_mib_;      // the most weights one chunk of attend() materialises
+  double recompute_mib_;                    // recompute the weights when one sequence's would take more
+  double chunk_mib_;                        // the most weights one chunk of attend() materialises
   mutable at::Tensor rope_cos_, rope_sin_;  // (L, dh/2) cache of rope_table
   bool rope_;
   double rope_base_;
@@ -610,12 +609,12 @@ class AttentionOperator final : public Operator {
 
 void register_plugin(Registrar& r) {
   r.add_operator("attention", "multi-head self-attention with RoPE, causal or padding-masked, O(T^2 d)",
-                 [](const OperatorSpec& spec) { return std::make_unique<AttentionOperator>(spec); },
-                 {"attn"});
+                 [](const OperatorSpec& spec) { return std::make_unique<AttentionOperator>(spec); }, {"attn"});
   r.declare_options("operator", "attention",
                     {{"heads", ParamKind::Int, "model.n_heads", "attention heads; d_model must be a multiple"},
-                     {"core", ParamKind::String, "auto", "the code computing softmax(q k^T + mask) v: auto, fused, sdpa "
-                                                         "(libtorch 2.1 or newer) or chunked"},
+                     {"core", ParamKind::String, "auto",
+                      "the code computing softmax(q k^T + mask) v: auto, fused, sdpa "
+                      "(libtorch 2.1 or newer) or chunked"},
                      {"block", ParamKind::Int, "128", "query positions per block of causal attention"},
                      {"chunk_mib", ParamKind::Number, "32", "most MiB of attention weights per chunk (core chunked)"},
                      {"recompute_mib", ParamKind::Number, "64",

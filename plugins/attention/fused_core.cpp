@@ -30,9 +30,7 @@ struct Matrices {
 };
 
 // Unit last stride and rows that do not overlap, or a contiguous copy.
-at::Tensor readable(const at::Tensor& t) {
-  return t.stride(3) == 1 && t.stride(2) >= t.size(3) ? t : t.contiguous();
-}
+at::Tensor readable(const at::Tensor& t) { return t.stride(3) == 1 && t.stride(2) >= t.size(3) ? t : t.contiguous(); }
 
 Matrices matrices(const at::Tensor& t) { return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)}; }
 
@@ -58,8 +56,16 @@ struct Problem {
   // the rows per tile.
   Problem(const at::Tensor& q_, const at::Tensor& kt_, const at::Tensor& v_, const at::Tensor& qpos_,
           const at::Tensor& valid_, const at::Tensor& segments_, int64_t block_, int64_t arrays)
-      : G(q_.size(0)), GK(kt_.size(0)), heads(q_.size(1)), m(q_.size(2)), dh(q_.size(3)), L(kt_.size(3)),
-        block(block_), q(matrices(q_)), kt(matrices(kt_)), v(matrices(v_)) {
+      : G(q_.size(0)),
+        GK(kt_.size(0)),
+        heads(q_.size(1)),
+        m(q_.size(2)),
+        dh(q_.size(3)),
+        L(kt_.size(3)),
+        block(block_),
+        q(matrices(q_)),
+        kt(matrices(kt_)),
+        v(matrices(v_)) {
     if (qpos_.numel() > 0) {
       qpos = qpos_.data_ptr<int64_t>();
       qpos_stride = qpos_.size(0) == G && G > 1 ? m : 0;
@@ -104,8 +110,8 @@ struct Problem {
 
   // Scores of one tile into s (rows x keys, leading dimension keys), masked.
   void scores(int64_t head, const Tile& t, float* s) const {
-    chiar::sgemm(false, false, t.rows, t.keys, dh, 1.f, q.row(t.qg, head, t.r0), q.ld, kt.at(t.kg, head), kt.ld,
-                 0.f, s, t.keys);
+    chiar::sgemm(false, false, t.rows, t.keys, dh, 1.f, q.row(t.qg, head, t.r0), q.ld, kt.at(t.kg, head), kt.ld, 0.f, s,
+                 t.keys);
     const bool* ok = valid ? valid + t.kg * L : nullptr;
     for (int64_t i = 0; i < t.rows; ++i) {
       float* row = s + i * t.keys;
@@ -244,8 +250,8 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
                                     chiar::dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh));
       // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
       chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, grad, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
-      chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.row(t.qg, head, t.r0), p.q.ld, grad, t.keys, 1.f,
-                   dkt_gh, p.L);
+      chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.row(t.qg, head, t.r0), p.q.ld, grad, t.keys, 1.f, dkt_gh,
+                   p.L);
     }
   });
 }
@@ -280,8 +286,8 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     auto dq = at::empty({p.G, p.heads, p.m, p.dh}, q.options());
     auto dkt = at::empty({p.GK, p.heads, p.dh, p.L}, kt.options());
     auto dvt = at::empty({p.GK, p.heads, p.dh, p.L}, v.options());
-    backward_tiles(p, matrices(o), stats.data_ptr<float>(), matrices(dout), k.data_ptr<float>(),
-                   vt.data_ptr<float>(), dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
+    backward_tiles(p, matrices(o), stats.data_ptr<float>(), matrices(dout), k.data_ptr<float>(), vt.data_ptr<float>(),
+                   dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
     return {dq, dkt, dvt.transpose(2, 3), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -315,9 +321,9 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::
               "fused_attention: q ", q.sizes(), ", kt ", kt.sizes(), " and v ", v.sizes(), " do not match");
   TORCH_CHECK(block == 0 || (!qpos.defined() && q.size(2) == kt.size(3)),
               "fused_attention: causal blocks need a query per key and no positions");
-  TORCH_CHECK(!qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(2) ||
-                  qpos.numel() == q.size(0) * q.size(2),
-              "fused_attention: positions ", qpos.sizes(), " do not match queries ", q.sizes());
+  TORCH_CHECK(
+      !qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(2) || qpos.numel() == q.size(0) * q.size(2),
+      "fused_attention: positions ", qpos.sizes(), " do not match queries ", q.sizes());
   const Masks m =
       masks("fused_attention", qpos, qpos.defined() && qpos.dim() > 0 ? qpos.size(0) : 1, valid, q.size(0), kt.size(3));
   return FusedAttention::apply(readable(q), readable(kt), readable(v), m.positions, m.keys, m.none, block);
@@ -330,8 +336,7 @@ at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const
                   v.sizes() == at::IntArrayRef({kt.size(0), kt.size(1), kt.size(3), kt.size(2)}),
               "fused_attention_rows: q ", q.sizes(), ", kt ", kt.sizes(), " and v ", v.sizes(), " do not match");
   const auto seg = segments.to(at::kLong).contiguous();
-  TORCH_CHECK(seg.dim() == 2 && seg.size(1) == 4, "fused_attention_rows: segments must be (S, 4), found ",
-              seg.sizes());
+  TORCH_CHECK(seg.dim() == 2 && seg.size(1) == 4, "fused_attention_rows: segments must be (S, 4), found ", seg.sizes());
   const auto* s = seg.data_ptr<int64_t>();
   int64_t covered = 0;
   for (int64_t i = 0; i < seg.size(0); ++i) {
@@ -343,13 +348,13 @@ at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const
     covered += s[4 * i + 1];
   }
   TORCH_CHECK(covered == q.size(0), "fused_attention_rows: segments cover ", covered, " of ", q.size(0), " rows");
-  TORCH_CHECK(!qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(0),
-              "fused_attention_rows: positions ", qpos.sizes(), " do not match ", q.size(0), " rows");
+  TORCH_CHECK(!qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(0), "fused_attention_rows: positions ",
+              qpos.sizes(), " do not match ", q.size(0), " rows");
   const Masks m = masks("fused_attention_rows", qpos, 1, valid, kt.size(0), kt.size(3));
   // One query batch of N rows: (1, h, N, dh), its rows read in place.
   auto o = FusedAttention::apply(readable(q.transpose(0, 1).unsqueeze(0)), readable(kt), readable(v), m.positions,
                                  m.keys, seg, 0);  // (1, h, N, dh) stored (1, N, h, dh)
-  return o.squeeze(0).transpose(0, 1);  // (N, h, dh), contiguous
+  return o.squeeze(0).transpose(0, 1);             // (N, h, dh), contiguous
 }
 
 }  // namespace chiar_attention

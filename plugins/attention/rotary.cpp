@@ -84,8 +84,8 @@ void pass(const Layout& l, const float* in, float* out, bool transposed) {
   const float sign = back ? -1.f : 1.f;
   // Rows [t0, t0 + n) of (sequence g, head): on the projection side a row
   // every s1 floats, in the core's layout every dh.
-  const auto turn = [&](int64_t g, int64_t t0, int64_t n, const float* from, int64_t from_stride,
-                        float* to, int64_t to_stride) {
+  const auto turn = [&](int64_t g, int64_t t0, int64_t n, const float* from, int64_t from_stride, float* to,
+                        int64_t to_stride) {
     const int64_t* pos = l.pos ? l.pos + g * l.pos_stride + t0 : nullptr;
     turn_rows(l.cos, l.sin, pos, t0, n, l.half, l.scale, sign, from, from_stride, to, to_stride);
   };
@@ -190,8 +190,7 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
                   sin.sizes() == cos.sizes(),
               "rotary: x ", x.sizes(), " and tables ", cos.sizes(), " do not match");
   const auto input = x.stride(3) == 1 ? x : x.contiguous();
-  const auto positions = pos.defined() ? pos.to(at::kLong).contiguous()
-                                       : at::empty({0}, x.options().dtype(at::kLong));
+  const auto positions = pos.defined() ? pos.to(at::kLong).contiguous() : at::empty({0}, x.options().dtype(at::kLong));
   return Rotary::apply(input, cos.contiguous(), sin.contiguous(), positions, scale, keys_transposed);
 }
 

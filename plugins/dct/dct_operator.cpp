@@ -21,11 +21,10 @@ class DctOperator final : public Operator {
  public:
   explicit DctOperator(const OperatorSpec& spec)
       : d_(spec.d_model),
-        impl_(resolve_dct_impl(dct_impl_from_string(spec.params.get_string("dct_impl", "auto")),
-                               spec.d_model)) {
+        impl_(resolve_dct_impl(dct_impl_from_string(spec.params.get_string("dct_impl", "auto")), spec.d_model)) {
     filter_ = register_parameter("filter", at::ones({d_}));
-    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
-                         spec.pre_norm);
+    norm_ =
+        SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))), spec.pre_norm);
   }
 
   // A supplied spectrum is x's; pre-norm transforms LN(x) instead.
@@ -62,9 +61,7 @@ class DctOperator final : public Operator {
     return t;
   }
 
-  std::string describe() const override {
-    return std::string("dct(filter, ") + to_string(impl_) + ")";
-  }
+  std::string describe() const override { return std::string("dct(filter, ") + to_string(impl_) + ")"; }
 
  private:
   bool uses_spectrum(const OpContext& ctx) const { return ctx.spectrum.defined() && !norm_.pre(); }

@@ -22,8 +22,8 @@ using namespace chiar;
 class FourierOperator final : public Operator {
  public:
   explicit FourierOperator(const OperatorSpec& spec) : d_(spec.d_model) {
-    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
-                         spec.pre_norm);
+    norm_ =
+        SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))), spec.pre_norm);
   }
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
@@ -38,8 +38,8 @@ class FourierOperator final : public Operator {
     std::vector<at::Tensor> rows;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t L = std::max<int64_t>(1, length[b]);
-      auto xb = in[b].narrow(0, 0, L).unsqueeze(0);            // (1, L, d)
-      auto yb = mix(xb).squeeze(0);                             // (L, d)
+      auto xb = in[b].narrow(0, 0, L).unsqueeze(0);                        // (1, L, d)
+      auto yb = mix(xb).squeeze(0);                                        // (L, d)
       if (L < T) yb = at::cat({yb, at::zeros({T - L, d_}, x.options())});  // padding rows: unspecified, zero
       rows.push_back(yb);
     }
@@ -53,7 +53,9 @@ class FourierOperator final : public Operator {
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
-    auto log2 = [](int64_t v) { return static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(std::max<int64_t>(v, 2))))); };
+    auto log2 = [](int64_t v) {
+      return static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(std::max<int64_t>(v, 2)))));
+    };
     // Complex FFTs of length d for T rows and of length T for d columns.
     const int64_t fft = 5 * T * d * (log2(d) + log2(T));
     // Pre-norm normalises every position before the transforms.

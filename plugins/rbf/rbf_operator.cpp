@@ -102,17 +102,16 @@ class RbfOperator final : public Operator {
     q_ = register_module("q", torch::nn::Linear(d_, d_));
     kv_ = register_module("kv", torch::nn::Linear(d_, 2 * d_));
     out_ = register_module("out", torch::nn::Linear(d_, d_));
-    norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))),
-                         spec.pre_norm);
+    norm_ =
+        SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))), spec.pre_norm);
     auto gen = at::detail::createCPUGenerator(spec.seed);
-    omega_ = register_buffer(
-        "omega", at::normal(0.0, std::sqrt(2.0 * gamma_), {d_, features_}, gen));
+    omega_ = register_buffer("omega", at::normal(0.0, std::sqrt(2.0 * gamma_), {d_, features_}, gen));
   }
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    const auto in = norm_.input(x);        // (B, T, d)
-    auto q = phi(project(q_, in));         // (B, T, F)
+    const auto in = norm_.input(x);                  // (B, T, d)
+    auto q = phi(project(q_, in));                   // (B, T, F)
     auto [k, v, mask] = keys_values(in, ctx.valid);  // (B, T, F), (B, T, d), (B, T, 1)
     at::Tensor num, den, count;
     if (!ctx.causal) {
@@ -123,19 +122,18 @@ class RbfOperator final : public Operator {
     } else {
       const int64_t C = std::min(chunk_, T), n_chunks = (T + C - 1) / C, Tp = n_chunks * C;
       auto qc = chunks(q, Tp, C), kc = chunks(k, Tp, C), vc = chunks(v, Tp, C);  // (B, nC, C, .)
-      auto [s_prev, z_prev] = prefix_states(kc, vc);          // (B, nC, F, d), (B, nC, F)
-      auto a = chiar::batch_matmul(qc, kc.transpose(-1, -2)).tril();  // (B, nC, C, C): s <= t in chunk
+      auto [s_prev, z_prev] = prefix_states(kc, vc);                             // (B, nC, F, d), (B, nC, F)
+      auto a = chiar::batch_matmul(qc, kc.transpose(-1, -2)).tril();             // (B, nC, C, C): s <= t in chunk
       num = (chiar::batch_matmul(qc, s_prev) + chiar::batch_matmul(a, vc)).reshape({B, Tp, d_}).narrow(1, 0, T);
       den = ((qc * z_prev.unsqueeze(2)).sum(-1) + a.sum(-1)).reshape({B, Tp}).narrow(1, 0, T);
-      count = mask.squeeze(-1).cumsum(1);                     // (B, T)
+      count = mask.squeeze(-1).cumsum(1);  // (B, T)
     }
     return norm_.output(project(out_, kernel_average(num, den, count), x));
   }
 
-  at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
-                          const OpContext& ctx) override {
+  at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {
     const int64_t T = x.size(1);
-    auto xr = x.reshape({-1, d_}).index_select(0, rows);   // (N, d): the residual
+    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d): the residual
     // Rows are grouped by a key of each row on the host, from the routed
     // layer's host copy of them (OpContext::host_rows) or one copy of our
     // own: grouping a GPU's keys would copy them back, and wait, per call.
@@ -156,14 +154,14 @@ class RbfOperator final : public Operator {
     at::Tensor num, den, count;
     if (!ctx.causal) {
       const RowGroups g = groups_of(host_seqs.group);
-      auto kg = k.index_select(0, g.keys), vg = v.index_select(0, g.keys);  // (G, T, .)
-      auto qp = pack_rows(q, g);                                           // (G, m, F)
+      auto kg = k.index_select(0, g.keys), vg = v.index_select(0, g.keys);                         // (G, T, .)
+      auto qp = pack_rows(q, g);                                                                   // (G, m, F)
       num = unpack_rows(chiar::batch_matmul(qp, chiar::batch_matmul(kg.transpose(1, 2), vg)), g);  // (N, d)
-      den = unpack_rows((qp * kg.sum(1, true)).sum(-1), g);                // (N,)
-      count = mask.sum(1).squeeze(-1).index_select(0, b);                  // (N,)
+      den = unpack_rows((qp * kg.sum(1, true)).sum(-1), g);                                        // (N,)
+      count = mask.sum(1).squeeze(-1).index_select(0, b);                                          // (N,)
     } else {
       const int64_t C = std::min(chunk_, T), n_chunks = (T + C - 1) / C, Tp = n_chunks * C;
-      auto kc = chunks(k, Tp, C), vc = chunks(v, Tp, C);                   // (B, nC, C, .)
+      auto kc = chunks(k, Tp, C), vc = chunks(v, Tp, C);  // (B, nC, C, .)
       auto [s_prev, z_prev] = prefix_states(kc, vc);
       const RowGroups g =  // one group per chunk
           groups_of(host_seqs.group * n_chunks + at::div(at::remainder(host_rows, T), C, "floor"));
@@ -172,17 +170,17 @@ class RbfOperator final : public Operator {
       const auto of_groups = [&](const at::Tensor& u) {
         return g.count == B * n_chunks ? u : u.index_select(0, g.keys);
       };
-      auto sg = of_groups(s_prev.reshape({B * n_chunks, F, d_}));  // (G, F, d)
-      auto zg = of_groups(z_prev.reshape({B * n_chunks, F}));      // (G, F)
-      auto kg = of_groups(kc.reshape({B * n_chunks, C, F}));       // (G, C, F)
-      auto vg = of_groups(vc.reshape({B * n_chunks, C, d_}));      // (G, C, d)
-      auto qp = pack_rows(q, g);                                                         // (G, m, F)
-      auto within = pack_rows(at::remainder(t, C), g).unsqueeze(-1);                    // (G, m, 1)
+      auto sg = of_groups(s_prev.reshape({B * n_chunks, F, d_}));     // (G, F, d)
+      auto zg = of_groups(z_prev.reshape({B * n_chunks, F}));         // (G, F)
+      auto kg = of_groups(kc.reshape({B * n_chunks, C, F}));          // (G, C, F)
+      auto vg = of_groups(vc.reshape({B * n_chunks, C, d_}));         // (G, C, d)
+      auto qp = pack_rows(q, g);                                      // (G, m, F)
+      auto within = pack_rows(at::remainder(t, C), g).unsqueeze(-1);  // (G, m, 1)
       auto a = chiar::batch_matmul(qp, kg.transpose(1, 2)) *
                (at::arange(C, within.options()).view({1, 1, C}) <= within).to(q.scalar_type());
       num = unpack_rows(chiar::batch_matmul(qp, sg) + chiar::batch_matmul(a, vg), g);  // (N, d)
-      den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);            // (N,)
-      count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, b * T + t);  // (N,)
+      den = unpack_rows((qp * zg.unsqueeze(1)).sum(-1) + a.sum(-1), g);                // (N,)
+      count = mask.squeeze(-1).cumsum(1).reshape({-1}).index_select(0, b * T + t);     // (N,)
     }
     return norm_.output(project(out_, kernel_average(num, den, count), xr));
   }
@@ -194,7 +192,7 @@ class RbfOperator final : public Operator {
     // Feature maps of n queries and T keys: projection on W, cos, sin, scale.
     f += matmul_flops(n + T, d, features_, /*weight_grad=*/false) + elementwise_flops(n + T, F, 2);
     f += matmul_flops(T, F, d) + matmul_flops(n, F, d) + elementwise_flops(n, F, 2);  // state, apply
-    f += matmul_flops(n, F, C, false) + matmul_flops(n, C, d, false);  // within-chunk part (causal)
+    f += matmul_flops(n, F, C, false) + matmul_flops(n, C, d, false);                 // within-chunk part (causal)
     // Pre-norm normalises every position the keys read, post-norm the rows.
     return f + elementwise_flops(n, d, 2) + layernorm_flops(norm_.pre() ? T : n, d);
   }
@@ -209,8 +207,7 @@ class RbfOperator final : public Operator {
   }
 
   std::string describe() const override {
-    return "rbf(features " + std::to_string(features_) + ", gamma " + std::to_string(gamma_) +
-           ", linear)";
+    return "rbf(features " + std::to_string(features_) + ", gamma " + std::to_string(gamma_) + ", linear)";
   }
 
  private:
@@ -218,7 +215,7 @@ class RbfOperator final : public Operator {
   // of a phase a few radians large, rounded to bf16's 8 bits, put errors of
   // about 1e-2 into every feature, which the normaliser then divides.
   at::Tensor phi(const at::Tensor& u) const {  // (..., d) -> (..., 2R)
-    at::Tensor p;  // (..., R)
+    at::Tensor p;                              // (..., R)
     if (u.scalar_type() == at::kDouble) {
       p = chiar::linear(u, omega_.to(at::kDouble).t());
     } else {
@@ -229,13 +226,12 @@ class RbfOperator final : public Operator {
   }
 
   // Keys as features and values, zeroed at padding; mask (B, T, 1) of real tokens.
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> keys_values(const at::Tensor& x,
-                                                             const at::Tensor& valid) {
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> keys_values(const at::Tensor& x, const at::Tensor& valid) {
     // split, not two narrows: backward concatenates the two gradients once
     // instead of zero-filling a (B, T, 2d) tensor for each and adding them.
     const auto kv = project(kv_, x).split(d_, -1);  // (B, T, d) x 2
-    auto mask = valid.defined() ? valid.to(x.scalar_type()).unsqueeze(-1)
-                                : at::ones({x.size(0), x.size(1), 1}, x.options());
+    auto mask =
+        valid.defined() ? valid.to(x.scalar_type()).unsqueeze(-1) : at::ones({x.size(0), x.size(1), 1}, x.options());
     return {phi(kv[0]) * mask, kv[1] * mask, mask};
   }
 
@@ -249,7 +245,7 @@ class RbfOperator final : public Operator {
   // Sums over all earlier chunks: state (B, nC, F, d) and normaliser (B, nC, F).
   static std::pair<at::Tensor, at::Tensor> prefix_states(const at::Tensor& kc, const at::Tensor& vc) {
     auto per_chunk = chiar::batch_matmul(kc.transpose(-1, -2), vc);  // (B, nC, F, d)
-    auto z = kc.sum(2);                                     // (B, nC, F)
+    auto z = kc.sum(2);                                              // (B, nC, F)
     return {ExclusiveScan::apply(per_chunk, false), ExclusiveScan::apply(z, false)};
   }
 

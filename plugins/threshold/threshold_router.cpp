@@ -23,8 +23,7 @@ using namespace chiar;
 
 class ThresholdRouter final : public Router {
  public:
-  explicit ThresholdRouter(const RouterSpec& spec)
-      : k_(static_cast<int64_t>(spec.operators.size())) {
+  explicit ThresholdRouter(const RouterSpec& spec) : k_(static_cast<int64_t>(spec.operators.size())) {
     if (k_ < 2) throw UserError("threshold: needs at least 2 operators");
     std::vector<double> tau;
     // tau = "auto" names calibration explicitly; it is the same as leaving tau out.
@@ -32,8 +31,7 @@ class ThresholdRouter final : public Router {
     const bool tau_auto = values.count("tau") && std::holds_alternative<std::string>(values.at("tau")) &&
                           spec.params.get_string("tau", "") == "auto";
     if (spec.params.has("tau") && !tau_auto) {
-      if (spec.params.has("shares"))
-        throw UserError("threshold: give either tau or shares, not both");
+      if (spec.params.has("shares")) throw UserError("threshold: give either tau or shares, not both");
       tau = spec.params.get_doubles("tau", {});
       fixed_ = true;
     } else {
@@ -45,8 +43,8 @@ class ThresholdRouter final : public Router {
       for (int64_t j = 0; j + 1 < k_; ++j) tau.push_back(cumulative += shares_[j]);
     }
     if (static_cast<int64_t>(tau.size()) != k_ - 1)
-      throw UserError("threshold: " + std::to_string(k_) + " operators need " +
-                      std::to_string(k_ - 1) + " thresholds, found " + std::to_string(tau.size()));
+      throw UserError("threshold: " + std::to_string(k_) + " operators need " + std::to_string(k_ - 1) +
+                      " thresholds, found " + std::to_string(tau.size()));
     for (size_t j = 1; j < tau.size(); ++j)
       if (!(tau[j] >= tau[j - 1])) throw UserError("threshold: tau must be increasing");
     tau_ = register_buffer("tau", at::tensor(tau, at::TensorOptions().dtype(at::kDouble)));
@@ -60,11 +58,12 @@ class ThresholdRouter final : public Router {
       route_on_host(x, entropy, r);
       return r;
     }
-    auto h = entropy.detach().to(at::kDouble).unsqueeze(-1);          // (B, T, 1)
-    r.choice = (h > tau_.to(h.device()).view({1, 1, -1})).sum(-1);    // (B, T) int64
+    auto h = entropy.detach().to(at::kDouble).unsqueeze(-1);        // (B, T, 1)
+    r.choice = (h > tau_.to(h.device()).view({1, 1, -1})).sum(-1);  // (B, T) int64
     // one_hot's range checks read two values back to the host; every
     // choice here is in 0..K-1 by construction.
-    r.weights = at::zeros({h.size(0), h.size(1), k_}, x.options()).scatter_(-1, r.choice.unsqueeze(-1), 1.0);  // (B, T, K)
+    r.weights =
+        at::zeros({h.size(0), h.size(1), k_}, x.options()).scatter_(-1, r.choice.unsqueeze(-1), 1.0);  // (B, T, K)
     return r;
   }
 
@@ -106,8 +105,8 @@ class ThresholdRouter final : public Router {
     const auto h = entropy.detach().to(at::kDouble).contiguous();  // (B, T)
     const auto tau = tau_.to(at::kCPU).contiguous();
     const int64_t n = h.numel();
-    r.choice = at::empty(h.sizes(), h.options().dtype(at::kLong));                     // (B, T)
-    r.weights = at::zeros({h.size(0), h.size(1), k_}, x.options());                   // (B, T, K)
+    r.choice = at::empty(h.sizes(), h.options().dtype(at::kLong));   // (B, T)
+    r.weights = at::zeros({h.size(0), h.size(1), k_}, x.options());  // (B, T, K)
     const double* in = h.data_ptr<double>();
     const double* t = tau.data_ptr<double>();
     int64_t* choice = r.choice.data_ptr<int64_t>();
@@ -132,7 +131,9 @@ void register_plugin(Registrar& r) {
   r.add_router("threshold", "spectral-entropy thresholds, fixed or calibrated to target shares",
                [](const RouterSpec& spec) { return std::make_unique<ThresholdRouter>(spec); });
   r.declare_options("router", "threshold",
-                    {{"tau", ParamKind::Numbers, "auto",
+                    {{"tau",
+                      ParamKind::Numbers,
+                      "auto",
                       "fixed thresholds: one number for 2 operators, K-1 increasing for K; \"auto\" calibrates them "
                       "to `shares`",
                       {"auto"}},

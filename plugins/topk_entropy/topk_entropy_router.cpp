@@ -24,9 +24,11 @@ class TopkEntropyRouter final : public Router {
  public:
   explicit TopkEntropyRouter(const RouterSpec& spec) : k_(static_cast<int64_t>(spec.operators.size())) {
     if (k_ < 2 || k_ > 3) throw UserError("topk_entropy: needs 2 or 3 operators, found " + std::to_string(k_));
-    shares_ = spec.params.get_doubles("shares", k_ == 2 ? std::vector<double>{0.75, 0.25} : std::vector<double>{0.5, 0.25, 0.25});
+    shares_ = spec.params.get_doubles("shares",
+                                      k_ == 2 ? std::vector<double>{0.75, 0.25} : std::vector<double>{0.5, 0.25, 0.25});
     if (static_cast<int64_t>(shares_.size()) != k_)
-      throw UserError("topk_entropy: shares needs " + std::to_string(k_) + " values, found " + std::to_string(shares_.size()));
+      throw UserError("topk_entropy: shares needs " + std::to_string(k_) + " values, found " +
+                      std::to_string(shares_.size()));
     double sum = 0;
     for (double s : shares_) {
       if (!(s >= 0 && s <= 1)) throw UserError("topk_entropy: every share must lie in [0, 1]");
@@ -41,13 +43,13 @@ class TopkEntropyRouter final : public Router {
     auto valid = ctx.valid.defined() ? ctx.valid : at::ones_like(h, at::kBool);
     // higher[b, t]: how many tokens rank above t (higher H; ties broken by
     // position), among the real tokens (non-causal) or among positions <= t.
-    auto above = h.unsqueeze(1) > h.unsqueeze(2);                                   // [b, t, s]: H_s > H_t
+    auto above = h.unsqueeze(1) > h.unsqueeze(2);  // [b, t, s]: H_s > H_t
     auto pos = at::arange(T, h.options().dtype(at::kLong));
     auto tie = (h.unsqueeze(1) == h.unsqueeze(2)).logical_and(pos.view({1, 1, T}) < pos.view({1, T, 1}));
     auto considered = valid.unsqueeze(1).expand({h.size(0), T, T});
     if (ctx.causal) considered = considered.logical_and(pos.view({1, 1, T}) <= pos.view({1, T, 1}));
     auto higher = above.logical_or(tie).logical_and(considered).sum(-1).to(at::kDouble);  // (B, T)
-    auto count = ctx.causal ? considered.sum(-1).to(at::kDouble)                            // tokens <= t
+    auto count = ctx.causal ? considered.sum(-1).to(at::kDouble)                          // tokens <= t
                             : valid.sum(1, true).to(at::kDouble).expand_as(h);
     // Rank fraction in [0, 1): 0 for the highest entropy.
     auto rank = higher / count.clamp_min(1.0);

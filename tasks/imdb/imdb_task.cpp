@@ -19,7 +19,6 @@
 #include <fstream>
 #include <sstream>
 
-
 #include <boost/filesystem.hpp>
 
 #include "chiar/class_data.h"
@@ -51,8 +50,7 @@ int rating_of(const std::string& stem) {
   const auto bar = stem.find('_');
   if (bar == std::string::npos) return -1;
   const std::string digits = stem.substr(bar + 1);
-  if (digits.empty() || digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string::npos)
-    return -1;
+  if (digits.empty() || digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
   return std::stoi(digits);
 }
 
@@ -125,8 +123,7 @@ fs::path find_root(const TaskSpec& spec) {
 
 class ImdbTask final : public ClassificationTask {
  public:
-  explicit ImdbTask(const TaskSpec& spec)
-      : ClassificationTask("imdb"), max_len_(spec.params.get_int("max_len", 4000)) {
+  explicit ImdbTask(const TaskSpec& spec) : ClassificationTask("imdb"), max_len_(spec.params.get_int("max_len", 4000)) {
     const double valid_fraction = spec.params.get_double("valid_fraction", 0.1);
     const auto split_seed = static_cast<uint64_t>(spec.params.get_int("split_seed", 0));
     if (max_len_ < 1) throw UserError("imdb: max_len must be positive");
@@ -146,8 +143,7 @@ class ImdbTask final : public ClassificationTask {
     tokenizer_ = make_tokenizer(spec.params, train_text, spec.cache_dir, "bytes");
     train_text.clear();
 
-    for (const char* name : {"train", "valid", "test"})
-      add_split(ClassSplit(name, 2, tokenizer_->pad_id(), max_len_));
+    for (const char* name : {"train", "valid", "test"}) add_split(ClassSplit(name, 2, tokenizer_->pad_id(), max_len_));
     for (size_t i = 0; i < train.size(); ++i)
       if (!is_valid[i]) add("train", train[i]);
     for (int64_t i = 0; i < n_valid; ++i) add("valid", train[order[i]]);  // drawn order: both labels in any prefix

@@ -19,13 +19,12 @@ namespace {
 using namespace chiar;
 
 // <pad> 0, <unk> 1, digits 2..11, operators, "]".
-const std::vector<std::string> kVocab = {"<pad>", "<unk>", "0", "1", "2", "3", "4", "5", "6", "7",
-                                         "8", "9", "[MIN", "[MAX", "[MED", "[SM", "[MEAN", "]"};
+const std::vector<std::string> kVocab = {"<pad>", "<unk>", "0", "1",    "2",    "3",    "4",   "5",     "6",
+                                         "7",     "8",     "9", "[MIN", "[MAX", "[MED", "[SM", "[MEAN", "]"};
 
 class ListOpsTask final : public ClassificationTask {
  public:
-  ListOpsTask(const TaskSpec& spec, bool flat)
-      : ClassificationTask(flat ? "listops_flat" : "listops"), flat_(flat) {
+  ListOpsTask(const TaskSpec& spec, bool flat) : ClassificationTask(flat ? "listops_flat" : "listops"), flat_(flat) {
     const auto& p = spec.params;
     const std::string who = flat ? "listops_flat: " : "listops: ";
     seq_len_ = p.get_int("seq_len", flat ? 32 : 2000);
@@ -36,15 +35,16 @@ class ListOpsTask final : public ClassificationTask {
       source_ = "tsv";
       for (const char* split : {"train", "valid", "test"}) {
         const std::string key = std::string(split) + "_file";
-        if (!p.has(key)) throw UserError("listops: reading files needs train_file, valid_file and test_file; " + key + " is missing");
+        if (!p.has(key))
+          throw UserError("listops: reading files needs train_file, valid_file and test_file; " + key + " is missing");
         data[split] = read_listops_tsv(resolve_path(spec.data_root, p.get_string(key, "")));
         if (data[split].empty()) throw UserError("listops: " + key + " has no examples");
       }
     } else {
       const int64_t n_train = p.get_int("n_train", 96000), n_valid = p.get_int("n_valid", 2000),
                     n_test = p.get_int("n_test", 2000);
-      for (const auto& [key, n] : {std::make_pair("n_train", n_train), std::make_pair("n_valid", n_valid),
-                                   std::make_pair("n_test", n_test)})
+      for (const auto& [key, n] :
+           {std::make_pair("n_train", n_train), std::make_pair("n_valid", n_valid), std::make_pair("n_test", n_test)})
         if (n < 1) throw UserError(who + key + " must be positive, found " + std::to_string(n));
       const auto data_seed = static_cast<uint64_t>(p.get_int("data_seed", 0));
       std::vector<ListOpsExample> all;
@@ -94,12 +94,9 @@ class ListOpsTask final : public ClassificationTask {
     }
     return out;
   }
-  std::string token_text(int64_t id) const override {
-    return id >= 0 && id < vocab_size() ? kVocab[id] : "<unk>";
-  }
+  std::string token_text(int64_t id) const override { return id >= 0 && id < vocab_size() ? kVocab[id] : "<unk>"; }
   std::string describe() const override {
-    return std::string(flat_ ? "listops_flat(" : "listops(") + source_ + ", seq_len " +
-           std::to_string(seq_len_) + ")";
+    return std::string(flat_ ? "listops_flat(" : "listops(") + source_ + ", seq_len " + std::to_string(seq_len_) + ")";
   }
 
  private:

@@ -44,8 +44,7 @@ class WikiTextTask final : public Task {
         batching_(spec.params.get_string("batching", "blocks")),
         eval_stride_(spec.params.get_int("eval_stride", 0)) {
     if (seq_len_ < 1) throw UserError("wikitext: seq_len must be positive");
-    if (eval_stride_ < 0 || eval_stride_ > seq_len_)
-      throw UserError("wikitext: eval_stride must lie in 0..seq_len");
+    if (eval_stride_ < 0 || eval_stride_ > seq_len_) throw UserError("wikitext: eval_stride must lie in 0..seq_len");
     if (batching_ != "blocks" && batching_ != "streams")
       throw UserError("wikitext: unknown batching '" + batching_ + "' (known: blocks, streams)");
     root_ = resolve_path(spec.data_root, spec.params.get_string("path", "wikitext-2"));
@@ -127,10 +126,10 @@ class WikiTextTask final : public Task {
   std::string token_text(int64_t id) const override { return tokenizer_->token_text(id); }
 
   std::string describe() const override {
-    return "wikitext(train " + files_.at("train") + ", valid " + files_.at("valid") + ", test " +
-           files_.at("test") + ", " + tokenizer_->describe() + ", seq_len " +
-           std::to_string(seq_len_) + ", train " + batching_ + ", eval " +
-           (eval_stride_ > 0 ? "sliding stride " + std::to_string(eval_stride_) : std::string("blocks")) + ")";
+    return "wikitext(train " + files_.at("train") + ", valid " + files_.at("valid") + ", test " + files_.at("test") +
+           ", " + tokenizer_->describe() + ", seq_len " + std::to_string(seq_len_) + ", train " + batching_ +
+           ", eval " + (eval_stride_ > 0 ? "sliding stride " + std::to_string(eval_stride_) : std::string("blocks")) +
+           ")";
   }
 
  private:
@@ -154,7 +153,8 @@ class WikiTextTask final : public Task {
 std::vector<PluginOption> wikitext_options() {
   std::vector<PluginOption> options = {
       {"path", ParamKind::String, "wikitext-2", "the corpus folder, relative to the data root"},
-      {"files", ParamKind::String, "wiki.{split}.tokens", "the split files' pattern (wiki.{split}.raw: the raw release)"},
+      {"files", ParamKind::String, "wiki.{split}.tokens",
+       "the split files' pattern (wiki.{split}.raw: the raw release)"},
       {"train_file", ParamKind::String, "", "the training split's file, instead of the pattern's"},
       {"valid_file", ParamKind::String, "", "the validation split's file, instead of the pattern's"},
       {"test_file", ParamKind::String, "", "the test split's file, instead of the pattern's"},

@@ -4,9 +4,8 @@
 #include "chiar/plugin.h"
 
 static void register_plugin(chiar::Registrar& r) {
-  r.add_operator("dct", "a second dct", [](const chiar::OperatorSpec&) -> std::unique_ptr<chiar::Operator> {
-    return nullptr;
-  });
+  r.add_operator("dct", "a second dct",
+                 [](const chiar::OperatorSpec&) -> std::unique_ptr<chiar::Operator> { return nullptr; });
 }
 
 CHIAR_PLUGIN("operator", register_plugin)

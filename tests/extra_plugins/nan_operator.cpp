@@ -54,7 +54,7 @@ class NanAt final : public Operator {
 
  private:
   int64_t d_;
-  int64_t poisoned_call_;     // the first training-mode call that returns NaN
+  int64_t poisoned_call_;  // the first training-mode call that returns NaN
   int64_t training_calls_ = 0;
   torch::nn::Linear linear_{nullptr};  // (d -> d)
   torch::nn::LayerNorm norm_{nullptr};

@@ -21,9 +21,7 @@ class Shade final : public Operator {
     norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_})));
   }
 
-  at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
-    return norm_(x + linear_(means(x, ctx)));
-  }
+  at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override { return norm_(x + linear_(means(x, ctx))); }
 
   // Every position's mean is needed anyway; the rows are picked from them.
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {

@@ -39,7 +39,8 @@ const std::string& reference() {
 }
 
 Record record_of(const std::string& header, const std::string& file) {
-  if (header == "harness") return {static_cast<int64_t>(reference().size()), chiar::engine::crc32_of(reference()), true};
+  if (header == "harness")
+    return {static_cast<int64_t>(reference().size()), chiar::engine::crc32_of(reference()), true};
   const auto space = header.find(' ');
   const std::string size_text = header.substr(0, space);
   const std::string checksum_text = space == std::string::npos ? "=" : header.substr(space + 1);
@@ -103,7 +104,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     load_state(bytes);
   } catch (const c10::Error& e) {
-    if (record.harness) contract_broken(std::string("the reference checkpoint does not load: ") + e.what_without_backtrace());
+    if (record.harness)
+      contract_broken(std::string("the reference checkpoint does not load: ") + e.what_without_backtrace());
     if (std::getenv("CHIAR_FUZZ_VERBOSE")) std::fprintf(stderr, "c10::Error: %s\n", e.what_without_backtrace());
   } catch (const std::exception& e) {
     if (record.harness) contract_broken(std::string("the reference checkpoint does not load: ") + e.what());

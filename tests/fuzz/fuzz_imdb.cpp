@@ -15,8 +15,8 @@
 namespace {
 
 bool storable(const std::string& name) {
-  return !name.empty() && name.size() <= 200 && name != "." && name != ".." &&
-         name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
+  return !name.empty() && name.size() <= 200 && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
 }
 
 // The contract, written independently of the reader: the rating follows the
@@ -25,8 +25,7 @@ bool well_named(const std::string& stem, int64_t label) {
   const auto bar = stem.find('_');
   if (bar == std::string::npos) return false;
   const std::string digits = stem.substr(bar + 1);
-  if (digits.empty() || digits.size() > 3 || digits.find_first_not_of("0123456789") != std::string::npos)
-    return false;
+  if (digits.empty() || digits.size() > 3 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
   const int rating = std::stoi(digits);
   return label == 0 ? rating >= 1 && rating <= 4 : rating >= 7 && rating <= 10;
 }

@@ -24,9 +24,12 @@ std::vector<std::pair<std::string, std::string>> g_registrations;  // kind, name
 void register_from_input(void* registrar) {
   auto& r = *static_cast<chiar::Registrar*>(registrar);
   for (const auto& [kind, name] : g_registrations) {
-    if (kind == "operator") r.add_operator(name, "fuzz", nullptr);
-    else if (kind == "router") r.add_router(name, "fuzz", nullptr);
-    else r.add_task(name, "fuzz", nullptr);
+    if (kind == "operator")
+      r.add_operator(name, "fuzz", nullptr);
+    else if (kind == "router")
+      r.add_router(name, "fuzz", nullptr);
+    else
+      r.add_task(name, "fuzz", nullptr);
   }
 }
 
@@ -47,9 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto api_version = api == "<current>" ? uint32_t{CHIAR_PLUGIN_API_VERSION}
                                               : static_cast<uint32_t>(std::strtoul(api.c_str(), nullptr, 10));
   if (torch_version == "<built>") torch_version = CHIAR_TORCH_VERSION_STRING;
-  const chiar_plugin_descriptor descriptor{
-      api_version, torch_version == "<null>" ? nullptr : torch_version.c_str(), kinds == "<null>" ? nullptr : kinds.c_str(),
-      reg == "<null>" ? nullptr : &register_from_input};
+  const chiar_plugin_descriptor descriptor{api_version, torch_version == "<null>" ? nullptr : torch_version.c_str(),
+                                           kinds == "<null>" ? nullptr : kinds.c_str(),
+                                           reg == "<null>" ? nullptr : &register_from_input};
   const chiar_plugin_descriptor* d = api == "<none>" ? nullptr : &descriptor;
   try {
     chiar::check_plugin_descriptor("fuzz.so", d);

@@ -37,7 +37,8 @@ class Scratch {
   Scratch() {
     const char* shm = "/dev/shm";
     boost::system::error_code ec;
-    const std::string base = boost::filesystem::is_directory(shm, ec) ? shm : boost::filesystem::temp_directory_path().string();
+    const std::string base =
+        boost::filesystem::is_directory(shm, ec) ? shm : boost::filesystem::temp_directory_path().string();
     root_ = base + "/chiar-fuzz-" + std::to_string(::getpid());
     boost::filesystem::create_directories(root_);
   }

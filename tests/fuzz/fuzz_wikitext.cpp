@@ -29,12 +29,18 @@ chiar::Params options_of(const std::string& text, int64_t& batch) {
     const auto eq = line.find('=');
     if (eq == std::string::npos) continue;
     const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
-    if (key == "seq_len" || key == "eval_stride") p.set(key, clamped(value, -2, 40));
-    else if (key == "min_count" || key == "max_vocab") p.set(key, clamped(value, -2, 40));
-    else if (key == "batch") batch = clamped(value, 1, 5);
-    else if (key == "valid_fraction") p.set(key, std::strtod(value.c_str(), nullptr));
-    else if (key == "batching") p.set(key, value);
-    else if (key == "tokenizer" && (value == "word" || value == "bytes")) p.set(key, value);
+    if (key == "seq_len" || key == "eval_stride")
+      p.set(key, clamped(value, -2, 40));
+    else if (key == "min_count" || key == "max_vocab")
+      p.set(key, clamped(value, -2, 40));
+    else if (key == "batch")
+      batch = clamped(value, 1, 5);
+    else if (key == "valid_fraction")
+      p.set(key, std::strtod(value.c_str(), nullptr));
+    else if (key == "batching")
+      p.set(key, value);
+    else if (key == "tokenizer" && (value == "word" || value == "bytes"))
+      p.set(key, value);
   }
   return p;
 }

@@ -44,8 +44,7 @@ double rel_error(const at::Tensor& a, const at::Tensor& b) {
   return num / std::max(db.norm().item<double>(), 1e-30);
 }
 
-double gradcheck(const std::function<at::Tensor()>& loss, const std::vector<at::Tensor>& inputs,
-                 double step) {
+double gradcheck(const std::function<at::Tensor()>& loss, const std::vector<at::Tensor>& inputs, double step) {
   for (auto t : inputs) t.mutable_grad() = at::Tensor();
   loss().backward();
   double worst = 0;
@@ -68,8 +67,8 @@ double gradcheck(const std::function<at::Tensor()>& loss, const std::vector<at::
   return worst;
 }
 
-std::shared_ptr<Operator> make_op(const std::string& name, int64_t d, int64_t heads,
-                                  const Params& params, bool float64, uint64_t seed, bool pre_norm) {
+std::shared_ptr<Operator> make_op(const std::string& name, int64_t d, int64_t heads, const Params& params, bool float64,
+                                  uint64_t seed, bool pre_norm) {
   OperatorSpec spec;
   spec.pre_norm = pre_norm;
   spec.d_model = d;
@@ -82,8 +81,7 @@ std::shared_ptr<Operator> make_op(const std::string& name, int64_t d, int64_t he
   // Non-trivial LayerNorm affine and biases, so references check them too.
   at::NoGradGuard no_grad;
   for (auto& p : op->named_parameters()) {
-    if (p.key().find("norm") != std::string::npos || p.key().find("bias") != std::string::npos ||
-        p.key() == "filter")
+    if (p.key().find("norm") != std::string::npos || p.key().find("bias") != std::string::npos || p.key() == "filter")
       p.value().add_(at::randn_like(p.value()) * 0.3);
   }
   return op;

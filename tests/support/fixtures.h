@@ -35,15 +35,13 @@ double rel_error(const at::Tensor& a, const at::Tensor& b);
 // Largest |autograd - central difference| / max(1, |central difference|) over
 // every element of every tensor in `inputs` (float64, requires_grad set by the
 // caller). loss must recompute from scratch on each call.
-double gradcheck(const std::function<at::Tensor()>& loss, const std::vector<at::Tensor>& inputs,
-                 double step = 1e-6);
+double gradcheck(const std::function<at::Tensor()>& loss, const std::vector<at::Tensor>& inputs, double step = 1e-6);
 
 // An operator from the in-tree plugins, in float64 unless told otherwise;
 // pre_norm: OperatorSpec::pre_norm. The same seed gives the same parameters
 // in either placement.
-std::shared_ptr<Operator> make_op(const std::string& name, int64_t d, int64_t heads,
-                                  const Params& params = {}, bool float64 = true,
-                                  uint64_t seed = 7, bool pre_norm = false);
+std::shared_ptr<Operator> make_op(const std::string& name, int64_t d, int64_t heads, const Params& params = {},
+                                  bool float64 = true, uint64_t seed = 7, bool pre_norm = false);
 
 // Whether the attention plugin accepts core = "sdpa" (libtorch's fused
 // attention, which it offers from libtorch 2.1 on): asked of the plugin itself,

@@ -9,7 +9,7 @@
 namespace chiar::test {
 
 struct Finished {
-  int status = -1;  // exit status, or 128 + signal
+  int status = -1;     // exit status, or 128 + signal
   std::string output;  // stdout and stderr together
 };
 

@@ -36,8 +36,7 @@ Vec norm(const Vec& x, const at::Tensor& weight, const at::Tensor& bias) {
   auto g = weight.accessor<double, 1>();
   auto b = bias.accessor<double, 1>();
   Vec y(x.size());
-  for (size_t i = 0; i < x.size(); ++i)
-    y[i] = (x[i] - mean) / std::sqrt(var + 1e-5) * g[i] + b[i];
+  for (size_t i = 0; i < x.size(); ++i) y[i] = (x[i] - mean) / std::sqrt(var + 1e-5) * g[i] + b[i];
   return y;
 }
 
@@ -69,8 +68,7 @@ at::Tensor dct_matrix(int64_t d) {
   auto m = at::empty({d, d}, at::TensorOptions().dtype(at::kDouble));
   auto a = m.accessor<double, 2>();
   for (int64_t k = 0; k < d; ++k)
-    for (int64_t n = 0; n < d; ++n)
-      a[k][n] = std::sqrt((k == 0 ? 1.0 : 2.0) / d) * std::cos(M_PI * (n + 0.5) * k / d);
+    for (int64_t n = 0; n < d; ++n) a[k][n] = std::sqrt((k == 0 ? 1.0 : 2.0) / d) * std::cos(M_PI * (n + 0.5) * k / d);
   return m;
 }
 
@@ -116,8 +114,7 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
   return to_tensor(rows, x.sizes());
 }
 
-at::Tensor attention(const at::Tensor& x, const AttentionWeights& w, bool causal,
-                     const at::Tensor& valid) {
+at::Tensor attention(const at::Tensor& x, const AttentionWeights& w, bool causal, const at::Tensor& valid) {
   const int64_t B = x.size(0), T = x.size(1), d = x.size(2), h = w.heads, dh = d / h;
   std::vector<Vec> out_rows;
   for (int64_t b = 0; b < B; ++b) {
@@ -163,8 +160,7 @@ at::Tensor attention(const at::Tensor& x, const AttentionWeights& w, bool causal
   return to_tensor(out_rows, x.sizes());
 }
 
-at::Tensor rbf_quadratic(const at::Tensor& x, const RbfWeights& w, bool causal,
-                         const at::Tensor& valid) {
+at::Tensor rbf_quadratic(const at::Tensor& x, const RbfWeights& w, bool causal, const at::Tensor& valid) {
   const int64_t B = x.size(0), T = x.size(1), d = x.size(2), R = w.omega.size(1);
   auto om = w.omega.accessor<double, 2>();
   auto phi = [&](const Vec& u) {

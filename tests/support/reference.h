@@ -33,8 +33,7 @@ struct AttentionWeights {
 };
 
 // Multi-head attention + residual + LN for x (B, T, d); valid (B, T) or undefined.
-at::Tensor attention(const at::Tensor& x, const AttentionWeights& w, bool causal,
-                     const at::Tensor& valid);
+at::Tensor attention(const at::Tensor& x, const AttentionWeights& w, bool causal, const at::Tensor& valid);
 
 struct RbfWeights {
   Linear q, kv, out;
@@ -45,7 +44,6 @@ struct RbfWeights {
 
 // The explicit quadratic form of the same random-feature kernel: every a_ts
 // formed, summed over the allowed keys, + residual + LN.
-at::Tensor rbf_quadratic(const at::Tensor& x, const RbfWeights& w, bool causal,
-                         const at::Tensor& valid);
+at::Tensor rbf_quadratic(const at::Tensor& x, const RbfWeights& w, bool causal, const at::Tensor& valid);
 
 }  // namespace chiar::test::ref

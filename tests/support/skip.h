@@ -19,9 +19,9 @@ int skipped_test_cases();
 }  // namespace chiar::test
 
 // Use as a statement inside a TEST_CASE: `if (!ready) CHIAR_SKIP("[data]", "...");`
-#define CHIAR_SKIP(tag, reason)                  \
-  do {                                           \
-    ::chiar::test::note_skip();                  \
-    WARN("SKIPPED " << tag << ": " << reason);   \
-    return;                                      \
+#define CHIAR_SKIP(tag, reason)                \
+  do {                                         \
+    ::chiar::test::note_skip();                \
+    WARN("SKIPPED " << tag << ": " << reason); \
+    return;                                    \
   } while (false)

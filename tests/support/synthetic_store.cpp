@@ -114,8 +114,9 @@ class Writer {
 
   void write(const SyntheticRun& r) {
     std::mt19937_64 rng(splitmix64(std::hash<std::string>{}(r.hash)));
-    const int64_t last = r.status == "diverged" ? shape_.steps / 2 : r.status == "failed" ? shape_.steps / 4
-                                                                                           : shape_.steps;
+    const int64_t last = r.status == "diverged" ? shape_.steps / 2
+                         : r.status == "failed" ? shape_.steps / 4
+                                                : shape_.steps;
     const int64_t id = insert_run(r, last, rng);
     Curve curve{r, rng};
     std::normal_distribution<double> noise(0.0, 0.02);
@@ -149,19 +150,31 @@ class Writer {
                        "\", \"seed\": " + std::to_string(r.seed) + ", \"model\": {";
     while (spec.size() < 1300) spec += "\"option_" + std::to_string(spec.size()) + "\": 0.5, ";
     spec += "\"end\": 0}}";
-    const std::string tau =
-        r.routed ? "{\"layer2\": [0.80, 0.83], \"layer3\": [0.80, 0.835]}" : std::string("{}");
-    run_.bind(1, r.hash).bind(2, name).bind(3, r.variant).bind(4, std::string(r.task->name)).bind(5, r.seed)
-        .bind(6, spec).bind(7, r.status);
+    const std::string tau = r.routed ? "{\"layer2\": [0.80, 0.83], \"layer3\": [0.80, 0.835]}" : std::string("{}");
+    run_.bind(1, r.hash)
+        .bind(2, name)
+        .bind(3, r.variant)
+        .bind(4, std::string(r.task->name))
+        .bind(5, r.seed)
+        .bind(6, spec)
+        .bind(7, r.status);
     if (r.status == "failed")
       run_.bind(8, std::string("chiar: synthetic failure: the node's disk filled up"));
     else
       run_.bind_null(8);
-    if (r.status == "diverged") run_.bind(9, last); else run_.bind_null(9);
+    if (r.status == "diverged")
+      run_.bind(9, last);
+    else
+      run_.bind_null(9);
     const double tps = speed(rng);
-    run_.bind(10, last).bind(11, int64_t{3'400'000}).bind(12, tps).bind(13, 3.0 * tps)
-        .bind(14, 1000.0 * 8 * kTokensPerSequence / tps).bind(15, tau)
-        .bind(16, std::string(r.routed ? "{\"batches\": 4, \"tokens\": 1016}" : "")).bind(17, spec)
+    run_.bind(10, last)
+        .bind(11, int64_t{3'400'000})
+        .bind(12, tps)
+        .bind(13, 3.0 * tps)
+        .bind(14, 1000.0 * 8 * kTokensPerSequence / tps)
+        .bind(15, tau)
+        .bind(16, std::string(r.routed ? "{\"batches\": 4, \"tokens\": 1016}" : ""))
+        .bind(17, spec)
         .bind(18, std::string(r.task->family));
     run_statement(run_);
     return db_.last_insert_id();
@@ -169,14 +182,18 @@ class Writer {
 
   void metric(int64_t id, int64_t step, const char* split, const char* checkpoint, const std::string& name,
               double value) {
-    metric_.bind(1, id).bind(2, step).bind(3, std::string(split)).bind(4, std::string(checkpoint)).bind(5, name)
+    metric_.bind(1, id)
+        .bind(2, step)
+        .bind(3, std::string(split))
+        .bind(4, std::string(checkpoint))
+        .bind(5, name)
         .bind(6, value);
     run_statement(metric_);
   }
 
   // The names a task of this kind records (engine/trainer.cpp's evaluations).
-  void metrics(const SyntheticRun& r, int64_t id, int64_t step, const char* split, const char* checkpoint,
-               double value, std::mt19937_64& rng) {
+  void metrics(const SyntheticRun& r, int64_t id, int64_t step, const char* split, const char* checkpoint, double value,
+               std::mt19937_64& rng) {
     const TaskShape& t = *r.task;
     metric(id, step, split, checkpoint, "full_split", 1.0);
     if (t.language_model) {
@@ -194,15 +211,23 @@ class Writer {
     metric(id, step, split, checkpoint, "loss", -std::log(std::max(value, 1e-3)));
     metric(id, step, split, checkpoint, "majority_rate", 1.0 / static_cast<double>(t.classes));
     for (int64_t k = 0; k < t.classes; ++k)
-      metric(id, step, split, checkpoint, "accuracy_class_" + std::to_string(k), std::clamp(value + spread(rng), 0.0, 1.0));
+      metric(id, step, split, checkpoint, "accuracy_class_" + std::to_string(k),
+             std::clamp(value + spread(rng), 0.0, 1.0));
   }
 
   // Per layer and operator, FLOPs per sequence: the head, then each layer's mixers and FFN.
   void flops(const SyntheticRun& r, int64_t id, int64_t step, std::mt19937_64& rng) {
     const double T = kTokensPerSequence;
     const auto row = [&](int64_t layer, const std::string& op, double tokens, double per_token) {
-      flops_.bind(1, id).bind(2, step).bind(3, layer).bind(4, op).bind(5, tokens).bind(6, tokens * per_token)
-          .bind(7, tokens * per_token).bind(8, 3 * tokens * per_token).bind(9, 3 * tokens * per_token);
+      flops_.bind(1, id)
+          .bind(2, step)
+          .bind(3, layer)
+          .bind(4, op)
+          .bind(5, tokens)
+          .bind(6, tokens * per_token)
+          .bind(7, tokens * per_token)
+          .bind(8, 3 * tokens * per_token)
+          .bind(9, 3 * tokens * per_token);
       run_statement(flops_);
     };
     std::uniform_real_distribution<double> share(0.2, 0.5);
@@ -247,7 +272,12 @@ class Writer {
       for (int64_t b = 0; b < shape_.histogram_bins; ++b) {
         const double centre = (static_cast<double>(b) + 0.5) * width;
         const auto count = static_cast<int64_t>(4000.0 * std::exp(-50.0 * (centre - 0.8) * (centre - 0.8)));
-        histogram_.bind(1, id).bind(2, step).bind(3, layer).bind(4, b).bind(5, b * width).bind(6, (b + 1) * width)
+        histogram_.bind(1, id)
+            .bind(2, step)
+            .bind(3, layer)
+            .bind(4, b)
+            .bind(5, b * width)
+            .bind(6, (b + 1) * width)
             .bind(7, count);
         run_statement(histogram_);
       }

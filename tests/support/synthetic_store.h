@@ -25,9 +25,9 @@ struct SyntheticStoreShape {
   int64_t first_run = 0;
   int64_t seeds = 5;
   int64_t steps = 1000;
-  int64_t log_every = 10;   // a training-log row every log_every steps
+  int64_t log_every = 10;    // a training-log row every log_every steps
   int64_t eval_every = 100;  // validation metrics, FLOPs and routing every eval_every steps
-  int64_t layers = 4;       // the middle layers of routed variants are routed
+  int64_t layers = 4;        // the middle layers of routed variants are routed
   int64_t histogram_bins = 20;
   uint64_t seed = 0;
 };

@@ -13,9 +13,9 @@ namespace fs = boost::filesystem;
 
 TempDir::TempDir(const std::string& tag) {
   std::random_device rd;
-  path_ = (fs::temp_directory_path() / ("chiar-test-" + tag + "-" + std::to_string(getpid()) + "-" +
-                                        std::to_string(rd())))
-              .string();
+  path_ =
+      (fs::temp_directory_path() / ("chiar-test-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(rd())))
+          .string();
   fs::create_directories(path_);
 }
 

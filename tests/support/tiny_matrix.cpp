@@ -30,16 +30,17 @@ n_test = 16
 )";
 
 std::string tiny_train_body(int64_t steps, int64_t eval_every, int64_t checkpoint_every) {
-  return "steps = " + std::to_string(steps) + "\nbatch_size = 4\nwarmup = 2\neval_every = " +
-         std::to_string(eval_every) + "\ncheckpoint_every = " + std::to_string(checkpoint_every) +
+  return "steps = " + std::to_string(steps) +
+         "\nbatch_size = 4\nwarmup = 2\neval_every = " + std::to_string(eval_every) +
+         "\ncheckpoint_every = " + std::to_string(checkpoint_every) +
          "\neval_batch_size = 8\ncalibration_batches = 1\nthreads = 1\n";
 }
 
 std::string tiny_train_body() { return tiny_train_body(6, 3, 3); }
 
 void write_tiny_corpus(const TempDir& d) {
-  write_word_corpus(
-      d, {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"}, 9, 300, 60);
+  write_word_corpus(d, {"the", "route", "of", "a", "token", "is", "cheap", "or", "not", "dct", "attention", "entropy"},
+                    9, 300, 60);
 }
 
 void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const std::string& train_body,
@@ -77,8 +78,9 @@ std::vector<double> test_split_metrics(const std::string& db, const std::string&
 
 std::vector<TrainLogRow> train_logs(const std::string& db) {
   engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare("SELECT r.name, t.step, t.loss, t.lr FROM train_log t JOIN runs r ON r.id = t.run_id "
-                       "ORDER BY r.name, t.step");
+  auto q = con.prepare(
+      "SELECT r.name, t.step, t.loss, t.lr FROM train_log t JOIN runs r ON r.id = t.run_id "
+      "ORDER BY r.name, t.step");
   std::vector<TrainLogRow> rows;
   while (q.step()) rows.push_back({q.text(0), q.integer(1), q.real(2), q.real(3)});
   return rows;

@@ -15,8 +15,7 @@ class CHIAR_API ClassSplit {
   ClassSplit(std::string name, int64_t n_classes, int64_t pad_id, int64_t max_len);
 
   // ids are truncated to max_len; full_length (>= ids.size()) feeds the stats.
-  void add(std::vector<int32_t> ids, int64_t label, int64_t full_length, int64_t bytes = 0,
-           int64_t unknown = 0);
+  void add(std::vector<int32_t> ids, int64_t label, int64_t full_length, int64_t bytes = 0, int64_t unknown = 0);
 
   const std::string& name() const { return name_; }
   int64_t size() const { return static_cast<int64_t>(labels_.size()); }

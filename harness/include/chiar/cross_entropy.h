@@ -34,9 +34,8 @@ namespace chiar {
 // Everything else (fp64, bf16 autocast on the CPU, the "aten" kernel policy)
 // computes the logits with linear() and takes at::cross_entropy_loss, with
 // the same value and gradients.
-CHIAR_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                          const at::Tensor& targets, const at::Tensor& token_weights = {},
-                                          int64_t rows_per_pass = 0);
+CHIAR_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                          const at::Tensor& token_weights = {}, int64_t rows_per_pass = 0);
 
 // linear_cross_entropy as a GPU computes it, on any device: the same blocks
 // of rows as the host kernel, in libtorch's products. Each block's logits are

@@ -24,13 +24,11 @@ struct ListOpsExample {
 };
 
 // n distinct examples in generation order; sequential, so independent of threads.
-CHIAR_API std::vector<ListOpsExample> generate_listops(int64_t n, uint64_t seed,
-                                                       const ListOpsOptions& options = {});
+CHIAR_API std::vector<ListOpsExample> generate_listops(int64_t n, uint64_t seed, const ListOpsOptions& options = {});
 
 // The flat variant: one operator (MAX, MIN, MEAN, MED; MEAN and MED take the
 // floor, then mod 10) over min_args..max_args digits, same text format.
-CHIAR_API std::vector<ListOpsExample> generate_listops_flat(int64_t n, uint64_t seed,
-                                                            int64_t min_args = 4,
+CHIAR_API std::vector<ListOpsExample> generate_listops_flat(int64_t n, uint64_t seed, int64_t min_args = 4,
                                                             int64_t max_args = 8);
 
 // LRA tokenisation: whitespace split with the parentheses dropped.

@@ -22,8 +22,7 @@ class CHIAR_API LmStream {
   // visited in a random order, both drawn per epoch from (seed, epoch).
   // mode "streams": the stream cut into B contiguous parts read T at a time
   // (state can carry across steps), starting at a random offset per epoch.
-  Batch train_batch(uint64_t seed, int64_t step, int64_t batch, int64_t T,
-                    const std::string& mode) const;
+  Batch train_batch(uint64_t seed, int64_t step, int64_t batch, int64_t T, const std::string& mode) const;
 
   // stride 0: non-overlapping windows of T targets. stride S > 0: windows of
   // T tokens ending S targets apart, scoring only their last S targets (the

@@ -106,8 +106,7 @@ class CHIAR_API Operator : public torch::nn::Module {
   // forward(x, ctx).view({-1, d}).index_select(0, rows). Operators that mix
   // tokens still read every position of x (keys/values), but compute outputs
   // only for the rows.
-  virtual at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows,
-                                  const OpContext& ctx) = 0;
+  virtual at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) = 0;
 
   // FLOPs of one sequence of length T of which n_rows positions produce outputs,
   // exactly as this implementation executes them (forward, and its backward).
@@ -120,8 +119,7 @@ class CHIAR_API Operator : public torch::nn::Module {
   // attention reads fewer keys early on) or on the context (a supplied
   // spectrum). The default, flops(T, positions.size(), d), is right for every
   // operator whose cost per row depends on neither.
-  virtual FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
-                             const FlopContext& ctx) const;
+  virtual FlopCount flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d, const FlopContext& ctx) const;
 
   virtual OperatorTraits traits() const = 0;
 

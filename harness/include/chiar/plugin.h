@@ -39,15 +39,14 @@
 #define CHIAR_STRINGIFY_IMPL(x) #x
 #define CHIAR_STRINGIFY(x) CHIAR_STRINGIFY_IMPL(x)
 // "major.minor" of the libtorch a translation unit is compiled against.
-#define CHIAR_TORCH_VERSION_STRING \
-  CHIAR_STRINGIFY(TORCH_VERSION_MAJOR) "." CHIAR_STRINGIFY(TORCH_VERSION_MINOR)
+#define CHIAR_TORCH_VERSION_STRING CHIAR_STRINGIFY(TORCH_VERSION_MAJOR) "." CHIAR_STRINGIFY(TORCH_VERSION_MINOR)
 
 extern "C" {
 // Layout frozen across API versions; only the loader reads it.
 struct chiar_plugin_descriptor {
   uint32_t api_version;
-  const char* torch_version;  // "major.minor"
-  const char* kinds;          // comma-separated: "operator", "router", "task"
+  const char* torch_version;              // "major.minor"
+  const char* kinds;                      // comma-separated: "operator", "router", "task"
   void (*register_all)(void* registrar);  // receives a chiar::Registrar*
 };
 }
@@ -63,14 +62,12 @@ class CHIAR_API Registrar {
  public:
   virtual ~Registrar();
   // aliases: other names the same factory answers to (e.g. "attn").
-  virtual void add_operator(const std::string& name, const std::string& description,
-                            OperatorFactory factory,
+  virtual void add_operator(const std::string& name, const std::string& description, OperatorFactory factory,
                             const std::vector<std::string>& aliases = {}) = 0;
-  virtual void add_router(const std::string& name, const std::string& description,
-                          RouterFactory factory,
+  virtual void add_router(const std::string& name, const std::string& description, RouterFactory factory,
                           const std::vector<std::string>& aliases = {}) = 0;
-  virtual void add_task(const std::string& name, const std::string& description,
-                        TaskFactory factory, const std::vector<std::string>& aliases = {}) = 0;
+  virtual void add_task(const std::string& name, const std::string& description, TaskFactory factory,
+                        const std::vector<std::string>& aliases = {}) = 0;
 
   // Every option the task `name` (registered by this plugin) reads. The
   // harness then refuses an unknown key or a value of another kind before the
@@ -99,13 +96,10 @@ class CHIAR_API Registrar {
 
 // KINDS: a string literal such as "operator" or "operator,router".
 // FUNCTION: void FUNCTION(chiar::Registrar&).
-#define CHIAR_PLUGIN(KINDS, FUNCTION)                                                \
-  static void chiar_plugin_register_thunk(void* registrar) {                         \
-    FUNCTION(*static_cast<::chiar::Registrar*>(registrar));                          \
-  }                                                                                  \
-  extern "C" CHIAR_API const chiar_plugin_descriptor* chiar_plugin_entry() {         \
-    static const chiar_plugin_descriptor descriptor{                                 \
-        CHIAR_PLUGIN_API_VERSION_REPORTED, CHIAR_PLUGIN_TORCH_VERSION_REPORTED, KINDS, \
-        &chiar_plugin_register_thunk};                                               \
-    return &descriptor;                                                              \
+#define CHIAR_PLUGIN(KINDS, FUNCTION)                                                                                  \
+  static void chiar_plugin_register_thunk(void* registrar) { FUNCTION(*static_cast<::chiar::Registrar*>(registrar)); } \
+  extern "C" CHIAR_API const chiar_plugin_descriptor* chiar_plugin_entry() {                                           \
+    static const chiar_plugin_descriptor descriptor{                                                                   \
+        CHIAR_PLUGIN_API_VERSION_REPORTED, CHIAR_PLUGIN_TORCH_VERSION_REPORTED, KINDS, &chiar_plugin_register_thunk};  \
+    return &descriptor;                                                                                                \
   }

@@ -25,7 +25,8 @@ class SplitMix64 {
   uint64_t below(uint64_t n) {
     const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
     uint64_t x;
-    do x = next(); while (x >= limit);
+    do x = next();
+    while (x >= limit);
     return x % n;
   }
   // Uniform in [lo, hi], inclusive.

@@ -14,11 +14,11 @@
 namespace chiar {
 
 struct RowGroups {
-  at::Tensor keys;   // (G,) int64 distinct keys, ascending
-  at::Tensor group;  // (N,) int64 group index of each row
-  at::Tensor slot;   // (N,) int64 position of each row inside its group
-  int64_t count = 0; // G
-  int64_t width = 0; // largest group
+  at::Tensor keys;    // (G,) int64 distinct keys, ascending
+  at::Tensor group;   // (N,) int64 group index of each row
+  at::Tensor slot;    // (N,) int64 position of each row inside its group
+  int64_t count = 0;  // G
+  int64_t width = 0;  // largest group
 };
 
 // The rows each of K operators takes, from a routed layer's flattened
@@ -74,8 +74,6 @@ inline std::vector<int64_t> every_position(int64_t T) {
 
 // FLOPs of LayerNorm over n vectors of size d, and of a residual add.
 inline FlopCount layernorm_flops(int64_t n, int64_t d) { return {8 * n * d, 16 * n * d}; }
-inline FlopCount elementwise_flops(int64_t n, int64_t d, int64_t ops = 1) {
-  return {ops * n * d, ops * n * d};
-}
+inline FlopCount elementwise_flops(int64_t n, int64_t d, int64_t ops = 1) { return {ops * n * d, ops * n * d}; }
 
 }  // namespace chiar

@@ -39,7 +39,6 @@ CHIAR_API at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c);
 // Thresholds that split the values of h (any shape) into shares.size() groups
 // with the given shares (summing to 1), lowest values first: returns
 // shares.size() - 1 increasing quantiles. E.g. {0.5, 0.5} -> the median.
-CHIAR_API std::vector<double> calibrate_thresholds(const at::Tensor& h,
-                                                   const std::vector<double>& shares);
+CHIAR_API std::vector<double> calibrate_thresholds(const at::Tensor& h, const std::vector<double>& shares);
 
 }  // namespace chiar

@@ -25,12 +25,12 @@ struct Batch {
 // What `chiar data stats` prints for one split.
 struct SplitStats {
   std::string split;
-  int64_t examples = 0;  // lines (language model) or examples (classifier)
-  int64_t tokens = 0;    // after tokenisation, <eos> included
-  int64_t words = 0;     // whitespace words + one per line (the WikiText convention)
-  int64_t bytes = 0;     // UTF-8 bytes of the split's text, one newline per line
-  int64_t unknown = 0;   // tokens that are <unk>
-  int64_t types = 0;     // distinct token ids in the split (its vocabulary)
+  int64_t examples = 0;               // lines (language model) or examples (classifier)
+  int64_t tokens = 0;                 // after tokenisation, <eos> included
+  int64_t words = 0;                  // whitespace words + one per line (the WikiText convention)
+  int64_t bytes = 0;                  // UTF-8 bytes of the split's text, one newline per line
+  int64_t unknown = 0;                // tokens that are <unk>
+  int64_t types = 0;                  // distinct token ids in the split (its vocabulary)
   std::vector<int64_t> label_counts;  // classifier: examples per class
   std::vector<int64_t> lengths;       // tokens per example at percentiles 0, 50, 90, 99, 100
 };

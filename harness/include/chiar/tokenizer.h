@@ -33,8 +33,7 @@ class CHIAR_API Tokenizer {
 // text (as in WikiText) is the unknown token. Ids: <pad> 0, <unk> 1, <eos> 2.
 class CHIAR_API WordTokenizer final : public Tokenizer {
  public:
-  WordTokenizer(const std::vector<std::string>& train_lines, int64_t min_count = 1,
-                int64_t max_vocab = 0);
+  WordTokenizer(const std::vector<std::string>& train_lines, int64_t min_count = 1, int64_t max_vocab = 0);
   std::vector<int64_t> encode(const std::string& line) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
   std::string token_text(int64_t id) const override;
@@ -69,8 +68,8 @@ class CHIAR_API ByteTokenizer final : public Tokenizer {
 // Ids: <pad> 0, <unk> 1, <eos> 2, then the pieces.
 class CHIAR_API SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(const std::vector<std::string>& train_lines, const std::string& model_type,
-                         int64_t vocab_size, const std::string& cache_dir);
+  SentencePieceTokenizer(const std::vector<std::string>& train_lines, const std::string& model_type, int64_t vocab_size,
+                         const std::string& cache_dir);
   ~SentencePieceTokenizer() override;
   std::vector<int64_t> encode(const std::string& line) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
@@ -92,9 +91,7 @@ class CHIAR_API SentencePieceTokenizer final : public Tokenizer {
 
 // From task options: tokenizer = "word" | "bytes" | "bpe" | "unigram", with
 // min_count / max_vocab (word) or vocab_size (subword).
-CHIAR_API std::unique_ptr<Tokenizer> make_tokenizer(const Params& params,
-                                                    const std::vector<std::string>& train_lines,
-                                                    const std::string& cache_dir,
-                                                    const std::string& fallback = "word");
+CHIAR_API std::unique_ptr<Tokenizer> make_tokenizer(const Params& params, const std::vector<std::string>& train_lines,
+                                                    const std::string& cache_dir, const std::string& fallback = "word");
 
 }  // namespace chiar

@@ -77,9 +77,9 @@ class Variant {
       const autocast::Bf16Scope cast(bf16_, tokens.device());
       // A language model's loss through the fused head, as `chiar run` trains it.
       auto out = model_.forward(tokens, {}, /*logits=*/false);
-      loss = out.hidden.defined() ? model_.lm_loss(out, targets)
-                                  : at::cross_entropy_loss(out.logits.to(at::kFloat).reshape({-1, outputs}),
-                                                           targets.reshape({-1}));
+      loss = out.hidden.defined()
+                 ? model_.lm_loss(out, targets)
+                 : at::cross_entropy_loss(out.logits.to(at::kFloat).reshape({-1, outputs}), targets.reshape({-1}));
       if (out.aux_loss.defined()) loss = loss + out.aux_loss;
     }
     loss.backward();
@@ -148,7 +148,8 @@ class DeviceGemmProbe {
 void check_options(const TrainBenchOptions& o) {
   const auto at_least = [](const char* flag, int64_t value, int64_t low) {
     if (value < low)
-      throw UserError(std::string(flag) + ": must be at least " + std::to_string(low) + ", found " + std::to_string(value));
+      throw UserError(std::string(flag) + ": must be at least " + std::to_string(low) + ", found " +
+                      std::to_string(value));
   };
   at_least("--steps", o.steps, 1);
   at_least("--warmup", o.warmup, 0);
@@ -160,9 +161,11 @@ void check_options(const TrainBenchOptions& o) {
   at_least("--vocab", o.vocab, 1);
   if (o.d_model % o.heads != 0)
     throw UserError("--heads: " + std::to_string(o.heads) + " does not divide --d-model " + std::to_string(o.d_model));
-  if (o.classes < 0 || o.classes == 1) throw UserError("bench-train: --classes must be 0 (language model) or at least 2");
+  if (o.classes < 0 || o.classes == 1)
+    throw UserError("bench-train: --classes must be 0 (language model) or at least 2");
   if (o.device != "cpu" && !o.gemm_backends.empty())
-    throw UserError("bench-train: --compare-gemm compares the CPU's libraries; it does not go with --device " + o.device);
+    throw UserError("bench-train: --compare-gemm compares the CPU's libraries; it does not go with --device " +
+                    o.device);
 }
 
 // The variants' definitions, through a one-task matrix over them.
@@ -171,7 +174,8 @@ engine::Matrix load_variants(const TrainBenchOptions& o) {
   if (!boost::filesystem::is_regular_file(o.variants_file, ec))
     throw UserError(o.variants_file + ": cannot open the file");
   const std::string variants = boost::filesystem::absolute(o.variants_file).string();
-  std::string matrix = "include = [\"" + variants + "\"]\n[matrix]\nname = \"bench\"\ntasks = [\"synthetic\"]\nvariants = [";
+  std::string matrix =
+      "include = [\"" + variants + "\"]\n[matrix]\nname = \"bench\"\ntasks = [\"synthetic\"]\nvariants = [";
   for (size_t i = 0; i < o.variants.size(); ++i) matrix += (i ? ", \"" : "\"") + o.variants[i] + "\"";
   matrix += "]\n[tasks.synthetic]\nplugin = \"none\"\n";
   const std::string tmp =
@@ -186,7 +190,8 @@ engine::Matrix load_variants(const TrainBenchOptions& o) {
     // from the command line: name the option, not the temporary file.
     const std::string what = e.what(), key = "key 'matrix.variants': ";
     const auto at = what.find(key);
-    if (what.rfind(tmp + ":", 0) == 0 && at != std::string::npos) throw UserError("--variants: " + what.substr(at + key.size()));
+    if (what.rfind(tmp + ":", 0) == 0 && at != std::string::npos)
+      throw UserError("--variants: " + what.substr(at + key.size()));
     throw;
   } catch (...) {
     std::remove(tmp.c_str());
@@ -208,8 +213,8 @@ Synthetic synthetic_batch(const TrainBenchOptions& o) {
   const at::Device device(o.device);
   at::manual_seed(0);
   Synthetic s;
-  s.tokens = at::randint(o.vocab, {o.batch, o.seq}, longs).to(device);        // (B, T)
-  s.targets = (o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)           // (B,)
+  s.tokens = at::randint(o.vocab, {o.batch, o.seq}, longs).to(device);         // (B, T)
+  s.targets = (o.classes > 0 ? at::randint(o.classes, {o.batch}, longs)        // (B,)
                              : at::randint(o.vocab, {o.batch, o.seq}, longs))  // (B, T)
                   .to(device);
   s.outputs = o.classes > 0 ? o.classes : o.vocab;
@@ -220,8 +225,10 @@ Synthetic synthetic_batch(const TrainBenchOptions& o) {
 ModelOptions options_for(const engine::RunSpec& run, const TrainBenchOptions& o) {
   ModelOptions mo = run.model;
   mo.vocab_size(o.vocab).d_model(o.d_model).n_heads(o.heads).layers(stretch(run.model.layers(), o.layers)).seed(0);
-  if (o.classes > 0) mo.head(TaskHead::Classifier).n_classes(o.classes);
-  else mo.head(TaskHead::LanguageModel);
+  if (o.classes > 0)
+    mo.head(TaskHead::Classifier).n_classes(o.classes);
+  else
+    mo.head(TaskHead::LanguageModel);
   return mo;
 }
 
@@ -229,8 +236,8 @@ ModelOptions options_for(const engine::RunSpec& run, const TrainBenchOptions& o)
 std::string configure_allocator_for(const engine::Matrix& m, const TrainBenchOptions& o) {
   int64_t ffn_mult = 1;
   for (const auto& run : m.runs) ffn_mult = std::max(ffn_mult, run.model.ffn_mult());
-  return configure_allocator(
-      estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model, o.classes > 0 ? 0 : o.vocab));
+  return configure_allocator(estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model,
+                                                       o.classes > 0 ? 0 : o.vocab));
 }
 
 // One measured configuration: a variant on a GEMM library.

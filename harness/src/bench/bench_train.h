@@ -38,12 +38,13 @@ struct TrainBenchResult {
   double train_tokens_per_s = 0, infer_tokens_per_s = 0;
   double step_flops = 0;       // executed FLOPs of one training step (forward + backward)
   double achieved_gflops = 0;  // step_flops / median step time
-  double gemm_gflops = 0;      // 2048^3 fp32 on that library (a GPU: 8192^3 in the training precision), median of the rounds
-  double blas_gflops = 0;      // the same on libtorch's BLAS (0 on a GPU)
-  double peak_rss_mb = 0;      // high-water mark of a first pass with this variant alone (host memory)
+  double gemm_gflops =
+      0;  // 2048^3 fp32 on that library (a GPU: 8192^3 in the training precision), median of the rounds
+  double blas_gflops = 0;  // the same on libtorch's BLAS (0 on a GPU)
+  double peak_rss_mb = 0;  // high-water mark of a first pass with this variant alone (host memory)
   double peak_gpu_allocated_mb = -1, peak_gpu_reserved_mb = -1;  // the same pass on a GPU; -1 on the CPU
-  double train_ms = 0, infer_ms = 0;  // medians
-  std::string allocator;              // the allocator behaviour chosen for these shapes
+  double train_ms = 0, infer_ms = 0;                             // medians
+  std::string allocator;                                         // the allocator behaviour chosen for these shapes
 };
 
 std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o);

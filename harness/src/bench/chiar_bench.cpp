@@ -99,7 +99,8 @@ void BM_operator(benchmark::State& state, const std::string& name, bool backward
   const FlopCount f = op->flops_at(T, every_position(T), d, {ctx.causal, /*spectrum=*/false}) * kBatch;
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(backward ? f.total() : f.forward) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // An operator with a "core" option (attention) forward (and forward +
@@ -139,7 +140,8 @@ void BM_attention_core(benchmark::State& state, const std::string& name, const s
       benchmark::DoNotOptimize(op->forward(x, ctx).data_ptr());
     }
   }
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Orthonormal DCT-II of 4096 vectors of size d, by GEMM or by FFT.
@@ -161,7 +163,8 @@ void BM_router_entropy(benchmark::State& state) {
   auto x = at::randn({kBatch, T, d});
   at::NoGradGuard g;
   for (auto _ : state) benchmark::DoNotOptimize(spectral_entropy(x).data_ptr());
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The router's entropy in training, from coefficients that need a gradient:
@@ -174,7 +177,7 @@ void BM_router_entropy_train(benchmark::State& state, bool kernel) {
   const bool backward = state.range(2) != 0;
   at::manual_seed(0);
   const auto c = at::randn({kBatch, T, d}).requires_grad_(true);  // (B, T, d)
-  const auto upstream = at::randn({kBatch, T});                    // (B, T) dL/dH
+  const auto upstream = at::randn({kBatch, T});                   // (B, T) dL/dH
   // Checked first: both ways give the same H and gradient.
   const auto value_and_gradient = [&](KernelPolicy policy) {
     ScopedKernelPolicy scope(policy);
@@ -187,17 +190,21 @@ void BM_router_entropy_train(benchmark::State& state, bool kernel) {
   const double h_err = (h_kernel - h_aten).abs().max().item<double>();
   const double g_err = (g_kernel - g_aten).norm().item<double>() / g_aten.norm().item<double>();
   if (h_err > 1e-5 || g_err > 1e-4) {
-    state.SkipWithError(("kernel and composition disagree: H by " + std::to_string(h_err) + ", gradient by " +
-                         std::to_string(g_err)).c_str());
+    state.SkipWithError(
+        ("kernel and composition disagree: H by " + std::to_string(h_err) + ", gradient by " + std::to_string(g_err))
+            .c_str());
     return;
   }
   ScopedKernelPolicy policy(kernel ? KernelPolicy::Auto : KernelPolicy::Compositions);
   for (auto _ : state) {
     const auto h = spectral_entropy_from_coeffs(c);  // (B, T)
-    if (backward) benchmark::DoNotOptimize(torch::autograd::grad({(h * upstream).sum()}, {c})[0].data_ptr());
-    else benchmark::DoNotOptimize(h.data_ptr());
+    if (backward)
+      benchmark::DoNotOptimize(torch::autograd::grad({(h * upstream).sum()}, {c})[0].data_ptr());
+    else
+      benchmark::DoNotOptimize(h.data_ptr());
   }
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Times run() on one GEMM library, after checking it against a float64
@@ -331,9 +338,9 @@ RoutedCase routed_case(benchmark::State& state, bool sparse, at::Device device =
   const RoutedPair& pair = routed_pair();
   rs.operators = {pair.cheap, pair.global};
   rs.params.set("tau", tau);
-  auto layer = std::make_shared<MixingLayer>(1, rs.operators,
-                                             std::vector<std::shared_ptr<Operator>>{make(pair.cheap, d), make(pair.global, d)},
-                                             registry().make_router(pair.router, rs));
+  auto layer = std::make_shared<MixingLayer>(
+      1, rs.operators, std::vector<std::shared_ptr<Operator>>{make(pair.cheap, d), make(pair.global, d)},
+      registry().make_router(pair.router, rs));
   layer->to(device);
   layer->eval();
   OpContext ctx;
@@ -372,8 +379,8 @@ void BM_routed(benchmark::State& state, bool sparse) {
   for (auto _ : state) benchmark::DoNotOptimize(c.layer->forward(c.x, ctx).data_ptr());
   state.counters["flop_ratio"] = c.flop_ratio;
   state.counters["attention_share"] = static_cast<double>(state.range(2)) / 100.0;
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * state.range(0)),
-                                                  benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(kBatch * state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The CUDA kernels (harness/cuda) against the libtorch compositions they
@@ -409,7 +416,8 @@ void BM_cuda_entropy(benchmark::State& state, bool kernel) {
     benchmark::DoNotOptimize(spectral_entropy_from_coeffs(c).data_ptr());
     synchronize();
   }
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // What the sparse layer runs: the row lists on the device and their copy in
@@ -466,12 +474,12 @@ void BM_cuda_gather_scatter(benchmark::State& state, bool train) {
   const double share = static_cast<double>(state.range(2)) / 100.0;
   at::manual_seed(0);
   const auto cuda = at::TensorOptions().device(at::kCUDA);
-  auto x = at::randn({kBatch * T, d}, cuda);                 // (B*T, d)
-  const auto grad_y = at::randn({kBatch * T, d}, cuda);      // (B*T, d)
-  const auto global = at::rand({kBatch * T}, cuda) < share;  // (B*T,)
-  const auto rows = rows_by_choice(global.to(at::kLong), 2); // 2 x (N_k,)
-  auto y = at::empty_like(x);                                // (B*T, d)
-  at::Tensor grad_x;                                         // (B*T, d)
+  auto x = at::randn({kBatch * T, d}, cuda);                  // (B*T, d)
+  const auto grad_y = at::randn({kBatch * T, d}, cuda);       // (B*T, d)
+  const auto global = at::rand({kBatch * T}, cuda) < share;   // (B*T,)
+  const auto rows = rows_by_choice(global.to(at::kLong), 2);  // 2 x (N_k,)
+  auto y = at::empty_like(x);                                 // (B*T, d)
+  at::Tensor grad_x;                                          // (B*T, d)
   at::NoGradGuard g;
   const auto moves = [&] {
     for (const auto& r : rows) y.index_copy_(0, r, x.index_select(0, r));
@@ -520,8 +528,8 @@ void BM_cuda_routed_train(benchmark::State& state) {
   c.layer->set_execution(Execution::Sparse);
   const auto sparse = step();
   for (size_t i = 0; i < dense.size(); ++i) {
-    const bool same = dense[i].defined() == sparse[i].defined() &&
-                      (!dense[i].defined() || rel_error(sparse[i], dense[i]) <= 1e-4);
+    const bool same =
+        dense[i].defined() == sparse[i].defined() && (!dense[i].defined() || rel_error(sparse[i], dense[i]) <= 1e-4);
     if (!same) {
       state.SkipWithError(("sparse and dense training steps disagree in tensor " + std::to_string(i)).c_str());
       return;
@@ -552,9 +560,9 @@ void BM_cuda_lm_head(benchmark::State& state, HeadWay way) {
   const int64_t N = state.range(0), V = state.range(1), d = 512;
   at::manual_seed(0);
   const auto cuda = at::TensorOptions().device(at::kCUDA);
-  auto hidden = at::randn({N, d}, cuda).requires_grad_(true);               // (N, d)
-  auto weight = (at::randn({V, d}, cuda) * 0.05).requires_grad_(true);      // (V, d)
-  const auto targets = at::randint(V, {N}, cuda.dtype(at::kLong));          // (N,)
+  auto hidden = at::randn({N, d}, cuda).requires_grad_(true);           // (N, d)
+  auto weight = (at::randn({V, d}, cuda) * 0.05).requires_grad_(true);  // (V, d)
+  const auto targets = at::randint(V, {N}, cuda.dtype(at::kLong));      // (N,)
   const double plain = head_loss(HeadWay::Plain, hidden, weight, targets).item<double>();
   const uint64_t launched = cuda_kernel_count();
   const double loss = head_loss(way, hidden, weight, targets).item<double>();
@@ -563,7 +571,8 @@ void BM_cuda_lm_head(benchmark::State& state, HeadWay way) {
     return;
   }
   if (std::abs(loss - plain) > 1e-2 * std::abs(plain)) {
-    state.SkipWithError(("loss " + std::to_string(loss) + " against the plain path's " + std::to_string(plain)).c_str());
+    state.SkipWithError(
+        ("loss " + std::to_string(loss) + " against the plain path's " + std::to_string(plain)).c_str());
     return;
   }
   for (auto _ : state) {
@@ -582,23 +591,23 @@ void register_cuda() {
   for (bool kernel : {true, false}) {
     const std::string how = kernel ? "kernel" : "aten";
     auto* e = benchmark::RegisterBenchmark(("cuda/router_entropy/" + how).c_str(),
-                                          [kernel](benchmark::State& s) { BM_cuda_entropy(s, kernel); });
+                                           [kernel](benchmark::State& s) { BM_cuda_entropy(s, kernel); });
     for (int64_t T : {512, 2048, 8192})
       for (int64_t d : {256, 512}) e->Args({T, d});
     e->Unit(benchmark::kMicrosecond)->UseRealTime();
     auto* r = benchmark::RegisterBenchmark(("cuda/rows_by_choice_and_host/" + how).c_str(),
-                                          [kernel](benchmark::State& s) { BM_cuda_rows(s, kernel); });
+                                           [kernel](benchmark::State& s) { BM_cuda_rows(s, kernel); });
     for (int64_t T : {512, 2048, 8192})
       for (int64_t K : {2, 3}) r->Args({T, K});
     r->Unit(benchmark::kMicrosecond)->UseRealTime();
   }
   // Rows and vocabulary: the target shape (B 16, T 2048, GPT-2's
   // vocabulary) and the anchor's (B 8, T 2048, V 8192).
-  for (const auto& [name, way] : {std::make_pair("kernel", HeadWay::Kernel),
-                                  std::make_pair("blocks_aten", HeadWay::BlocksAten),
-                                  std::make_pair("plain", HeadWay::Plain)}) {
+  for (const auto& [name, way] :
+       {std::make_pair("kernel", HeadWay::Kernel), std::make_pair("blocks_aten", HeadWay::BlocksAten),
+        std::make_pair("plain", HeadWay::Plain)}) {
     auto* head = benchmark::RegisterBenchmark((std::string("cuda/lm_head/") + name).c_str(),
-                                             [way = way](benchmark::State& s) { BM_cuda_lm_head(s, way); });
+                                              [way = way](benchmark::State& s) { BM_cuda_lm_head(s, way); });
     head->Args({32768, 50257})->Args({16384, 8192})->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   if (!routed_pair().cheap.empty()) {
@@ -606,8 +615,8 @@ void register_cuda() {
     auto* layer = benchmark::RegisterBenchmark(("cuda/routed_" + routed + "/sparse").c_str(), BM_cuda_routed);
     auto* moves = benchmark::RegisterBenchmark("cuda/gather_scatter",
                                                [](benchmark::State& s) { BM_cuda_gather_scatter(s, false); });
-    auto* layer_train = benchmark::RegisterBenchmark(("cuda/routed_" + routed + "/sparse_train").c_str(),
-                                                     BM_cuda_routed_train);
+    auto* layer_train =
+        benchmark::RegisterBenchmark(("cuda/routed_" + routed + "/sparse_train").c_str(), BM_cuda_routed_train);
     auto* moves_train = benchmark::RegisterBenchmark("cuda/gather_scatter_train",
                                                      [](benchmark::State& s) { BM_cuda_gather_scatter(s, true); });
     for (auto* b : {layer, moves})
@@ -674,7 +683,7 @@ void register_all() {
   for (const auto& op : operators)
     for (bool backward : {false, true}) {
       auto* b = benchmark::RegisterBenchmark((op + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
-                                            [op, backward](benchmark::State& s) { BM_operator(s, op, backward); });
+                                             [op, backward](benchmark::State& s) { BM_operator(s, op, backward); });
       for (int64_t d : {256, 512})
         for (int64_t T : {128, 256, 512, 1024, 2048}) b->Args({T, d});
       b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -690,15 +699,16 @@ void register_all() {
       if (with_core(core)) cores.push_back(core);
     for (const auto& core : cores)
       for (bool backward : {false, true}) {
-        auto* b = benchmark::RegisterBenchmark((op + "_core/" + core + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
-                                              [op, core, backward](benchmark::State& s) { BM_attention_core(s, op, core, backward); });
+        auto* b = benchmark::RegisterBenchmark(
+            (op + "_core/" + core + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
+            [op, core, backward](benchmark::State& s) { BM_attention_core(s, op, core, backward); });
         for (int64_t T : {128, 512, 2048}) b->Args({T, 256});
         b->Unit(benchmark::kMillisecond)->UseRealTime();
       }
   }
   for (auto impl : {DctImpl::Gemm, DctImpl::Fft}) {
     auto* b = benchmark::RegisterBenchmark((std::string("dct2/") + to_string(impl)).c_str(),
-                                          [impl](benchmark::State& s) { BM_dct(s, impl); });
+                                           [impl](benchmark::State& s) { BM_dct(s, impl); });
     for (int64_t d : {64, 256, 512, 1024, 2048, 4096}) b->Arg(d);
     b->Unit(benchmark::kMillisecond)->UseRealTime();
   }
@@ -706,8 +716,9 @@ void register_all() {
   for (int64_t T : {256, 1024}) e->Args({T, 256});
   e->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const bool kernel : {true, false}) {
-    auto* t = benchmark::RegisterBenchmark((std::string("router/entropy_train/") + (kernel ? "kernel" : "aten")).c_str(),
-                                          [kernel](benchmark::State& s) { BM_router_entropy_train(s, kernel); });
+    auto* t =
+        benchmark::RegisterBenchmark((std::string("router/entropy_train/") + (kernel ? "kernel" : "aten")).c_str(),
+                                     [kernel](benchmark::State& s) { BM_router_entropy_train(s, kernel); });
     for (int64_t backward : {0, 1}) t->Args({1024, 256, backward});
     t->Unit(benchmark::kMillisecond)->UseRealTime();
   }
@@ -731,7 +742,7 @@ void register_all() {
     full->Unit(benchmark::kMillisecond)->UseRealTime();
     for (bool sparse : {false, true}) {
       auto* b = benchmark::RegisterBenchmark(("routed_" + routed + (sparse ? "/sparse" : "/dense")).c_str(),
-                                            [sparse](benchmark::State& s) { BM_routed(s, sparse); });
+                                             [sparse](benchmark::State& s) { BM_routed(s, sparse); });
       for (int64_t T : {128, 512, 2048})
         for (int64_t share : {0, 25, 50, 100}) b->Args({T, 256, share});
       b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -743,8 +754,8 @@ void register_all() {
     auto* pr = benchmark::RegisterBenchmark((std::string("product/") + to_string(lib)).c_str(),
                                             [lib](benchmark::State& s) { BM_product(s, lib); });
     // The anchor model's projections (q/out, kv, FFN up, FFN down) and its tied LM head.
-    for (const auto& [K, N] : std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 512}, {256, 1024},
-                                                                      {1024, 256}, {256, 8192}})
+    for (const auto& [K, N] :
+         std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 512}, {256, 1024}, {1024, 256}, {256, 8192}})
       for (int64_t layout : {0, 1, 2}) pr->Args({2048, K, N, layout});
     pr->Args({2048, 2048, 2048, 0});
     pr->Unit(benchmark::kMillisecond)->UseRealTime();

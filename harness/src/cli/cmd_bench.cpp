@@ -39,22 +39,26 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   const auto results = bench::bench_train(registry, o);
   std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers
             << " layers, " << o.heads << " heads, vocab " << o.vocab
-            << (o.classes > 0 ? ", classifier of " + std::to_string(o.classes) + " classes" : ", causal LM") << "; medians of " << o.steps << " steps after "
-            << o.warmup << " warm-up, variants interleaved step by step with "
+            << (o.classes > 0 ? ", classifier of " + std::to_string(o.classes) + " classes" : ", causal LM")
+            << "; medians of " << o.steps << " steps after " << o.warmup
+            << " warm-up, variants interleaved step by step with "
             << (device == "cpu" ? "2048^3 GEMMs" : "8192^3 " + precision + " GEMMs on " + device) << " each round; "
-            << precision << (device == "cpu" ? "" : "; peak MB is the host's, GPU MiB the caching allocator's peaks") << "\n"
+            << precision << (device == "cpu" ? "" : "; peak MB is the host's, GPU MiB the caching allocator's peaks")
+            << "\n"
             << describe(info) << "\n\n";
   std::cout << std::left << std::setw(22) << "variant" << std::right << std::setw(12) << "train tok/s" << std::setw(12)
-            << "infer tok/s" << std::setw(11) << "step ms" << std::setw(14) << "step GFLOP" << std::setw(12) << "GFLOP/s"
-            << std::setw(12) << "of GEMM" << std::setw(11) << "peak MB";
+            << "infer tok/s" << std::setw(11) << "step ms" << std::setw(14) << "step GFLOP" << std::setw(12)
+            << "GFLOP/s" << std::setw(12) << "of GEMM" << std::setw(11) << "peak MB";
   if (device != "cpu") std::cout << std::setw(24) << "GPU MiB alloc/reserved";
-  std::cout << std::setw(10) << "train x" << std::setw(10) << "infer x" << "\n";
+  std::cout << std::setw(10) << "train x" << std::setw(10) << "infer x"
+            << "\n";
   for (const auto& r : results) {
     const auto& base = results.front();
     std::cout << std::left << std::setw(22) << r.variant << std::right << std::fixed << std::setprecision(0)
               << std::setw(12) << r.train_tokens_per_s << std::setw(12) << r.infer_tokens_per_s << std::setprecision(1)
-              << std::setw(11) << r.train_ms << std::setw(14) << r.step_flops / 1e9 << std::setw(12) << r.achieved_gflops
-              << std::setw(11) << 100 * r.achieved_gflops / r.gemm_gflops << "%" << std::setw(11) << r.peak_rss_mb;
+              << std::setw(11) << r.train_ms << std::setw(14) << r.step_flops / 1e9 << std::setw(12)
+              << r.achieved_gflops << std::setw(11) << 100 * r.achieved_gflops / r.gemm_gflops << "%" << std::setw(11)
+              << r.peak_rss_mb;
     if (device != "cpu")
       std::cout << std::setprecision(0) << std::setw(24)
                 << (std::to_string(static_cast<int64_t>(r.peak_gpu_allocated_mb)) + " / " +
@@ -87,8 +91,8 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
            << (r.peak_gpu_allocated_mb < 0 ? std::string("null") : std::to_string(r.peak_gpu_allocated_mb))
            << ", \"peak_gpu_reserved_mb\": "
            << (r.peak_gpu_reserved_mb < 0 ? std::string("null") : std::to_string(r.peak_gpu_reserved_mb))
-           << ", \"device\": \"" << device << "\", \"precision\": \""
-           << precision << "\"}" << (i + 1 < results.size() ? "," : "") << "\n";
+           << ", \"device\": \"" << device << "\", \"precision\": \"" << precision << "\"}"
+           << (i + 1 < results.size() ? "," : "") << "\n";
     }
     json << "}\n";
   }

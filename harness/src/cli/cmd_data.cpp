@@ -55,21 +55,23 @@ int run_data_stats(const Global& g, const DataArgs& a) {
   std::cout << config.name << ": " << task->describe() << "\n"
             << "vocabulary " << task->vocab_size() << ", "
             << (task->head() == TaskHead::LanguageModel ? std::string("language model")
-                                                         : std::to_string(task->n_classes()) + " classes")
+                                                        : std::to_string(task->n_classes()) + " classes")
             << "\n\n";
-  std::cout << std::left << std::setw(7) << "split" << std::right << std::setw(10) << "examples"
-            << std::setw(12) << "tokens" << std::setw(12) << "words" << std::setw(12) << "bytes"
-            << std::setw(8) << "vocab" << std::setw(8) << "unk %" << "  length p0/p50/p90/p99/max      labels\n";
+  std::cout << std::left << std::setw(7) << "split" << std::right << std::setw(10) << "examples" << std::setw(12)
+            << "tokens" << std::setw(12) << "words" << std::setw(12) << "bytes" << std::setw(8) << "vocab"
+            << std::setw(8) << "unk %"
+            << "  length p0/p50/p90/p99/max      labels\n";
   for (const auto& split : task->splits()) {
     const SplitStats s = task->stats(split);
     std::ostringstream lengths;
     for (size_t i = 0; i < s.lengths.size(); ++i) lengths << (i ? "/" : "") << s.lengths[i];
     char unk[32];
-    std::snprintf(unk, sizeof unk, "%.2f", s.tokens ? 100.0 * static_cast<double>(s.unknown) / static_cast<double>(s.tokens) : 0.0);
-    std::cout << std::left << std::setw(7) << split << std::right << std::setw(10) << s.examples
-              << std::setw(12) << s.tokens << std::setw(12) << (s.words ? std::to_string(s.words) : "-")
-              << std::setw(12) << s.bytes << std::setw(8) << s.types << std::setw(8) << unk << "  " << std::left << std::setw(30)
-              << lengths.str() << label_distribution(s.label_counts) << "\n";
+    std::snprintf(unk, sizeof unk, "%.2f",
+                  s.tokens ? 100.0 * static_cast<double>(s.unknown) / static_cast<double>(s.tokens) : 0.0);
+    std::cout << std::left << std::setw(7) << split << std::right << std::setw(10) << s.examples << std::setw(12)
+              << s.tokens << std::setw(12) << (s.words ? std::to_string(s.words) : "-") << std::setw(12) << s.bytes
+              << std::setw(8) << s.types << std::setw(8) << unk << "  " << std::left << std::setw(30) << lengths.str()
+              << label_distribution(s.label_counts) << "\n";
   }
   return 0;
 }
@@ -97,8 +99,8 @@ int run_data_sotu(const Global&, const SotuArgs& a) {
   const SotuSummary s = convert_sotu(a.from, a.out, a.valid_from, a.test_from);
   const char* names[3] = {"train", "valid", "test"};
   for (int i = 0; i < 3; ++i)
-    std::cout << names[i] << ": " << s.speeches[i] << " speeches, " << s.words[i] << " words -> "
-              << a.out << "/sotu." << names[i] << ".tokens\n";
+    std::cout << names[i] << ": " << s.speeches[i] << " speeches, " << s.words[i] << " words -> " << a.out << "/sotu."
+              << names[i] << ".tokens\n";
   return 0;
 }
 

@@ -40,9 +40,7 @@ void open_design(const std::string& db, SequentialRounds& rounds) {
   rounds.read_looks(store);
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 int run_sequential(const RunArgs& a, const engine::Matrix& matrix, const PluginRegistry& registry,
                    const engine::RunnerOptions& options) {

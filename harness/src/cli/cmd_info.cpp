@@ -39,8 +39,7 @@ int run_info(const Global& g) {
             << "\n";
   if (const std::string warning = blas_warning(info); !warning.empty()) std::cerr << warning << "\n";
   const auto dirs = default_plugin_dirs();
-  std::cout << "plugins    " << (dirs.empty() ? std::string("(no default folder found)") : dirs[0])
-            << "\n";
+  std::cout << "plugins    " << (dirs.empty() ? std::string("(no default folder found)") : dirs[0]) << "\n";
   return 0;
 }
 

@@ -28,7 +28,10 @@ std::string ansi(const std::string& colour) {
   const long hi = std::max({r, g, b}), delta = hi - std::min({r, g, b});
   if (delta < 8) return "\033[39m";
   // Hue in degrees times delta, shifted by half a sector.
-  const long h = (hi == r ? 60 * (g - b) : hi == g ? 120 * delta + 60 * (b - r) : 240 * delta + 60 * (r - g)) + 30 * delta;
+  const long h = (hi == r   ? 60 * (g - b)
+                  : hi == g ? 120 * delta + 60 * (b - r)
+                            : 240 * delta + 60 * (r - g)) +
+                 30 * delta;
   const long sector = ((h >= 0 ? h / (60 * delta) : -((-h + 60 * delta - 1) / (60 * delta))) % 6 + 6) % 6;
   static const char* const kCodes[] = {"\033[31m", "\033[33m", "\033[32m", "\033[36m", "\033[34m", "\033[35m"};
   return kCodes[sector];
@@ -76,16 +79,16 @@ int run_inspect(const Global& g, const InspectArgs& a) {
         std::cout << "\n";
       }
     } else {
-      std::cout << inspector.spec().name() << " (" << inspector.checkpoint_file() << ")\n\n" << std::left
-                << std::setw(18) << "token";
+      std::cout << inspector.spec().name() << " (" << inspector.checkpoint_file() << ")\n\n"
+                << std::left << std::setw(18) << "token";
       for (int64_t l : ins.layers) std::cout << std::setw(22) << ("layer " + std::to_string(l + 1) + ": H route");
       std::cout << "\n";
       for (const auto& t : ins.tokens) {
         std::cout << std::setw(18) << t.text.substr(0, 17);
         for (size_t l = 0; l < ins.layers.size(); ++l) {
           const std::string& op = ins.operators[l][t.route[l]];
-          std::cout << report::fixed(t.entropy[l], 4) << "  " << (color ? ansi(traits_of(op).colour) : "") << std::setw(14) << op
-                    << (color ? "\033[0m" : "");
+          std::cout << report::fixed(t.entropy[l], 4) << "  " << (color ? ansi(traits_of(op).colour) : "")
+                    << std::setw(14) << op << (color ? "\033[0m" : "");
         }
         std::cout << "\n";
       }
@@ -95,33 +98,39 @@ int run_inspect(const Global& g, const InspectArgs& a) {
         for (const auto& t : ins.tokens) ++n[ins.operators[l][t.route[l]]];
         std::cout << "  layer " << ins.layers[l] + 1 << ":";
         for (const auto& op : ins.operators[l])
-          std::cout << "  " << op << " " << report::fixed(100.0 * static_cast<double>(n[op]) / std::max<size_t>(1, ins.tokens.size()), 1) << "%";
+          std::cout << "  " << op << " "
+                    << report::fixed(100.0 * static_cast<double>(n[op]) / std::max<size_t>(1, ins.tokens.size()), 1)
+                    << "%";
         std::cout << "\n";
       }
     }
     if (!a.html.empty()) {
       std::ofstream html(a.html);
       if (!html) throw UserError(a.html + ": cannot write the file");
-      html << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Routes: " << report::html_escape(inspector.spec().name())
-           << "</title><style>body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em auto;line-height:2}"
-              "span.t{padding:2px 3px;margin:1px;border-radius:3px}.legend span{padding:2px 8px;margin-right:8px}</style></head><body>\n<h1>Routes of "
+      html << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Routes: "
+           << report::html_escape(inspector.spec().name())
+           << "</title><style>body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em "
+              "auto;line-height:2}"
+              "span.t{padding:2px 3px;margin:1px;border-radius:3px}.legend span{padding:2px "
+              "8px;margin-right:8px}</style></head><body>\n<h1>Routes of "
            << report::html_escape(inspector.spec().name()) << "</h1>\n<p class=\"legend\">";
       std::vector<std::string> legend;  // every routed layer's operators, in order of appearance
       for (const auto& ops : ins.operators)
         for (const auto& op : ops)
           if (std::find(legend.begin(), legend.end(), op) == legend.end()) legend.push_back(op);
       for (const auto& op : legend)
-        html << "<span style=\"background:" << traits_of(op).colour << "\">" << report::html_escape(traits_of(op).display_name)
-             << "</span>";
+        html << "<span style=\"background:" << traits_of(op).colour << "\">"
+             << report::html_escape(traits_of(op).display_name) << "</span>";
       html << " Hover a token for its spectral entropy H and route in every routed layer.</p>\n";
       for (size_t l = 0; l < ins.layers.size(); ++l) {
         html << "<h2>Layer " << ins.layers[l] + 1 << "</h2>\n<p>";
         for (const auto& t : ins.tokens) {
           std::string tip;
           for (size_t k = 0; k < ins.layers.size(); ++k)
-            tip += "layer " + std::to_string(ins.layers[k] + 1) + ": H " + report::fixed(t.entropy[k], 4) + " " + ins.operators[k][t.route[k]] + "\n";
-          html << "<span class=\"t\" style=\"background:" << traits_of(ins.operators[l][t.route[l]]).colour << "\" title=\"" << report::html_escape(tip)
-               << "\">" << report::html_escape(t.text) << "</span> ";
+            tip += "layer " + std::to_string(ins.layers[k] + 1) + ": H " + report::fixed(t.entropy[k], 4) + " " +
+                   ins.operators[k][t.route[k]] + "\n";
+          html << "<span class=\"t\" style=\"background:" << traits_of(ins.operators[l][t.route[l]]).colour
+               << "\" title=\"" << report::html_escape(tip) << "\">" << report::html_escape(t.text) << "</span> ";
         }
         html << "</p>\n";
       }

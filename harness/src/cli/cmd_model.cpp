@@ -55,8 +55,7 @@ int run_model(const Global& g, const ModelArgs& a) {
   model.eval();
   auto tokens = at::randint(a.vocab, {a.batch, a.seq}, at::TensorOptions().dtype(at::kLong));
   auto out = model.forward(tokens);
-  std::cout << "forward on random tokens (" << a.batch << " x " << a.seq << "): logits "
-            << out.logits.sizes() << "\n";
+  std::cout << "forward on random tokens (" << a.batch << " x " << a.seq << "): logits " << out.logits.sizes() << "\n";
   for (const auto& r : out.routing) {
     const auto& names = model.mixing_layers()[r.layer]->operator_names();
     std::cout << "  layer " << r.layer + 1 << (r.sparse ? " (sparse)" : " (dense)") << ":";

@@ -278,7 +278,8 @@ int run_new_plugin(const Global& g, const NewPluginArgs& a) {
   if (a.kind != "operator" && a.kind != "router" && a.kind != "task")
     throw UserError("new-plugin: kind must be operator, router or task, found '" + a.kind + "'");
   if (!std::regex_match(a.name, std::regex("[a-z][a-z0-9_]*")))
-    throw UserError("new-plugin: name must be lower case letters, digits and _, starting with a letter; found '" + a.name + "'");
+    throw UserError("new-plugin: name must be lower case letters, digits and _, starting with a letter; found '" +
+                    a.name + "'");
   // The loader refuses a second registration of a name (or alias) already
   // taken, so a plugin under that name could never load beside this one.
   PluginRegistry registry;
@@ -298,18 +299,26 @@ int run_new_plugin(const Global& g, const NewPluginArgs& a) {
   if (ec) throw EnvironmentError(dir.string() + ": cannot create the folder: " + ec.message());
   std::string check, use;
   if (a.kind == "operator") {
-    check = "const auto failures = chiar::check_operator([&](int64_t d, int64_t heads) {\n"
-            "    chiar::OperatorSpec spec;\n    spec.d_model = d;\n    spec.n_heads = heads;\n"
-            "    return registry.make_operator(\"" + a.name + "\", spec);\n  });";
-    use = "\n    [variants.mine]\n    layers = [\"dct\", \"dct|" + a.name + "\", \"dct|" + a.name + "\", \"attn\"]\n    router = \"threshold\"\n";
+    check =
+        "const auto failures = chiar::check_operator([&](int64_t d, int64_t heads) {\n"
+        "    chiar::OperatorSpec spec;\n    spec.d_model = d;\n    spec.n_heads = heads;\n"
+        "    return registry.make_operator(\"" +
+        a.name + "\", spec);\n  });";
+    use = "\n    [variants.mine]\n    layers = [\"dct\", \"dct|" + a.name + "\", \"dct|" + a.name +
+          "\", \"attn\"]\n    router = \"threshold\"\n";
   } else if (a.kind == "router") {
-    check = "const auto failures = chiar::check_router([&](const std::vector<std::string>& ops) {\n"
-            "    chiar::RouterSpec spec;\n    spec.d_model = 16;\n    spec.operators = ops;\n"
-            "    return registry.make_router(\"" + a.name + "\", spec);\n  });";
-    use = "\n    [variants.mine]\n    layers = [\"dct\", \"dct|attn\", \"dct|attn\", \"attn\"]\n    router = \"" + a.name + "\"\n";
+    check =
+        "const auto failures = chiar::check_router([&](const std::vector<std::string>& ops) {\n"
+        "    chiar::RouterSpec spec;\n    spec.d_model = 16;\n    spec.operators = ops;\n"
+        "    return registry.make_router(\"" +
+        a.name + "\", spec);\n  });";
+    use = "\n    [variants.mine]\n    layers = [\"dct\", \"dct|attn\", \"dct|attn\", \"attn\"]\n    router = \"" +
+          a.name + "\"\n";
   } else {
-    check = "chiar::TaskSpec spec;\n  spec.params.set(\"n\", int64_t{200});\n"
-            "  const auto failures = chiar::check_task(*registry.make_task(\"" + a.name + "\", spec));";
+    check =
+        "chiar::TaskSpec spec;\n  spec.params.set(\"n\", int64_t{200});\n"
+        "  const auto failures = chiar::check_task(*registry.make_task(\"" +
+        a.name + "\", spec));";
     use = "\n    [tasks.mine]\n    plugin = \"" + a.name + "\"\n";
   }
   const std::map<std::string, std::string> v = {{"NAME", a.name}, {"KIND", a.kind}, {"CHECK", check}, {"USE", use}};

@@ -25,7 +25,8 @@ int run_plan(const Global& g, const PlanArgs& a) {
   // but exact FLOP reductions.
   int rows = 0;
   for (const auto& c : claims)
-    for (const auto& [task, family] : tasks) rows += report::claim_is_about(c, task, family) && report::row_is_tested(c);
+    for (const auto& [task, family] : tasks)
+      rows += report::claim_is_about(c, task, family) && report::row_is_tested(c);
 
   const engine::StoreView view(a.pilot);
   PluginRegistry registry;  // operator roles, for share claims

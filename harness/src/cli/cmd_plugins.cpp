@@ -22,15 +22,15 @@ int run_plugins(const Global& g) {
     wname = std::max(wname, name.size());
     wdesc = std::max(wdesc, e.description.size());
   }
-  std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << "name" << std::setw(10)
-            << "kind" << std::setw(static_cast<int>(wdesc) + 2) << "description" << std::setw(5)
-            << "api" << "file\n";
+  std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << "name" << std::setw(10) << "kind"
+            << std::setw(static_cast<int>(wdesc) + 2) << "description" << std::setw(5) << "api"
+            << "file\n";
   for (const auto& e : entries) {
     std::string name = e.name;
     for (const auto& a : e.aliases) name += ", " + a;
     std::cout << std::setw(static_cast<int>(wname) + 2) << name << std::setw(10) << e.kind
-              << std::setw(static_cast<int>(wdesc) + 2) << e.description << std::setw(5)
-              << e.api_version << e.file << "\n";
+              << std::setw(static_cast<int>(wdesc) + 2) << e.description << std::setw(5) << e.api_version << e.file
+              << "\n";
   }
   return 0;
 }

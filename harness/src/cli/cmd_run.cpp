@@ -92,8 +92,9 @@ int launch_ranks(const Global& g, const RunArgs& a) {
 
 int run_run(const Global& g, const RunArgs& a) {
   if (!a.decide.empty() && (a.nproc > 1 || (!a.shard.empty() && a.round_from.empty())))
-    throw UserError("--decide: runs its rounds of seeds in this process; it does not take --nproc or --shard "
-                    "(chiar slurm --decide runs a round as a job array)");
+    throw UserError(
+        "--decide: runs its rounds of seeds in this process; it does not take --nproc or --shard "
+        "(chiar slurm --decide runs a round as a job array)");
   engine::MatrixOptions m;
   m.set = a.set;
   m.only = a.only;
@@ -164,9 +165,8 @@ int run_report(const Global& g, const ReportArgs& a) {
   }
   PluginRegistry registry;  // operators' names, colours and roles
   registry.load_default(g.plugin_dirs);
-  const auto files =
-      report::write_report(view.db(), out, a.baseline.empty() ? "baseline" : a.baseline, claims, registry, view.label(),
-                           a.allow_mixed_code);
+  const auto files = report::write_report(view.db(), out, a.baseline.empty() ? "baseline" : a.baseline, claims,
+                                          registry, view.label(), a.allow_mixed_code);
   std::cout << "wrote " << files.markdown << ", " << files.html << ", " << files.images.size()
             << " charts, and the claims table as " << files.claims_csv << " and " << files.claims_json << "\n";
   return 0;
@@ -233,7 +233,9 @@ int run_export(const Global& g, const ShowArgs& a) {
       for (size_t c = 0; c < columns.size(); ++c) {
         const std::string& v = rows[i].cells[c];
         out << (c ? ", " : "") << report::json_string(columns[c].name) << ": "
-            << (v.empty() ? "null" : columns[c].number ? v : report::json_string(v));
+            << (v.empty()           ? "null"
+                : columns[c].number ? v
+                                    : report::json_string(v));
       }
       out << "}";
     }

@@ -46,7 +46,8 @@ std::string submit(const std::string& script) {
   const int status = pclose(p);
   while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  if (code == 127) throw EnvironmentError("sbatch: not found on PATH (is this a Slurm submit host?); the script is " + script);
+  if (code == 127)
+    throw EnvironmentError("sbatch: not found on PATH (is this a Slurm submit host?); the script is " + script);
   if (code != 0) {
     // Slurm unreachable is the environment; anything else sbatch refused is the request.
     const bool unreachable = output.find("Unable to contact") != std::string::npos ||
@@ -57,7 +58,8 @@ std::string submit(const std::string& script) {
     throw UserError(message);
   }
   // --parsable prints "<job id>[;<cluster>]" as its last line (warnings may come first).
-  const std::string last = output.substr(output.find_last_of('\n') == std::string::npos ? 0 : output.find_last_of('\n') + 1);
+  const std::string last =
+      output.substr(output.find_last_of('\n') == std::string::npos ? 0 : output.find_last_of('\n') + 1);
   const std::string id = last.substr(0, last.find(';'));
   if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos)
     throw EnvironmentError(script + ": sbatch printed no job id: " + output);
@@ -116,7 +118,8 @@ int sequential_step(const SlurmArgs& a, const engine::Matrix& matrix, const Plug
   const std::string design_db = job.dir + "/design/sequential.db";
   const auto shards = shard_stores(job.dir);
   if (!shards.empty() && !fs::exists(design_db))
-    throw UserError(job.dir + ": holds shard stores made without a sequential design; a design starts in a new "
+    throw UserError(job.dir +
+                    ": holds shard stores made without a sequential design; a design starts in a new "
                     "folder (--dir)");
   open_design(design_db, rounds);
   std::cerr << rounds.describe() << "\n";
@@ -128,8 +131,10 @@ int sequential_step(const SlurmArgs& a, const engine::Matrix& matrix, const Plug
     // Two arrays on the same shard stores would train the same runs at once.
     if (counts["running"] > 0)
       throw UserError("round " + std::to_string(k + 1) + " has " + std::to_string(counts["running"]) +
-                      " runs still running in " + job.dir + ": run this again when its array has ended (if its "
-                      "tasks died, submit " + job.dir + "/slurm.sbatch again as it is)");
+                      " runs still running in " + job.dir +
+                      ": run this again when its array has ended (if its "
+                      "tasks died, submit " +
+                      job.dir + "/slurm.sbatch again as it is)");
     if (counts["done"] + counts["failed"] + counts["diverged"] == static_cast<int>(round_runs.size())) {
       std::cerr << "round " << k + 1 << " has ended in " << view.label() << ":\n";
       engine::Store design(design_db);
@@ -143,8 +148,11 @@ int sequential_step(const SlurmArgs& a, const engine::Matrix& matrix, const Plug
               << "/merged.db --claims " << a.decide << "\n";
     return -1;
   }
-  job.task_args = {"--decide",    absolute(a.decide), "--round-from", design_db, "--round", std::to_string(k + 1),
-                   "--rounds",    std::to_string(a.rounds), "--max-seeds", std::to_string(rounds.record().max_seeds)};
+  job.task_args = {"--decide",     absolute(a.decide),
+                   "--round-from", design_db,
+                   "--round",      std::to_string(k + 1),
+                   "--rounds",     std::to_string(a.rounds),
+                   "--max-seeds",  std::to_string(rounds.record().max_seeds)};
   if (!a.baseline.empty()) job.task_args.insert(job.task_args.end(), {"--baseline", a.baseline});
   std::cerr << "round " << k + 1 << " of " << rounds.rounds() << ": " << rounds.runs_of(static_cast<size_t>(k)).size()
             << " runs; run this command again when its array has ended\n";
@@ -193,8 +201,9 @@ int run_slurm(const Global& g, const SlurmArgs& a) {
   job.options.gpus_per_task = a.gpus_per_task;
   job.options.extra = a.extra;
   if (!a.decide.empty() && a.retry_failed)
-    throw UserError("--retry-failed: not with --decide, whose looks count a failed run as ended; retry the "
-                    "shards first, then look");
+    throw UserError(
+        "--retry-failed: not with --decide, whose looks count a failed run as ended; retry the "
+        "shards first, then look");
   std::string script_text = engine::sbatch_script(job);  // the options checked before anything is written
   // The design's looks go to its store, not to the shard stores the
   // script's tasks write: the same store is written by one process at a time.
@@ -239,8 +248,8 @@ int run_merge(const Global&, const MergeArgs& a) {
   // A folder of shards may hold the output of an earlier merge: skipped.
   const std::vector<std::string> inputs = engine::expand_store_paths(a.inputs, a.out);
   const engine::MergeResult r = engine::merge_stores(a.out, inputs);
-  std::cout << "merged " << r.inputs << (r.inputs == 1 ? " store" : " stores") << " into " << a.out << ": "
-            << r.added << " runs added, " << r.updated << " updated, " << r.unchanged << " unchanged\n";
+  std::cout << "merged " << r.inputs << (r.inputs == 1 ? " store" : " stores") << " into " << a.out << ": " << r.added
+            << " runs added, " << r.updated << " updated, " << r.unchanged << " unchanged\n";
   return 0;
 }
 

@@ -11,8 +11,8 @@ namespace chiar::cli {
 
 struct Global {
   std::vector<std::string> argv;  // the command line as given (--nproc relaunches it)
-  int threads = 0;  // 0 = all cores
-  std::string gemm = "auto";  // the library behind the model's products: auto, blas, onednn
+  int threads = 0;                // 0 = all cores
+  std::string gemm = "auto";      // the library behind the model's products: auto, blas, onednn
   std::vector<std::string> plugin_dirs;
 };
 
@@ -30,7 +30,7 @@ int run_entropy(const Global& g, const std::string& input, const std::string& dc
 
 struct ModelArgs {
   std::vector<std::string> layers;
-  std::string router;  // required when a layer is routed
+  std::string router;                     // required when a layer is routed
   std::vector<std::string> router_set;    // key=value
   std::vector<std::string> operator_set;  // op.key=value
   std::string head = "lm";
@@ -67,10 +67,10 @@ struct RunArgs {
   std::string config, db, only, shard, data_root, cache_dir;
   std::vector<std::string> set;
   bool dry_run = false;
-  bool sole_writer = false;  // no other process writes the store (RunnerOptions::sole_writer)
+  bool sole_writer = false;   // no other process writes the store (RunnerOptions::sole_writer)
   bool retry_failed = false;  // failed runs start again (RunnerOptions::retry_failed)
-  int nproc = 1;  // > 1: data-parallel over this many local processes (engine/distributed.h)
-  std::string device;  // overrides train.device (engine/device.h); empty: the matrix's
+  int nproc = 1;              // > 1: data-parallel over this many local processes (engine/distributed.h)
+  std::string device;         // overrides train.device (engine/device.h); empty: the matrix's
   // --decide CLAIMS: rounds of seeds by a group-sequential design (report/sequential.h)
   std::string decide, baseline;
   int max_seeds = 0;  // 0: every seed the matrix lists
@@ -118,8 +118,8 @@ int run_export(const Global& g, const ShowArgs& a);
 struct ReportArgs {
   std::vector<std::string> dbs;
   std::string out;
-  std::string baseline;  // empty: "baseline", where the stores have it; given: must name a variant they hold
-  std::string claims;  // empty: report::default_claims_file()
+  std::string baseline;           // empty: "baseline", where the stores have it; given: must name a variant they hold
+  std::string claims;             // empty: report::default_claims_file()
   bool allow_mixed_code = false;  // judge claim rows whose runs come from several code states
 };
 int run_report(const Global& g, const ReportArgs& a);
@@ -127,7 +127,7 @@ int run_report(const Global& g, const ReportArgs& a);
 // Seeds by design: from a pilot store, the seeds each comparison of the
 // claims needs (report/seed_plan.h), as a table and as TOML for the matrix.
 struct PlanArgs {
-  std::string config;  // the matrix the main run will use
+  std::string config;              // the matrix the main run will use
   std::vector<std::string> pilot;  // the pilot store(s)
   std::string claims, baseline, out;
   double power = 0.8;
@@ -147,8 +147,8 @@ struct BenchTrainArgs {
   std::string variants_file = "configs/variants.toml", json;
   int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4, steps = 10, warmup = 3;
   int64_t classes = 0;
-  std::string device = "auto";  // engine/device.h
-  std::string precision = "auto";  // auto: bf16 on a GPU, fp32 on the CPU
+  std::string device = "auto";             // engine/device.h
+  std::string precision = "auto";          // auto: bf16 on a GPU, fp32 on the CPU
   std::vector<std::string> gemm_backends;  // compare these libraries (blas, onednn); empty: --gemm's choice
 };
 int run_bench_train(const Global& g, const BenchTrainArgs& a);

@@ -37,7 +37,8 @@ struct Args {
 struct Commands {
   CLI::App *info = nullptr, *plugins = nullptr, *options = nullptr, *entropy = nullptr, *model = nullptr;
   CLI::App *stats = nullptr, *listops = nullptr, *sotu = nullptr;
-  CLI::App *run = nullptr, *slurm = nullptr, *merge = nullptr, *show = nullptr, *exp = nullptr, *report = nullptr, *inspect = nullptr;
+  CLI::App *run = nullptr, *slurm = nullptr, *merge = nullptr, *show = nullptr, *exp = nullptr, *report = nullptr,
+           *inspect = nullptr;
   CLI::App* plan = nullptr;
   CLI::App *bench = nullptr, *newp = nullptr;
 };
@@ -71,9 +72,9 @@ void add_global_options(CLI::App& app, Global& g) {
 void add_info_commands(CLI::App& app, Args& a, Commands& c) {
   c.info = app.add_subcommand("info", "libtorch, threads, BLAS and the measured GEMM rate");
   c.plugins = app.add_subcommand("plugins", "list every plugin: name, kind, description, file, API");
-  c.options = app.add_subcommand("options", "every [model] and [train] option, and every plugin's: key, kind, default, meaning (Markdown)");
-  c.entropy = app.add_subcommand(
-      "entropy", "spectral entropy of each line's vector (float64, 12 significant digits)");
+  c.options = app.add_subcommand(
+      "options", "every [model] and [train] option, and every plugin's: key, kind, default, meaning (Markdown)");
+  c.entropy = app.add_subcommand("entropy", "spectral entropy of each line's vector (float64, 12 significant digits)");
   c.entropy->add_option("file", a.input, "input file, or - for stdin");
   c.entropy->add_option("--dct", a.dct_impl, "DCT implementation: auto, gemm, fft");
 }
@@ -94,7 +95,8 @@ void add_model_command(CLI::App& app, Args& a, Commands& c) {
   model->add_option("--heads", m.heads, "attention heads");
   model->add_option("--classes", m.classes, "classes (classifier head)");
   model->add_option("--seed", m.seed, "seed");
-  model->add_option("--batch", m.batch, "with --seq: run one forward pass and print routing shares")->check(at_least(0));
+  model->add_option("--batch", m.batch, "with --seq: run one forward pass and print routing shares")
+      ->check(at_least(0));
   model->add_option("--seq", m.seq, "sequence length of that forward pass")->check(at_least(0));
 }
 
@@ -119,7 +121,8 @@ void add_data_commands(CLI::App& app, Args& a, Commands& c) {
   DataArgs& d = a.d;
   d.data_root = std::getenv("CHIAR_DATA_ROOT") ? std::getenv("CHIAR_DATA_ROOT") : "../shared/data";
   d.cache_dir = ".cache";
-  auto* stats = c.stats = data->add_subcommand("stats", "per split: examples, tokens, vocabulary, <unk> rate, labels, lengths");
+  auto* stats = c.stats =
+      data->add_subcommand("stats", "per split: examples, tokens, vocabulary, <unk> rate, labels, lengths");
   stats->add_option("file", d.config_file, "TOML file holding the task table");
   stats->add_option("--table", d.table, "the task's table in that file, e.g. tasks.wikitext2");
   stats->add_option("--task", d.task, "a task plugin, instead of a TOML table");
@@ -168,8 +171,9 @@ void add_run_command(CLI::App& app, Args& a, Commands& c) {
   run->add_flag("--sole-writer", r.sole_writer,
                 "no other process writes the store: resume a run left 'running' at once (Slurm array tasks)");
   CLI::Option* decide = add_decide_options(
-      run, r, "CLAIMS: add seeds in rounds by a group-sequential design, testing these claims' comparisons after "
-              "each round");
+      run, r,
+      "CLAIMS: add seeds in rounds by a group-sequential design, testing these claims' comparisons after "
+      "each round");
   auto* round_from = run->add_option("--round-from", r.round_from,
                                      "with --decide and --round (and --shard): run this part of that round of the "
                                      "design this store holds (what chiar slurm --decide's array tasks do)")
@@ -185,7 +189,8 @@ void add_scale_out_commands(CLI::App& app, Args& a, Commands& c) {
   SlurmArgs& s = a.sl;
   s.data_root = a.d.data_root;
   s.cache_dir = a.d.cache_dir;
-  auto* slurm = c.slurm = app.add_subcommand("slurm", "write (and --submit) an sbatch job array running a matrix in shards");
+  auto* slurm = c.slurm =
+      app.add_subcommand("slurm", "write (and --submit) an sbatch job array running a matrix in shards");
   slurm->add_option("config", s.config, "matrix TOML file")->required();
   slurm->add_option("--tasks", s.tasks, "array tasks: task i runs shard i/N into DIR/shard-i.db")->required();
   slurm->add_option("--dir", s.dir, "shard stores, logs and the script (default results/<matrix>)");
@@ -209,7 +214,8 @@ void add_scale_out_commands(CLI::App& app, Args& a, Commands& c) {
                      "look at its round and write the next");
 
   MergeArgs& m = a.mg;
-  auto* merge = c.merge = app.add_subcommand("merge", "copy every run of several stores (or folders of shards) into one");
+  auto* merge = c.merge =
+      app.add_subcommand("merge", "copy every run of several stores (or folders of shards) into one");
   merge->add_option("out", m.out, "the store to merge into (created when missing)")->required();
   merge->add_option("inputs", m.inputs, "stores, or folders of *.db stores")->required();
 }
@@ -227,7 +233,8 @@ void add_result_commands(CLI::App& app, Args& a, Commands& c) {
   exp->add_option("--out", ex.out, "output file (default: standard output)");
 
   ReportArgs& rep = a.rep;
-  auto* report = c.report = app.add_subcommand("report", "write a Markdown and a self-contained HTML report with charts");
+  auto* report = c.report =
+      app.add_subcommand("report", "write a Markdown and a self-contained HTML report with charts");
   report->add_option("db", rep.dbs, "results database(s), or folders of shard stores")->required();
   report->add_option("--out", rep.out, "output path without extension (default reports/<db name>)");
   report->add_option("--baseline", rep.baseline, "the variant reductions and speed-ups compare with");
@@ -260,7 +267,8 @@ void add_inspect_command(CLI::App& app, Args& a, Commands& c) {
   inspect->add_option("--file", ins.file, "file to inspect (- for stdin, the default without --text)");
   inspect->add_flag("--tsv", ins.tsv, "tab-separated output: token, id, H and route per routed layer");
   inspect->add_option("--html", ins.html, "write a heatmap page (tokens coloured by route, H on hover)");
-  inspect->add_option("--corpus", ins.corpus, "summarise routes over this text file: tokens most/least sent to attention");
+  inspect->add_option("--corpus", ins.corpus,
+                      "summarise routes over this text file: tokens most/least sent to attention");
   inspect->add_option("--top", ins.top, "tokens listed by --corpus (15)")->check(at_least(1));
   inspect->add_option("--min-count", ins.min_count, "occurrences a token needs to be listed (5)")->check(at_least(1));
   inspect->add_option("--max-tokens", ins.max_tokens, "words of --corpus read (20000)")->check(at_least(1));
@@ -271,7 +279,8 @@ void add_inspect_command(CLI::App& app, Args& a, Commands& c) {
 
 void add_bench_command(CLI::App& app, Args& a, Commands& c) {
   BenchTrainArgs& bt = a.bt;
-  auto* bench = c.bench = app.add_subcommand("bench-train", "training and inference tokens/s per variant, against the GEMM rate");
+  auto* bench = c.bench =
+      app.add_subcommand("bench-train", "training and inference tokens/s per variant, against the GEMM rate");
   bench->add_option("--variants", bt.variants, "variants (default baseline,chiar_dct_attn)")->delimiter(',');
   bench->add_option("--variants-file", bt.variants_file, "where the variants are defined");
   bench->add_option("--vocab", bt.vocab, "vocabulary (8192)");
@@ -284,8 +293,9 @@ void add_bench_command(CLI::App& app, Args& a, Commands& c) {
   bench->add_option("--warmup", bt.warmup, "warm-up steps (3)");
   bench->add_option("--classes", bt.classes,
                     "classify into N classes (bidirectional, e.g. --vocab 256 for bytes) instead of causal LM (0)");
-  bench->add_option("--compare-gemm", bt.gemm_backends,
-                    "run every variant on each of these GEMM libraries, interleaved (e.g. blas,onednn)")
+  bench
+      ->add_option("--compare-gemm", bt.gemm_backends,
+                   "run every variant on each of these GEMM libraries, interleaved (e.g. blas,onednn)")
       ->delimiter(',')
       ->check(CLI::IsMember({"blas", "onednn"}));
   bench->add_option("--device", bt.device, "auto, cpu, cuda or cuda:N");
@@ -296,7 +306,8 @@ void add_bench_command(CLI::App& app, Args& a, Commands& c) {
 
 void add_new_plugin_command(CLI::App& app, Args& a, Commands& c) {
   NewPluginArgs& np = a.np;
-  auto* newp = c.newp = app.add_subcommand("new-plugin", "write a ready-to-build plugin folder (operator, router or task)");
+  auto* newp = c.newp =
+      app.add_subcommand("new-plugin", "write a ready-to-build plugin folder (operator, router or task)");
   newp->add_option("kind", np.kind, "operator, router or task")->required();
   newp->add_option("name", np.name, "plugin name (lower case, digits, _)")->required();
   newp->add_option("--dir", np.dir, "parent folder (default .)");

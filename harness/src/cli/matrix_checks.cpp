@@ -81,8 +81,8 @@ void check_declared(const PluginRegistry& registry, const std::string& kind, con
   for (const auto& o : *declared) known.push_back(o.key);
   std::sort(known.begin(), known.end());
   for (const auto& [key, value] : params.values()) {
-    const auto option = std::find_if(declared->begin(), declared->end(),
-                                     [&key = key](const PluginOption& o) { return o.key == key; });
+    const auto option =
+        std::find_if(declared->begin(), declared->end(), [&key = key](const PluginOption& o) { return o.key == key; });
     if (option == declared->end())
       throw UserError(origin(key) + ": unknown option of " + plugin +
                       (known.empty() ? std::string(", which takes none") : engine::did_you_mean(key, known)));

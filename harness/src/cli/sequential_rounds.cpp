@@ -12,7 +12,8 @@
 
 namespace chiar::cli {
 SequentialRounds::SequentialRounds(const DecideArgs& args, const engine::Matrix& matrix)
-    : matrix_(matrix), claims_(report::load_claims(args.claims)),
+    : matrix_(matrix),
+      claims_(report::load_claims(args.claims)),
       baseline_(args.baseline.empty() ? "baseline" : args.baseline) {
   std::map<std::string, std::string> tasks;  // task -> family
   for (const auto& r : matrix.runs) {
@@ -124,8 +125,9 @@ void SequentialRounds::look(size_t k, const std::string& db, const report::Opera
     look.outcome = last ? report::LookOutcome::Final : report::LookOutcome::Continue;
     if (row && row->test) look = report::look_at(design_, k, *row->test);
     const int64_t seeds = row && row->test ? (row->test->paired ? row->test->n_a : std::min(row->n_a, row->n_b)) : 0;
-    const engine::SequentialLookRecord l{static_cast<int64_t>(k), c.claim, c.task, seeds, look.p, look.nominal,
-                                         look.conditional_power, report::to_string(look.outcome)};
+    const engine::SequentialLookRecord l{
+        static_cast<int64_t>(k),        c.claim, c.task, seeds, look.p, look.nominal, look.conditional_power,
+        report::to_string(look.outcome)};
     design_store.record_look(l);
     outcome_[{l.round, l.claim, l.task}] = l.outcome;
     char line[512];

@@ -38,7 +38,7 @@ class SequentialRounds {
   SequentialRounds(const DecideArgs& args, const engine::Matrix& matrix);
 
   const engine::SequentialDesignRecord& record() const { return record_; }
-  std::string describe() const;  // the design in a line
+  std::string describe() const;                                 // the design in a line
   const std::vector<int64_t>& seeds() const { return seeds_; }  // ascending: rounds take the smallest first
   size_t rounds() const { return design_.seeds.size(); }
   int seeds_at(size_t k) const { return design_.seeds[k]; }

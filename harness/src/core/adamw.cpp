@@ -22,12 +22,12 @@ namespace {
 // Per-call constants of one parameter's update, in the order the update uses
 // them (libtorch's AdamW: decay first, then the moments, then the step).
 struct UpdateScalars {
-  float decay;          // 1 - lr * weight_decay
+  float decay;  // 1 - lr * weight_decay
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
-  float inv_sqrt_bc2;   // 1 / sqrt(1 - beta2^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float eps;
-  float step_size;      // lr / (1 - beta1^t)
+  float step_size;  // lr / (1 - beta1^t)
 };
 
 // p, g, m, v: (n,) fp32, distinct.
@@ -62,9 +62,9 @@ using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().
 
 bool fusable(const at::Tensor& p, const torch::optim::AdamWOptions& options) {
   const auto& g = p.grad();
-  return host_kernels_enabled() && !options.amsgrad() && p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous() &&
-         g.layout() == at::kStrided && g.device().is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous() &&
-         g.sizes() == p.sizes();
+  return host_kernels_enabled() && !options.amsgrad() && p.device().is_cpu() && p.scalar_type() == at::kFloat &&
+         p.is_contiguous() && g.layout() == at::kStrided && g.device().is_cpu() && g.scalar_type() == at::kFloat &&
+         g.is_contiguous() && g.sizes() == p.sizes();
 }
 
 // The loop writes p.numel() floats through each moment: state loaded from a
@@ -74,7 +74,8 @@ bool state_fits(const torch::optim::OptimizerParamState* state, const at::Tensor
   if (!state) return true;  // created below, shaped like p
   const auto& st = static_cast<const torch::optim::AdamWParamState&>(*state);
   for (const at::Tensor* m : {&st.exp_avg(), &st.exp_avg_sq()})
-    if (!m->defined() || !m->device().is_cpu() || m->scalar_type() != at::kFloat || m->sizes() != p.sizes()) return false;
+    if (!m->defined() || !m->device().is_cpu() || m->scalar_type() != at::kFloat || m->sizes() != p.sizes())
+      return false;
   return true;
 }
 
@@ -133,7 +134,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         const auto found = state().find(state_key<StateKey>(p.unsafeGetTensorImpl()));
         states.push_back(found == state().end() ? nullptr : found->second.get());
         host = host && fusable(p, options) && state_fits(states.back(), p);
-        foreach = foreach && foreachable(p, options, states.back());
+        foreach
+          = foreach && foreachable(p, options, states.back());
       }
   }
   if (!host) return foreach ? foreach_step(states) : torch::optim::AdamW::step();

@@ -24,7 +24,8 @@ inline at::ScalarType enabled_dtype(at::DeviceType type) {
 #if CHIAR_TORCH_AT_LEAST(2, 4)
   return at::autocast::is_autocast_enabled(type) ? at::autocast::get_autocast_dtype(type) : at::ScalarType::Undefined;
 #else
-  if (type == at::kCUDA) return at::autocast::is_enabled() ? at::autocast::get_autocast_gpu_dtype() : at::ScalarType::Undefined;
+  if (type == at::kCUDA)
+    return at::autocast::is_enabled() ? at::autocast::get_autocast_gpu_dtype() : at::ScalarType::Undefined;
   return at::autocast::is_cpu_enabled() ? at::autocast::get_autocast_cpu_dtype() : at::ScalarType::Undefined;
 #endif
 }

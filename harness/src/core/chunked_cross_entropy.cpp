@@ -26,9 +26,7 @@ constexpr int64_t kBlockBytes = int64_t{256} << 20;
 constexpr int64_t kPadRows = 64;  // the weight's rows as the products see them: a multiple of this
 
 // The type a block's softmax and loss are computed in.
-at::ScalarType accumulation_type(at::ScalarType compute) {
-  return compute == at::kDouble ? at::kDouble : at::kFloat;
-}
+at::ScalarType accumulation_type(at::ScalarType compute) { return compute == at::kDouble ? at::kDouble : at::kFloat; }
 
 // a b in their type, summed in fp32 when that is bf16, as a GPU's tensor
 // cores sum (cuBLAS may add split-K partial sums in bf16). Without AVX-512,
@@ -47,8 +45,8 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
   // unless `mean`; `compute` as an int64 (autograd's argument types); which
   // gradients to make.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& targets, const at::Tensor& token_weights, bool mean,
-                            int64_t compute_type, int64_t rows_per_pass, bool want_hidden, bool want_weight) {
+                            const at::Tensor& targets, const at::Tensor& token_weights, bool mean, int64_t compute_type,
+                            int64_t rows_per_pass, bool want_hidden, bool want_weight) {
     // The types below are chosen here, not by autocast.
     const c10::impl::ExcludeDispatchKeyGuard exact_types(c10::autocast_dispatch_keyset);
     const auto compute = static_cast<at::ScalarType>(compute_type);
@@ -64,21 +62,22 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
     }
     // What product() multiplies by: on the CPU in bf16, the same values in fp32, once.
     const auto wp = compute == at::kBFloat16 && w.device().is_cpu() ? w.to(at::kFloat) : w;  // (Vp, d)
-    const auto h = hidden.to(compute).contiguous();  // (N, d)
+    const auto h = hidden.to(compute).contiguous();                                          // (N, d)
     const auto acc_options = hidden.options().dtype(acc);
     const auto tw = mean ? at::full({N}, N > 0 ? 1.0 / static_cast<double>(N) : 0.0, acc_options)
-                       : token_weights.to(acc).contiguous();  // (N,)
+                         : token_weights.to(acc).contiguous();  // (N,)
     at::Tensor grad_hidden, grad_weight;  // (N, d) in hidden's type, (Vp, d) in the accumulation type
     if (want_hidden) grad_hidden = at::empty({N, d}, hidden.options());
     if (want_weight) grad_weight = at::zeros({padded, d}, weight.options().dtype(acc));
     auto nll = at::empty({N}, acc_options);  // (N,)
     const int64_t rows =
-        rows_per_pass > 0 ? rows_per_pass
-                          : std::max<int64_t>(1, kBlockBytes / (padded * static_cast<int64_t>(c10::elementSize(compute))));
+        rows_per_pass > 0
+            ? rows_per_pass
+            : std::max<int64_t>(1, kBlockBytes / (padded * static_cast<int64_t>(c10::elementSize(compute))));
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t n = std::min(rows, N - r0);
       const auto hc = h.narrow(0, r0, n);  // (n, d)
-      auto logits = product(hc, wp.t());    // (n, Vp); the padded columns are 0
+      auto logits = product(hc, wp.t());   // (n, Vp); the padded columns are 0
       nll.narrow(0, r0, n).copy_(softmax_cross_entropy_block(logits.narrow(1, 0, V), targets.narrow(0, r0, n),
                                                              tw.narrow(0, r0, n), want_grads));
       if (!want_grads) continue;
@@ -86,12 +85,15 @@ struct ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinea
       // zero rows of w, and the padded rows of grad_weight are dropped.
       if (want_hidden) grad_hidden.narrow(0, r0, n).copy_(product(logits, wp));  // (n, d)
       if (!want_weight) continue;
-      if (compute == acc) grad_weight.addmm_(logits.t(), hc);
-      else grad_weight.add_(product(logits.t(), hc));  // (Vp, d): products in `compute`, summed over blocks in acc
+      if (compute == acc)
+        grad_weight.addmm_(logits.t(), hc);
+      else
+        grad_weight.add_(product(logits.t(), hc));  // (Vp, d): products in `compute`, summed over blocks in acc
     }
     at::Tensor loss = (tw * nll).sum();
     if (N == 0 && mean) loss.fill_(std::numeric_limits<double>::quiet_NaN());  // the mean of nothing
-    ctx->save_for_backward({grad_hidden, want_weight ? grad_weight.narrow(0, 0, V).to(weight.scalar_type()) : at::Tensor()});
+    ctx->save_for_backward(
+        {grad_hidden, want_weight ? grad_weight.narrow(0, 0, V).to(weight.scalar_type()) : at::Tensor()});
     return loss.to(hidden.scalar_type());
   }
 
@@ -134,9 +136,9 @@ at::Tensor softmax_cross_entropy_composed(const at::Tensor& logits, const at::Te
   const double nan = std::numeric_limits<double>::quiet_NaN();
   // Targets clamped for the gather (a GPU would assert on one outside), the
   // rows they spoil marked NaN below, as the kernel marks them.
-  const auto usable = logits.isfinite().all(1) & (targets >= 0) & (targets < V);  // (n,)
-  const auto t = targets.clamp(0, V - 1).unsqueeze(1);                            // (n, 1)
-  auto logp = at::log_softmax(logits, 1, acc);                                      // (n, V)
+  const auto usable = logits.isfinite().all(1) & (targets >= 0) & (targets < V);         // (n,)
+  const auto t = targets.clamp(0, V - 1).unsqueeze(1);                                   // (n, 1)
+  auto logp = at::log_softmax(logits, 1, acc);                                           // (n, V)
   auto nll = logp.gather(1, t).squeeze(1).neg().masked_fill(usable.logical_not(), nan);  // (n,)
   if (write_grads) {
     const auto w = weights.to(acc).unsqueeze(1);  // (n, 1)
@@ -174,10 +176,9 @@ at::Tensor chunked_linear_cross_entropy(const at::Tensor& hidden, const at::Tens
     throw UserError(name + "products in " + c10::str(compute) + " are not supported (fp64, fp32 or bf16)");
   const bool grads = torch::autograd::GradMode::is_enabled();
   const bool mean = !token_weights.defined();
-  return ChunkedLinearCrossEntropy::apply(hidden, weight, targets.contiguous(),
-                                          mean ? at::empty({0}, hidden.options()) : token_weights, mean,
-                                          static_cast<int64_t>(compute), rows_per_pass, grads && hidden.requires_grad(),
-                                          grads && weight.requires_grad());
+  return ChunkedLinearCrossEntropy::apply(
+      hidden, weight, targets.contiguous(), mean ? at::empty({0}, hidden.options()) : token_weights, mean,
+      static_cast<int64_t>(compute), rows_per_pass, grads && hidden.requires_grad(), grads && weight.requires_grad());
 }
 
 }  // namespace chiar

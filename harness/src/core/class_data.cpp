@@ -24,11 +24,9 @@ std::vector<int64_t> length_percentiles(std::vector<int64_t> values) {
 ClassSplit::ClassSplit(std::string name, int64_t n_classes, int64_t pad_id, int64_t max_len)
     : name_(std::move(name)), n_classes_(n_classes), pad_id_(pad_id), max_len_(max_len) {}
 
-void ClassSplit::add(std::vector<int32_t> ids, int64_t label, int64_t full_length, int64_t bytes,
-                     int64_t unknown) {
+void ClassSplit::add(std::vector<int32_t> ids, int64_t label, int64_t full_length, int64_t bytes, int64_t unknown) {
   if (label < 0 || label >= n_classes_)
-    throw UserError(name_ + ": label " + std::to_string(label) + " is outside 0.." +
-                    std::to_string(n_classes_ - 1));
+    throw UserError(name_ + ": label " + std::to_string(label) + " is outside 0.." + std::to_string(n_classes_ - 1));
   if (ids.empty()) ids.push_back(static_cast<int32_t>(pad_id_));  // never an empty row
   if (static_cast<int64_t>(ids.size()) > max_len_) ids.resize(static_cast<size_t>(max_len_));
   ids_.push_back(std::move(ids));

@@ -48,8 +48,7 @@ double gradient_error(Operator& op, const at::Tensor& x0, const OpContext& ctx) 
 
 }  // namespace
 
-std::vector<std::string> check_operator(
-    const std::function<std::shared_ptr<Operator>(int64_t, int64_t)>& make) {
+std::vector<std::string> check_operator(const std::function<std::shared_ptr<Operator>(int64_t, int64_t)>& make) {
   std::vector<std::string> fail;
   at::manual_seed(0);
   const int64_t B = 2, T = 9, d = 8;
@@ -78,7 +77,8 @@ std::vector<std::string> check_operator(
       auto later = x.clone();
       later.narrow(1, 5, T - 5).normal_();
       const double e = rel(op->forward(later, ctx).narrow(1, 0, 5), y.narrow(1, 0, 5));
-      if (e > 1e-10) fail.push_back("causality: outputs at t <= 4 change when tokens after 4 change (relative " + num(e) + ")");
+      if (e > 1e-10)
+        fail.push_back("causality: outputs at t <= 4 change when tokens after 4 change (relative " + num(e) + ")");
     }
     OpContext padded;
     padded.valid = at::ones({B, T}, at::TensorOptions().dtype(at::kBool));
@@ -88,7 +88,8 @@ std::vector<std::string> check_operator(
       noisy[1].narrow(0, 6, 3).normal_().mul_(50);
       auto mask = padded.valid.unsqueeze(-1);
       const double e = rel(op->forward(noisy, padded).masked_select(mask), op->forward(x, padded).masked_select(mask));
-      if (e > 1e-10) fail.push_back("padding: real outputs change with the content of padding (relative " + num(e) + ")");
+      if (e > 1e-10)
+        fail.push_back("padding: real outputs change with the content of padding (relative " + num(e) + ")");
     }
     const OpContext& rows_ctx = traits.causal ? ctx : padded;
     auto full = op->forward(x, rows_ctx).reshape({-1, d});
@@ -100,8 +101,8 @@ std::vector<std::string> check_operator(
     with_host_rows.host_rows = rows.clone();
     const double eh = rel(op->forward_rows(x, rows, with_host_rows), full.index_select(0, rows));
     if (eh > 1e-10)
-      fail.push_back("forward_rows given OpContext::host_rows disagrees with the rows of forward (relative " +
-                     num(eh) + ")");
+      fail.push_back("forward_rows given OpContext::host_rows disagrees with the rows of forward (relative " + num(eh) +
+                     ")");
   }
   int64_t previous = -1;
   for (int64_t t : {16, 32, 64}) {
@@ -149,7 +150,8 @@ std::vector<std::string> check_router(
       if ((r.weights.sum(-1) - 1).abs().max().item<double>() > 1e-5) fail.push_back(k + "weights do not sum to 1");
       if (r.weights.min().item<double>() < 0) fail.push_back(k + "negative weights");
       if (!at::equal(r.choice, r.weights.argmax(-1))) fail.push_back(k + "choice is not the argmax of the weights");
-      if (r.mode == RouteMode::Hard && !at::equal(r.weights, at::one_hot(r.choice, static_cast<int64_t>(ops.size())).to(r.weights.scalar_type())))
+      if (r.mode == RouteMode::Hard &&
+          !at::equal(r.weights, at::one_hot(r.choice, static_cast<int64_t>(ops.size())).to(r.weights.scalar_type())))
         fail.push_back(k + "a hard router's weights are not one-hot");
       if (causal) {
         auto x2 = x.clone();
@@ -175,7 +177,8 @@ std::vector<std::string> check_task(const Task& task) {
       continue;
     }
     const Batch b = task.eval_batch(split, 0, 4);
-    if (b.valid.defined() && b.valid.sizes() != b.tokens.sizes()) fail.push_back("split " + split + ": valid mask shape differs from tokens");
+    if (b.valid.defined() && b.valid.sizes() != b.tokens.sizes())
+      fail.push_back("split " + split + ": valid mask shape differs from tokens");
   }
   const Batch a = task.train_batch(3, 5, 4), again = task.train_batch(3, 5, 4);
   if (!at::equal(a.tokens, again.tokens) || !at::equal(a.targets, again.targets))
@@ -184,7 +187,8 @@ std::vector<std::string> check_task(const Task& task) {
     fail.push_back("tokens outside the vocabulary");
   const int64_t top = task.head() == TaskHead::Classifier ? task.n_classes() : task.vocab_size();
   if (a.targets.min().item<int64_t>() < 0 || a.targets.max().item<int64_t>() >= top)
-    fail.push_back(task.head() == TaskHead::Classifier ? "labels outside 0..n_classes-1" : "targets outside the vocabulary");
+    fail.push_back(task.head() == TaskHead::Classifier ? "labels outside 0..n_classes-1"
+                                                       : "targets outside the vocabulary");
   return fail;
 }
 

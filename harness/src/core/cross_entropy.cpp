@@ -32,8 +32,8 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
   // contiguous in range; token_weights (N,) fp32 contiguous, or empty with
   // mean set.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& targets, const at::Tensor& token_weights, bool mean, int64_t rows_per_pass,
-                            bool want_grads) {
+                            const at::Tensor& targets, const at::Tensor& token_weights, bool mean,
+                            int64_t rows_per_pass, bool want_grads) {
     const int64_t N = hidden.size(0), d = hidden.size(1), V = weight.size(0);
     const float* h = hidden.data_ptr<float>();
     const float* w = weight.data_ptr<float>();
@@ -75,12 +75,14 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
       });
       if (want_grads) {
         sgemm(false, false, n, d, V, 1.f, logits, V, w, d, 0.f, grad_hidden.data_ptr<float>() + r0 * d, d);
-        sgemm(true, false, V, d, n, 1.f, logits, V, h + r0 * d, d, r0 > 0 ? 1.f : 0.f, grad_weight.data_ptr<float>(), d);
+        sgemm(true, false, V, d, n, 1.f, logits, V, h + r0 * d, d, r0 > 0 ? 1.f : 0.f, grad_weight.data_ptr<float>(),
+              d);
       }
     }
     double loss = 0;
     for (int64_t r = 0; r < N; ++r) loss += static_cast<double>(tw ? tw[r] : mean_weight) * nll[static_cast<size_t>(r)];
-    if (N == 0 && mean) loss = std::numeric_limits<double>::quiet_NaN();  // the mean of nothing; a sum over nothing is 0
+    if (N == 0 && mean)
+      loss = std::numeric_limits<double>::quiet_NaN();  // the mean of nothing; a sum over nothing is 0
     ctx->save_for_backward({grad_hidden, grad_weight});
     return at::full({}, loss, hidden.options());
   }
@@ -131,14 +133,14 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
     return loss.to(hidden.scalar_type());
   }
   const int64_t V = std::max<int64_t>(weight.size(0), 1);
-  if (rows_per_pass <= 0) rows_per_pass = std::max<int64_t>(1, kBufferBytes / (V * static_cast<int64_t>(sizeof(float))));
+  if (rows_per_pass <= 0)
+    rows_per_pass = std::max<int64_t>(1, kBufferBytes / (V * static_cast<int64_t>(sizeof(float))));
   const bool want_grads = torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   count_host_kernel();
-  return FusedLinearCrossEntropy::apply(hidden.contiguous(), weight.contiguous(), targets.contiguous(),
-                                        token_weights.defined() ? token_weights.contiguous()
-                                                                : at::empty({0}, hidden.options()),
-                                        !token_weights.defined(),
-                                        rows_per_pass, want_grads);
+  return FusedLinearCrossEntropy::apply(
+      hidden.contiguous(), weight.contiguous(), targets.contiguous(),
+      token_weights.defined() ? token_weights.contiguous() : at::empty({0}, hidden.options()), !token_weights.defined(),
+      rows_per_pass, want_grads);
 }
 
 }  // namespace chiar

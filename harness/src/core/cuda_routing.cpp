@@ -18,8 +18,7 @@ namespace {
 // A kernel that fails to launch or run met a device problem (memory, a
 // lost device): an environment failure, named with CUDA's own words.
 void check(cudaError_t err, const char* kernel) {
-  if (err != cudaSuccess)
-    throw EnvironmentError(std::string(kernel) + ": CUDA error: " + cudaGetErrorString(err));
+  if (err != cudaSuccess) throw EnvironmentError(std::string(kernel) + ": CUDA error: " + cudaGetErrorString(err));
 }
 
 cuda::Real real_of(const at::Tensor& t) {
@@ -27,7 +26,8 @@ cuda::Real real_of(const at::Tensor& t) {
     case at::kFloat: return cuda::Real::F32;
     case at::kBFloat16: return cuda::Real::BF16;
     case at::kHalf: return cuda::Real::F16;
-    default: throw UserError(std::string("spectral entropy kernel: no CUDA kernel for ") + at::toString(t.scalar_type()));
+    default:
+      throw UserError(std::string("spectral entropy kernel: no CUDA kernel for ") + at::toString(t.scalar_type()));
   }
 }
 
@@ -91,7 +91,7 @@ at::Tensor spectral_entropy_cuda(const at::Tensor& c) {
   const int64_t d = c.size(-1);
   const c10::cuda::CUDAGuard guard(c.device());
   count_cuda_kernel();
-  const auto rows = c.contiguous();                                     // (..., d)
+  const auto rows = c.contiguous();                                                    // (..., d)
   auto h = at::empty(c.sizes().slice(0, c.dim() - 1), c.options().dtype(at::kFloat));  // (...)
   // Checks the launch only: a fault while the kernel runs surfaces at the
   // next synchronisation, the routing compaction's copy of its counts.
@@ -114,10 +114,11 @@ RowLists rows_by_choice_cuda(const at::Tensor& choice, int64_t K, bool with_host
                     " operators exceed the CUDA kernel's table");
   count_cuda_kernel();
   const auto k = static_cast<int>(K);
-  auto workspace = at::empty({static_cast<int64_t>(cuda::rows_by_choice_workspace(n, k))}, c.options().dtype(at::kByte));
+  auto workspace =
+      at::empty({static_cast<int64_t>(cuda::rows_by_choice_workspace(n, k))}, c.options().dtype(at::kByte));
   auto buffer = at::empty({K + n}, c.options());  // (K + N,) the counts, then the rows
-  auto counts = buffer.narrow(0, 0, K);            // (K,)
-  auto rows = buffer.narrow(0, K, n);              // (N,) every operator's rows, operator by operator
+  auto counts = buffer.narrow(0, 0, K);           // (K,)
+  auto rows = buffer.narrow(0, K, n);             // (N,) every operator's rows, operator by operator
   check(cuda::rows_by_choice(c.data_ptr<int64_t>(), n, k, workspace.data_ptr(), rows.data_ptr<int64_t>(),
                              counts.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream(c.device().index()).stream()),
         "routing compaction kernel");
@@ -129,13 +130,14 @@ RowLists rows_by_choice_cuda(const at::Tensor& choice, int64_t K, bool with_host
     // fault may be this kernel's, the entropy kernel's before it, or any
     // other queued since the last synchronisation.
     throw EnvironmentError(std::string("routing compaction (its copy of the row counts, the first synchronisation "
-                                       "after the routing kernels): ") + e.what_without_backtrace());
+                                       "after the routing kernels): ") +
+                           e.what_without_backtrace());
   }
   const int64_t* count = host.data_ptr<int64_t>();
   RowLists out;
   int64_t start = 0;
   for (int64_t j = 0; j < K; ++j) {
-    out.rows.push_back(rows.narrow(0, start, count[j]));                     // (N_j,)
+    out.rows.push_back(rows.narrow(0, start, count[j]));                          // (N_j,)
     if (with_host) out.host_rows.push_back(host.narrow(0, K + start, count[j]));  // (N_j,)
     start += count[j];
   }

@@ -4,9 +4,7 @@
 
 namespace chiar {
 
-EntropyGate::EntropyGate(int64_t d, int64_t k) {
-  linear_ = register_module("linear", torch::nn::Linear(d + 1, k));
-}
+EntropyGate::EntropyGate(int64_t d, int64_t k) { linear_ = register_module("linear", torch::nn::Linear(d + 1, k)); }
 
 at::Tensor EntropyGate::forward(const at::Tensor& x, const at::Tensor& entropy) {
   return linear_(at::cat({x, entropy.unsqueeze(-1).to(x.scalar_type())}, -1));
@@ -19,8 +17,8 @@ at::Tensor collapse_penalty(const at::Tensor& weights, double lambda) {
 
 GatedRouter::GatedRouter(const RouterSpec& spec, RouteMode mode, std::string name)
     : mode_(mode), name_(std::move(name)), lambda_(spec.params.get_double("collapse_lambda", 0.0)) {
-  gate_ = register_module(
-      "gate", std::make_shared<EntropyGate>(spec.d_model, static_cast<int64_t>(spec.operators.size())));
+  gate_ =
+      register_module("gate", std::make_shared<EntropyGate>(spec.d_model, static_cast<int64_t>(spec.operators.size())));
 }
 
 RouteResult GatedRouter::route(const at::Tensor& x, const at::Tensor& entropy, const OpContext&) {

@@ -30,7 +30,8 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 inline void normal_cdf(float z, float& cdf, float& gauss) {
   const float a = (z < 0.f ? -z : z) * kInvSqrt2;
   const float t = 1.f / (1.f + 0.3275911f * a);
-  const float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  const float poly =
+      ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
   gauss = exp_nonpositive(-a * a);
   const float tail = 0.5f * poly * gauss;
   cdf = z < 0.f ? tail : 1.f - tail;
@@ -50,8 +51,8 @@ CHIAR_ROW_KERNEL void bias_gelu_row(const float* u, const float* __restrict b, f
 // gz[j] = g[j] gelu'(u[j] + b[j]), gelu'(z) = Phi(z) + z phi(z); column sums
 // of gz accumulate into sums.
 CHIAR_ROW_KERNEL void bias_gelu_backward_row(const float* __restrict u, const float* __restrict b,
-                                             const float* __restrict g, float* __restrict gz,
-                                             float* __restrict sums, int64_t n) {
+                                             const float* __restrict g, float* __restrict gz, float* __restrict sums,
+                                             int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     const float z = u[j] + b[j];

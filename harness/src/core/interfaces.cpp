@@ -15,8 +15,7 @@ EnvironmentError::~EnvironmentError() = default;
 
 Operator::~Operator() = default;
 
-FlopCount Operator::flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d,
-                             const FlopContext&) const {
+FlopCount Operator::flops_at(int64_t T, const std::vector<int64_t>& positions, int64_t d, const FlopContext&) const {
   return flops(T, static_cast<int64_t>(positions.size()), d);
 }
 Router::~Router() = default;

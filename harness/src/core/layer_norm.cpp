@@ -130,8 +130,8 @@ struct FusedLayerNorm : public torch::autograd::Function<FusedLayerNorm> {
 
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
   RECORD_FUNCTION("chiar::layer_norm", std::vector<c10::IValue>({x, weight, bias}));
-  if (!x.defined() || !weight.defined() || !bias.defined() || x.dim() < 1 || weight.dim() != 1 ||
-      bias.dim() != 1 || weight.size(0) != x.size(-1) || bias.size(0) != x.size(-1))
+  if (!x.defined() || !weight.defined() || !bias.defined() || x.dim() < 1 || weight.dim() != 1 || bias.dim() != 1 ||
+      weight.size(0) != x.size(-1) || bias.size(0) != x.size(-1))
     throw UserError("layer_norm: input " + (x.defined() ? c10::str(x.sizes()) : std::string("undefined")) +
                     ", weight " + (weight.defined() ? c10::str(weight.sizes()) : std::string("undefined")) +
                     " and bias " + (bias.defined() ? c10::str(bias.sizes()) : std::string("undefined")) +
@@ -140,8 +140,8 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
       x.size(-1) == 0)
     return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
   count_host_kernel();
-  const bool wants_grad = torch::autograd::GradMode::is_enabled() &&
-                          (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
+  const bool wants_grad =
+      torch::autograd::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
   if (!wants_grad) {
     // Inference: the kernel alone, without autograd's per-call bookkeeping
     // (a routed layer runs a LayerNorm per operator).

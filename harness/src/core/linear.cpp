@@ -98,8 +98,8 @@ void onednn_gemm(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float 
     const dnnl_status_t status =
         dnnl_sgemm(A.trans, B.trans, m, n, k, 1.f, pa + A.offsets[static_cast<size_t>(g)], A.ld,
                    pb + B.offsets[static_cast<size_t>(g)], B.ld, beta, pc + g * m * n, std::max<int64_t>(1, n));
-    TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status), " on (", m,
-                ", ", k, ") x (", k, ", ", n, ")");
+    TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status), " on (", m, ", ", k,
+                ") x (", k, ", ", n, ")");
   };
   if (count >= 2 * at::get_num_threads())
     at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
@@ -177,9 +177,7 @@ TransposedWeights& transposed_weights() {
 // the fast one (oneDNN, k > n, enough rows to repay a copy), else a view.
 at::Tensor weight_transposed(const at::Tensor& weight, int64_t rows) {
   const int64_t n = weight.size(0), k = weight.size(1);
-  if (onednn_selected() && k > n && rows >= 256 &&
-      weight.is_contiguous())
-    return transposed_weights().get(weight);
+  if (onednn_selected() && k > n && rows >= 256 && weight.is_contiguous()) return transposed_weights().get(weight);
   return weight.t();
 }
 
@@ -272,7 +270,7 @@ struct MatmulFunction : public torch::autograd::Function<MatmulFunction> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &a = saved[0], &b = saved[1];  // (..., m, k), (..., k, n)
-    const auto& g = grads[0];                   // (..., m, n)
+    const auto& g = grads[0];                 // (..., m, n)
     at::Tensor ga, gb;
     // batch_matmul itself: differentiable again under create_graph.
     if (ctx->needs_input_grad(0)) ga = batch_matmul(g, b.transpose(-2, -1));  // (..., m, k)
@@ -317,8 +315,9 @@ std::string onednn_description() {
 
 void set_gemm_backend(GemmBackend backend) {
   if (backend == GemmBackend::OneDnn && !onednn_available())
-    throw UserError("gemm backend 'onednn': this build has no oneDNN "
-                    "(configure with libdnnl-dev installed and CHIAR_WITH_ONEDNN=ON)");
+    throw UserError(
+        "gemm backend 'onednn': this build has no oneDNN "
+        "(configure with libdnnl-dev installed and CHIAR_WITH_ONEDNN=ON)");
   g_backend.store(backend);
 }
 
@@ -334,10 +333,10 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
   }
 #if CHIAR_HAVE_ONEDNN
   if (onednn_selected()) {
-    const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
-                                            ldb, beta, c, ldc);
-    TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status), " on (", m,
-                ", ", k, ") x (", k, ", ", n, ")");
+    const dnnl_status_t status =
+        dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status), " on (", m, ", ", k,
+                ") x (", k, ", ", n, ")");
     return;
   }
 #endif
@@ -388,8 +387,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   count_host_kernel();
   TORCH_CHECK(x.size(-1) == weight.size(1), "linear: input ", x.sizes(), " and weight ", weight.sizes(),
               " do not match");
-  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ",
-              bias.sizes(), " does not match weight ", weight.sizes());
+  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ", bias.sizes(),
+              " does not match weight ", weight.sizes());
   TORCH_CHECK(!addend.defined() || addend.sizes() == at::IntArrayRef(with_last(x.sizes(), weight.size(0))),
               "linear: addend ", addend.sizes(), " does not match the output's shape");
   const bool grad = torch::autograd::GradMode::is_enabled() &&

@@ -90,8 +90,7 @@ std::vector<ListOpsExample> generate_listops(int64_t n, uint64_t seed, const Lis
   return out;
 }
 
-std::vector<ListOpsExample> generate_listops_flat(int64_t n, uint64_t seed, int64_t min_args,
-                                                  int64_t max_args) {
+std::vector<ListOpsExample> generate_listops_flat(int64_t n, uint64_t seed, int64_t min_args, int64_t max_args) {
   if (min_args < 1 || max_args < min_args) throw UserError("listops_flat: need 1 <= min_args <= max_args");
   static const char* const ops[] = {"[MAX", "[MIN", "[MEAN", "[MED"};
   SplitMix64 rng(seed, 0xF1A7);
@@ -143,8 +142,7 @@ int evaluate_listops(const std::string& source) {
     }
   }
   if (!stack.empty()) throw UserError("listops: unclosed operator " + stack.back().op);
-  if (top.size() != 1)
-    throw UserError("listops: expected one value, found " + std::to_string(top.size()));
+  if (top.size() != 1) throw UserError("listops: expected one value, found " + std::to_string(top.size()));
   return top[0];
 }
 

@@ -14,15 +14,13 @@ const auto kLong = at::TensorOptions().dtype(at::kLong);
 
 }  // namespace
 
-LmStream::LmStream(const std::vector<int64_t>& ids, int64_t eos_id, int64_t pad_id)
-    : pad_id_(pad_id) {
+LmStream::LmStream(const std::vector<int64_t>& ids, int64_t eos_id, int64_t pad_id) : pad_id_(pad_id) {
   stream_.reserve(ids.size() + 1);
   stream_.push_back(eos_id);
   stream_.insert(stream_.end(), ids.begin(), ids.end());
 }
 
-Batch LmStream::train_batch(uint64_t seed, int64_t step, int64_t batch, int64_t T,
-                            const std::string& mode) const {
+Batch LmStream::train_batch(uint64_t seed, int64_t step, int64_t batch, int64_t T, const std::string& mode) const {
   const int64_t N = targets();
   if (N < T + 1)
     throw UserError("the training split has " + std::to_string(N) +
@@ -53,8 +51,8 @@ Batch LmStream::train_batch(uint64_t seed, int64_t step, int64_t batch, int64_t 
     const int64_t part = N / batch;  // tokens per parallel stream
     const int64_t windows = part / T;
     if (windows < 1)
-      throw UserError("the training split is too short for " + std::to_string(batch) +
-                      " streams of seq_len " + std::to_string(T));
+      throw UserError("the training split is too short for " + std::to_string(batch) + " streams of seq_len " +
+                      std::to_string(T));
     const int64_t epoch = step / windows, w = step % windows;
     SplitMix64 rng(seed, 0x5743, static_cast<uint64_t>(epoch));
     const int64_t offset = static_cast<int64_t>(rng.below(static_cast<uint64_t>(part - windows * T + 1)));

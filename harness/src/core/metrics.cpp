@@ -16,8 +16,7 @@ LmMetrics lm_metrics(double nll, int64_t tokens, int64_t words, int64_t bytes) {
   return m;
 }
 
-ClassMetrics class_metrics(double loss_sum, const std::vector<int64_t>& correct,
-                           const std::vector<int64_t>& total) {
+ClassMetrics class_metrics(double loss_sum, const std::vector<int64_t>& correct, const std::vector<int64_t>& total) {
   ClassMetrics m;
   m.correct = correct;
   m.total = total;

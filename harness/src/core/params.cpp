@@ -20,10 +20,9 @@ const char* type_name(const Params::Value& v) {
   }
 }
 
-[[noreturn]] void wrong_type(const std::string& key, const char* expected,
-                             const Params::Value& found) {
-  throw UserError("parameter '" + key + "': expected " + expected + ", found " +
-                  type_name(found) + " (" + describe_value(found) + ")");
+[[noreturn]] void wrong_type(const std::string& key, const char* expected, const Params::Value& found) {
+  throw UserError("parameter '" + key + "': expected " + expected + ", found " + type_name(found) + " (" +
+                  describe_value(found) + ")");
 }
 
 bool parse_number(const std::string& s, double& out) {
@@ -114,8 +113,7 @@ std::string Params::get_string(const std::string& key, const std::string& fallba
   wrong_type(key, "a string", *v);
 }
 
-std::vector<double> Params::get_doubles(const std::string& key,
-                                        const std::vector<double>& fallback) const {
+std::vector<double> Params::get_doubles(const std::string& key, const std::vector<double>& fallback) const {
   const Value* v = find(key);
   if (!v) return fallback;
   if (auto l = std::get_if<std::vector<double>>(v)) return *l;
@@ -144,8 +142,7 @@ Params Params::from_assignments(const std::vector<std::string>& assignments) {
   Params p;
   for (const auto& a : assignments) {
     const auto eq = a.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw UserError("expected key=value, found '" + a + "'");
+    if (eq == std::string::npos || eq == 0) throw UserError("expected key=value, found '" + a + "'");
     const std::string key = trim(a.substr(0, eq));
     const std::string text = trim(a.substr(eq + 1));
     int64_t i = 0;
@@ -164,8 +161,7 @@ Params Params::from_assignments(const std::vector<std::string>& assignments) {
         item = trim(item);
         if (item.empty()) continue;
         if (!parse_number(item, d))
-          throw UserError("parameter '" + key + "': '" + item + "' in " + text +
-                          " is not a number");
+          throw UserError("parameter '" + key + "': '" + item + "' in " + text + " is not a number");
         list.push_back(d);
       }
       p.set(key, list);

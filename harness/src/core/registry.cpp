@@ -42,8 +42,8 @@ class CollectingRegistrar final : public Registrar {
   CollectingRegistrar(std::string file, uint32_t api, std::string kinds, Library lib)
       : file_(std::move(file)), api_(api), kinds_("," + kinds + ","), lib_(std::move(lib)) {}
 
-  void add_operator(const std::string& name, const std::string& description,
-                    OperatorFactory factory, const std::vector<std::string>& aliases) override {
+  void add_operator(const std::string& name, const std::string& description, OperatorFactory factory,
+                    const std::vector<std::string>& aliases) override {
     add(name, "operator", description, aliases).make_operator = std::move(factory);
   }
   void add_router(const std::string& name, const std::string& description, RouterFactory factory,
@@ -100,8 +100,8 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 // positions and suggestions; this guards every other caller.
 std::string declared_option_problem(const Params& params, const std::vector<PluginOption>& declared) {
   for (const auto& [key, value] : params.values()) {
-    const auto option = std::find_if(declared.begin(), declared.end(),
-                                     [&key = key](const PluginOption& o) { return o.key == key; });
+    const auto option =
+        std::find_if(declared.begin(), declared.end(), [&key = key](const PluginOption& o) { return o.key == key; });
     if (option == declared.end()) {
       std::vector<std::string> known;
       for (const auto& o : declared) known.push_back(o.key);
@@ -139,8 +139,7 @@ struct PluginRegistry::Impl {
     for (const auto& f : factories) {
       if (f.entry.kind != kind) continue;
       if (f.entry.name == name) return &f;
-      if (std::find(f.entry.aliases.begin(), f.entry.aliases.end(), name) != f.entry.aliases.end())
-        return &f;
+      if (std::find(f.entry.aliases.begin(), f.entry.aliases.end(), name) != f.entry.aliases.end()) return &f;
     }
     return nullptr;
   }
@@ -155,9 +154,8 @@ struct PluginRegistry::Impl {
       known.push_back(n);
     }
     std::sort(known.begin(), known.end());
-    throw UserError("unknown " + kind + " '" + name + "' (known: " +
-                    (known.empty() ? std::string("none; no plugins loaded") : join(known, ", ")) +
-                    ")");
+    throw UserError("unknown " + kind + " '" + name +
+                    "' (known: " + (known.empty() ? std::string("none; no plugins loaded") : join(known, ", ")) + ")");
   }
 
   template <class Object, class Spec>
@@ -184,8 +182,8 @@ struct PluginRegistry::Impl {
     if (!made) throw UserError(who + ": factory returned nothing");
     const auto unread = spec.params.unread_keys();
     if (!unread.empty())
-      throw UserError(who + ": unknown parameter" + (unread.size() > 1 ? "s " : " ") + "'" +
-                      join(unread, "', '") + "'");
+      throw UserError(who + ": unknown parameter" + (unread.size() > 1 ? "s " : " ") + "'" + join(unread, "', '") +
+                      "'");
     // The deleter holds the library: its code must outlive the object's destructor.
     Library lib = f.library;
     return std::shared_ptr<Object>(made.release(), [lib](Object* p) { delete p; });
@@ -195,17 +193,15 @@ struct PluginRegistry::Impl {
 void check_plugin_descriptor(const std::string& file, const chiar_plugin_descriptor* d) {
   if (!d) throw UserError("plugin file '" + file + "': its entry point returned nothing");
   if (d->api_version < CHIAR_PLUGIN_API_OLDEST || d->api_version > CHIAR_PLUGIN_API_VERSION)
-    throw UserError("plugin file '" + file + "' was built for plugin API version " +
-                    std::to_string(d->api_version) + ", but this harness provides version " +
-                    std::to_string(CHIAR_PLUGIN_API_VERSION) + "; rebuild the plugin");
+    throw UserError("plugin file '" + file + "' was built for plugin API version " + std::to_string(d->api_version) +
+                    ", but this harness provides version " + std::to_string(CHIAR_PLUGIN_API_VERSION) +
+                    "; rebuild the plugin");
   const std::string torch_version = d->torch_version ? d->torch_version : "(none)";
   if (torch_version != CHIAR_TORCH_VERSION_STRING)
     throw UserError("plugin file '" + file + "' was built against libtorch " + torch_version +
-                    ", but this harness uses libtorch " + CHIAR_TORCH_VERSION_STRING +
-                    "; rebuild the plugin");
+                    ", but this harness uses libtorch " + CHIAR_TORCH_VERSION_STRING + "; rebuild the plugin");
   // Called right after the checks: a null one would crash the loader.
-  if (!d->register_all)
-    throw UserError("plugin file '" + file + "': its descriptor has no register function");
+  if (!d->register_all) throw UserError("plugin file '" + file + "': its descriptor has no register function");
 }
 
 PluginRegistry::PluginRegistry() : impl_(std::make_unique<Impl>()) {}
@@ -213,12 +209,10 @@ PluginRegistry::~PluginRegistry() = default;
 
 void PluginRegistry::load_directory(const std::string& dir) {
   boost::system::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    throw UserError("plugin folder '" + dir + "' does not exist or is not a folder");
+  if (!fs::is_directory(dir, ec)) throw UserError("plugin folder '" + dir + "' does not exist or is not a folder");
   std::vector<fs::path> files;
   for (const auto& item : fs::directory_iterator(dir))
-    if (fs::is_regular_file(item.path()) && item.path().extension() == ".so")
-      files.push_back(item.path());
+    if (fs::is_regular_file(item.path()) && item.path().extension() == ".so") files.push_back(item.path());
   std::sort(files.begin(), files.end());
   for (const auto& file : files) load_file(file.string());
 }
@@ -226,12 +220,9 @@ void PluginRegistry::load_directory(const std::string& dir) {
 void PluginRegistry::load_file(const std::string& path_text) {
   boost::system::error_code ec;
   fs::path path = fs::absolute(path_text);
-  if (!fs::is_regular_file(path, ec))
-    throw UserError("plugin file '" + path.string() + "' does not exist");
+  if (!fs::is_regular_file(path, ec)) throw UserError("plugin file '" + path.string() + "' does not exist");
   const std::string file = fs::canonical(path, ec).string();
-  if (std::find(impl_->loaded_files.begin(), impl_->loaded_files.end(), file) !=
-      impl_->loaded_files.end())
-    return;
+  if (std::find(impl_->loaded_files.begin(), impl_->loaded_files.end(), file) != impl_->loaded_files.end()) return;
 
   Library lib;
   try {
@@ -268,8 +259,8 @@ void PluginRegistry::load_file(const std::string& path_text) {
           clash = &registrar.added[j];
       }
       if (clash)
-        throw UserError("plugin file '" + file + "' registers " + entry.kind + " '" + name +
-                        "', which '" + clash->entry.file + "' already registered");
+        throw UserError("plugin file '" + file + "' registers " + entry.kind + " '" + name + "', which '" +
+                        clash->entry.file + "' already registered");
     }
   }
   for (auto& f : registrar.added) impl_->factories.push_back(std::move(f));
@@ -295,13 +286,11 @@ void PluginRegistry::load_default(const std::vector<std::string>& extra_dirs) {
   }
 }
 
-std::shared_ptr<Operator> PluginRegistry::make_operator(const std::string& name,
-                                                        const OperatorSpec& spec) const {
+std::shared_ptr<Operator> PluginRegistry::make_operator(const std::string& name, const OperatorSpec& spec) const {
   return impl_->make<Operator>(impl_->require("operator", name), spec);
 }
 
-std::shared_ptr<Router> PluginRegistry::make_router(const std::string& name,
-                                                    const RouterSpec& spec) const {
+std::shared_ptr<Router> PluginRegistry::make_router(const std::string& name, const RouterSpec& spec) const {
   return impl_->make<Router>(impl_->require("router", name), spec);
 }
 

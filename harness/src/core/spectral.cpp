@@ -87,8 +87,7 @@ at::Tensor idct2_fft(const at::Tensor& c) {
 void check_input(const at::Tensor& x, const char* what) {
   if (!x.defined() || x.dim() < 1 || x.size(-1) < 1)
     throw UserError(std::string(what) + ": expected a tensor with a non-empty last axis");
-  if (!at::isFloatingType(x.scalar_type()))
-    throw UserError(std::string(what) + ": expected a floating-point tensor");
+  if (!at::isFloatingType(x.scalar_type())) throw UserError(std::string(what) + ": expected a floating-point tensor");
 }
 
 }  // namespace
@@ -128,8 +127,7 @@ at::Tensor dct_basis(int64_t d, at::ScalarType dtype, at::Device device) {
   const double dd = static_cast<double>(d);
   for (int64_t k = 0; k < d; ++k) {
     const double s = std::sqrt((k == 0 ? 1.0 : 2.0) / dd);
-    for (int64_t n = 0; n < d; ++n)
-      acc[k][n] = s * std::cos(M_PI * static_cast<double>((2 * n + 1) * k) / (2.0 * dd));
+    for (int64_t n = 0; n < d; ++n) acc[k][n] = s * std::cos(M_PI * static_cast<double>((2 * n + 1) * k) / (2.0 * dd));
   }
   auto out = basis.to(device, dtype).contiguous();
   cache.emplace(key, out);
@@ -185,7 +183,7 @@ at::Tensor widened(const at::Tensor& c) { return c.scalar_type() == at::kDouble 
 // Each row's total energy S = sum_j c_j^2, taken as 1 for a zero vector, so
 // that its p = 0 and H = 0 with finite gradients.
 at::Tensor safe_totals(const at::Tensor& energy) {
-  const auto total = energy.sum(-1, /*keepdim=*/true);         // (..., 1)
+  const auto total = energy.sum(-1, /*keepdim=*/true);       // (..., 1)
   return at::where(total > 0, total, at::ones_like(total));  // (..., 1)
 }
 
@@ -196,7 +194,7 @@ at::Tensor entropy_by_kernel(const at::Tensor& c, EntropyPath path) {
 #endif
   (void)path;
   const int64_t d = c.size(-1);
-  const auto rows = c.to(at::kFloat).contiguous();                          // (..., d) widened as the composition widens
+  const auto rows = c.to(at::kFloat).contiguous();  // (..., d) widened as the composition widens
   auto h = at::empty(rows.sizes().slice(0, rows.dim() - 1), rows.options());  // (...)
   count_host_kernel();
   spectral_entropy_rows(rows.data_ptr<float>(), h.numel(), d, h.data_ptr<float>());
@@ -210,9 +208,9 @@ at::Tensor entropy_by_composition(const at::Tensor& c, bool differentiable) {
   if (d == 1) return at::zeros(wide.sizes().slice(0, wide.dim() - 1), wide.options());
   // The smallest normal number keeps 0 * log 0 at 0.
   const double tiny = smallest_normal(wide.scalar_type());
-  auto energy = wide.square();                 // (..., d)
+  auto energy = wide.square();                  // (..., d)
   const auto safe_total = safe_totals(energy);  // (..., 1)
-  at::Tensor plogp;                            // (..., d)
+  at::Tensor plogp;                             // (..., d)
   if (differentiable) {
     auto p = energy / safe_total;
     plogp = p * p.clamp_min(tiny).log();
@@ -234,15 +232,15 @@ at::Tensor entropy_gradient(const at::Tensor& c, const at::Tensor& grad_h) {
   const auto type = wide.scalar_type();
   const double tiny = smallest_normal(type);
   const double log_d = std::log(static_cast<double>(wide.size(-1)));
-  const auto energy = wide.square();                                            // (..., d)
-  const auto safe_total = safe_totals(energy);                                  // (..., 1)
-  const auto p = energy / safe_total;                                           // (..., d)
-  const auto log_p = p.clamp_min(tiny).log();                                   // (..., d)
-  const auto g = (log_p + (p >= tiny).to(type)).neg_().div_(log_d);            // (..., d)
-  const auto raw_h = (p * log_p).sum(-1, /*keepdim=*/true).neg_().div_(log_d);  // (..., 1)
-  const auto inside = (raw_h >= 0).logical_and_(raw_h <= 1);                    // (..., 1)
-  const auto upstream = grad_h.unsqueeze(-1).to(type).mul(inside.to(type));     // (..., 1)
-  const auto mean_g = (p * g).sum(-1, /*keepdim=*/true);                        // (..., 1)
+  const auto energy = wide.square();                                               // (..., d)
+  const auto safe_total = safe_totals(energy);                                     // (..., 1)
+  const auto p = energy / safe_total;                                              // (..., d)
+  const auto log_p = p.clamp_min(tiny).log();                                      // (..., d)
+  const auto g = (log_p + (p >= tiny).to(type)).neg_().div_(log_d);                // (..., d)
+  const auto raw_h = (p * log_p).sum(-1, /*keepdim=*/true).neg_().div_(log_d);     // (..., 1)
+  const auto inside = (raw_h >= 0).logical_and_(raw_h <= 1);                       // (..., 1)
+  const auto upstream = grad_h.unsqueeze(-1).to(type).mul(inside.to(type));        // (..., 1)
+  const auto mean_g = (p * g).sum(-1, /*keepdim=*/true);                           // (..., 1)
   return (upstream * 2.0 * wide / safe_total * (g - mean_g)).to(c.scalar_type());  // (..., d)
 }
 
@@ -274,25 +272,20 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
   return entropy_by_kernel(c, path);
 }
 
-at::Tensor spectral_entropy(const at::Tensor& x, DctImpl impl) {
-  return spectral_entropy_from_coeffs(dct2(x, impl));
-}
+at::Tensor spectral_entropy(const at::Tensor& x, DctImpl impl) { return spectral_entropy_from_coeffs(dct2(x, impl)); }
 
 std::vector<double> calibrate_thresholds(const at::Tensor& h, const std::vector<double>& shares) {
   if (shares.size() < 2)
-    throw UserError("threshold calibration: need at least 2 shares, found " +
-                    std::to_string(shares.size()));
+    throw UserError("threshold calibration: need at least 2 shares, found " + std::to_string(shares.size()));
   double sum = 0;
   for (double s : shares) {
     if (!(s >= 0.0 && s <= 1.0))
-      throw UserError("threshold calibration: every share must lie in [0, 1], found " +
-                      std::to_string(s));
+      throw UserError("threshold calibration: every share must lie in [0, 1], found " + std::to_string(s));
     sum += s;
   }
   if (std::abs(sum - 1.0) > 1e-6)
     throw UserError("threshold calibration: shares must sum to 1, found " + std::to_string(sum));
-  if (!h.defined() || h.numel() == 0)
-    throw UserError("threshold calibration: the entropy sample is empty");
+  if (!h.defined() || h.numel() == 0) throw UserError("threshold calibration: the entropy sample is empty");
 
   auto sorted = std::get<0>(h.detach().to(at::kCPU, at::kDouble).reshape({-1}).sort());
   auto values = sorted.accessor<double, 1>();

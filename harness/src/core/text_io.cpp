@@ -30,8 +30,7 @@ int64_t count_words(const std::string& line) {
 
 std::string resolve_path(const std::string& root, const std::string& path) {
   // Absolute, or explicitly relative to the working folder ("./x", "../x").
-  if (path.empty() || path.front() == '/' || root.empty() || path.rfind("./", 0) == 0 ||
-      path.rfind("../", 0) == 0)
+  if (path.empty() || path.front() == '/' || root.empty() || path.rfind("./", 0) == 0 || path.rfind("../", 0) == 0)
     return path;
   return root + "/" + path;
 }

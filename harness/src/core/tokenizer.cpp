@@ -21,8 +21,7 @@ Tokenizer::~Tokenizer() = default;
 
 // ---- word ------------------------------------------------------------------
 
-WordTokenizer::WordTokenizer(const std::vector<std::string>& train_lines, int64_t min_count,
-                             int64_t max_vocab)
+WordTokenizer::WordTokenizer(const std::vector<std::string>& train_lines, int64_t min_count, int64_t max_vocab)
     : min_count_(min_count), max_vocab_(max_vocab) {
   std::unordered_map<std::string, int64_t> counts;
   for (const auto& line : train_lines) {
@@ -32,8 +31,7 @@ WordTokenizer::WordTokenizer(const std::vector<std::string>& train_lines, int64_
   }
   std::vector<std::pair<std::string, int64_t>> kept;
   for (auto& kv : counts)
-    if (kv.second >= min_count && kv.first != "<unk>" && kv.first != "<eos>" && kv.first != "<pad>")
-      kept.push_back(kv);
+    if (kv.second >= min_count && kv.first != "<unk>" && kv.first != "<eos>" && kv.first != "<pad>") kept.push_back(kv);
   // Most frequent first; ties by the word itself, so ids never depend on hashing.
   std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
     return a.second != b.second ? a.second > b.second : a.first < b.first;
@@ -64,9 +62,7 @@ std::string WordTokenizer::decode(const std::vector<int64_t>& ids) const {
   return out;
 }
 
-std::string WordTokenizer::token_text(int64_t id) const {
-  return id >= 0 && id < vocab_size() ? words_[id] : "<unk>";
-}
+std::string WordTokenizer::token_text(int64_t id) const { return id >= 0 && id < vocab_size() ? words_[id] : "<unk>"; }
 
 std::string WordTokenizer::describe() const {
   std::string s = "word(vocab " + std::to_string(vocab_size());
@@ -151,8 +147,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::vector<std::string>& t
   if (model_type != "bpe" && model_type != "unigram")
     throw UserError("sentencepiece: model type must be bpe or unigram, found '" + model_type + "'");
   if (vocab_size < 8) throw UserError("sentencepiece: vocab_size must be at least 8");
-  const std::string options = " --model_type=" + model_type + " --vocab_size=" +
-                              std::to_string(vocab_size) +
+  const std::string options = " --model_type=" + model_type + " --vocab_size=" + std::to_string(vocab_size) +
                               " --pad_id=0 --unk_id=1 --eos_id=2 --bos_id=-1"
                               " --pad_piece=<pad> --unk_piece=<unk> --eos_piece=<eos>"
                               " --character_coverage=1.0 --num_threads=1"
@@ -240,8 +235,7 @@ std::string SentencePieceTokenizer::describe() const {
 
 // ---- factory -----------------------------------------------------------------
 
-std::unique_ptr<Tokenizer> make_tokenizer(const Params& params,
-                                          const std::vector<std::string>& train_lines,
+std::unique_ptr<Tokenizer> make_tokenizer(const Params& params, const std::vector<std::string>& train_lines,
                                           const std::string& cache_dir, const std::string& fallback) {
   const std::string kind = params.get_string("tokenizer", fallback);
   if (kind == "word") {
@@ -253,8 +247,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const Params& params,
   }
   if (kind == "bytes") return std::make_unique<ByteTokenizer>();
   if (kind == "bpe" || kind == "unigram")
-    return std::make_unique<SentencePieceTokenizer>(train_lines, kind,
-                                                    params.get_int("vocab_size", 8192), cache_dir);
+    return std::make_unique<SentencePieceTokenizer>(train_lines, kind, params.get_int("vocab_size", 8192), cache_dir);
   throw UserError("unknown tokenizer '" + kind + "' (known: word, bytes, bpe, unigram)");
 }
 

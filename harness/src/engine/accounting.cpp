@@ -11,7 +11,7 @@ std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::T
   const int64_t B = c.size(0), T = c.size(1);
   const int64_t* p = c.data_ptr<int64_t>();
   std::vector<std::vector<std::vector<int64_t>>> out(static_cast<size_t>(B),
-                                                      std::vector<std::vector<int64_t>>(static_cast<size_t>(K)));
+                                                     std::vector<std::vector<int64_t>>(static_cast<size_t>(K)));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) out[b][p[b * T + t]].push_back(t);
   return out;

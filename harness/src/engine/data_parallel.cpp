@@ -22,7 +22,8 @@ void check_batches_divide(const Matrix& matrix, int processes) {
     throw UserError((where.empty() ? std::string("key 'train.batch_size'") : where) + ": " +
                     std::to_string(r.train.batch_size) + " does not divide over " + std::to_string(processes) +
                     " processes: the config names the global batch, and each process trains an equal slice of it "
-                    "(run " + r.name() + ")");
+                    "(run " +
+                    r.name() + ")");
   }
 }
 

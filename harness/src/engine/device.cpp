@@ -68,9 +68,8 @@ std::string resolve_device(const std::string& name, const std::string& origin, b
   if (index >= visible)
     throw UserError(origin + ": " + quoted + ": this machine shows " +
                     (visible == 0 ? std::string("no CUDA device (check CUDA_VISIBLE_DEVICES and the driver)")
-                                  : std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") +
-                                        " (cuda:0" + (visible > 1 ? "..cuda:" + std::to_string(visible - 1) : "") +
-                                        ")"));
+                                  : std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") + " (cuda:0" +
+                                        (visible > 1 ? "..cuda:" + std::to_string(visible - 1) : "") + ")"));
   if (CHIAR_CUDA_TRAINING) return "cuda:" + std::to_string(index);
   // Refused rather than trained unchecked: every path of a step is
   // device-generic, but no GPU has run the whole of it yet.
@@ -106,10 +105,13 @@ std::string nvidia_smi_id(int64_t index) {
 
 std::string nvidia_smi_description(int64_t index) {
   const std::string id = nvidia_smi_id(index);
-  if (id.find_first_not_of("0123456789abcdefABCDEF-:.GPUMI") != std::string::npos) return "nvidia-smi: not found or failed";
+  if (id.find_first_not_of("0123456789abcdefABCDEF-:.GPUMI") != std::string::npos)
+    return "nvidia-smi: not found or failed";
   // Bounded: a hung driver must not hold up every run's claim.
-  const std::string command = "timeout 20 nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version "
-                              "--format=csv,noheader,nounits -i " + id + " 2>/dev/null";
+  const std::string command =
+      "timeout 20 nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version "
+      "--format=csv,noheader,nounits -i " +
+      id + " 2>/dev/null";
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return "nvidia-smi: not found or failed";
   std::string out;
@@ -174,8 +176,7 @@ void check_batch_targets(const Batch& host, int64_t top, bool vocabulary, const 
       rest /= flat.size(dim);
     }
     throw UserError(where + ": target " + std::to_string(t[i]) + " at " + c10::str(at::IntArrayRef(index)) +
-                    " is outside the " +
-                    (vocabulary ? "vocabulary" : "classes") + " [0, " + std::to_string(top) + ")");
+                    " is outside the " + (vocabulary ? "vocabulary" : "classes") + " [0, " + std::to_string(top) + ")");
   }
 }
 
@@ -204,7 +205,8 @@ std::string cpu_bf16_instructions() {
       }
     std::string out;
     for (const char* name : {"avx512_bf16", "amx_bf16"})
-      if (flags.find(std::string(" ") + name + " ") != std::string::npos) out += (out.empty() ? "" : ", ") + std::string(name);
+      if (flags.find(std::string(" ") + name + " ") != std::string::npos)
+        out += (out.empty() ? "" : ", ") + std::string(name);
     return out;
   }();
   return found;
@@ -237,9 +239,7 @@ void synchronize_device(const at::Device& device) {
 
 Batch batch_on(const Batch& batch, const at::Device& device) {
   if (device.is_cpu()) return batch;
-  auto move = [&](const at::Tensor& t) {
-    return t.defined() ? t.pin_memory().to(device, /*non_blocking=*/true) : t;
-  };
+  auto move = [&](const at::Tensor& t) { return t.defined() ? t.pin_memory().to(device, /*non_blocking=*/true) : t; };
   return {move(batch.tokens), move(batch.targets), move(batch.valid), move(batch.scored)};
 }
 

@@ -77,7 +77,8 @@ int parse_int(const std::string& name, const std::string& value, int low) {
 
 int parse_port(const std::string& name, const std::string& value) {
   const std::size_t digits = value.find_first_not_of("0123456789");
-  if (value.empty() || digits != std::string::npos) throw UserError(name + "=" + value + ": expected a port in 1..65535");
+  if (value.empty() || digits != std::string::npos)
+    throw UserError(name + "=" + value + ": expected a port in 1..65535");
   if (value.size() > 5 || std::stoi(value) < 1 || std::stoi(value) > 65535)
     throw UserError(name + "=" + value + ": expected a port in 1..65535");
   return std::stoi(value);
@@ -262,9 +263,7 @@ class BlockSigpipe {
   sigset_t saved_{};
 };
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
+bool is_loopback(const std::string& host) { return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0; }
 
 // --------------------------------------------------------------- buckets
 
@@ -274,8 +273,8 @@ std::string gave_up_key(int rank) { return "chiar/gave_up/" + std::to_string(ran
 
 struct Bucket {
   std::vector<std::size_t> members;  // indices into the caller's tensors
-  at::Tensor flat;                    // what the collective runs on
-  bool in_place = false;              // flat is the caller's own tensor
+  at::Tensor flat;                   // what the collective runs on
+  bool in_place = false;             // flat is the caller's own tensor
 };
 
 enum class Reduction { kSum, kCopy };
@@ -293,17 +292,13 @@ at::ScalarType wire_type(at::ScalarType type, Reduction reduction, const char* o
     case at::kLong:
     case at::kHalf:
     case at::kFloat:
-    case at::kDouble:
-      return type;
-    case at::kBFloat16:
-      return at::kFloat;
-    case at::kShort:
-      return at::kInt;
+    case at::kDouble: return type;
+    case at::kBFloat16: return at::kFloat;
+    case at::kShort: return at::kInt;
     case at::kBool:
       if (reduction == Reduction::kCopy) return at::kByte;
       break;
-    default:
-      break;
+    default: break;
   }
   throw std::invalid_argument(std::string("distributed ") + op + ": Gloo cannot carry " + c10::toString(type) +
                               " tensors");
@@ -313,7 +308,8 @@ void check_tensor(const at::Tensor& t, Reduction reduction, const char* op) {
   if (t.device().type() != at::kCPU)
     throw std::invalid_argument(std::string("distributed ") + op + ": tensors must be on the CPU (Gloo), found " +
                                 t.device().str());
-  if (t.layout() != at::kStrided) throw std::invalid_argument(std::string("distributed ") + op + ": tensors must be dense");
+  if (t.layout() != at::kStrided)
+    throw std::invalid_argument(std::string("distributed ") + op + ": tensors must be dense");
   wire_type(t.scalar_type(), reduction, op);
 }
 
@@ -536,23 +532,23 @@ std::shared_ptr<::gloo::transport::Device> ProcessGroup::Impl::make_device() con
 void ProcessGroup::Impl::start_heartbeat() {
   if (options.heartbeat_interval.count() <= 0) return;
   heartbeat = std::make_shared<Heartbeat>();
-  heartbeat_thread = std::thread([state = heartbeat, store = store, key = beat_key(world.rank),
-                                  period = options.heartbeat_interval] {
-    std::unique_lock<std::mutex> lock(state->mutex);
-    while (!state->stopping) {
-      lock.unlock();
-      try {
-        store->add(key, 1);
-      } catch (...) {
-        // The store is gone (rank 0 ended) or busy: the next beat retries,
-        // and a failing collective reports the cause.
-      }
-      lock.lock();
-      state->cv.wait_for(lock, period, [&] { return state->stopping; });
-    }
-    state->finished = true;
-    state->cv.notify_all();
-  });
+  heartbeat_thread =
+      std::thread([state = heartbeat, store = store, key = beat_key(world.rank), period = options.heartbeat_interval] {
+        std::unique_lock<std::mutex> lock(state->mutex);
+        while (!state->stopping) {
+          lock.unlock();
+          try {
+            store->add(key, 1);
+          } catch (...) {
+            // The store is gone (rank 0 ended) or busy: the next beat retries,
+            // and a failing collective reports the cause.
+          }
+          lock.lock();
+          state->cv.wait_for(lock, period, [&] { return state->stopping; });
+        }
+        state->finished = true;
+        state->cv.notify_all();
+      });
 }
 
 void ProcessGroup::Impl::stop_heartbeat() {
@@ -571,8 +567,7 @@ void ProcessGroup::Impl::stop_heartbeat() {
 // After a failed collective: which peers stopped beating? Returns "" when no
 // peer can be named.
 std::string ProcessGroup::Impl::name_lost_peers() {
-  const std::string store_gone =
-      "rank 0, which serves the rendezvous store at " + where() + ", is unreachable";
+  const std::string store_gone = "rank 0, which serves the rendezvous store at " + where() + ", is unreachable";
   std::vector<int64_t> before(world.world_size), after(world.world_size);
   try {
     store->set(gave_up_key(world.rank), std::vector<uint8_t>{1});
@@ -600,8 +595,8 @@ std::string ProcessGroup::Impl::name_lost_peers() {
 
 void ProcessGroup::Impl::fail(const std::string& op, const std::string& cause) {
   const std::string peers = name_lost_peers();
-  broken = "lost contact with the process group during " + op + (peers.empty() ? "" : " (" + peers + ")") + ": " +
-           cause;
+  broken =
+      "lost contact with the process group during " + op + (peers.empty() ? "" : " (" + peers + ")") + ": " + cause;
   throw EnvironmentError(prefix() + broken);
 }
 
@@ -661,12 +656,12 @@ ProcessGroup::ProcessGroup(const WorldInfo& world, const ProcessGroupOptions& op
     QuietTorchLog quiet;
     m.store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
   } catch (...) {
-    throw EnvironmentError(m.prefix() +
-                           (world.rank == 0 ? "cannot serve the rendezvous store on port " +
-                                                  std::to_string(world.master_port)
-                                            : "cannot reach the rendezvous store at " + m.where() + " within " +
-                                                  seconds_text(options.join_timeout)) +
-                           ": " + current_cause());
+    throw EnvironmentError(
+        m.prefix() +
+        (world.rank == 0
+             ? "cannot serve the rendezvous store on port " + std::to_string(world.master_port)
+             : "cannot reach the rendezvous store at " + m.where() + " within " + seconds_text(options.join_timeout)) +
+        ": " + current_cause());
   }
   m.join();
 
@@ -881,7 +876,7 @@ class SignalScope {
 
  private:
   sigset_t old_mask_{};
-  struct sigaction old_actions_[std::size(kHandled)] {};
+  struct sigaction old_actions_[std::size(kHandled)]{};
 };
 
 std::string resolve_program(const std::string& name) {
@@ -951,8 +946,8 @@ LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv,
 
   // Everything the children need is built before fork: between fork and
   // exec only async-signal-safe calls are allowed.
-  const std::set<std::string> ours = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
-                                      "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  const std::set<std::string> ours = {"RANK",        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                      "MASTER_ADDR", "MASTER_PORT"};
   std::vector<std::string> inherited;
   for (char** e = environ; e && *e; ++e) {
     const std::string entry = *e;
@@ -1065,7 +1060,8 @@ LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv,
     }
     int wait_ms = 1000;  // a backstop; SIGCHLD and forwarded signals wake the loop
     if (terminating && !killed) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
         signal_running(SIGKILL);
         killed = true;

@@ -27,9 +27,9 @@ namespace chiar::engine {
 struct WorldInfo {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;       // rank among the processes on this machine
-  std::string master_addr;  // host of rank 0, which serves the rendezvous store
-  int master_port = 0;      // its TCP port
+  int local_rank = 0;             // rank among the processes on this machine
+  std::string master_addr;        // host of rank 0, which serves the rendezvous store
+  int master_port = 0;            // its TCP port
   std::string launcher = "none";  // "none", "env" (RANK/WORLD_SIZE...) or "slurm"
 
   bool distributed() const { return world_size > 1; }

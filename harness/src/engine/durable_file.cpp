@@ -157,8 +157,8 @@ std::string read_verified(const std::string& path, int64_t bytes, const std::str
     got += static_cast<size_t>(n);
   }
   if (got != data.size())
-    throw CorruptCheckpoint(path + ": truncated checkpoint (" + std::to_string(got) + " of " +
-                            std::to_string(bytes) + " bytes)");
+    throw CorruptCheckpoint(path + ": truncated checkpoint (" + std::to_string(got) + " of " + std::to_string(bytes) +
+                            " bytes)");
   const std::string actual = crc32_of(data);
   if (actual != checksum)
     throw CorruptCheckpoint(path + ": checksum mismatch (recorded " + checksum + ", found " + actual + ")");

@@ -35,9 +35,12 @@ bool take_suffix(std::string& spec, const std::string& suffix) {
 // One target of CHIAR_FAILPOINT, NAME:N[:ACTION]; its name is empty when malformed.
 Target read_target(std::string spec) {
   Target t;
-  if (take_suffix(spec, ":term")) t.action = Action::Term;
-  else if (take_suffix(spec, ":oom")) t.action = Action::OutOfMemory;
-  else if (take_suffix(spec, ":throw")) t.action = Action::Throw;
+  if (take_suffix(spec, ":term"))
+    t.action = Action::Term;
+  else if (take_suffix(spec, ":oom"))
+    t.action = Action::OutOfMemory;
+  else if (take_suffix(spec, ":throw"))
+    t.action = Action::Throw;
   const auto colon = spec.rfind(':');
   if (colon == std::string::npos) return t;
   char* end = nullptr;

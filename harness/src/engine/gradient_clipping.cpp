@@ -13,7 +13,7 @@ at::Tensor clip_gradient_norm(const std::vector<at::Tensor>& params, double max_
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
   if (grads.empty()) return at::zeros({});
-  const auto norms = at::_foreach_norm(grads, 2);  // n x (), in the gradients' dtypes
+  const auto norms = at::_foreach_norm(grads, 2);                                  // n x (), in the gradients' dtypes
   const auto norm = norms.size() == 1 ? norms.front() : at::stack(norms).norm(2);  // ()
   // libtorch's expression: max_norm / t is t-shaped max_norm divided by t,
   // in t's dtype; clamp keeps a NaN, so a NaN norm makes every gradient NaN

@@ -97,8 +97,7 @@ void merge_into(toml::table& dst, const toml::table& src) {
 toml::table load_with_includes(const std::string& file, std::vector<std::string>& chain,
                                std::vector<toml::table>& sources) {
   const std::string canonical = boost::filesystem::weakly_canonical(file).string();
-  if (std::find(chain.begin(), chain.end(), canonical) != chain.end())
-    throw UserError(file + ": include cycle");
+  if (std::find(chain.begin(), chain.end(), canonical) != chain.end()) throw UserError(file + ": include cycle");
   boost::system::error_code ec;
   if (!boost::filesystem::is_regular_file(file, ec)) throw UserError(file + ": cannot open the file");
   chain.push_back(canonical);
@@ -155,11 +154,16 @@ RunSpec read_run_table(const toml::table& run, const std::string& task_path) {
 // values ("#2"): the points of an axis get names of their own.
 std::string value_text(const toml::node& v, size_t place) {
   std::ostringstream s;
-  if (v.is_string()) s << v.as_string()->get();
-  else if (v.is_integer()) s << v.as_integer()->get();
-  else if (v.is_floating_point()) s << v.as_floating_point()->get();
-  else if (v.is_boolean()) s << (v.as_boolean()->get() ? "true" : "false");
-  else if (v.is_array() && v.as_array()->empty()) s << "[]";
+  if (v.is_string())
+    s << v.as_string()->get();
+  else if (v.is_integer())
+    s << v.as_integer()->get();
+  else if (v.is_floating_point())
+    s << v.as_floating_point()->get();
+  else if (v.is_boolean())
+    s << (v.as_boolean()->get() ? "true" : "false");
+  else if (v.is_array() && v.as_array()->empty())
+    s << "[]";
   else if (v.is_array()) {
     const toml::array& items = *v.as_array();
     for (size_t i = 0; i < items.size(); ++i) {
@@ -167,7 +171,8 @@ std::string value_text(const toml::node& v, size_t place) {
       if (item.rfind('#', 0) == 0) return "#" + std::to_string(place + 1);  // a table inside
       s << (i ? "+" : "") << item;
     }
-  } else s << "#" << place + 1;
+  } else
+    s << "#" << place + 1;
   return s.str();
 }
 
@@ -185,16 +190,17 @@ void apply(toml::table& run, const std::string& path, const toml::node& value, c
     } catch (const UserError&) {
       throw UserError(origin + ": '" + path + "': expected a boolean, number, string or list of numbers");
     }
-    if (section == "task") run.get("task")->as_table()->get("params")->as_table()->insert_or_assign(key, value);
-    else run.get("model")->as_table()->get("router_params")->as_table()->insert_or_assign(key, value);
+    if (section == "task")
+      run.get("task")->as_table()->get("params")->as_table()->insert_or_assign(key, value);
+    else
+      run.get("model")->as_table()->get("router_params")->as_table()->insert_or_assign(key, value);
   } else {
     const auto& keys = section == "model" ? model_keys() : train_keys();
     std::vector<std::string> known;
     for (const auto& k : keys) known.push_back(k.key);
     auto f = std::find_if(keys.begin(), keys.end(), [&](const KeyKind& k) { return key == k.key; });
     if (f == keys.end()) throw UserError(origin + ": '" + path + "': unknown key" + did_you_mean(key, known));
-    if (!has_kind(value, f->kind))
-      throw UserError(origin + ": '" + path + "': expected " + kind_name(f->kind));
+    if (!has_kind(value, f->kind)) throw UserError(origin + ": '" + path + "': expected " + kind_name(f->kind));
     run.get(section)->as_table()->insert_or_assign(key, value);
   }
 }
@@ -334,11 +340,13 @@ const toml::table& definition(const toml::table& root, const toml::node& name, c
   // `--table tasks.NAME`), and a '/' or a glob character in a run's name
   // (variant/task/seed=N, which --only matches) would split it or match by
   // accident.
-  if (n.empty() || n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
-                       std::string::npos)
+  if (n.empty() ||
+      n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
     fail_at(name, "matrix." + section,
-            std::string("a ") + what + " name takes letters, digits, '_' and '-' (it is part of key paths and of "
-            "run names), found '" + n + "'");
+            std::string("a ") + what +
+                " name takes letters, digits, '_' and '-' (it is part of key paths and of "
+                "run names), found '" +
+                n + "'");
   const toml::node* def = root.at_path(section + "." + n).node();
   if (!def || !def->is_table()) {
     std::vector<std::string> known;
@@ -350,15 +358,17 @@ const toml::table& definition(const toml::table& root, const toml::node& name, c
 
 // One variant on one task before sweeps, seeds and --set: defaults <-
 // [model]/[train] <- the variant <- the task's overrides.
-toml::table resolve_run(const toml::table& root, const Matrix& out, const std::string& variant,
-                        const toml::table& vt, const std::string& task, const toml::table& tt) {
+toml::table resolve_run(const toml::table& root, const Matrix& out, const std::string& variant, const toml::table& vt,
+                        const std::string& task, const toml::table& tt) {
   toml::table model = option_defaults(model_option_fields()), train = option_defaults(train_option_fields());
   merge_into(model, table_at(root, "model"));
   merge_into(train, table_at(root, "train"));
   for (const auto& [k, v] : vt)
     if (k.str() != "description" && k.str() != "model" && k.str() != "train") {
-      if (v.is_table()) merge_into(*model.get(k)->as_table(), *v.as_table());
-      else model.insert_or_assign(k, v);
+      if (v.is_table())
+        merge_into(*model.get(k)->as_table(), *v.as_table());
+      else
+        model.insert_or_assign(k, v);
     }
   merge_into(model, table_at(vt, "model"));
   merge_into(train, table_at(vt, "train"));
@@ -366,11 +376,12 @@ toml::table resolve_run(const toml::table& root, const Matrix& out, const std::s
   merge_into(train, table_at(tt, "train"));
   const TaskTable task_table = read_task_table(
       tt, task, "tasks." + task, [&](const toml::node& n) { return where(n, "tasks." + task + ".plugin"); });
-  return toml::table{{"matrix", out.name},
-                     {"variant", variant},
-                     {"task", toml::table{{"name", task}, {"plugin", task_table.plugin}, {"params", task_table.options}}},
-                     {"model", model},
-                     {"train", train}};
+  return toml::table{
+      {"matrix", out.name},
+      {"variant", variant},
+      {"task", toml::table{{"name", task}, {"plugin", task_table.plugin}, {"params", task_table.options}}},
+      {"model", model},
+      {"train", train}};
 }
 
 // Where a run's value of an option was set, as an error's prefix:
@@ -460,7 +471,7 @@ std::string located_key(const std::vector<toml::table>& files, const std::string
 }  // namespace
 
 struct MatrixSources {
-  std::vector<toml::table> files;  // as parsed, includes first
+  std::vector<toml::table> files;      // as parsed, includes first
   std::vector<std::string> set_paths;  // the keys of --set, which apply last
 };
 
@@ -508,9 +519,8 @@ void expand(const toml::table& base, const std::vector<SweepAxis>& axes, const s
       }
       for (const auto& [path, value] : sets) apply(run, path, *value.get("v"), "--set " + path);
       resolve_precision_of(run, options);
-      RunSpec spec = spec_of(run, vwhere, [&](const std::string& path) {
-        return value_origin(sources, variant, task, swept, path);
-      });
+      RunSpec spec = spec_of(
+          run, vwhere, [&](const std::string& path) { return value_origin(sources, variant, task, swept, path); });
       spec.sweep = std::move(sweep);
       spec.swept = std::move(swept);
       if (filter.keep(spec)) runs.push_back(std::move(spec));

@@ -9,8 +9,8 @@
 namespace chiar::engine {
 
 struct MatrixOptions {
-  std::vector<std::string> set;  // --set key=value: model.X, train.X, task.X, router.X
-  std::string only;              // glob on run names; empty = all
+  std::vector<std::string> set;          // --set key=value: model.X, train.X, task.X, router.X
+  std::string only;                      // glob on run names; empty = all
   int shard_index = 1, shard_count = 1;  // --shard K/N
   // --device, and whether the runs train in a data-parallel process group:
   // they decide what precision "auto" is (engine/device.h), and so the hash.
@@ -23,7 +23,7 @@ struct MatrixSources;  // the matrix's files as parsed, with source positions, a
 struct Matrix {
   std::string name;
   std::string file;
-  std::vector<RunSpec> runs;  // expansion order: variant, task, sweep point, seed
+  std::vector<RunSpec> runs;                 // expansion order: variant, task, sweep point, seed
   std::map<std::string, std::string> where;  // "variants.X" / "tasks.X" -> "file:line:column"
   std::shared_ptr<const MatrixSources> sources;
 

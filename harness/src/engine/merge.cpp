@@ -24,12 +24,12 @@ namespace {
 // checkpoint records stay with the store whose folder holds the files: a
 // run resumed through the merged store must not prune another store's files.
 const char* const kCopiedTables[] = {"metrics", "train_log", "flops", "flops_reference", "routing", "histograms"};
-const char* const kRunTables[] = {"metrics", "train_log", "flops", "flops_reference",
+const char* const kRunTables[] = {"metrics", "train_log",  "flops",      "flops_reference",
                                   "routing", "histograms", "checkpoints"};
 
 // One metric value as the store holds it, for comparing finished copies.
 struct MetricValue {
-  std::string key;  // "test best token_ppl @ step 40"
+  std::string key;    // "test best token_ppl @ step 40"
   std::string value;  // exact: hexadecimal float, or "NULL"
 };
 
@@ -66,7 +66,8 @@ std::vector<MetricValue> metrics_of(Database& db, int64_t id) {
 }
 
 std::vector<RunCopy> runs_of(Database& db, size_t store) {
-  auto q = db.prepare("SELECT id, hash, name, status, step, COALESCE(error, ''), COALESCE(diverged_step, -1) FROM runs");
+  auto q =
+      db.prepare("SELECT id, hash, name, status, step, COALESCE(error, ''), COALESCE(diverged_step, -1) FROM runs");
   std::vector<RunCopy> out;
   while (q.step()) {
     RunCopy r;
@@ -269,7 +270,8 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
     const auto d = store.sequential_design();
     if (!d) return;
     if (design && !same_design(*design, *d))
-      throw UserError("conflict: " + design_from + " and " + name + " hold different sequential designs; nothing "
+      throw UserError("conflict: " + design_from + " and " + name +
+                      " hold different sequential designs; nothing "
                       "written");
     design = d;
     design_from = name;
@@ -343,8 +345,7 @@ StoreView::StoreView(const std::vector<std::string>& paths) {
   const fs::path base = fs::temp_directory_path() / "chiar-view-XXXXXX";
   std::string pattern = base.string();
   if (!mkdtemp(pattern.data()))
-    throw EnvironmentError(base.parent_path().string() + ": cannot create a temporary folder: " +
-                           std::strerror(errno));
+    throw EnvironmentError(base.parent_path().string() + ": cannot create a temporary folder: " + std::strerror(errno));
   temp_dir_ = pattern;
   db_ = temp_dir_ + "/merged.db";
   try {

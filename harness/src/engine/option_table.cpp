@@ -5,7 +5,6 @@
 #include "engine/device.h"
 #include "engine/matrix.h"
 
-
 namespace chiar::engine {
 namespace {
 
@@ -106,8 +105,7 @@ template <>
 struct Codec<NormPlacement> : NamedCodec<NormPlacement, to_string, norm_placement_from_string> {};
 
 template <class O, class T>
-OptionField<O> field(const char* key, T O::*member, const char* doc,
-                     std::function<std::string(const T&)> check = {}) {
+OptionField<O> field(const char* key, T O::*member, const char* doc, std::function<std::string(const T&)> check = {}) {
   OptionField<O> f;
   f.key = key;
   f.kind = Codec<T>::kind;

@@ -76,8 +76,8 @@ toml::table option_defaults(const std::vector<OptionField<Options>>& fields) {
 // Options from a resolved table, which holds every field's key with a value of
 // its kind. `section` ("model", "train") prefixes the key paths of errors.
 template <class Options>
-Options read_options(const toml::table& t, const std::vector<OptionField<Options>>& fields,
-                     const std::string& section, const Locate& where, Options o = {}) {
+Options read_options(const toml::table& t, const std::vector<OptionField<Options>>& fields, const std::string& section,
+                     const Locate& where, Options o = {}) {
   for (const auto& f : fields) f.read(o, *t.get(f.key), section + "." + f.key, where);
   return o;
 }

@@ -32,7 +32,7 @@ struct TrainOptions {
   int64_t threads = 0;
   int64_t log_every = 10;
   std::string precision = "auto";  // engine/device.h: bf16 on a GPU, fp32 on the CPU
-  std::string device = "auto";  // engine/device.h; recorded, not hashed
+  std::string device = "auto";     // engine/device.h; recorded, not hashed
   double fail_loss_above = 0;
 };
 
@@ -41,13 +41,13 @@ struct RunSpec {
   int64_t seed = 0;
   std::vector<std::pair<std::string, std::string>> sweep;  // axis, value
   std::vector<std::string> swept;  // the option paths the sweep axes set ("train.lr"): where values came from
-  ModelOptions model;     // vocabulary, head and classes come from the task at run time
+  ModelOptions model;              // vocabulary, head and classes come from the task at run time
   TaskConfig task_config;
   TrainOptions train;
-  std::string canonical;  // the resolved spec as JSON, keys sorted
+  std::string canonical;      // the resolved spec as JSON, keys sorted
   std::string resolved_toml;  // the same spec as TOML, readable back by run_spec_from_toml
-  std::string hash;       // 16 hex digits of FNV-1a over canonical
-  std::string task_family;  // the task table's "family" (metadata, outside the hash)
+  std::string hash;           // 16 hex digits of FNV-1a over canonical
+  std::string task_family;    // the task table's "family" (metadata, outside the hash)
 
   // "variant/task/seed=S" plus ",axis=value" per sweep axis.
   std::string name() const;

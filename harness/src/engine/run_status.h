@@ -18,8 +18,6 @@ RunStatus run_status_from_string(const std::string& text);
 
 // Finished for good: a later `chiar run` skips it. An interrupted run is not:
 // it resumes from its checkpoint.
-inline bool is_final(RunStatus s) {
-  return s == RunStatus::Done || s == RunStatus::Failed || s == RunStatus::Diverged;
-}
+inline bool is_final(RunStatus s) { return s == RunStatus::Done || s == RunStatus::Failed || s == RunStatus::Diverged; }
 
 }  // namespace chiar::engine

@@ -60,7 +60,8 @@ bool skipped_as_finished(RunStatus status, bool retry_failed) {
 int list_runs(const Matrix& matrix, const std::string& db, bool retry_failed) {
   // Read-only: a dry run neither creates nor migrates the store.
   const std::map<std::string, RunStatus> status = read_stored_runs(db).status;
-  std::cout << matrix.runs.size() << " runs in matrix '" << matrix.name << "' (" << matrix.file << "), store " << db << "\n";
+  std::cout << matrix.runs.size() << " runs in matrix '" << matrix.name << "' (" << matrix.file << "), store " << db
+            << "\n";
   for (const auto& r : matrix.runs) {
     auto it = status.find(r.hash);
     const std::string s = it == status.end() ? "new" : to_string(it->second);
@@ -117,28 +118,27 @@ Tasks load_tasks_and_check_models(const Matrix& matrix, const PluginRegistry& re
       }
     }
     if (!probed.emplace(key, model_key(r)).second) continue;
-    const std::string at = matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "' on task '" +
-                           r.task + "'";
+    const std::string at =
+        matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "' on task '" + r.task + "'";
     try {
       ChiarModel probe(registry, model_options_for(r, *tasks[key]));
     } catch (const UserError& e) {
       throw UserError(at + ": " + e.what());
     } catch (const std::exception& e) {
       if (!is_out_of_memory(e)) throw;
-      throw EnvironmentError(at + ": out of memory building the model on the CPU, before any run: " +
-                             out_of_memory_message(e));
+      throw EnvironmentError(
+          at + ": out of memory building the model on the CPU, before any run: " + out_of_memory_message(e));
     }
   }
   return tasks;
 }
 
 // Starts the failed runs among `runs` again and names them (retry_failed_runs).
-size_t restart_failed(Store& store, const std::vector<RunSpec>& runs, const std::string& db,
-                      std::ostream& report) {
+size_t restart_failed(Store& store, const std::vector<RunSpec>& runs, const std::string& db, std::ostream& report) {
   const std::vector<std::string> names = store.restart_failed(runs);
   if (names.empty()) return 0;
   report << "retrying " << names.size() << " failed " << (names.size() == 1 ? "run" : "runs")
-            << " from the start (their records in " << db << " are replaced):";
+         << " from the start (their records in " << db << " are replaced):";
   for (const auto& name : names) report << " " << name;
   report << "\n";
   return names.size();
@@ -167,15 +167,15 @@ struct Session {
   const PluginRegistry& registry;
   const Tasks& tasks;
   Store& store;
-  Provenance prov;          // threads, allocator and gemm set per run
+  Provenance prov;             // threads, allocator and gemm set per run
   const RuntimeInfo& runtime;  // this process's threads (when a run sets none) and product library
-  int threads;              // RunnerOptions::threads
-  bool sole_writer;         // RunnerOptions::sole_writer
-  ProcessGroup* group;      // a data-parallel run's ranks (this is rank 0); null for one process
-  std::string device;       // RunnerOptions::device
-  std::string checkpoints;  // <db>.checkpoints
+  int threads;                 // RunnerOptions::threads
+  bool sole_writer;            // RunnerOptions::sole_writer
+  ProcessGroup* group;         // a data-parallel run's ranks (this is rank 0); null for one process
+  std::string device;          // RunnerOptions::device
+  std::string checkpoints;     // <db>.checkpoints
   bool tty;
-  size_t total;             // runs in the matrix
+  size_t total;  // runs in the matrix
 
   const Task& task_of(const RunSpec& spec) const { return *tasks.at(task_key(spec.task_config)); }
 };
@@ -216,8 +216,8 @@ void discard_stale_checkpoints(const std::string& run_checkpoints, const std::st
     if (!fs::remove(file, ec) && ec)
       throw EnvironmentError(file.string() + ": cannot remove a stale checkpoint: " + ec.message());
   if (!stale.empty())
-    std::cout << tag << ": discarded checkpoints in " << run_checkpoints
-              << " that this database has no record of\n" << std::flush;
+    std::cout << tag << ": discarded checkpoints in " << run_checkpoints << " that this database has no record of\n"
+              << std::flush;
 }
 
 // Step, loss, tokens/s and ETA: one line rewritten in place on a terminal,
@@ -231,8 +231,8 @@ std::function<void(int64_t, double, double)> progress_printer(const std::string&
     if (first < 0) first = step - 1;
     const double eta = elapsed / static_cast<double>(step - first) * static_cast<double>(steps - step);
     std::ostringstream line;
-    line << tag << "  step " << step << "/" << steps << "  loss " << std::fixed << std::setprecision(4) << loss
-         << "  " << std::setprecision(0) << tps << " tok/s  ETA " << format_eta(eta);
+    line << tag << "  step " << step << "/" << steps << "  loss " << std::fixed << std::setprecision(4) << loss << "  "
+         << std::setprecision(0) << tps << " tok/s  ETA " << format_eta(eta);
     if (tty) {
       std::cout << "\r" << line.str() << "\033[K" << std::flush;
     } else if (step - last_print >= log_every || step == steps) {
@@ -302,8 +302,14 @@ RunEnd record_out_of_memory(Session& s, const RunSpec& spec, const std::string& 
 // the CLI to report (exit status 3), and memory running out, recorded as
 // interrupted too (record_out_of_memory).
 RunEnd train_and_record(Session& s, const RunSpec& spec, const std::string& tag, const std::string& run_checkpoints) {
-  TrainContext ctx{s.registry, s.task_of(spec), &s.store, run_checkpoints, &stop_requested(),
-                   progress_printer(tag, spec.train, s.tty), tag, s.group};
+  TrainContext ctx{s.registry,
+                   s.task_of(spec),
+                   &s.store,
+                   run_checkpoints,
+                   &stop_requested(),
+                   progress_printer(tag, spec.train, s.tty),
+                   tag,
+                   s.group};
   ctx.device = spec.train.device;
   TrainResult result;
   try {
@@ -342,12 +348,15 @@ RunEnd claim_and_train(Session& s, const RunSpec& run, int64_t index) {
   // The other ranks train exactly the runs rank 0 claims, on its library.
   if (s.group) s.group->broadcast_string(claim == ClaimOutcome::Claimed ? kTrain : kSkip);
   if (claim != ClaimOutcome::Claimed) {
-    std::cout << tag << ": " << (claim == ClaimOutcome::Done ? "finished before, skipped" : "running in another process, skipped") << "\n";
+    std::cout << tag << ": "
+              << (claim == ClaimOutcome::Done ? "finished before, skipped" : "running in another process, skipped")
+              << "\n";
     return RunEnd::Skipped;
   }
   if (s.group) s.group->broadcast_string(gemm.library);
   std::cout << tag << (resumed ? ": resuming" : ": starting") << " (" << spec.hash << ")"
-            << (gemm.note.empty() ? "" : "; " + gemm.note) << "\n" << std::flush;
+            << (gemm.note.empty() ? "" : "; " + gemm.note) << "\n"
+            << std::flush;
   const std::string run_checkpoints = s.checkpoints + "/" + spec.hash;
   if (!resumed) discard_stale_checkpoints(run_checkpoints, tag);
   return train_and_record(s, spec, tag, run_checkpoints);
@@ -445,9 +454,18 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
 
   StopSignals signals;
   // Checkpoints belong to their database: <db>.checkpoints/<run hash>/.
-  Session session{registry, tasks, store, std::move(prov), runtime, options.threads, options.sole_writer,
-                  group.get(), options.device, boost::filesystem::absolute(db).string() + ".checkpoints",
-                  isatty(STDOUT_FILENO) != 0, matrix.runs.size()};
+  Session session{registry,
+                  tasks,
+                  store,
+                  std::move(prov),
+                  runtime,
+                  options.threads,
+                  options.sole_writer,
+                  group.get(),
+                  options.device,
+                  boost::filesystem::absolute(db).string() + ".checkpoints",
+                  isatty(STDOUT_FILENO) != 0,
+                  matrix.runs.size()};
   try {
     const int status = run_claimed(session, matrix, db);
     if (group) {
@@ -467,9 +485,9 @@ size_t retry_failed_runs(const Matrix& matrix, const std::string& db, std::ostre
 }
 
 std::vector<ResultColumn> result_columns() {
-  return {{"run", false},         {"status", false},      {"metric", false},     {"value", true},
-          {"attn_gflops", true},  {"total_gflops", true}, {"train_tok_s", true}, {"eval_tok_s", true},
-          {"params", true},       {"overhead_%", true},   {"commit", false},     {"clean_tree", true}};
+  return {{"run", false},        {"status", false},      {"metric", false},     {"value", true},
+          {"attn_gflops", true}, {"total_gflops", true}, {"train_tok_s", true}, {"eval_tok_s", true},
+          {"params", true},      {"overhead_%", true},   {"commit", false},     {"clean_tree", true}};
 }
 
 namespace {
@@ -516,10 +534,14 @@ std::vector<ResultRow> read_results(const std::string& db, const std::set<std::s
         continue;
       }
       std::ostringstream s;
-      if (c >= 3 && c <= 5) s << std::setprecision(5) << q.real(c);
-      else if (c == 6 || c == 7) s << std::fixed << std::setprecision(0) << q.real(c);
-      else if (c == 9) s << std::fixed << std::setprecision(2) << q.real(c);
-      else s << q.text(c);
+      if (c >= 3 && c <= 5)
+        s << std::setprecision(5) << q.real(c);
+      else if (c == 6 || c == 7)
+        s << std::fixed << std::setprecision(0) << q.real(c);
+      else if (c == 9)
+        s << std::fixed << std::setprecision(2) << q.real(c);
+      else
+        s << q.text(c);
       row.cells.push_back(s.str());
     }
     rows.push_back(std::move(row));

@@ -10,11 +10,11 @@
 namespace chiar::engine {
 
 struct RunnerOptions {
-  std::string db;         // the store; default results/<matrix>.db
-  std::string data_root;  // relative data paths start here
-  std::string cache_dir;  // tokenisers, archives
-  bool dry_run = false;   // print the runs and what would be skipped; run nothing
-  int threads = 0;        // overrides train.threads when > 0
+  std::string db;             // the store; default results/<matrix>.db
+  std::string data_root;      // relative data paths start here
+  std::string cache_dir;      // tokenisers, archives
+  bool dry_run = false;       // print the runs and what would be skipped; run nothing
+  int threads = 0;            // overrides train.threads when > 0
   std::string gemm = "auto";  // the library behind the model's products (configure_gemm)
   // No other process writes the store (each Slurm array task has its own):
   // a run left 'running' is resumed at once, not after its heartbeat ages.

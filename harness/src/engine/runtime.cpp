@@ -25,12 +25,11 @@
 #include "chiar_build_info.h"
 #include "engine/stop_signals.h"
 
-
 namespace chiar {
 
 namespace {
 std::string g_allocator = "glibc default";
-std::string g_gemm_choice, g_gemm;  // the last configure_gemm() request and its answer
+std::string g_gemm_choice, g_gemm;               // the last configure_gemm() request and its answer
 GemmBackend g_gemm_backend = GemmBackend::Blas;  // ... and the library it chose
 
 // GFLOP/s of a product of the model's shape, (2048, 256) x (256, 1024): the
@@ -85,9 +84,8 @@ bool has_flag(const std::vector<std::string>& flags, const char* flag) {
 // one target).
 bool pre_avx2_core(const std::string& core) {
   static const std::vector<std::string> old = {
-      "katmai",  "coppermine", "northwood", "prescott", "banias",   "atom",        "core2",
-      "penryn",  "dunnington", "nehalem",   "athlon",   "opteron",  "opteron_sse3", "barcelona",
-      "nano",    "bobcat",     "sandybridge", "bulldozer"};
+      "katmai",  "coppermine", "northwood", "prescott",     "banias",    "atom", "core2",  "penryn",      "dunnington",
+      "nehalem", "athlon",     "opteron",   "opteron_sse3", "barcelona", "nano", "bobcat", "sandybridge", "bulldozer"};
   return std::find(old.begin(), old.end(), lower(core)) != old.end();
 }
 
@@ -167,7 +165,8 @@ RunGemm gemm_for_run(const RuntimeInfo& process, const std::string& began_record
   if ((began != "blas" && began != "onednn") || began == mine)
     return {mine, began == mine && process.gemm_timed ? began_record : process.gemm + history, ""};
   if (process.gemm_timed && (began == "blas" || onednn_built))
-    return {began, began_record, "keeps " + began + ", the library it began on (this process timed " + mine + " faster)"};
+    return {began, began_record,
+            "keeps " + began + ", the library it began on (this process timed " + mine + " faster)"};
   const std::string why = process.gemm_timed ? "this build has no oneDNN" : "as asked";
   return {mine, process.gemm + history + "; switched from " + began + " at resumption",
           "resumes on " + mine + " (" + why + "); it began on " + began +
@@ -341,9 +340,10 @@ RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm) {
 std::string describe(const RuntimeInfo& info) {
   std::ostringstream out;
   out.precision(1);
-  out << std::fixed << "libtorch " << info.torch_version << " (" << info.build_type << "), "
-      << info.threads << " threads, GEMM " << info.gemm_size << "^3 fp32 " << info.gemm_gflops
-      << " GFLOP/s (on the BLAS " << info.blas_gflops << "), products: " << info.gemm << ", BLAS " << info.blas << ", allocator: " << info.allocator;
+  out << std::fixed << "libtorch " << info.torch_version << " (" << info.build_type << "), " << info.threads
+      << " threads, GEMM " << info.gemm_size << "^3 fp32 " << info.gemm_gflops << " GFLOP/s (on the BLAS "
+      << info.blas_gflops << "), products: " << info.gemm << ", BLAS " << info.blas
+      << ", allocator: " << info.allocator;
   if (const std::string warning = blas_warning(info); !warning.empty()) out << "\n" << warning;
   return out.str();
 }

@@ -7,7 +7,6 @@
 
 #include "chiar/linear.h"
 
-
 namespace chiar {
 
 // Below this a 512x512 fp32 GEMM is slow enough to warn about: the reference
@@ -17,29 +16,29 @@ constexpr double kSlowGemmGflops = 20.0;
 
 // What every run records about the machine it ran on.
 struct RuntimeInfo {
-  int threads = 0;           // intra-op threads in force
-  std::string blas;          // the BLAS library libtorch's GEMM resolved to, with its config
-  std::string blas_core;     // the kernels OpenBLAS chose (openblas_get_corename), "" for another BLAS
-  double gemm_gflops = 0;    // median fp32 GEMM rate of the library the model's products use
-  int64_t gemm_size = 0;     // n of the n x n x n GEMM measured
-  std::string torch_version; // libtorch the core was built against
-  std::string build_type;    // CMAKE_BUILD_TYPE of the core
+  int threads = 0;            // intra-op threads in force
+  std::string blas;           // the BLAS library libtorch's GEMM resolved to, with its config
+  std::string blas_core;      // the kernels OpenBLAS chose (openblas_get_corename), "" for another BLAS
+  double gemm_gflops = 0;     // median fp32 GEMM rate of the library the model's products use
+  int64_t gemm_size = 0;      // n of the n x n x n GEMM measured
+  std::string torch_version;  // libtorch the core was built against
+  std::string build_type;     // CMAKE_BUILD_TYPE of the core
   std::string host;
   std::string cpu;
   std::vector<std::string> cpu_flags;  // the first processor's "flags" in /proc/cpuinfo
-  std::string allocator;     // what configure_allocator() set
-  std::string gemm;          // what configure_gemm() chose, and why
-  std::string gemm_library;  // ... its name: "blas" | "onednn"
-  bool gemm_timed = false;   // ... chosen by timing both ("auto"), rather than as asked
-  double blas_gflops = 0;    // the same GEMM through libtorch's BLAS, for comparison
-  double onednn_gflops = 0;  // ... and through oneDNN (0 when this build has none)
+  std::string allocator;               // what configure_allocator() set
+  std::string gemm;                    // what configure_gemm() chose, and why
+  std::string gemm_library;            // ... its name: "blas" | "onednn"
+  bool gemm_timed = false;             // ... chosen by timing both ("auto"), rather than as asked
+  double blas_gflops = 0;              // the same GEMM through libtorch's BLAS, for comparison
+  double onednn_gflops = 0;            // ... and through oneDNN (0 when this build has none)
 };
 
 // Rough bytes a training step keeps alive for backward: per token and layer
 // about 16 d floats of mixing, residual and norms plus 3 of the FFN's m-wide
 // ones, plus 3 vocabulary-wide ones per token for a language-model head.
-int64_t estimate_activation_bytes(int64_t batch, int64_t seq, int64_t d_model, int64_t layers,
-                                            int64_t ffn_width, int64_t lm_vocab);
+int64_t estimate_activation_bytes(int64_t batch, int64_t seq, int64_t d_model, int64_t layers, int64_t ffn_width,
+                                  int64_t lm_vocab);
 
 // Sets glibc's treatment of large blocks for a run whose training step keeps
 // about expected_bytes alive (0: small), and returns a description for the

@@ -18,14 +18,14 @@ struct SlurmOptions {
 };
 
 struct SlurmJob {
-  std::string name;    // the matrix's name: the job is chiar-<name>
-  std::string chiar;   // the chiar binary, absolute
-  std::string matrix;  // the matrix file, absolute
-  std::string dir;     // shard stores and logs/, absolute
-  std::string workdir; // where each task starts, absolute
-  std::string data_root, cache_dir;  // absolute
-  std::vector<std::string> set;      // --set key=value passed to every task
-  std::string only;                  // --only glob passed to every task
+  std::string name;                    // the matrix's name: the job is chiar-<name>
+  std::string chiar;                   // the chiar binary, absolute
+  std::string matrix;                  // the matrix file, absolute
+  std::string dir;                     // shard stores and logs/, absolute
+  std::string workdir;                 // where each task starts, absolute
+  std::string data_root, cache_dir;    // absolute
+  std::vector<std::string> set;        // --set key=value passed to every task
+  std::string only;                    // --only glob passed to every task
   std::vector<std::string> task_args;  // further arguments of every task's `chiar run`, each quoted
   SlurmOptions options;
 };

@@ -46,8 +46,7 @@ std::string split_punctuation(const std::string& text) {
   return out;
 }
 
-SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir, int valid_from,
-                         int test_from) {
+SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir, int valid_from, int test_from) {
   boost::system::error_code ec;
   if (!fs::is_directory(from_dir, ec)) throw UserError("sotu: folder '" + from_dir + "' does not exist");
   if (!(valid_from <= test_from)) throw UserError("sotu: valid_from must not be after test_from");

@@ -2,7 +2,6 @@
 #include <cstdint>
 #include <string>
 
-
 namespace chiar {
 
 // Splits punctuation off words so a whitespace word-level tokeniser sees it as
@@ -20,7 +19,7 @@ struct SotuSummary {
 // WikiText layout: sotu.{train,valid,test}.tokens (punctuation split) and
 // .raw (original text), one speech per line, in year order. Speeches before
 // valid_from train, before test_from validate, the rest test.
-SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir,
-                                   int valid_from = 1981, int test_from = 2001);
+SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir, int valid_from = 1981,
+                         int test_from = 2001);
 
 }  // namespace chiar

@@ -27,10 +27,8 @@ bool is_environment_failure(int rc) {
     case SQLITE_IOERR:
     case SQLITE_READONLY:
     case SQLITE_CANTOPEN:
-    case SQLITE_NOMEM:
-      return true;
-    default:
-      return false;
+    case SQLITE_NOMEM: return true;
+    default: return false;
   }
 }
 
@@ -42,7 +40,8 @@ bool is_environment_failure(int rc) {
   // SQLite keeps the errno of the failing system call only for I/O and open
   // errors; elsewhere it may be stale, so it is not shown.
   const int primary = rc & 0xff;
-  if (os_errno == 0 && db && (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN)) os_errno = sqlite3_system_errno(db);
+  if (os_errno == 0 && db && (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN))
+    os_errno = sqlite3_system_errno(db);
   if (os_errno != 0) cause += std::string(" (") + std::strerror(os_errno) + ")";
   throw EnvironmentError(file + ": " + doing + ": " + cause);
 }

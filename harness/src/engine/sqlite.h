@@ -12,7 +12,6 @@
 
 #include "failpoint.h"
 
-
 namespace chiar::engine {
 
 class Statement {

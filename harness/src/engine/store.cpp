@@ -327,8 +327,16 @@ void Store::save_sequential_design_in_transaction(const SequentialDesignRecord& 
     db_.prepare(
            "INSERT INTO sequential_design(id, claims, baseline, max_seeds, rounds, tests, alpha, seeds, boundaries, "
            "nominal_p, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-        .bind(1, d.claims).bind(2, d.baseline).bind(3, d.max_seeds).bind(4, d.rounds).bind(5, d.tests)
-        .bind(6, d.alpha).bind(7, d.seeds).bind(8, d.boundaries).bind(9, d.nominal_p).bind(10, now_iso())
+        .bind(1, d.claims)
+        .bind(2, d.baseline)
+        .bind(3, d.max_seeds)
+        .bind(4, d.rounds)
+        .bind(5, d.tests)
+        .bind(6, d.alpha)
+        .bind(7, d.seeds)
+        .bind(8, d.boundaries)
+        .bind(9, d.nominal_p)
+        .bind(10, now_iso())
         .run();
   }
 }
@@ -399,8 +407,16 @@ void Store::insert_runs(const std::vector<RunSpec>& runs) {
       "ON CONFLICT(hash) DO UPDATE SET task_family = COALESCE(excluded.task_family, task_family)");
   const std::string now = now_iso();
   for (const auto& r : runs) {
-    insert.bind(1, r.hash).bind(2, r.name()).bind(3, r.matrix).bind(4, r.variant).bind(5, r.task)
-        .bind(6, r.seed).bind(7, r.canonical).bind(8, r.resolved_toml).bind(9, now).bind(10, r.task_family);
+    insert.bind(1, r.hash)
+        .bind(2, r.name())
+        .bind(3, r.matrix)
+        .bind(4, r.variant)
+        .bind(5, r.task)
+        .bind(6, r.seed)
+        .bind(7, r.canonical)
+        .bind(8, r.resolved_toml)
+        .bind(9, now)
+        .bind(10, r.task_family);
     insert.run();
     insert.reset();
   }
@@ -421,8 +437,8 @@ std::vector<std::string> Store::restart_failed(const std::vector<RunSpec>& runs)
       const int64_t id = was_failed ? failed.integer(0) : -1;
       failed.reset();
       if (!was_failed) continue;
-      for (const char* table : {"metrics", "train_log", "flops", "flops_reference", "routing", "histograms",
-                                "checkpoints"})
+      for (const char* table :
+           {"metrics", "train_log", "flops", "flops_reference", "routing", "histograms", "checkpoints"})
         db_.prepare(std::string("DELETE FROM ") + table + " WHERE run_id = ?").bind(1, id).run();
       db_.prepare("DELETE FROM runs WHERE id = ?").bind(1, id).run();
       failed_runs.push_back(r);
@@ -456,10 +472,23 @@ ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed
            "started_at = COALESCE(started_at, ?), git_commit = ?, git_dirty = ?, torch_version = ?, "
            "blas = ?, gemm_gflops = ?, threads = ?, device = ?, cpu = ?, build_type = ?, allocator = ?, "
            "gemm = ?, processes = ? WHERE hash = ?")
-        .bind(1, p.host).bind(2, p.pid).bind(3, now_seconds()).bind(4, now_iso()).bind(5, p.git_commit)
-        .bind(6, int64_t{p.git_dirty}).bind(7, p.torch_version).bind(8, p.blas).bind(9, p.gemm_gflops)
-        .bind(10, int64_t{p.threads}).bind(11, p.device).bind(12, p.cpu).bind(13, p.build_type)
-        .bind(14, p.allocator).bind(15, p.gemm).bind(16, int64_t{p.processes}).bind(17, run.hash)
+        .bind(1, p.host)
+        .bind(2, p.pid)
+        .bind(3, now_seconds())
+        .bind(4, now_iso())
+        .bind(5, p.git_commit)
+        .bind(6, int64_t{p.git_dirty})
+        .bind(7, p.torch_version)
+        .bind(8, p.blas)
+        .bind(9, p.gemm_gflops)
+        .bind(10, int64_t{p.threads})
+        .bind(11, p.device)
+        .bind(12, p.cpu)
+        .bind(13, p.build_type)
+        .bind(14, p.allocator)
+        .bind(15, p.gemm)
+        .bind(16, int64_t{p.processes})
+        .bind(17, run.hash)
         .run();
     result = ClaimOutcome::Claimed;
   });
@@ -469,12 +498,15 @@ ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed
 void Store::heartbeat(const std::string& hash, int64_t step) {
   db_.transaction([&] {
     db_.prepare("UPDATE runs SET heartbeat = ?, step = ? WHERE hash = ?")
-        .bind(1, now_seconds()).bind(2, step).bind(3, hash).run();
+        .bind(1, now_seconds())
+        .bind(2, step)
+        .bind(3, hash)
+        .run();
   });
 }
 
-void Store::finish(const std::string& hash, RunStatus status, const std::string& error,
-                   int64_t diverged_step, const RunSummary& s) {
+void Store::finish(const std::string& hash, RunStatus status, const std::string& error, int64_t diverged_step,
+                   const RunSummary& s) {
   db_.transaction([&] {
     auto u = db_.prepare(
         "UPDATE runs SET status = ?, error = ?, diverged_step = ?, finished_at = ?, params = ?, "
@@ -484,12 +516,26 @@ void Store::finish(const std::string& hash, RunStatus status, const std::string&
         "overhead = COALESCE(?, overhead), peak_gpu_allocated_mb = COALESCE(?, peak_gpu_allocated_mb), "
         "peak_gpu_reserved_mb = COALESCE(?, peak_gpu_reserved_mb) WHERE hash = ?");
     u.bind(1, to_string(status));
-    if (error.empty()) u.bind_null(2); else u.bind(2, error);
-    if (diverged_step < 0) u.bind_null(3); else u.bind(3, diverged_step);
-    u.bind(4, now_iso()).bind(5, s.params).bind(6, s.train_seconds).bind(8, s.eval_tokens_per_s).bind(11, s.tau)
-        .bind(12, s.calibration).bind(17, hash);
+    if (error.empty())
+      u.bind_null(2);
+    else
+      u.bind(2, error);
+    if (diverged_step < 0)
+      u.bind_null(3);
+    else
+      u.bind(3, diverged_step);
+    u.bind(4, now_iso())
+        .bind(5, s.params)
+        .bind(6, s.train_seconds)
+        .bind(8, s.eval_tokens_per_s)
+        .bind(11, s.tau)
+        .bind(12, s.calibration)
+        .bind(17, hash);
     if (s.trained_steps) {
-      u.bind(7, s.train_tokens_per_s).bind(9, s.step_ms).bind(10, s.peak_rss_mb).bind(13, s.overhead_fraction)
+      u.bind(7, s.train_tokens_per_s)
+          .bind(9, s.step_ms)
+          .bind(10, s.peak_rss_mb)
+          .bind(13, s.overhead_fraction)
           .bind(14, s.overhead);
     } else {
       for (int column : {7, 9, 10, 13, 14}) u.bind_null(column);
@@ -511,7 +557,8 @@ RunStatus Store::status(const std::string& hash) {
 }
 
 std::string Store::recorded_gemm(const std::string& hash) {
-  auto q = db_.prepare("SELECT gemm FROM runs WHERE hash = ? AND status IN ('running', 'interrupted') AND gemm IS NOT NULL");
+  auto q =
+      db_.prepare("SELECT gemm FROM runs WHERE hash = ? AND status IN ('running', 'interrupted') AND gemm IS NOT NULL");
   q.bind(1, hash);
   return q.step() ? q.text(0) : "";
 }
@@ -529,8 +576,8 @@ const char* to_string(RunStatus s) {
 }
 
 RunStatus run_status_from_string(const std::string& text) {
-  for (RunStatus s : {RunStatus::Pending, RunStatus::Running, RunStatus::Done, RunStatus::Failed,
-                      RunStatus::Diverged, RunStatus::Interrupted})
+  for (RunStatus s : {RunStatus::Pending, RunStatus::Running, RunStatus::Done, RunStatus::Failed, RunStatus::Diverged,
+                      RunStatus::Interrupted})
     if (text == to_string(s)) return s;
   throw std::logic_error("runs.status holds '" + text + "', which the store's CHECK constraint forbids");
 }
@@ -542,8 +589,8 @@ int64_t Store::run_id(const std::string& hash) {
   return q.integer(0);
 }
 
-void Store::add_metrics(const std::string& hash, int64_t step, const std::string& split,
-                        const std::string& checkpoint, const std::map<std::string, double>& values) {
+void Store::add_metrics(const std::string& hash, int64_t step, const std::string& split, const std::string& checkpoint,
+                        const std::map<std::string, double>& values) {
   const int64_t id = run_id(hash);
   db_.transaction([&] {
     auto ins = db_.prepare("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?, ?, ?)");
@@ -559,7 +606,12 @@ void Store::add_train_log(const std::string& hash, int64_t step, double loss, do
   const int64_t id = run_id(hash);
   db_.transaction([&] {
     db_.prepare("INSERT OR REPLACE INTO train_log VALUES (?, ?, ?, ?, ?)")
-        .bind(1, id).bind(2, step).bind(3, loss).bind(4, lr).bind(5, tps).run();
+        .bind(1, id)
+        .bind(2, step)
+        .bind(3, loss)
+        .bind(4, lr)
+        .bind(5, tps)
+        .run();
   });
 }
 
@@ -569,13 +621,23 @@ void Store::add_flops(const std::string& hash, int64_t step, const std::vector<F
   db_.transaction([&] {
     auto ins = db_.prepare("INSERT OR REPLACE INTO flops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
     for (const auto& r : rows) {
-      ins.bind(1, id).bind(2, step).bind(3, r.layer).bind(4, r.op).bind(5, r.tokens).bind(6, r.fwd_executed)
-          .bind(7, r.fwd_sparse).bind(8, r.train_executed).bind(9, r.train_sparse);
+      ins.bind(1, id)
+          .bind(2, step)
+          .bind(3, r.layer)
+          .bind(4, r.op)
+          .bind(5, r.tokens)
+          .bind(6, r.fwd_executed)
+          .bind(7, r.fwd_sparse)
+          .bind(8, r.train_executed)
+          .bind(9, r.train_sparse);
       ins.run();
       ins.reset();
     }
     db_.prepare("INSERT OR REPLACE INTO flops_reference VALUES (?, ?, ?)")
-        .bind(1, id).bind(2, step).bind(3, reference_attention_fwd).run();
+        .bind(1, id)
+        .bind(2, step)
+        .bind(3, reference_attention_fwd)
+        .run();
   });
 }
 
@@ -593,8 +655,13 @@ void Store::add_routing(const std::string& hash, int64_t step, int64_t layer,
     auto hist = db_.prepare("INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?, ?, ?)");
     const double width = 1.0 / static_cast<double>(histogram.size());
     for (size_t b = 0; b < histogram.size(); ++b) {
-      hist.bind(1, id).bind(2, step).bind(3, layer).bind(4, static_cast<int64_t>(b))
-          .bind(5, width * static_cast<double>(b)).bind(6, width * static_cast<double>(b + 1)).bind(7, histogram[b]);
+      hist.bind(1, id)
+          .bind(2, step)
+          .bind(3, layer)
+          .bind(4, static_cast<int64_t>(b))
+          .bind(5, width * static_cast<double>(b))
+          .bind(6, width * static_cast<double>(b + 1))
+          .bind(7, histogram[b]);
       hist.run();
       hist.reset();
     }
@@ -605,8 +672,14 @@ void Store::record_checkpoint(const std::string& hash, const CheckpointRecord& c
   const int64_t id = run_id(hash);
   db_.transaction([&] {
     db_.prepare("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)")
-        .bind(1, id).bind(2, c.kind).bind(3, c.step).bind(4, c.file).bind(5, c.bytes).bind(6, c.checksum)
-        .bind(7, now_iso()).run();
+        .bind(1, id)
+        .bind(2, c.kind)
+        .bind(3, c.step)
+        .bind(4, c.file)
+        .bind(5, c.bytes)
+        .bind(6, c.checksum)
+        .bind(7, now_iso())
+        .run();
   });
 }
 
@@ -624,7 +697,10 @@ void Store::forget_checkpoint(const std::string& hash, const std::string& kind, 
   const int64_t id = run_id(hash);
   db_.transaction([&] {
     db_.prepare("DELETE FROM checkpoints WHERE run_id = ? AND kind = ? AND step = ?")
-        .bind(1, id).bind(2, kind).bind(3, step).run();
+        .bind(1, id)
+        .bind(2, kind)
+        .bind(3, step)
+        .run();
   });
 }
 

@@ -36,7 +36,7 @@ enum class StoreAccess {
 
 struct Provenance {
   std::string git_commit;  // the commit the binary was built from (engine/build_commit.h)
-  bool git_dirty = false;   // built with tracked files differing from it
+  bool git_dirty = false;  // built with tracked files differing from it
   std::string torch_version, blas, device, host, cpu, build_type, allocator;
   std::string gemm;  // the library behind the model's products, and why (configure_gemm)
   double gemm_gflops = 0;
@@ -74,9 +74,9 @@ struct RunSummary {
 struct FlopRow {
   int64_t layer = 0;
   std::string op;
-  double tokens = 0;        // tokens routed to op per sequence
-  double fwd_executed = 0;  // forward FLOPs as executed (dense or sparse)
-  double fwd_sparse = 0;    // forward FLOPs a sparse execution needs
+  double tokens = 0;          // tokens routed to op per sequence
+  double fwd_executed = 0;    // forward FLOPs as executed (dense or sparse)
+  double fwd_sparse = 0;      // forward FLOPs a sparse execution needs
   double train_executed = 0;  // forward + backward of a training step, as executed
   double train_sparse = 0;
 };
@@ -85,9 +85,9 @@ struct FlopRow {
 // complete, fsynced and renamed into place, with the size and checksum a
 // later load verifies before trusting it.
 struct CheckpointRecord {
-  std::string kind;      // "state" (resumable training state) or "best" (best-validation model)
-  int64_t step = 0;      // the training steps the file holds
-  std::string file;      // absolute path
+  std::string kind;  // "state" (resumable training state) or "best" (best-validation model)
+  int64_t step = 0;  // the training steps the file holds
+  std::string file;  // absolute path
   int64_t bytes = 0;
   std::string checksum;  // "crc32:%08x" of the whole file
 };
@@ -100,8 +100,8 @@ struct SequentialDesignRecord;
 bool same_design(const SequentialDesignRecord& a, const SequentialDesignRecord& b);
 
 struct SequentialDesignRecord {
-  std::string claims;      // the claims file, and its claim ids (JSON)
-  std::string baseline;    // what "$baseline" named
+  std::string claims;    // the claims file, and its claim ids (JSON)
+  std::string baseline;  // what "$baseline" named
   int64_t max_seeds = 0, rounds = 0, tests = 0;
   double alpha = 0.05;     // per comparison: 0.05 / tests
   std::string seeds;       // cumulative seeds at each look, e.g. "[4, 8, 12]"
@@ -111,11 +111,11 @@ struct SequentialDesignRecord {
 
 // One comparison at one look: what it was tested on and what followed.
 struct SequentialLookRecord {
-  int64_t round = 0;       // 0-based look
+  int64_t round = 0;  // 0-based look
   std::string claim, task;
-  int64_t seeds = 0;       // seeds the test had (paired: both variants finished)
+  int64_t seeds = 0;                                 // seeds the test had (paired: both variants finished)
   double p = 0, nominal = 0, conditional_power = 0;  // NaN where not computed
-  std::string outcome;     // continue | decided | futile | final
+  std::string outcome;                               // continue | decided | futile | final
 };
 
 class Store {
@@ -146,22 +146,21 @@ class Store {
   ClaimOutcome claim(const RunSpec& run, const Provenance& p, bool* resumed = nullptr, bool sole_writer = false);
   void heartbeat(const std::string& hash, int64_t step);
   // status: Done, Failed, Diverged or Interrupted.
-  void finish(const std::string& hash, RunStatus status, const std::string& error,
-              int64_t diverged_step, const RunSummary& summary);
+  void finish(const std::string& hash, RunStatus status, const std::string& error, int64_t diverged_step,
+              const RunSummary& summary);
   // The run's status; Pending for a hash the store does not hold.
   RunStatus status(const std::string& hash);
   // The product library an earlier process recorded for an unfinished run
   // (runs.gemm of a run 'running' or 'interrupted'); "" for any other.
   std::string recorded_gemm(const std::string& hash);
 
-  void add_metrics(const std::string& hash, int64_t step, const std::string& split,
-                   const std::string& checkpoint, const std::map<std::string, double>& values);
+  void add_metrics(const std::string& hash, int64_t step, const std::string& split, const std::string& checkpoint,
+                   const std::map<std::string, double>& values);
   void add_train_log(const std::string& hash, int64_t step, double loss, double lr, double tokens_per_s);
   void add_flops(const std::string& hash, int64_t step, const std::vector<FlopRow>& rows,
                  double reference_attention_fwd);
   void add_routing(const std::string& hash, int64_t step, int64_t layer,
-                   const std::vector<std::pair<std::string, double>>& shares,
-                   const std::vector<int64_t>& histogram);
+                   const std::vector<std::pair<std::string, double>>& shares, const std::vector<int64_t>& histogram);
 
   // Records a checkpoint whose file is in place (schema 5).
   void record_checkpoint(const std::string& hash, const CheckpointRecord& c);
@@ -202,8 +201,8 @@ class Store {
 // everything finished before. UserError for a database that is not a store
 // or is of a newer schema.
 struct StoredRuns {
-  bool store = false;    // false: no file, or an empty database (`chiar run` makes it a store)
-  bool current = false;  // marked and of this harness's schema: nothing to migrate
+  bool store = false;                       // false: no file, or an empty database (`chiar run` makes it a store)
+  bool current = false;                     // marked and of this harness's schema: nothing to migrate
   std::map<std::string, RunStatus> status;  // by run hash
 };
 StoredRuns read_stored_runs(const std::string& file);

@@ -25,22 +25,24 @@ Params::Value toml_to_value(const toml::node& node, const std::string& key) {
   if (auto a = node.as_array()) {
     std::vector<double> list;
     for (const auto& item : *a) {
-      if (auto i = item.as_integer()) list.push_back(static_cast<double>(i->get()));
-      else if (auto f = item.as_floating_point()) list.push_back(f->get());
-      else throw UserError(toml_where(item) + ": key '" + key + "': expected a list of numbers");
+      if (auto i = item.as_integer())
+        list.push_back(static_cast<double>(i->get()));
+      else if (auto f = item.as_floating_point())
+        list.push_back(f->get());
+      else
+        throw UserError(toml_where(item) + ": key '" + key + "': expected a list of numbers");
     }
     return list;
   }
-  throw UserError(toml_where(node) + ": key '" + key +
-                  "': expected a boolean, number, string or list of numbers");
+  throw UserError(toml_where(node) + ": key '" + key + "': expected a boolean, number, string or list of numbers");
 }
 
 toml::table toml_parse_file(const std::string& file) {
   try {
     return toml::parse_file(file);
   } catch (const toml::parse_error& e) {
-    throw UserError(file + ":" + std::to_string(e.source().begin.line) + ":" +
-                    std::to_string(e.source().begin.column) + ": " + std::string(e.description()));
+    throw UserError(file + ":" + std::to_string(e.source().begin.line) + ":" + std::to_string(e.source().begin.column) +
+                    ": " + std::string(e.description()));
   }
 }
 
@@ -87,8 +89,7 @@ TaskConfig load_task_config(const std::string& file, const std::string& table) {
   return config;
 }
 
-TaskConfig task_config_from_assignments(const std::string& plugin,
-                                        const std::vector<std::string>& assignments) {
+TaskConfig task_config_from_assignments(const std::string& plugin, const std::vector<std::string>& assignments) {
   TaskConfig config;
   config.name = plugin;
   config.plugin = plugin;
@@ -104,8 +105,8 @@ TaskOptionProblem find_task_option_problem(const TaskConfig& config, const Plugi
   for (const auto& o : *declared) known.push_back(o.key);
   std::sort(known.begin(), known.end());
   for (const auto& [key, value] : config.params.values()) {
-    const auto option = std::find_if(declared->begin(), declared->end(),
-                                     [&key = key](const TaskOption& o) { return o.key == key; });
+    const auto option =
+        std::find_if(declared->begin(), declared->end(), [&key = key](const TaskOption& o) { return o.key == key; });
     if (option == declared->end())
       return {key, "unknown option of task '" + config.plugin + "'" + engine::did_you_mean(key, known)};
     if (!param_has_kind(value, option->kind))

@@ -26,8 +26,7 @@ struct TaskConfig {
 TaskConfig load_task_config(const std::string& file, const std::string& table);
 
 // A task from --task NAME and --set key=value assignments.
-TaskConfig task_config_from_assignments(const std::string& plugin,
-                                                  const std::vector<std::string>& assignments);
+TaskConfig task_config_from_assignments(const std::string& plugin, const std::vector<std::string>& assignments);
 
 // The first option of a task that its plugin does not declare, or whose value
 // is of another kind than declared: the key and what is wrong ("unknown

@@ -43,9 +43,7 @@ namespace {
 namespace fs = boost::filesystem;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double peak_rss_mb() {
   rusage u{};
@@ -130,7 +128,8 @@ void add_class_metrics(std::map<std::string, double>& metrics, double loss_sum, 
   for (size_t c = 0; c < count.size(); ++c) {
     examples += count[c];
     largest_class = std::max(largest_class, count[c]);
-    if (count[c]) metrics["accuracy_class_" + std::to_string(c)] = static_cast<double>(correct[c]) / static_cast<double>(count[c]);
+    if (count[c])
+      metrics["accuracy_class_" + std::to_string(c)] = static_cast<double>(correct[c]) / static_cast<double>(count[c]);
   }
   metrics["examples"] = static_cast<double>(examples);
   // What always answering the split's most frequent class scores: the floor
@@ -162,7 +161,7 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
   const int64_t n = max_batches > 0 ? std::min(max_batches, total) : total;
   const int64_t classes = lm ? 0 : task.n_classes();
   const auto on_device = at::TensorOptions().device(device);
-  at::Tensor loss_sum = at::zeros({}, on_device.dtype(at::kDouble));     // () summed NLL (LM) or loss (classifier)
+  at::Tensor loss_sum = at::zeros({}, on_device.dtype(at::kDouble));      // () summed NLL (LM) or loss (classifier)
   at::Tensor correct = at::zeros({classes}, on_device.dtype(at::kLong));  // (C,) right answers per true class
   at::Tensor count = at::zeros({classes}, on_device.dtype(at::kLong));    // (C,) examples per true class
   int64_t scored = 0, real_count = 0;
@@ -249,8 +248,8 @@ std::string thresholds_json(const ChiarModel& model) {
   for (const auto& layer : model.mixing_layers())
     if (layer->routed()) {
       const int64_t li = static_cast<int64_t>(&layer - &model.mixing_layers()[0]);
-      out += std::string(out.size() > 1 ? ", " : "") + "\"layer" + std::to_string(li + 1) + "\": " +
-             json_list(layer->router()->thresholds());
+      out += std::string(out.size() > 1 ? ", " : "") + "\"layer" + std::to_string(li + 1) +
+             "\": " + json_list(layer->router()->thresholds());
     }
   return out + "}";
 }
@@ -315,8 +314,9 @@ std::vector<torch::optim::OptimizerParamGroup> param_groups(ChiarModel& model, c
   std::vector<at::Tensor> decay, no_decay;
   for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                 torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(t.weight_decay)));
+  groups.emplace_back(decay,
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(t.weight_decay)));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(0.0)));
   return groups;
@@ -345,14 +345,14 @@ struct Run {
   const at::Device device;  // the model's, its optimiser state's and each batch's
   ChiarModel model;
   FusedAdamW optimizer;
-  const std::string dir;     // the checkpoint folder
-  ProcessGroup* const group; // data-parallel ranks; null for one process
-  const bool writer;         // records the store and checkpoints (rank 0, or the only process)
-  int64_t start = 0;         // the first step this process trains
-  double best = -INFINITY;   // the best validation score so far
-  bool has_best = false;     // whether a best-<step>.pt holds it
+  const std::string dir;        // the checkpoint folder
+  ProcessGroup* const group;    // data-parallel ranks; null for one process
+  const bool writer;            // records the store and checkpoints (rank 0, or the only process)
+  int64_t start = 0;            // the first step this process trains
+  double best = -INFINITY;      // the best validation score so far
+  bool has_best = false;        // whether a best-<step>.pt holds it
   bool validate_first = false;  // the resumed step's validation was cut short
-  double prior_seconds = 0;  // training seconds of earlier processes
+  double prior_seconds = 0;     // training seconds of earlier processes
   Clock::time_point started;
   std::vector<double> step_ms, step_tps;
   Overhead overhead;
@@ -411,7 +411,7 @@ void write_checkpoint(Run& run, const char* kind, int64_t step, const std::strin
   write_durably(file, bytes);
   failpoint("checkpoint.renamed");
   run.ctx.store->record_checkpoint(run.spec.hash,
-                                  {kind, step, file, static_cast<int64_t>(bytes.size()), crc32_of(bytes)});
+                                   {kind, step, file, static_cast<int64_t>(bytes.size()), crc32_of(bytes)});
   prune_checkpoints(run);
 }
 
@@ -466,8 +466,8 @@ void adopt_legacy_checkpoints(Run& run) {
     say(run, state_file + ": unreadable checkpoint (" + message_of(e) + "); starting over");
     return;  // the file goes with the other unrecorded ones
   }
-  say(run, state_file + " predates checksummed checkpoints; resuming from its step " + std::to_string(step) +
-               " unverified");
+  say(run,
+      state_file + " predates checksummed checkpoints; resuming from its step " + std::to_string(step) + " unverified");
   // The best model first: recording the state prunes bests by its step.
   if (fs::exists(best_file)) write_checkpoint(run, kBest, step, read_file(best_file));
   write_checkpoint(run, kState, step, state);
@@ -574,9 +574,11 @@ std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec
 
 // Warm-up, then cosine decay to lr * min_lr_ratio.
 double learning_rate(const TrainOptions& t, int64_t step) {
-  const double progress = t.steps > t.warmup ? static_cast<double>(step - t.warmup) / static_cast<double>(t.steps - t.warmup) : 1.0;
-  return step < t.warmup ? t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup)
-                         : t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
+  const double progress =
+      t.steps > t.warmup ? static_cast<double>(step - t.warmup) / static_cast<double>(t.steps - t.warmup) : 1.0;
+  return step < t.warmup
+             ? t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup)
+             : t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
 }
 
 void set_learning_rate(FusedAdamW& optimizer, double lr) {
@@ -616,7 +618,8 @@ StepLoss accumulate_gradients(Run& run, int64_t step) {
   run.optimizer.zero_grad();
   StepLoss s;
   for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-    const Batch host = run.ctx.task.train_batch(static_cast<uint64_t>(run.spec.seed), step * t.grad_accum + micro, t.batch_size);
+    const Batch host =
+        run.ctx.task.train_batch(static_cast<uint64_t>(run.spec.seed), step * t.grad_accum + micro, t.batch_size);
     const bool lm = run.ctx.task.head() == TaskHead::LanguageModel;
     check_batch_targets(host, lm ? run.ctx.task.vocab_size() : run.ctx.task.n_classes(), lm,
                         "task '" + run.spec.task + "' training step " + std::to_string(step + 1));
@@ -708,8 +711,8 @@ void validate(Run& run, int64_t done) {
   const bool final_eval = done == run.t.steps;
   EvalResult e;
   timed(run.overhead.evaluation, [&] {
-    e = evaluate(run.model, run.ctx.task, "valid", final_eval ? 0 : run.t.eval_batches, run.t.eval_batch_size,
-                 run.bf16, run.device, interruption(run));
+    e = evaluate(run.model, run.ctx.task, "valid", final_eval ? 0 : run.t.eval_batches, run.t.eval_batch_size, run.bf16,
+                 run.device, interruption(run));
   });
   run.overhead.evaluation -= e.accounting_seconds;
   run.overhead.accounting += e.accounting_seconds;
@@ -736,11 +739,11 @@ void save_checkpoint(Run& run, int64_t done, bool validated = true) {
 // A step whose update is queued on the device and whose loss the host has
 // not read: the loss is on its way into pinned host memory.
 struct QueuedStep {
-  int64_t done = 0;          // the step's number, counted from 1
+  int64_t done = 0;  // the step's number, counted from 1
   double lr = 0;
   int64_t tokens = 0;
-  Clock::time_point began;   // when the host began the step
-  at::Tensor loss;           // () float64, in host memory once `copied` is reached
+  Clock::time_point began;  // when the host began the step
+  at::Tensor loss;          // () float64, in host memory once `copied` is reached
   QueueMark copied;
 };
 
@@ -874,7 +877,8 @@ void summarise_training(const Run& run, RunSummary& summary) {
 // The test split, scored by the last and by the best-validation model.
 void score_test_split(Run& run, RunSummary& summary) {
   const TrainOptions& t = run.t;
-  EvalResult last = evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device, interruption(run));
+  EvalResult last =
+      evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device, interruption(run));
   run.ctx.store->add_metrics(run.spec.hash, t.steps, "test", "last", last.metrics);
   summary.eval_tokens_per_s = last.tokens_per_s;
   if (run.has_best) {
@@ -899,8 +903,7 @@ LossReads loss_reads_for(const at::Device& device) {
   const std::string chosen = env ? env : "";
   if (chosen == "every-step") return LossReads::EveryStep;
   if (chosen == "late") return LossReads::Late;
-  if (!chosen.empty())
-    throw UserError("CHIAR_LOSS_READS: \"" + chosen + "\" is not one of every-step, late");
+  if (!chosen.empty()) throw UserError("CHIAR_LOSS_READS: \"" + chosen + "\" is not one of every-step, late");
   return queue_marks_wait_precisely(device) ? LossReads::Late : LossReads::EveryStep;
 }
 
@@ -966,8 +969,8 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
       validate(run, run.start);
     } catch (const EvaluationStopped&) {
       result.outcome = RunStatus::Interrupted;
-      result.resumption = "stopped while validating step " + std::to_string(run.start) +
-                          " again; a rerun validates it and goes on";
+      result.resumption =
+          "stopped while validating step " + std::to_string(run.start) + " again; a rerun validates it and goes on";
     }
   }
   if (result.outcome == RunStatus::Done) train_steps(run, result);

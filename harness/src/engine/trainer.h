@@ -34,10 +34,10 @@ struct TrainContext {
   // they write no store and no checkpoint (rank 0 does both), and need not
   // see rank 0's file system.
   Store* store;
-  std::string checkpoint_dir;       // this run's folder: spec.toml, state-<step>.pt, best-<step>.pt
-  const std::atomic<bool>* stop;    // set by SIGINT/SIGTERM: checkpoint and return
+  std::string checkpoint_dir;     // this run's folder: spec.toml, state-<step>.pt, best-<step>.pt
+  const std::atomic<bool>* stop;  // set by SIGINT/SIGTERM: checkpoint and return
   std::function<void(int64_t step, double loss, double tokens_per_s)> progress;
-  std::string tag;                  // the run's console prefix, for lines about its checkpoints
+  std::string tag;  // the run's console prefix, for lines about its checkpoints
   // Data-parallel training (engine/distributed.h): every rank trains a slice
   // of each global batch, gradients are averaged over the group, rank 0's
   // checkpoint is the one every rank resumes from. Null: one process.

@@ -27,8 +27,7 @@ at::Tensor read_vectors(std::istream& in, const std::string& source) {
       char* end = nullptr;
       const double v = std::strtod(field.c_str(), &end);
       if (end != field.c_str() + field.size() || errno == ERANGE || !std::isfinite(v))
-        throw UserError(source + ":" + std::to_string(line_no) + ": '" + field +
-                        "' is not a finite number");
+        throw UserError(source + ":" + std::to_string(line_no) + ": '" + field + "' is not a finite number");
       values.push_back(v);
       ++count;
     }
@@ -36,9 +35,8 @@ at::Tensor read_vectors(std::istream& in, const std::string& source) {
       throw UserError(source + ":" + std::to_string(line_no) + ": empty line (expected " +
                       (width < 0 ? std::string("numbers") : std::to_string(width) + " numbers") + ")");
     if (width >= 0 && count != width)
-      throw UserError(source + ":" + std::to_string(line_no) + ": expected " +
-                      std::to_string(width) + " numbers (as on line 1), found " +
-                      std::to_string(count));
+      throw UserError(source + ":" + std::to_string(line_no) + ": expected " + std::to_string(width) +
+                      " numbers (as on line 1), found " + std::to_string(count));
     width = count;
     ++rows;
   }

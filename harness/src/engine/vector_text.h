@@ -4,7 +4,6 @@
 
 #include <ATen/core/Tensor.h>
 
-
 namespace chiar {
 
 // Reads one vector per line (whitespace-separated numbers, every line the same

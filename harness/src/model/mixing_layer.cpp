@@ -31,10 +31,8 @@ Execution execution_from_string(const std::string& name) {
 }
 
 MixingLayer::MixingLayer(int64_t index, std::vector<std::string> names,
-                         std::vector<std::shared_ptr<Operator>> operators,
-                         std::shared_ptr<Router> router)
-    : index_(index), names_(std::move(names)), operators_(std::move(operators)),
-      router_(std::move(router)) {
+                         std::vector<std::shared_ptr<Operator>> operators, std::shared_ptr<Router> router)
+    : index_(index), names_(std::move(names)), operators_(std::move(operators)), router_(std::move(router)) {
   for (size_t k = 0; k < operators_.size(); ++k)
     register_module("op" + std::to_string(k) + "_" + names_[k], operators_[k]);
   if (router_) register_module("router", router_);
@@ -47,7 +45,7 @@ at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, Layer
   // The router's entropy needs the spectrum; operators that transform x the
   // same way (dct) read it from the context instead of transforming again.
   OpContext with_spectrum = ctx;
-  with_spectrum.spectrum = dct2(x);                                        // (B, T, d)
+  with_spectrum.spectrum = dct2(x);                                           // (B, T, d)
   const auto entropy = spectral_entropy_from_coeffs(with_spectrum.spectrum);  // (B, T)
   RouteResult r = router_->route(x, entropy, ctx);
   bool use_sparse = false;
@@ -61,8 +59,7 @@ at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, Layer
       break;
     case Execution::Auto:
       use_sparse = r.mode == RouteMode::Hard ||
-                   (r.mode == RouteMode::HardSTE &&
-                    !(is_training() && torch::autograd::GradMode::is_enabled()));
+                   (r.mode == RouteMode::HardSTE && !(is_training() && torch::autograd::GradMode::is_enabled()));
       break;
   }
   auto y = use_sparse ? sparse(x, with_spectrum, r.choice) : dense(x, with_spectrum, r);
@@ -74,13 +71,11 @@ at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, Layer
     routing->sparse = use_sparse;
     routing->mode = r.mode;
   }
-  if (aux_loss && r.aux_loss.defined())
-    *aux_loss = aux_loss->defined() ? *aux_loss + r.aux_loss : r.aux_loss;
+  if (aux_loss && r.aux_loss.defined()) *aux_loss = aux_loss->defined() ? *aux_loss + r.aux_loss : r.aux_loss;
   return y;
 }
 
-at::Tensor MixingLayer::dense(const at::Tensor& x, const OpContext& ctx,
-                              const RouteResult& r) const {
+at::Tensor MixingLayer::dense(const at::Tensor& x, const OpContext& ctx, const RouteResult& r) const {
   std::vector<at::Tensor> outputs;  // K x (B, T, d)
   for (const auto& op : operators_) outputs.push_back(op->forward(x, ctx));
   if (r.mode == RouteMode::Soft) return blend_outputs(outputs, r.weights);
@@ -133,8 +128,7 @@ void scatter_rows(at::Tensor& y, const at::Tensor& rows, const at::Tensor& src) 
 
 }  // namespace
 
-at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
-                               const at::Tensor& choice) const {
+at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx, const at::Tensor& choice) const {
   const int64_t d = x.size(-1);
   // Not zeroed: every row is some operator's (checked below), and zeroing
   // the (B*T, d) buffer is a whole extra pass over it (chiar_bench:
@@ -151,8 +145,8 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
     const auto& rows = lists.rows[k];  // (N_k,)
     if (rows.numel() == 0) continue;
     written += rows.numel();
-    op_ctx.host_rows = lists.host_rows[k];  // (N_k,) on the host
-    auto out = operators_[k]->forward_rows(x, rows, op_ctx);  // (N_k, d)
+    op_ctx.host_rows = lists.host_rows[k];                           // (N_k,) on the host
+    auto out = operators_[k]->forward_rows(x, rows, op_ctx);         // (N_k, d)
     if (rows.numel() == flat_choice.numel()) return out.view_as(x);  // one operator took every token
     if (host_kernels_enabled() && y.device().is_cpu() &&
         !(torch::autograd::GradMode::is_enabled() && out.requires_grad())) {
@@ -168,8 +162,7 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx,
 
 std::string MixingLayer::describe() const {
   std::string out;
-  for (size_t k = 0; k < operators_.size(); ++k)
-    out += (k ? " | " : "") + operators_[k]->describe();
+  for (size_t k = 0; k < operators_.size(); ++k) out += (k ? " | " : "") + operators_[k]->describe();
   if (router_) out += " routed by " + router_->describe();
   return out;
 }

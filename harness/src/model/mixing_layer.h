@@ -22,9 +22,9 @@ Execution execution_from_string(const std::string& name);
 // What a routed layer decided in one forward pass (detached).
 struct LayerRouting {
   int64_t layer = 0;
-  at::Tensor choice;   // (B, T) int64 operator index
-  at::Tensor entropy;  // (B, T) spectral entropy of the layer input
-  at::Tensor weights;  // (B, T, K) blend weights
+  at::Tensor choice;    // (B, T) int64 operator index
+  at::Tensor entropy;   // (B, T) spectral entropy of the layer input
+  at::Tensor weights;   // (B, T, K) blend weights
   bool sparse = false;  // executed sparsely
   RouteMode mode = RouteMode::Hard;
 };
@@ -33,8 +33,8 @@ struct LayerRouting {
 // router choosing per token. Operators include their own residual + LayerNorm.
 class MixingLayer : public torch::nn::Module {
  public:
-  MixingLayer(int64_t index, std::vector<std::string> names,
-              std::vector<std::shared_ptr<Operator>> operators, std::shared_ptr<Router> router);
+  MixingLayer(int64_t index, std::vector<std::string> names, std::vector<std::shared_ptr<Operator>> operators,
+              std::shared_ptr<Router> router);
 
   // x: (B, T, d) -> (B, T, d). For a routed layer, fills *routing and adds the
   // router's auxiliary loss to *aux_loss (either may be null).

@@ -16,9 +16,7 @@
 
 namespace chiar {
 
-const char* to_string(TaskHead h) {
-  return h == TaskHead::LanguageModel ? "language-model" : "classifier";
-}
+const char* to_string(TaskHead h) { return h == TaskHead::LanguageModel ? "language-model" : "classifier"; }
 
 const char* to_string(MetaRouterKind m) {
   switch (m) {
@@ -64,8 +62,7 @@ std::vector<std::string> split_layer_spec(const std::string& spec) {
   while (std::getline(in, part, '|')) {
     const auto b = part.find_first_not_of(" \t");
     const auto e = part.find_last_not_of(" \t");
-    if (b == std::string::npos)
-      throw UserError("layer '" + spec + "': empty operator name");
+    if (b == std::string::npos) throw UserError("layer '" + spec + "': empty operator name");
     parts.push_back(part.substr(b, e - b + 1));
   }
   if (parts.empty() || spec.back() == '|') throw UserError("layer '" + spec + "': empty operator name");
@@ -140,8 +137,7 @@ std::string model_shape_problem(const ModelOptions& o) {
 FeedForward::FeedForward(int64_t d, int64_t mult, double dropout, bool pre_norm) {
   up_ = register_module("up", torch::nn::Linear(d, mult * d));
   down_ = register_module("down", torch::nn::Linear(mult * d, d));
-  norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}))),
-                       pre_norm);
+  norm_ = SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}))), pre_norm);
   drop_ = register_module("drop", torch::nn::Dropout(dropout));
 }
 
@@ -158,11 +154,9 @@ at::Tensor FeedForward::forward(const at::Tensor& x) {
   return norm_.output(project(down_, h, x));
 }
 
-ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
-    : options_(std::move(options)) {
+ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options) : options_(std::move(options)) {
   const auto& o = options_;
-  if (o.layers().empty())
-    throw UserError(missing_layers_message("operators loaded: " + loaded(registry, "operator")));
+  if (o.layers().empty()) throw UserError(missing_layers_message("operators loaded: " + loaded(registry, "operator")));
   if (const std::string m = missing_router_message(o, "routers loaded: " + loaded(registry, "router")); !m.empty())
     throw UserError(m);
   if (const std::string m = model_shape_problem(o); !m.empty()) throw UserError(m);
@@ -191,14 +185,15 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options)
       if (pre_norm && !traits.pre_norm)
         throw UserError("layer " + std::to_string(i + 1) + ": operator '" + names[k] +
                         "' does not support pre-norm sub-layers (its traits do not declare pre_norm), which "
-                        "model.norm = \"" + to_string(o.norm()) + "\" asks for here; set model.norm = \"post\"");
+                        "model.norm = \"" +
+                        to_string(o.norm()) + "\" asks for here; set model.norm = \"post\"");
     }
     std::shared_ptr<Router> router = ops.size() > 1 ? make_layer_router(registry, o, i, names) : nullptr;
     auto layer = std::make_shared<MixingLayer>(static_cast<int64_t>(i), names, ops, router);
     layer->set_execution(o.execution());
     mixing_.push_back(register_module("mix" + std::to_string(i), layer));
-    ffn_.push_back(register_module(
-        "ffn" + std::to_string(i), std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout(), pre_norm)));
+    ffn_.push_back(register_module("ffn" + std::to_string(i),
+                                   std::make_shared<FeedForward>(o.d_model(), o.ffn_mult(), o.dropout(), pre_norm)));
   }
   // Post-norm ends every block normalised; pre-norm's residual stream is not.
   if (pre_norm)
@@ -298,8 +293,7 @@ std::string ChiarModel::describe() const {
       << options_.d_model() << ", heads " << options_.n_heads() << ", ffn x" << options_.ffn_mult() << ", "
       << (uses_pre_norm(options_) ? "pre" : "post") << "-norm";
   if (options_.head() == TaskHead::Classifier) out << ", classes " << options_.n_classes();
-  if (options_.meta_router() != MetaRouterKind::None)
-    out << ", meta_router " << to_string(options_.meta_router());
+  if (options_.meta_router() != MetaRouterKind::None) out << ", meta_router " << to_string(options_.meta_router());
   out << ", layers [";
   for (size_t i = 0; i < mixing_.size(); ++i) out << (i ? "; " : "") << mixing_[i]->describe();
   out << "], " << parameter_count() << " parameters)";

@@ -42,12 +42,12 @@ NormPlacement norm_placement_from_string(const std::string& name);
 using OperatorParams = std::map<std::string, Params>;  // operator name -> its options
 
 // A chained setter, a getter and the member (NAME_) for one option.
-#define CHIAR_OPTION(type, name)                     \
-  ModelOptions& name(type value) {                   \
-    name##_ = std::move(value);                      \
-    return *this;                                    \
-  }                                                  \
-  const type& name() const { return name##_; }       \
+#define CHIAR_OPTION(type, name)               \
+  ModelOptions& name(type value) {             \
+    name##_ = std::move(value);                \
+    return *this;                              \
+  }                                            \
+  const type& name() const { return name##_; } \
   type name##_
 
 // Everything that defines a model. Setters chain: ModelOptions().d_model(128).
@@ -91,10 +91,10 @@ class FeedForward : public torch::nn::Module {
 };
 
 struct ModelOutput {
-  at::Tensor logits;     // (B, T, V) language model, (B, C) classifier; undefined when not asked for
-  at::Tensor hidden;     // (B, T, d) language model: the final hidden states the tied head reads
-  at::Tensor aux_loss;   // () routers' regularisers, or undefined
-  at::Tensor meta_gate;  // (B, T, 1) or (1, 1, 1) MetaRouter gate, or undefined
+  at::Tensor logits;                  // (B, T, V) language model, (B, C) classifier; undefined when not asked for
+  at::Tensor hidden;                  // (B, T, d) language model: the final hidden states the tied head reads
+  at::Tensor aux_loss;                // () routers' regularisers, or undefined
+  at::Tensor meta_gate;               // (B, T, 1) or (1, 1, 1) MetaRouter gate, or undefined
   std::vector<LayerRouting> routing;  // one per routed layer, in order
 };
 
@@ -129,15 +129,15 @@ class ChiarModel : public torch::nn::Module {
 
  private:
   at::Tensor pool(const at::Tensor& h, const at::Tensor& valid) const;  // (B,T,d) -> (B,d)
-  at::Tensor meta_gate(const at::Tensor& x);  // (B,T,d) -> (B,T,1) or (1,1,1)
+  at::Tensor meta_gate(const at::Tensor& x);                            // (B,T,d) -> (B,T,1) or (1,1,1)
 
   ModelOptions options_;
   torch::nn::Embedding embed_{nullptr};  // (V, d), tied with the LM head
   torch::nn::Dropout embed_drop_{nullptr};
   std::vector<std::shared_ptr<MixingLayer>> mixing_;
   std::vector<std::shared_ptr<FeedForward>> ffn_;
-  torch::nn::LayerNorm final_norm_{nullptr};  // pre-norm only: the residual stream's LN before the head
-  torch::nn::Linear meta_{nullptr};  // (d -> 1) MetaRouter gate
+  torch::nn::LayerNorm final_norm_{nullptr};                  // pre-norm only: the residual stream's LN before the head
+  torch::nn::Linear meta_{nullptr};                           // (d -> 1) MetaRouter gate
   torch::nn::Linear cls_hidden_{nullptr}, cls_out_{nullptr};  // (d -> d), (d -> C)
 };
 

@@ -12,7 +12,6 @@
 
 #include <vector>
 
-
 namespace chiar {
 
 //   outputs  K x (B, T, d), one dtype and device
@@ -26,7 +25,6 @@ at::Tensor blend_outputs(const std::vector<at::Tensor>& outputs, const at::Tenso
 //            the chosen output's, bit for bit
 // Returns (B, T, d). Each output's gradient is dL/dy on its chosen tokens,
 // zero elsewhere.
-at::Tensor choose_outputs(const std::vector<at::Tensor>& outputs, const at::Tensor& choice,
-                          const at::Tensor& weights);
+at::Tensor choose_outputs(const std::vector<at::Tensor>& outputs, const at::Tensor& choice, const at::Tensor& weights);
 
 }  // namespace chiar

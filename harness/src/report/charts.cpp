@@ -56,8 +56,7 @@ std::vector<double> numbers_after(const std::string& json, const std::string& ke
 // "a", "a and b", "a, b and c".
 std::string listed(const std::vector<std::string>& items) {
   std::string out;
-  for (size_t i = 0; i < items.size(); ++i)
-    out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  for (size_t i = 0; i < items.size(); ++i) out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
   return out;
 }
 
@@ -65,9 +64,9 @@ std::string listed(const std::vector<std::string>& items) {
 
 OperatorPoint operator_point(const OperatorCatalog& operators, const std::string& op) {
   // gnuplot's svg point types, filled shapes first.
-  static const OperatorPoint kPoints[] = {{7, "circles"},          {5, "squares"},       {9, "triangles"},
-                                          {11, "down triangles"},  {13, "diamonds"},     {6, "open circles"},
-                                          {4, "open squares"},     {8, "open triangles"}, {10, "open down triangles"},
+  static const OperatorPoint kPoints[] = {{7, "circles"},         {5, "squares"},        {9, "triangles"},
+                                          {11, "down triangles"}, {13, "diamonds"},      {6, "open circles"},
+                                          {4, "open squares"},    {8, "open triangles"}, {10, "open down triangles"},
                                           {12, "open diamonds"}};
   return kPoints[operators.order(op) % (sizeof kPoints / sizeof *kPoints)];
 }
@@ -262,7 +261,8 @@ void routing_chart(const ChartSite& site, const TaskSummary& t, const ShownVaria
     const VariantSummary& v = *shown_variant;
     if (v.runs.empty()) continue;
     const RunRow* r = v.runs.front();
-    auto layers = site.db.prepare("SELECT DISTINCT layer, operator FROM routing WHERE run_id = ? ORDER BY layer, operator");
+    auto layers =
+        site.db.prepare("SELECT DISTINCT layer, operator FROM routing WHERE run_id = ? ORDER BY layer, operator");
     layers.bind(1, r->id);
     while (layers.step()) {
       const int64_t layer = layers.integer(0);
@@ -273,7 +273,8 @@ void routing_chart(const ChartSite& site, const TaskSummary& t, const ShownVaria
         continue;
       }
       if (std::find(plotted.begin(), plotted.end(), op) == plotted.end()) plotted.push_back(op);
-      auto q = site.db.prepare("SELECT step, share FROM routing WHERE run_id = ? AND layer = ? AND operator = ? ORDER BY step");
+      auto q = site.db.prepare(
+          "SELECT step, share FROM routing WHERE run_id = ? AND layer = ? AND operator = ? ORDER BY step");
       q.bind(1, r->id).bind(2, layer).bind(3, op);
       while (q.step()) d << q.integer(0) << ' ' << 100 * q.real(1) << '\n';
       d << "\n\n";
@@ -288,7 +289,8 @@ void routing_chart(const ChartSite& site, const TaskSummary& t, const ShownVaria
   if (block == 0) return;
   site.render(name,
               "\nset title " + quote(t.task + ": operator share per routed layer") +
-                  "\nset xlabel 'step'\nset ylabel 'share of tokens (%)'\nset yrange [0:100]\nplot " + plot.str() + "\n",
+                  "\nset xlabel 'step'\nset ylabel 'share of tokens (%)'\nset yrange [0:100]\nplot " + plot.str() +
+                  "\n",
               {t.task + ": routing over training", name, routing_caption(site.s, plotted, cheap) + shown.note(t)});
 }
 
@@ -326,13 +328,14 @@ void entropy_chart(const ChartSite& site, const TaskSummary& t) {
       plot << (index ? ", " : "") << quote(data) << " index " << index << " with histeps lw 2 lc rgb '" << colour
            << "' title " << quote("layer " + std::to_string(layer + 1));
       for (double tau : numbers_after(r->tau, "layer" + std::to_string(layer + 1)))
-        arrows << "set arrow from " << tau << ", graph 0 to " << tau << ", graph 1 nohead dt 2 lw 1.5 lc rgb '" << colour << "'\n";
+        arrows << "set arrow from " << tau << ", graph 0 to " << tau << ", graph 1 nohead dt 2 lw 1.5 lc rgb '"
+               << colour << "'\n";
     }
     d.close();
     site.render(name,
                 "\nset title " + quote(t.task + ", " + v.variant + ": spectral entropy of routed-layer inputs") +
-                    "\nset xlabel 'spectral entropy H'\nset ylabel 'tokens'\nset xrange [0:1]\n" + arrows.str() + "plot " +
-                    plot.str() + "\n",
+                    "\nset xlabel 'spectral entropy H'\nset ylabel 'tokens'\nset xrange [0:1]\n" + arrows.str() +
+                    "plot " + plot.str() + "\n",
                 {t.task + ": spectral entropy and thresholds", name,
                  "Histogram of H at the last evaluation (" + v.variant + ", seed " + std::to_string(r->seed) +
                      "); dashed lines are the thresholds tau in force."});
@@ -374,8 +377,8 @@ void speedup_chart(const ChartSite& site, const std::string& baseline) {
     }
     d << "\n\n";
     if (any)
-      plot << ", " << quote(data) << " index " << block << " using 1:2 with points pt 7 ps 1.5 lc rgb '" << variant_colour(s, variant)
-           << "' title " << quote(variant) << ", " << quote(data) << " index " << block
+      plot << ", " << quote(data) << " index " << block << " using 1:2 with points pt 7 ps 1.5 lc rgb '"
+           << variant_colour(s, variant) << "' title " << quote(variant) << ", " << quote(data) << " index " << block
            << " using 1:2:3 with labels offset 1,0.6 font ',9' tc rgb '#555555' notitle";
     ++block;
   }
@@ -383,12 +386,14 @@ void speedup_chart(const ChartSite& site, const std::string& baseline) {
   if (points == 0) return;
   std::ostringstream script;
   script << "\nset title 'Training speed-up against training-FLOP reduction (vs " << baseline << ")'"
-         << "\nset xlabel 'baseline FLOPs / variant FLOPs (training step, executed)'\nset ylabel 'variant tokens/s / baseline tokens/s'"
-         << "\nset xrange [0:" << top << "]\nset yrange [0:" << top << "]\nplot x with lines dt 2 lc rgb '#888888' title 'wall-clock tracks FLOPs'"
-         << plot.str() << "\n";
+         << "\nset xlabel 'baseline FLOPs / variant FLOPs (training step, executed)'\nset ylabel 'variant tokens/s / "
+            "baseline tokens/s'"
+         << "\nset xrange [0:" << top << "]\nset yrange [0:" << top
+         << "]\nplot x with lines dt 2 lc rgb '#888888' title 'wall-clock tracks FLOPs'" << plot.str() << "\n";
   site.render(name, script.str(),
               {"Speed-up against FLOP reduction", name,
-               "Points on the dashed line turn FLOP savings into equal wall-clock savings; below it, savings are lost to overheads."});
+               "Points on the dashed line turn FLOP savings into equal wall-clock savings; below it, savings are lost "
+               "to overheads."});
 }
 
 // The .dat/.gp files are gnuplot's inputs, not report content.

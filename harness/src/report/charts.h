@@ -8,7 +8,7 @@ namespace chiar::report {
 
 struct Chart {
   std::string title;
-  std::string file;     // SVG, beside the report
+  std::string file;  // SVG, beside the report
   std::string caption;
 };
 

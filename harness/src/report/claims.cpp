@@ -50,7 +50,6 @@ bool matches(const std::string& pattern, const std::string& task) {
   return fnmatch(pattern.c_str(), task.c_str(), 0) == 0;
 }
 
-
 // How the report names a task a claim is about: with the family it stands
 // for, so that a CPU-scale corpus standing in for the paper's says so.
 std::string task_label(const ClaimSpec& c, const std::string& task) {
@@ -69,9 +68,12 @@ std::map<int64_t, double> per_seed(const VariantSummary* v, const std::string& m
   std::map<int64_t, double> out;
   if (!v) return out;
   for (const RunRow* r : v->runs) {
-    if (metric == "attention_gflops") out[r->seed] = r->attn_fwd / 1e9;
-    else if (metric == "total_gflops") out[r->seed] = r->total_fwd / 1e9;
-    else if (const auto it = r->test_best.find(metric); it != r->test_best.end()) out[r->seed] = it->second;
+    if (metric == "attention_gflops")
+      out[r->seed] = r->attn_fwd / 1e9;
+    else if (metric == "total_gflops")
+      out[r->seed] = r->total_fwd / 1e9;
+    else if (const auto it = r->test_best.find(metric); it != r->test_best.end())
+      out[r->seed] = it->second;
   }
   return out;
 }
@@ -91,9 +93,12 @@ std::string left_out(const Summary& s, const std::string& task, const std::strin
   int diverged = 0, failed = 0, unfinished = 0;
   for (const RunRow* r : s.problems) {  // every run not done
     if (r->task != task || r->variant != variant) continue;
-    if (r->status == engine::RunStatus::Diverged) ++diverged;
-    else if (r->status == engine::RunStatus::Failed) ++failed;
-    else ++unfinished;
+    if (r->status == engine::RunStatus::Diverged)
+      ++diverged;
+    else if (r->status == engine::RunStatus::Failed)
+      ++failed;
+    else
+      ++unfinished;
   }
   std::string out;
   const auto add = [&](int n, const char* what) {
@@ -189,8 +194,10 @@ bool count_sides(TaskTest& row, const std::map<int64_t, double>& x, const std::m
   row.n_b = static_cast<int>(y.size());
   row.mean_a = mean(values(x));
   row.mean_b = mean(values(y));
-  if (x.empty() && y.empty()) row.missing = row.a + " and " + row.b + " have no finished run";
-  else if (x.empty() || y.empty()) row.missing = (x.empty() ? row.a : row.b) + " has no finished run";
+  if (x.empty() && y.empty())
+    row.missing = row.a + " and " + row.b + " have no finished run";
+  else if (x.empty() || y.empty())
+    row.missing = (x.empty() ? row.a : row.b) + " has no finished run";
   return row.n_a >= kMinSeedsPerSide && row.n_b >= kMinSeedsPerSide;
 }
 
@@ -379,10 +386,14 @@ void decide_sequential(TaskTest& row, const ClaimSpec& c, const SequentialLookSt
     row.verdict = verdict::kInconclusive;
   }
   const std::string round = "round " + std::to_string(look.round + 1) + " of " + std::to_string(rounds);
-  if (look.outcome == "futile") row.note = "seeds stopped for futility at " + round;
-  else if (look.outcome == "final") row.note = "undecided after the last round";
-  else if (look.outcome == "continue") row.note = "the design is not finished: last look at " + round;
-  else row.note = "decided at " + round;
+  if (look.outcome == "futile")
+    row.note = "seeds stopped for futility at " + round;
+  else if (look.outcome == "final")
+    row.note = "undecided after the last round";
+  else if (look.outcome == "continue")
+    row.note = "the design is not finished: last look at " + round;
+  else
+    row.note = "decided at " + round;
   const int now = d.paired ? d.n_a : std::min(d.n_a, d.n_b);
   if (now != look.seeds)
     row.note += "; its look had " + std::to_string(look.seeds) + " seeds, the store has " + std::to_string(now) +
@@ -415,8 +426,9 @@ void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
     row.no_spread = true;
     row.lo = row.hi = d.diff;
     row.verdict = v::kInconclusive;
-    row.note = "identical across seeds: every seed gives the same difference, so there is no spread to test it "
-               "against and no p-value";
+    row.note =
+        "identical across seeds: every seed gives the same difference, so there is no spread to test it "
+        "against and no p-value";
     return;
   }
   if (look) {
@@ -467,9 +479,11 @@ std::string explain_attention_cut(const Summary& s, const ClaimSpec& c, const Ta
   if (gap_to_claim <= c.tolerance) return out;
   if (std::abs(sparse - c.reduction) <= c.tolerance)
     return out + fmt("; the %.1f points to the claim are attention computed densely for every position "
-                     "(dense routed execution)", gap_to_claim);
+                     "(dense routed execution)",
+                     gap_to_claim);
   return out + fmt("; the claim's %.1f%% needs a different routed share: the share drifted from the one "
-                   "the claim assumes", c.reduction);
+                   "the claim assumes",
+                   c.reduction);
 }
 
 void decide_reduction(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
@@ -493,9 +507,12 @@ void decide_reduction(TaskTest& row, const ClaimSpec& c, const ClaimsTable& tabl
   const Interval at = interval_at(d, table.confidence);
   row.lo = at.lo;
   row.hi = at.hi;
-  if (at.lo >= low && at.hi <= high) row.verdict = v::kHolds;
-  else if (at.hi < low || at.lo > high) row.verdict = v::kDoesNotHold;
-  else row.verdict = v::kInconclusive;
+  if (at.lo >= low && at.hi <= high)
+    row.verdict = v::kHolds;
+  else if (at.hi < low || at.lo > high)
+    row.verdict = v::kDoesNotHold;
+  else
+    row.verdict = v::kInconclusive;
 }
 
 void decide_share(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
@@ -519,9 +536,12 @@ void decide_share(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
   row.lo = expit(at.lo + shift);
   row.hi = expit(at.hi + shift);
   const bool lower = c.better.front() == "lower";
-  if (lower ? row.hi < c.threshold : row.lo > c.threshold) row.verdict = v::kHolds;
-  else if (lower ? row.lo > c.threshold : row.hi < c.threshold) row.verdict = v::kDoesNotHold;
-  else row.verdict = v::kInconclusive;
+  if (lower ? row.hi < c.threshold : row.lo > c.threshold)
+    row.verdict = v::kHolds;
+  else if (lower ? row.lo > c.threshold : row.hi < c.threshold)
+    row.verdict = v::kDoesNotHold;
+  else
+    row.verdict = v::kInconclusive;
 }
 
 // ---- What each row says ---------------------------------------------------
@@ -546,14 +566,14 @@ std::string describe_compare(const TaskTest& row) {
   const auto side = [&](const std::string& name, double value, int n) {
     return name + (n > 0 ? " " + shown(m, value) : "");
   };
-  std::string out = side(row.a, row.mean_a, row.n_a) + " vs " + side(row.b, row.mean_b, row.n_b) + " (" +
-                    seeds_text(row, true) + ")";
+  std::string out =
+      side(row.a, row.mean_a, row.n_a) + " vs " + side(row.b, row.mean_b, row.n_b) + " (" + seeds_text(row, true) + ")";
   if (!row.test || !std::isfinite(row.test->diff)) return out;  // NaN: nothing to state
   const Difference& d = *row.test;
   out += "; difference " + shown_difference(m, d.diff) + interval_text(row, m);
-  out += !d.paired                                  ? ", Welch's t"
+  out += !d.paired                              ? ", Welch's t"
          : d.n_a == row.n_a && d.n_b == row.n_b ? ", paired by seed"
-                                                   : fmt(", paired by seed over the %.0f both finished", d.n_a);
+                                                : fmt(", paired by seed over the %.0f both finished", d.n_a);
   if (row.no_spread) return out + ", no p-value";
   if (std::isfinite(row.boundary))
     out += ", " + p_text(d.p) + (d.p < row.boundary ? " < " : " >= ") + fmt("boundary %.3g", row.boundary);
@@ -604,7 +624,7 @@ void combine(Claim& claim) {
     return;
   }
   std::map<std::string, std::vector<std::string>> by;  // verdict -> tasks
-  std::vector<std::string> lacking;                     // "task: what it lacks"
+  std::vector<std::string> lacking;                    // "task: what it lacks"
   int agree = 0, contradict = 0, undecided = 0;
   for (const auto& row : claim.tasks) {
     by[row.verdict].push_back(row.task);
@@ -646,14 +666,19 @@ void combine(Claim& claim) {
   }
   if (!several && claim.verdict != v::kNotEnoughSeeds) claim.detail.clear();
   const int with = agree + contradict + undecided;
-  if (with == 0) claim.direction = "";
-  else if (agree && contradict) claim.direction = "mixed";
-  else if (agree == with) claim.direction = "agrees";
-  else if (contradict == with) claim.direction = "contradicts";
+  if (with == 0)
+    claim.direction = "";
+  else if (agree && contradict)
+    claim.direction = "mixed";
+  else if (agree == with)
+    claim.direction = "agrees";
+  else if (contradict == with)
+    claim.direction = "contradicts";
   else if (agree || contradict)
     claim.direction = fmt(agree ? "agrees on %.0f of %.0f tasks" : "contradicts on %.0f of %.0f tasks",
                           static_cast<double>(agree + contradict), static_cast<double>(with));
-  else claim.direction = "undecided";
+  else
+    claim.direction = "undecided";
 }
 
 // A claim's rows, one per task it is about, measured but not yet decided.
@@ -672,9 +697,12 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
     if (sequential && c.kind == "compare")
       if (const auto it = sequential->latest.find({c.id, t.task}); it != sequential->latest.end())
         limit = sequential->seeds.at(static_cast<size_t>(it->second.round));
-    if (c.kind == "compare") out.tasks.push_back(compare_on(c, s, t, a, b, limit));
-    else if (c.kind == "reduction") out.tasks.push_back(reduction_on(c, s, t, a, b));
-    else out.tasks.push_back(share_on(c, s, t, a));
+    if (c.kind == "compare")
+      out.tasks.push_back(compare_on(c, s, t, a, b, limit));
+    else if (c.kind == "reduction")
+      out.tasks.push_back(reduction_on(c, s, t, a, b));
+    else
+      out.tasks.push_back(share_on(c, s, t, a));
   }
   if (out.tasks.empty()) out.measured = needs(c, b.empty() ? "finished " + a + " runs" : a + " and " + b);
   return out;
@@ -748,8 +776,9 @@ ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary&
   table.mixed_code_allowed = options.allow_mixed_code;
   const SequentialLooks* sequential = options.sequential;
   if (sequential && sequential->claims != claims_fingerprint(claims)) {
-    table.sequential = "The store holds a sequential design made for other claims than these: its boundaries are "
-                       "not used here.";
+    table.sequential =
+        "The store holds a sequential design made for other claims than these: its boundaries are "
+        "not used here.";
     sequential = nullptr;
   }
   if (sequential) table.sequential = sequential->design;
@@ -779,7 +808,8 @@ ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary&
         if (counted(row)) row.p_holm = holm[next++];
         const SequentialLookState* look = nullptr;
         if (sequential)
-          if (const auto it = sequential->latest.find({c.id, row.task}); it != sequential->latest.end()) look = &it->second;
+          if (const auto it = sequential->latest.find({c.id, row.task}); it != sequential->latest.end())
+            look = &it->second;
         decide_compare(row, c, table, look, sequential ? sequential->rounds : 0);
         guard_code(row, options.allow_mixed_code);
         row.measured = describe_compare(row);

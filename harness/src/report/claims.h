@@ -27,7 +27,7 @@ struct ClaimSpec {
   //   (or the operators of the role) is on the `better` side of `threshold`,
   //   on every task.
   std::string kind;
-  std::string task;                   // a task name, or a glob over task names
+  std::string task;  // a task name, or a glob over task names
   // Instead of a task: the tasks whose table sets this "family" (a CPU-scale
   // corpus standing in for "large natural text"); the report names them.
   std::string family;
@@ -66,9 +66,9 @@ struct TaskTest {
   std::string metric;  // the metric compared
   std::string a, b;    // "a beats b"; b is "" for a share claim
   bool lower_better = true;
-  int n_a = 0, n_b = 0;   // finished seeds per side with a value
-  std::string left_out;   // runs without a value, e.g. "chiar_soft 2 diverged"; "" for none
-  std::string missing;    // what keeps the test from running, e.g. "chiar_soft has no finished run"
+  int n_a = 0, n_b = 0;               // finished seeds per side with a value
+  std::string left_out;               // runs without a value, e.g. "chiar_soft 2 diverged"; "" for none
+  std::string missing;                // what keeps the test from running, e.g. "chiar_soft has no finished run"
   double mean_a = NAN, mean_b = NAN;  // as stored (accuracy and shares as fractions)
   // The test, on the claim's scale: compare, a - b; reduction, the per-seed
   // cut in percent; share, the logit of the share against the threshold's.
@@ -76,31 +76,31 @@ struct TaskTest {
   // compare with an effect_ratio: the same test on log(a) - log(b), whose
   // interval, exponentiated, is that of the ratio a / b.
   std::optional<Difference> log_ratio;
-  bool no_spread = false;     // every seed gave the same value: no p-value
-  double estimate = NAN;      // compare: a - b; reduction: cut in %; share: the share
+  bool no_spread = false;             // every seed gave the same value: no p-value
+  double estimate = NAN;              // compare: a - b; reduction: cut in %; share: the share
   double raw_lo = NAN, raw_hi = NAN;  // the 95% interval of the estimate, unadjusted
   double lo = NAN, hi = NAN;          // at the report's simultaneous level
-  double p_adjusted = NAN;  // compare: Bonferroni-adjusted p; NaN without a test or where a design decides
-  double p_holm = NAN;      // compare: Holm-adjusted p, for the export
-  double equivalence_p = NAN;  // compare with a margin: TOST p, Bonferroni-adjusted
-  double boundary = NAN;       // compare decided by a sequential design: its look's boundary p
-  double confidence = NAN;     // the level of lo and hi: the table's, or 1 - boundary
-  std::string verdict;     // a verdict:: word other than the combined-only ones
-  std::string direction;   // compare with the paper's values: "agrees", "contradicts", "undecided"; else ""
+  double p_adjusted = NAN;            // compare: Bonferroni-adjusted p; NaN without a test or where a design decides
+  double p_holm = NAN;                // compare: Holm-adjusted p, for the export
+  double equivalence_p = NAN;         // compare with a margin: TOST p, Bonferroni-adjusted
+  double boundary = NAN;              // compare decided by a sequential design: its look's boundary p
+  double confidence = NAN;            // the level of lo and hi: the table's, or 1 - boundary
+  std::string verdict;                // a verdict:: word other than the combined-only ones
+  std::string direction;              // compare with the paper's values: "agrees", "contradicts", "undecided"; else ""
   std::string paper_effect;  // "compatible with the paper's +35.5 pp" | "rules out the paper's ...: at most ..." | ""
   std::string equivalence;   // "equivalent within ±1.00 pp" | "not shown equivalent within ±1.00 pp" | ""
   // The code states of the runs behind the row, where they are not one
   // clean state: "2 code states: 1a2b3c4d5e6f, products on onednn (6 runs);
   // ...". Such a row gets no verdict unless mixed code is allowed.
   std::string mixed_code;
-  std::string note;          // why the row reads as it does, where it could puzzle
-  std::string measured;      // the row as the report states it
+  std::string note;      // why the row reads as it does, where it could puzzle
+  std::string measured;  // the row as the report states it
 };
 
 struct Claim {
   std::string id, kind;
-  std::string claim;     // the paper's statement, with its numbers
-  std::string paper;     // the paper's values side by side, e.g. "36.54 vs 66.62"; may be empty
+  std::string claim;  // the paper's statement, with its numbers
+  std::string paper;  // the paper's values side by side, e.g. "36.54 vs 66.62"; may be empty
   // Combined over the tasks: holds (every task holds), does not hold (every
   // task contradicts it), task-dependent (some each way), partly decided
   // (one way on some, the rest inconclusive), inconclusive, not enough seeds
@@ -109,15 +109,15 @@ struct Claim {
   std::string detail;     // which tasks said what, e.g. "holds on lm; does not hold on lm2"
   std::string direction;  // over the tasks: agrees, contradicts, mixed, undecided, "agrees on 1 of 2 tasks", or ""
   std::vector<TaskTest> tasks;  // one per task the claim is about, in the store's order
-  std::string measured;   // a claim about no task the store holds: what it needs; else ""
+  std::string measured;         // a claim about no task the store holds: what it needs; else ""
 };
 
 // A group-sequential design the store's runs were made by (`chiar run
 // --decide`): each comparison's latest look. Its rows are decided at the
 // boundary of that look, not at the report's Bonferroni level.
 struct SequentialLookState {
-  int round = 0;     // 0-based
-  int seeds = 0;     // the seeds the look's test had
+  int round = 0;         // 0-based
+  int seeds = 0;         // the seeds the look's test had
   double nominal = NAN;  // the boundary: the look decides where p is below it
   std::string outcome;   // decided | futile | final | continue
 };
@@ -137,7 +137,7 @@ struct ClaimsTable {
   std::vector<Claim> claims;
   int tests = 0;
   double confidence = 0.95;
-  std::string sequential;  // the design the compare rows were decided by; "" for none
+  std::string sequential;           // the design the compare rows were decided by; "" for none
   bool mixed_code_allowed = false;  // rows from several code states judged all the same
 };
 

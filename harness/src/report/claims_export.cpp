@@ -48,9 +48,10 @@ std::vector<Field> record(const ClaimsTable& table, const Claim& claim, const Ta
           number("tests", table.tests),
           number("raw_lo_95", r.raw_lo),
           number("raw_hi_95", r.raw_hi),
-          text("test", !test ? "" : claim.kind == "compare" ? (r.test->paired ? "paired" : "welch")
-                                  : claim.kind == "share"   ? "one-sample logit"
-                                                            : "one-sample"),
+          text("test", !test                     ? ""
+                       : claim.kind == "compare" ? (r.test->paired ? "paired" : "welch")
+                       : claim.kind == "share"   ? "one-sample logit"
+                                                 : "one-sample"),
           number("df", test ? r.test->df : NAN),
           number("p", test && claim.kind == "compare" && !r.no_spread ? r.test->p : NAN),
           number("p_bonferroni", r.p_adjusted),
@@ -96,7 +97,9 @@ void write_claims_json(const ClaimsTable& table, std::ostream& out) {
     for (size_t i = 0; i < fields.size(); ++i) {
       const Field& f = fields[i];
       out << (i ? ", " : "") << json_string(f.column) << ": "
-          << (!f.number ? json_string(f.text) : f.text.empty() ? "null" : f.text);
+          << (!f.number        ? json_string(f.text)
+              : f.text.empty() ? "null"
+                               : f.text);
     }
     out << "}";
   });

@@ -27,9 +27,9 @@ const MetricInfo kMetrics[] = {
 
 const char* const kKinds[] = {"compare", "reduction", "share"};
 const char* const kRoles[] = {"cheap_mixing", "intermediate_mixing", "global_mixing"};
-const char* const kKeys[] = {"id",        "text",      "kind",     "task",  "family",    "variants", "metric",
-                             "better",    "paper",     "effect",   "effect_ratio", "margin", "reduction", "tolerance",
-                             "operator",  "role",      "threshold"};
+const char* const kKeys[] = {"id",        "text",      "kind",     "task",   "family",       "variants",
+                             "metric",    "better",    "paper",    "effect", "effect_ratio", "margin",
+                             "reduction", "tolerance", "operator", "role",   "threshold"};
 constexpr const char* kBaseline = "$baseline";
 
 template <class Names>
@@ -92,7 +92,8 @@ std::string text(const toml::node& n, const std::string& key) {
 void read_effect(const toml::table& t, const std::function<std::string(const std::string&)>& key, ClaimSpec& c) {
   const toml::node* effect = t.get("effect");
   const toml::node* ratio = t.get("effect_ratio");
-  if (effect && ratio) fail(*ratio, key("effect_ratio"), "a claim states its effect as a difference or a ratio, not both");
+  if (effect && ratio)
+    fail(*ratio, key("effect_ratio"), "a claim states its effect as a difference or a ratio, not both");
   if (effect) c.effect = number(*effect, key("effect"));
   if (ratio) {
     c.effect_ratio = number(*ratio, key("effect_ratio"));
@@ -133,14 +134,16 @@ ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::s
   c.variants = strings(vs, key("variants"));
   const size_t want = c.kind == "share" ? 1 : 2;
   if (c.variants.size() != want)
-    fail(vs, key("variants"), "a " + c.kind + " claim names " + std::to_string(want) + " variant" +
-                                  (want > 1 ? "s" : "") + ", found " + std::to_string(c.variants.size()));
+    fail(vs, key("variants"),
+         "a " + c.kind + " claim names " + std::to_string(want) + " variant" + (want > 1 ? "s" : "") + ", found " +
+             std::to_string(c.variants.size()));
   const std::vector<std::string> known(variants.begin(), variants.end());
   for (const auto& v : c.variants)
     if (v != kBaseline && !variants.count(v))
-      fail(vs, key("variants"), "unknown variant '" + v + "'" +
-                                    (known.empty() ? std::string(" (the file and its includes define no [variants])")
-                                                   : engine::did_you_mean(v, known)));
+      fail(vs, key("variants"),
+           "unknown variant '" + v + "'" +
+               (known.empty() ? std::string(" (the file and its includes define no [variants])")
+                              : engine::did_you_mean(v, known)));
 
   const toml::node& ms = required("metric");
   c.metrics = strings(ms, key("metric"));
@@ -151,13 +154,15 @@ ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::s
       fail(ms, key("metric"), "unknown metric '" + m + "'" + engine::did_you_mean(m, all));
     }
     if ((m == "share") != (c.kind == "share"))
-      fail(ms, key("metric"), c.kind == "share" ? "a share claim measures 'share'" : "only a share claim measures 'share'");
+      fail(ms, key("metric"),
+           c.kind == "share" ? "a share claim measures 'share'" : "only a share claim measures 'share'");
   }
   const toml::node& bs = required("better");
   c.better = strings(bs, key("better"));
   if (c.better.size() != c.metrics.size())
-    fail(bs, key("better"), "expected one direction per metric (" + std::to_string(c.metrics.size()) + "), found " +
-                                std::to_string(c.better.size()));
+    fail(bs, key("better"),
+         "expected one direction per metric (" + std::to_string(c.metrics.size()) + "), found " +
+             std::to_string(c.better.size()));
   for (const auto& b : c.better)
     if (b != "lower" && b != "higher") fail(bs, key("better"), "expected \"lower\" or \"higher\", found '" + b + "'");
 
@@ -184,7 +189,8 @@ ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::s
   if (c.kind == "share") {
     const toml::node* op = t.get("operator");
     const toml::node* role = t.get("role");
-    if (!op == !role) throw UserError(c.where + ": key '" + key("operator") + "': a share claim names an operator or a role");
+    if (!op == !role)
+      throw UserError(c.where + ": key '" + key("operator") + "': a share claim names an operator or a role");
     if (op) c.op = text(*op, key("operator"));
     if (role) {
       c.role = text(*role, key("role"));

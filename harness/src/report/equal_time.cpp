@@ -67,8 +67,12 @@ std::vector<EqualTimeTable> equal_time_tables(const Summary& s) {
     if (with_curves < 2) continue;
     const std::string metric = t.language_model ? "valid token PPL" : "valid accuracy %";
     const double scale = t.language_model ? 1 : 100;
-    e.table.header = {"variant", "seeds", metric + " at " + fixed(e.seconds, 1) + " s", "steps by then",
-                      metric + " at its curve's end", "training s to its curve's end"};
+    e.table.header = {"variant",
+                      "seeds",
+                      metric + " at " + fixed(e.seconds, 1) + " s",
+                      "steps by then",
+                      metric + " at its curve's end",
+                      "training s to its curve's end"};
     std::vector<double> at_equal_means;
     for (const auto& v : t.variants) {
       std::vector<double> at, steps, last, seconds;
@@ -91,7 +95,8 @@ std::vector<EqualTimeTable> equal_time_tables(const Summary& s) {
     int best = -1;
     for (size_t r = 0; r < at_equal_means.size(); ++r) {
       if (std::isnan(at_equal_means[r])) continue;
-      if (best < 0 || (t.language_model ? at_equal_means[r] < at_equal_means[best] : at_equal_means[r] > at_equal_means[best]))
+      if (best < 0 ||
+          (t.language_model ? at_equal_means[r] < at_equal_means[best] : at_equal_means[r] > at_equal_means[best]))
         best = static_cast<int>(r);
     }
     if (best >= 0) e.table.best[best][2] = true;

@@ -106,8 +106,9 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
   if (named_checkpoint) {
     std::ifstream in((folder / "spec.toml").string());
     spec_ = engine::run_spec_from_toml(std::string((std::istreambuf_iterator<char>(in)), {}));
-    checkpoint_ = boost::filesystem::is_directory(given) ? newest_in_folder(folder, o.checkpoint == "last" ? "state" : "best")
-                                                        : given.string();
+    checkpoint_ = boost::filesystem::is_directory(given)
+                      ? newest_in_folder(folder, o.checkpoint == "last" ? "state" : "best")
+                      : given.string();
   } else {
     load_from_store(o);
   }
@@ -124,7 +125,7 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
     archive.load_from(checkpoint_, at::Device(at::kCPU));  // inspection runs on the CPU, wherever it trained
     model_->load(archive);
   } catch (const std::exception& e) {  // c10::Error, or a plain runtime_error on some damage
-    if (is_out_of_memory(e)) throw;  // the machine's failure, not the file's (exit 3)
+    if (is_out_of_memory(e)) throw;    // the machine's failure, not the file's (exit 3)
     throw UserError(checkpoint_ + ": not a checkpoint of this run's model: " + message_of(e));
   }
   model_->eval();
@@ -137,7 +138,8 @@ void Inspector::load_from_store(const InspectOptions& o) {
   auto q = db.prepare(
       "SELECT hash, status, COALESCE(spec_toml, '') FROM runs WHERE CAST(id AS TEXT) = ?1 OR name = ?1 OR hash = ?1");
   q.bind(1, o.run);
-  if (!q.step()) throw UserError(o.db + ": no run '" + o.run + "' (give its id, name or hash; `chiar show` lists them)");
+  if (!q.step())
+    throw UserError(o.db + ": no run '" + o.run + "' (give its id, name or hash; `chiar show` lists them)");
   const std::string hash = q.text(0), status = q.text(1), toml = q.text(2);
   if (toml.empty()) throw UserError(o.db + ": run '" + o.run + "' has no stored spec");
   spec_ = engine::run_spec_from_toml(toml);
@@ -181,7 +183,8 @@ Inspection Inspector::inspect(const std::string& text) {
   for (size_t start = 0; start < ids.size(); start += T) {
     const size_t n = std::min(T, ids.size() - start);
     auto tokens = at::tensor(std::vector<int64_t>(ids.begin() + start, ids.begin() + start + n),
-                             at::TensorOptions().dtype(at::kLong)).view({1, -1});
+                             at::TensorOptions().dtype(at::kLong))
+                      .view({1, -1});
     const auto result = model_->forward(tokens);
     for (size_t i = 0; i < n; ++i) {
       TokenRoute t;
@@ -214,8 +217,7 @@ std::pair<std::vector<TokenRate>, std::vector<TokenRate>> Inspector::corpus(cons
     r.text = t.text;
     ++r.count;
     double to_global = 0;
-    for (size_t l = 0; l < t.route.size(); ++l)
-      to_global += all.roles[l][t.route[l]] == OperatorRole::GlobalMixing;
+    for (size_t l = 0; l < t.route.size(); ++l) to_global += all.roles[l][t.route[l]] == OperatorRole::GlobalMixing;
     r.global += t.route.empty() ? 0 : to_global / static_cast<double>(t.route.size());
   }
   std::vector<TokenRate> frequent;

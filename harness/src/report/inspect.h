@@ -14,21 +14,21 @@
 namespace chiar::report {
 
 struct InspectOptions {
-  std::string db;                  // a results database, or a run's checkpoint folder or .pt file
-  std::string run;                 // with a database: run id, name or hash
-  std::string checkpoint = "best"; // "best" (best validation) or "last"
+  std::string db;                   // a results database, or a run's checkpoint folder or .pt file
+  std::string run;                  // with a database: run id, name or hash
+  std::string checkpoint = "best";  // "best" (best validation) or "last"
   std::string data_root, cache_dir;
 };
 
 struct TokenRoute {
   int64_t id = 0;
   std::string text;
-  std::vector<double> entropy;     // per routed layer
-  std::vector<int64_t> route;      // operator index per routed layer
+  std::vector<double> entropy;  // per routed layer
+  std::vector<int64_t> route;   // operator index per routed layer
 };
 
 struct Inspection {
-  std::vector<int64_t> layers;                   // routed layer indices (0-based)
+  std::vector<int64_t> layers;                      // routed layer indices (0-based)
   std::vector<std::vector<std::string>> operators;  // per routed layer, by index
   std::vector<std::vector<OperatorRole>> roles;     // the same, their traits' roles
   std::vector<TokenRoute> tokens;
@@ -49,8 +49,7 @@ class Inspector {
   // Over a corpus sample: the tokens most and least often sent to a
   // GlobalMixing operator (tokens seen at least min_count times).
   std::pair<std::vector<TokenRate>, std::vector<TokenRate>> corpus(const std::vector<std::string>& lines,
-                                                                   int64_t max_tokens, int64_t top,
-                                                                   int64_t min_count);
+                                                                   int64_t max_tokens, int64_t top, int64_t min_count);
   // The registered names of the routed layers' GlobalMixing operators, once each.
   std::vector<std::string> global_mixing() const;
   const engine::RunSpec& spec() const { return spec_; }

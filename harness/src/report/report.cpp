@@ -68,19 +68,24 @@ void write_intro(Pages& p, const std::string& title, const std::string& db, cons
        << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation "
           "over seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence: as "
           "executed, and as a sparse execution needs them. Best value per column in **bold**; reductions and "
-          "speed-ups are against `" << baseline << "`.\n\n";
-  p.html << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << html_escape(title)
-         << "</title>\n<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;color:#222}"
-            "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:4px 8px;"
-            "text-align:right}th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}"
-            ".holds{color:#007a3d}.fails{color:#b00020}.mixed{color:#a05a00}.unknown{color:#777}tr.claim td{border-top:2px solid #999}figure{margin:1.5em 0}"
-            "figcaption{color:#555;font-size:0.9em}.swatch{display:inline-block;width:0.8em;height:0.8em;margin-right:4px}"
-            "footer{margin-top:3em;font-size:0.85em;color:#555}</style></head><body>\n<h1>" << html_escape(title)
-         << "</h1>\n<p>Generated " << today() << " from <code>" << html_escape(db) << "</code> by <code>chiar report</code>. "
-         << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation over "
-            "seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence, as executed "
-            "and as a sparse execution needs them. Best value per column in bold; reductions and speed-ups are against <code>"
-         << html_escape(baseline) << "</code>.</p>\n";
+          "speed-ups are against `"
+       << baseline << "`.\n\n";
+  p.html
+      << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << html_escape(title)
+      << "</title>\n<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+         "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:4px 8px;"
+         "text-align:right}th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}"
+         ".holds{color:#007a3d}.fails{color:#b00020}.mixed{color:#a05a00}.unknown{color:#777}tr.claim "
+         "td{border-top:2px solid #999}figure{margin:1.5em 0}"
+         "figcaption{color:#555;font-size:0.9em}.swatch{display:inline-block;width:0.8em;height:0.8em;margin-right:4px}"
+         "footer{margin-top:3em;font-size:0.85em;color:#555}</style></head><body>\n<h1>"
+      << html_escape(title) << "</h1>\n<p>Generated " << today() << " from <code>" << html_escape(db)
+      << "</code> by <code>chiar report</code>. "
+      << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation over "
+         "seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence, as executed "
+         "and as a sparse execution needs them. Best value per column in bold; reductions and speed-ups are against "
+         "<code>"
+      << html_escape(baseline) << "</code>.</p>\n";
 }
 
 void write_grid(Pages& p, const Summary& s, const Table& table) {
@@ -102,8 +107,7 @@ void write_grid(Pages& p, const Summary& s, const Table& table) {
       const bool best = table.best[r][c];
       p.md << " " << (best ? "**" + md_escape(cell) + "**" : md_escape(cell)) << " |";
       p.html << "<td>";
-      if (c == 0)
-        p.html << "<span class=\"swatch\" style=\"background:" << variant_colour(s, cell) << "\"></span>";
+      if (c == 0) p.html << "<span class=\"swatch\" style=\"background:" << variant_colour(s, cell) << "\"></span>";
       p.html << (best ? "<strong>" + html_escape(cell) + "</strong>" : html_escape(cell)) << "</td>";
     }
     p.md << "\n";
@@ -166,13 +170,13 @@ void write_other_charts(Pages& p, const std::vector<Chart>& charts, const std::s
 // How the claims table decides, stated once above it.
 std::string claims_method(const ClaimsTable& t) {
   const std::string level =
-      t.tests == 0 ? std::string("No row here has a spread to test, so no interval is adjusted.")
-                   : std::to_string(t.tests) + (t.tests == 1 ? " row has" : " rows have") +
-                         " a spread to test. Every interval shown is simultaneous: each at " +
-                         fixed(100 * t.confidence, 2) + "% (Bonferroni over " + std::to_string(t.tests) +
-                         (t.tests == 1 ? " test" : " tests") +
-                         "), so all of them hold together with 95% probability, and p-values are adjusted the "
-                         "same way (the export also gives each row's unadjusted 95% interval and Holm's p).";
+      t.tests == 0
+          ? std::string("No row here has a spread to test, so no interval is adjusted.")
+          : std::to_string(t.tests) + (t.tests == 1 ? " row has" : " rows have") +
+                " a spread to test. Every interval shown is simultaneous: each at " + fixed(100 * t.confidence, 2) +
+                "% (Bonferroni over " + std::to_string(t.tests) + (t.tests == 1 ? " test" : " tests") +
+                "), so all of them hold together with 95% probability, and p-values are adjusted the "
+                "same way (the export also gives each row's unadjusted 95% interval and Holm's p).";
   return "Each claim is tested on every task it is about, one row per task. A comparison is the difference of two "
          "variants' per-seed test metrics, paired by seed over the seeds both finished when there are " +
          std::to_string(kMinSeedsPerSide) +
@@ -204,7 +208,9 @@ const char* verdict_class(const std::string& verdict) {
 void write_claim_row(Pages& p, const std::string& claim, const std::string& paper, const std::string& task,
                      const std::string& measured, const std::string& direction, const std::string& verdict,
                      bool headline) {
-  const auto bold = [&](const std::string& x) { return headline && !x.empty() ? "**" + md_escape(x) + "**" : md_escape(x); };
+  const auto bold = [&](const std::string& x) {
+    return headline && !x.empty() ? "**" + md_escape(x) + "**" : md_escape(x);
+  };
   p.md << "| " << bold(claim) << " | " << md_escape(paper) << " | " << md_escape(task) << " | " << md_escape(measured)
        << " | " << direction << " | " << bold(verdict) << " |\n";
   const auto strong = [&](const std::string& x) {
@@ -218,13 +224,15 @@ void write_claim_row(Pages& p, const std::string& claim, const std::string& pape
 
 void write_claims(Pages& p, const ClaimsTable& table) {
   const std::string how = claims_method(table) + (table.sequential.empty() ? "" : " " + table.sequential);
-  p.md << "## The paper's claims against this database\n\n" << how
-       << "\n\n| claim | paper | task | measured | vs paper | verdict |\n|---|---|---|---|---|---|\n";
+  p.md << "## The paper's claims against this database\n\n"
+       << how << "\n\n| claim | paper | task | measured | vs paper | verdict |\n|---|---|---|---|---|---|\n";
   p.html << "<h2>The paper's claims against this database</h2>\n<p>" << html_escape(how)
          << "</p>\n<table class=\"claims\"><tr><th>claim</th><th>paper</th><th>task</th><th>measured</th>"
             "<th>vs paper</th><th>verdict</th></tr>\n";
   for (const auto& c : table.claims) {
-    const auto row_text = [](const TaskTest& r) { return r.note.empty() ? r.measured : r.measured + " (" + r.note + ")"; };
+    const auto row_text = [](const TaskTest& r) {
+      return r.note.empty() ? r.measured : r.measured + " (" + r.note + ")";
+    };
     if (c.tasks.empty()) {
       write_claim_row(p, c.claim, c.paper, "", c.measured, c.direction, c.verdict, true);
     } else if (c.tasks.size() == 1) {
@@ -233,8 +241,8 @@ void write_claims(Pages& p, const ClaimsTable& table) {
       write_claim_row(p, c.claim, c.paper, r.label, row_text(r), r.direction, verdict, true);
     } else {
       const std::string verdict = c.detail.empty() ? c.verdict : c.verdict + ": " + c.detail;
-      write_claim_row(p, c.claim, c.paper, "all " + std::to_string(c.tasks.size()) + " tasks", "", c.direction,
-                      verdict, true);
+      write_claim_row(p, c.claim, c.paper, "all " + std::to_string(c.tasks.size()) + " tasks", "", c.direction, verdict,
+                      true);
       for (const auto& r : c.tasks) write_claim_row(p, "", "", r.label, row_text(r), r.direction, r.verdict, false);
     }
   }
@@ -255,18 +263,18 @@ void write_problems(Pages& p, const Summary& s) {
     std::string detail = r->error;
     if (r->diverged_step >= 0) detail = "diverged at step " + std::to_string(r->diverged_step) + ": " + detail;
     p.md << "| " << r->name << " | " << engine::to_string(r->status) << " | " << md_escape(detail) << " |\n";
-    p.html << "<tr><td>" << html_escape(r->name) << "</td><td>" << engine::to_string(r->status) << "</td><td style=\"text-align:left\">"
-           << html_escape(detail) << "</td></tr>\n";
+    p.html << "<tr><td>" << html_escape(r->name) << "</td><td>" << engine::to_string(r->status)
+           << "</td><td style=\"text-align:left\">" << html_escape(detail) << "</td></tr>\n";
   }
   p.html << "</table>\n";
 }
 
 void write_provenance(Pages& pages, const Provenance& p) {
   const bool one_commit = p.commits.find("; ") == std::string::npos;
-  const std::string footer = (one_commit ? "harness commit " : "harness commits ") + p.commits + "; libtorch " + p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " +
-                             p.threads + "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus +
-                             "); devices " + p.devices + "; runs from " + p.first + " to " + p.last + "; matrix " +
-                             p.matrices + ".";
+  const std::string footer = (one_commit ? "harness commit " : "harness commits ") + p.commits + "; libtorch " +
+                             p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " + p.threads +
+                             "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus + "); devices " +
+                             p.devices + "; runs from " + p.first + " to " + p.last + "; matrix " + p.matrices + ".";
   pages.md << "\n---\n\nProvenance: " << footer << "\n";
   pages.html << "<footer>Provenance: " << html_escape(footer) << "</footer>\n</body></html>\n";
 }
@@ -306,8 +314,7 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       // perplexity repeats the token perplexity: shown only where it differs.
       if (!word_ppl_repeats_token_ppl(t)) metric_cols.push_back({"word PPL", "word_ppl", 1, 2, true});
       metric_cols.push_back({"bits/byte", "bits_per_byte", 1, 4, true});
-    }
-    else  // the test split's majority class: the rate a model must beat to have learned anything
+    } else  // the test split's majority class: the rate a model must beat to have learned anything
       metric_cols = {{"accuracy %", "accuracy", 100, 2, true}, {"majority class %", "majority_rate", 100, 2, false}};
     table.header = {"variant", "seeds"};
     for (const auto& c : metric_cols) table.header.push_back(c.name);
@@ -328,8 +335,9 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       for (const auto& c : metric_cols) {
         auto it = v.metric.find(c.key);
         // An unranked column describes the split, not the runs: no spread.
-        row.push_back(it == v.metric.end() ? "" : c.ranked ? with_spread(it->second, c.scale, c.digits)
-                                                           : fixed(it->second.mean * c.scale, c.digits));
+        row.push_back(it == v.metric.end() ? ""
+                      : c.ranked           ? with_spread(it->second, c.scale, c.digits)
+                                           : fixed(it->second.mean * c.scale, c.digits));
         values.push_back(it == v.metric.end() || !c.ranked ? NAN : it->second.mean);
         lower[row.size() - 1] = lower_is_better(c.key);
       }
@@ -337,14 +345,17 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
       values.push_back(v.attn_gflops.mean);
       lower[row.size() - 1] = true;
       const bool has_base = base && base->attn_gflops.mean > 0;
-      row.push_back(has_base && &v != base ? fixed(100.0 * (v.attn_gflops.mean / base->attn_gflops.mean - 1.0), 1) + "%" : "");
+      row.push_back(has_base && &v != base ? fixed(100.0 * (v.attn_gflops.mean / base->attn_gflops.mean - 1.0), 1) + "%"
+                                           : "");
       values.push_back(NAN);
       row.push_back(fixed(v.total_gflops.mean, 5) + " / " + fixed(v.total_sparse_gflops.mean, 5));
       values.push_back(v.total_gflops.mean);
       lower[row.size() - 1] = true;
       row.push_back(fixed(v.train_tps.mean, 0));
       values.push_back(v.train_tps.mean);
-      row.push_back(base && &v != base && base->train_tps.mean > 0 ? fixed(v.train_tps.mean / base->train_tps.mean, 2) + "×" : "");
+      row.push_back(base && &v != base && base->train_tps.mean > 0
+                        ? fixed(v.train_tps.mean / base->train_tps.mean, 2) + "×"
+                        : "");
       values.push_back(NAN);
       row.push_back(fixed(v.eval_tps.mean, 0));
       values.push_back(v.eval_tps.mean);
@@ -368,8 +379,8 @@ std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const s
 }
 
 ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,
-                         const std::string& claims_file, const PluginRegistry& registry,
-                         const std::string& source, bool allow_mixed_code) {
+                         const std::string& claims_file, const PluginRegistry& registry, const std::string& source,
+                         bool allow_mixed_code) {
   const auto claim_specs = load_claims(claims_file);
   const Summary s = summarize(db, OperatorCatalog(registry));
   const boost::filesystem::path base(out);

@@ -30,7 +30,7 @@ struct ReportFiles {
 // rows whose runs come from several code states instead of leaving them
 // without a verdict.
 ReportFiles write_report(const std::string& db, const std::string& out, const std::string& baseline,
-                         const std::string& claims_file, const PluginRegistry& registry,
-                         const std::string& source = "", bool allow_mixed_code = false);
+                         const std::string& claims_file, const PluginRegistry& registry, const std::string& source = "",
+                         bool allow_mixed_code = false);
 
 }  // namespace chiar::report

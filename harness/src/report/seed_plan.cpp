@@ -26,8 +26,10 @@ SeedPlanRow plan_row(const Claim& claim, const TaskTest& t, const ClaimSpec& c, 
   row.claim = claim.id;
   row.task = t.task;
   const double scale = metric_info(t.metric)->scale;
-  if (std::isfinite(c.effect)) row.effect = c.effect / scale;
-  else if (std::isfinite(c.effect_ratio) && std::isfinite(t.mean_b)) row.effect = (c.effect_ratio - 1) * t.mean_b;
+  if (std::isfinite(c.effect))
+    row.effect = c.effect / scale;
+  else if (std::isfinite(c.effect_ratio) && std::isfinite(t.mean_b))
+    row.effect = (c.effect_ratio - 1) * t.mean_b;
   if (std::isfinite(c.margin)) row.margin = c.margin / scale;
   if (!t.test) {
     row.why = "not enough seeds in the pilot";
@@ -73,8 +75,10 @@ SeedPlan plan_seeds(const ClaimsTable& pilot, const std::vector<ClaimSpec>& clai
       SeedPlanRow row = plan_row(claim, t, *c, plan);
       // The margin, where stated, is the smallest effect that matters: it decides.
       const int wanted = row.seeds_margin >= 0 ? row.seeds_margin : row.seeds_effect;
-      if (wanted == 0) plan.beyond.push_back(row.claim + " on " + row.task);
-      else if (wanted > 0) plan.seeds = std::max(plan.seeds, wanted);
+      if (wanted == 0)
+        plan.beyond.push_back(row.claim + " on " + row.task);
+      else if (wanted > 0)
+        plan.seeds = std::max(plan.seeds, wanted);
       plan.rows.push_back(std::move(row));
     }
   }
@@ -101,7 +105,8 @@ std::string plan_table(const SeedPlan& plan) {
   }
   out << "\n";
   if (plan.seeds > 0)
-    out << "Planned: " << plan.seeds << " seeds (the most a planned comparison needs; the margin decides where given).\n";
+    out << "Planned: " << plan.seeds
+        << " seeds (the most a planned comparison needs; the margin decides where given).\n";
   else
     out << "Nothing planned: no comparison has a pilot spread and a stated effect or margin.\n";
   for (const auto& b : plan.beyond)

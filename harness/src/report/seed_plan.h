@@ -19,14 +19,14 @@ struct SeedPlanOptions {
 // needs.
 struct SeedPlanRow {
   std::string claim, task;
-  std::string test;       // "paired" or "Welch", as the pilot's comparison ran
-  int pilot_seeds = 0;    // seeds the pilot's test had (paired: both finished)
+  std::string test;         // "paired" or "Welch", as the pilot's comparison ran
+  int pilot_seeds = 0;      // seeds the pilot's test had (paired: both finished)
   double sd = 0, sd_b = 0;  // paired: the differences' standard deviation; Welch: each side's
-  double effect = NAN;     // the paper's effect, a - b as stored (a ratio: (ratio - 1) x pilot mean of b)
-  double margin = NAN;     // the smallest difference of interest, as stored
-  int seeds_effect = -1;   // seeds for `power` against the effect: -1 not asked, 0 more than max_seeds
-  int seeds_margin = -1;   // the same against the margin
-  std::string why;         // why a row has no plan ("no spread in the pilot", "not enough seeds in the pilot")
+  double effect = NAN;      // the paper's effect, a - b as stored (a ratio: (ratio - 1) x pilot mean of b)
+  double margin = NAN;      // the smallest difference of interest, as stored
+  int seeds_effect = -1;    // seeds for `power` against the effect: -1 not asked, 0 more than max_seeds
+  int seeds_margin = -1;    // the same against the margin
+  std::string why;          // why a row has no plan ("no spread in the pilot", "not enough seeds in the pilot")
 };
 
 struct SeedPlan {
@@ -35,7 +35,7 @@ struct SeedPlan {
   double alpha = 0.05;  // per test: 0.05 / tests
   double power = 0.8;
   int max_seeds = 50;
-  int seeds = 0;        // what the matrix should run: the most any planned row needs (0: none planned)
+  int seeds = 0;                    // what the matrix should run: the most any planned row needs (0: none planned)
   std::vector<std::string> beyond;  // "claim on task" rows needing more than max_seeds
 };
 

@@ -92,7 +92,8 @@ SequentialDesign obrien_fleming_design(int max_seeds, int rounds, double alpha) 
       region.lo = -b;
       region.step = 2 * b / (kGrid - 1);
       region.f.resize(kGrid);
-      for (int j = 0; j < kGrid; ++j) region.f[static_cast<size_t>(j)] = phi((region.lo + region.step * j) / std::sqrt(t)) / std::sqrt(t);
+      for (int j = 0; j < kGrid; ++j)
+        region.f[static_cast<size_t>(j)] = phi((region.lo + region.step * j) / std::sqrt(t)) / std::sqrt(t);
     } else {
       // The crossing probability falls as the boundary rises: bisect.
       double lo = 0, hi = 40;
@@ -206,7 +207,8 @@ std::optional<SequentialLooks> read_sequential_looks(const std::string& db) {
                std::to_string(design->max_seeds) + " seeds in " + std::to_string(design->rounds) + " rounds (" +
                joined(numbers_of(design->seeds), "%.0f") + " seeds), two-sided alpha " + alpha +
                " per comparison spent O'Brien-Fleming-like (Lan-DeMets); a round decides a comparison where its p "
-               "is below the round's boundary (" + joined(numbers_of(design->nominal_p), "%.3g") +
+               "is below the round's boundary (" +
+               joined(numbers_of(design->nominal_p), "%.3g") +
                "), and such a row is tested on its latest look's seeds with the repeated confidence interval at "
                "that level. Seeds stopped for the decided and for the futile (under " +
                std::to_string(static_cast<int>(100 * kFutilePower)) + "% conditional power at the trend so far).";

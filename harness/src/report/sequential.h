@@ -17,9 +17,9 @@
 namespace chiar::report {
 
 struct SequentialDesign {
-  int max_seeds = 0;  // N: the seeds of the last round
-  int rounds = 0;     // K looks
-  double alpha = 0.05;  // two-sided, spent over the looks, per comparison
+  int max_seeds = 0;              // N: the seeds of the last round
+  int rounds = 0;                 // K looks
+  double alpha = 0.05;            // two-sided, spent over the looks, per comparison
   std::vector<int> seeds;         // cumulative seeds at each look: about N k / K, the first at least 3
   std::vector<double> z;          // the boundary on |Z| at each look
   std::vector<double> nominal_p;  // 2 (1 - Phi(z_k)): a look decides when the test's two-sided p is below it

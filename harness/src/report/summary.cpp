@@ -211,7 +211,8 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
     s.tasks.push_back(std::move(t));
   }
   auto& p = s.provenance;
-  p.commits = counted(db, "substr(git_commit, 1, 12) || CASE WHEN git_dirty THEN ' with uncommitted changes' ELSE '' END");
+  p.commits =
+      counted(db, "substr(git_commit, 1, 12) || CASE WHEN git_dirty THEN ' with uncommitted changes' ELSE '' END");
   p.torch = joined(db, "torch_version");
   p.blas = joined(db, "blas");
   // `auto` appends the rates it measured in that process (configure_gemm in

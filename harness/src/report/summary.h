@@ -21,7 +21,7 @@ namespace chiar::report {
 // traits under its stored name and comes after every registered one.
 class OperatorCatalog {
  public:
-  OperatorCatalog() = default;  // no registry: the defaults for every operator
+  OperatorCatalog() = default;                               // no registry: the defaults for every operator
   explicit OperatorCatalog(const PluginRegistry& registry);  // the registry must outlive it
   OperatorTraits traits(const std::string& name) const;
   // Position in registry order (kind, then name); unknown names after all.
@@ -51,15 +51,15 @@ struct RunRow {
   // Per sequence; attention: the operators whose traits count attention FLOPs.
   double attn_fwd = 0, attn_fwd_sparse = 0, total_fwd = 0, total_fwd_sparse = 0;
   double reference_attn_fwd = 0;
-  double total_train = 0;  // forward + backward FLOPs of a training step, per sequence, executed
+  double total_train = 0;                     // forward + backward FLOPs of a training step, per sequence, executed
   std::map<std::string, double> final_share;  // operator -> mean share over routed layers
-  std::string tau;  // JSON
+  std::string tau;                            // JSON
   // The code that made the run: the commit its binary was built from, whether
   // tracked files differed from it then, and the library that ran its
   // products ("onednn", "blas"; "" when not recorded).
   std::string commit, gemm;
   bool dirty = false;
-  double step_ms = 0;  // median training step
+  double step_ms = 0;                                  // median training step
   double gpu_allocated_mb = -1, gpu_reserved_mb = -1;  // peaks on a GPU; -1 for a run on the CPU
   // The task's quality metric (token_ppl or accuracy) at each validation that
   // scored as many tokens or examples as the first one: intermediate
@@ -70,7 +70,7 @@ struct RunRow {
 
 struct VariantSummary {
   std::string variant;
-  std::vector<const RunRow*> runs;  // finished ("done") runs
+  std::vector<const RunRow*> runs;     // finished ("done") runs
   std::map<std::string, Stat> metric;  // test, best checkpoint
   Stat attn_gflops, attn_sparse_gflops, total_gflops, total_sparse_gflops, train_tps, eval_tps;
   Stat gpu_allocated_mb, gpu_reserved_mb;  // over the runs that trained on a GPU (n = 0: none did)

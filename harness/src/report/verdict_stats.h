@@ -15,12 +15,12 @@ constexpr int kMinSeedsPerSide = 3;
 struct Difference {
   bool paired = false;  // by seed (over the seeds both variants finished), else Welch's t
   int n_a = 0, n_b = 0;
-  double diff = 0;          // paired: the mean per-seed difference (equal to the difference of means)
-  double lo = 0, hi = 0;    // its 95% confidence interval
-  double se = 0;            // the standard error of diff: 0 when every seed agrees exactly
+  double diff = 0;            // paired: the mean per-seed difference (equal to the difference of means)
+  double lo = 0, hi = 0;      // its 95% confidence interval
+  double se = 0;              // the standard error of diff: 0 when every seed agrees exactly
   double sd_a = 0, sd_b = 0;  // Welch: each side's standard deviation (paired: the differences' in sd_a)
-  double df = 0;            // degrees of freedom (Welch-Satterthwaite when unpaired)
-  double p = 1;             // two-sided p-value of "no difference"
+  double df = 0;              // degrees of freedom (Welch-Satterthwaite when unpaired)
+  double p = 1;               // two-sided p-value of "no difference"
   // Hedges' g (unpaired; pooled standard deviation, small-sample corrected)
   // or d_z (paired: mean difference over the differences' standard
   // deviation). NaN when the spread is zero.

@@ -50,8 +50,7 @@ CHIAR_SPM_EXPORT int chiar_spm_size(void* processor) {
   return static_cast<sentencepiece::SentencePieceProcessor*>(processor)->GetPieceSize();
 }
 
-CHIAR_SPM_EXPORT int chiar_spm_encode(void* processor, const char* text, size_t length, int* ids,
-                                      int capacity) {
+CHIAR_SPM_EXPORT int chiar_spm_encode(void* processor, const char* text, size_t length, int* ids, int capacity) {
   std::vector<int> out;
   static_cast<sentencepiece::SentencePieceProcessor*>(processor)->Encode(std::string(text, length), &out);
   const int n = static_cast<int>(out.size());
@@ -60,8 +59,7 @@ CHIAR_SPM_EXPORT int chiar_spm_encode(void* processor, const char* text, size_t 
 }
 
 CHIAR_SPM_EXPORT int chiar_spm_piece(void* processor, int id, char* out, int capacity) {
-  return copy_out(static_cast<sentencepiece::SentencePieceProcessor*>(processor)->IdToPiece(id), out,
-                  capacity);
+  return copy_out(static_cast<sentencepiece::SentencePieceProcessor*>(processor)->IdToPiece(id), out, capacity);
 }
 
 CHIAR_SPM_EXPORT int chiar_spm_decode(void* processor, const int* ids, int n, char* out, int capacity) {
