@@ -19,12 +19,14 @@
 
 #include <boost/filesystem.hpp>
 
+#include "support/faults.h"
 #include "support/process.h"
 #include "support/synthetic_store.h"
 #include "support/temp_dir.h"
 
 namespace fs = boost::filesystem;
 using chiar::test::Measured;
+using chiar::test::read_text;
 
 namespace {
 
@@ -71,13 +73,6 @@ Options parse(int argc, char** argv) {
 }
 
 double megabytes(const std::string& file) { return static_cast<double>(fs::file_size(file)) / (1024.0 * 1024.0); }
-
-std::string read_text(const std::string& file) {
-  std::ifstream in(file);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Runs one command; a failure ends the benchmark with its log.
 Measured measured(const std::vector<std::string>& args, const std::string& log) {

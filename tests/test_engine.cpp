@@ -912,27 +912,31 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
 TEST_CASE("bench-train: every variant measured, every JSON field written", "[engine][bench]") {
   TempDir d("bench");
   const std::string json = d.path() + "/b.json";
-  const auto out = test::run_chiar({"bench-train",
-                                    "--variants-file",
-                                    std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
-                                    "--variants",
-                                    "baseline,chiar_dct_attn,chiar_soft",
-                                    "--batch",
-                                    "2",
-                                    "--seq",
-                                    "16",
-                                    "--d-model",
-                                    "16",
-                                    "--heads",
-                                    "2",
-                                    "--vocab",
-                                    "50",
-                                    "--steps",
-                                    "2",
-                                    "--warmup",
-                                    "1",
-                                    "--json",
-                                    json});
+  // A tiny model of every variant named, timed over `steps` steps; `extra` options last.
+  const auto bench = [](const std::string& variants, const std::string& steps, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"bench-train",
+                                     "--variants-file",
+                                     std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
+                                     "--variants",
+                                     variants,
+                                     "--batch",
+                                     "2",
+                                     "--seq",
+                                     "16",
+                                     "--d-model",
+                                     "16",
+                                     "--heads",
+                                     "2",
+                                     "--vocab",
+                                     "50",
+                                     "--steps",
+                                     steps,
+                                     "--warmup",
+                                     "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return test::run_chiar(args);
+  };
+  const auto out = bench("baseline,chiar_dct_attn,chiar_soft", "2", {"--json", json});
   INFO(out.output);
   REQUIRE(out.status == 0);
   std::ifstream in(json);
@@ -953,29 +957,7 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   CHECK(flops_of("chiar_soft") > flops_of("chiar_dct_attn"));
   // bf16 autocast in the timed forward passes, on request.
   const std::string bf16_json = d.path() + "/bf16.json";
-  const auto bf16 = test::run_chiar({"bench-train",
-                                     "--variants-file",
-                                     std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml",
-                                     "--variants",
-                                     "baseline",
-                                     "--batch",
-                                     "2",
-                                     "--seq",
-                                     "16",
-                                     "--d-model",
-                                     "16",
-                                     "--heads",
-                                     "2",
-                                     "--vocab",
-                                     "50",
-                                     "--steps",
-                                     "1",
-                                     "--warmup",
-                                     "1",
-                                     "--precision",
-                                     "bf16",
-                                     "--json",
-                                     bf16_json});
+  const auto bf16 = bench("baseline", "1", {"--precision", "bf16", "--json", bf16_json});
   INFO(bf16.output);
   REQUIRE(bf16.status == 0);
   CHECK(test::read_text(bf16_json).find("\"precision\": \"bf16\"") != std::string::npos);

@@ -29,10 +29,17 @@ pid_t spawn_chiar(const std::vector<std::string>& args, const std::string& log_f
   return pid;
 }
 
+namespace {
+
+// A wait status as a shell says it: the exit status, or 128 + the signal.
+int exit_status(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+}  // namespace
+
 int wait_chiar(pid_t pid) {
   int status = 0;
   waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return exit_status(status);
 }
 
 Measured run_chiar_measured(const std::vector<std::string>& args, const std::string& log_file) {
@@ -43,7 +50,7 @@ Measured run_chiar_measured(const std::vector<std::string>& args, const std::str
   wait4(pid, &status, 0, &usage);
   Measured m;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  m.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  m.status = exit_status(status);
   m.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;  // kilobytes on Linux
   return m;
 }

@@ -123,7 +123,7 @@ class Writer {
     for (int64_t step = shape_.log_every; step <= last; step += shape_.log_every) {
       const double progress = static_cast<double>(step) / static_cast<double>(shape_.steps);
       const double loss = (r.task->language_model ? 5.2 : 0.4) + 3.0 * std::exp(-4.0 * progress) + noise(rng);
-      log_.bind(1, id).bind(2, step).bind(3, loss).bind(4, 2e-3 * (1.0 - 0.9 * progress)).bind(5, 10500.0);
+      log_.bind_all(id, step, loss, 2e-3 * (1.0 - 0.9 * progress), 10500.0);
       run_statement(log_);
     }
     for (int64_t step = shape_.eval_every; step <= last; step += shape_.eval_every) {
@@ -151,13 +151,7 @@ class Writer {
     while (spec.size() < 1300) spec += "\"option_" + std::to_string(spec.size()) + "\": 0.5, ";
     spec += "\"end\": 0}}";
     const std::string tau = r.routed ? "{\"layer2\": [0.80, 0.83], \"layer3\": [0.80, 0.835]}" : std::string("{}");
-    run_.bind(1, r.hash)
-        .bind(2, name)
-        .bind(3, r.variant)
-        .bind(4, std::string(r.task->name))
-        .bind(5, r.seed)
-        .bind(6, spec)
-        .bind(7, r.status);
+    run_.bind_all(r.hash, name, r.variant, std::string(r.task->name), r.seed, spec, r.status);
     if (r.status == "failed")
       run_.bind(8, std::string("chiar: synthetic failure: the node's disk filled up"));
     else
@@ -182,12 +176,7 @@ class Writer {
 
   void metric(int64_t id, int64_t step, const char* split, const char* checkpoint, const std::string& name,
               double value) {
-    metric_.bind(1, id)
-        .bind(2, step)
-        .bind(3, std::string(split))
-        .bind(4, std::string(checkpoint))
-        .bind(5, name)
-        .bind(6, value);
+    metric_.bind_all(id, step, std::string(split), std::string(checkpoint), name, value);
     run_statement(metric_);
   }
 
@@ -219,15 +208,8 @@ class Writer {
   void flops(const SyntheticRun& r, int64_t id, int64_t step, std::mt19937_64& rng) {
     const double T = kTokensPerSequence;
     const auto row = [&](int64_t layer, const std::string& op, double tokens, double per_token) {
-      flops_.bind(1, id)
-          .bind(2, step)
-          .bind(3, layer)
-          .bind(4, op)
-          .bind(5, tokens)
-          .bind(6, tokens * per_token)
-          .bind(7, tokens * per_token)
-          .bind(8, 3 * tokens * per_token)
-          .bind(9, 3 * tokens * per_token);
+      flops_.bind_all(id, step, layer, op, tokens, tokens * per_token, tokens * per_token, 3 * tokens * per_token,
+                      3 * tokens * per_token);
       run_statement(flops_);
     };
     std::uniform_real_distribution<double> share(0.2, 0.5);
@@ -251,7 +233,7 @@ class Writer {
       }
       row(layer, "ffn", T, 6.8e5);
     }
-    reference_.bind(1, id).bind(2, step).bind(3, static_cast<double>(shape_.layers) * T * 1.6e5);
+    reference_.bind_all(id, step, static_cast<double>(shape_.layers) * T * 1.6e5);
     run_statement(reference_);
   }
 
@@ -265,20 +247,14 @@ class Writer {
       else
         shares.emplace_back("dct", 1 - attention);
       for (const auto& [op, s] : shares) {
-        routing_.bind(1, id).bind(2, step).bind(3, layer).bind(4, op).bind(5, s);
+        routing_.bind_all(id, step, layer, op, s);
         run_statement(routing_);
       }
       const double width = 1.0 / static_cast<double>(shape_.histogram_bins);
       for (int64_t b = 0; b < shape_.histogram_bins; ++b) {
         const double centre = (static_cast<double>(b) + 0.5) * width;
         const auto count = static_cast<int64_t>(4000.0 * std::exp(-50.0 * (centre - 0.8) * (centre - 0.8)));
-        histogram_.bind(1, id)
-            .bind(2, step)
-            .bind(3, layer)
-            .bind(4, b)
-            .bind(5, b * width)
-            .bind(6, (b + 1) * width)
-            .bind(7, count);
+        histogram_.bind_all(id, step, layer, b, b * width, (b + 1) * width, count);
         run_statement(histogram_);
       }
     }

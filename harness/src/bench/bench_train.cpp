@@ -378,7 +378,7 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   configure_threads(o.threads);
   const engine::Matrix m = load_variants(o);
   engine::configure_device(at::Device(o.device));  // fp32 is IEEE fp32 on a GPU, as in a run
-  engine::warn_if_bf16_sums_inexact(at::Device(o.device), o.bf16);
+  engine::warn_about_cpu_bf16(at::Device(o.device), o.bf16);
   const Synthetic batch = synthetic_batch(o);
   const std::string allocator = configure_allocator_for(m, o);
 

@@ -45,12 +45,6 @@ int run_info(const Global& g) {
 
 namespace {
 
-// "a|b" would end a Markdown cell.
-std::string cell(std::string text) {
-  for (size_t at = text.find('|'); at != std::string::npos; at = text.find('|', at + 2)) text.replace(at, 1, "\\|");
-  return text;
-}
-
 // Every loaded plugin's declared options, by kind and name: what
 // Registrar::declare_options (or declare_task_options) gave.
 std::string plugin_options_reference(const PluginRegistry& registry) {
@@ -78,9 +72,9 @@ std::string plugin_options_reference(const PluginRegistry& registry) {
     }
     out << "| key | takes | default | meaning |\n|---|---|---|---|\n";
     for (const auto& o : *declared)
-      out << "| `" << o.key << "` | " << cell(option_kind_name(o)) << " | "
-          << (o.default_value.empty() ? std::string("-") : "`" + cell(o.default_value) + "`") << " | "
-          << (o.doc.empty() ? std::string("-") : cell(o.doc)) << " |\n";
+      out << "| `" << o.key << "` | " << engine::markdown_cell(option_kind_name(o)) << " | "
+          << (o.default_value.empty() ? std::string("-") : "`" + engine::markdown_cell(o.default_value) + "`") << " | "
+          << (o.doc.empty() ? std::string("-") : engine::markdown_cell(o.doc)) << " |\n";
   }
   return out.str();
 }

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "chiar/error.h"
-#include "engine/suggest.h"
 #include "engine/task_config.h"
 #include "model/model.h"
 
@@ -30,12 +29,12 @@ void check_task_options_of(const engine::Matrix& matrix, const PluginRegistry& r
     if (std::find(checked.begin(), checked.end(), id) != checked.end()) continue;
     checked.push_back(id);
     if (!registry.has("task", r.task_config.plugin)) continue;
-    const TaskOptionProblem problem = find_task_option_problem(r.task_config, registry);
+    const OptionProblem problem = find_option_problem(registry, "task", r.task_config.plugin, r.task_config.params);
     if (problem.key.empty()) continue;
     const std::string table = "tasks." + r.task;
     throw UserError(origin_or(matrix, r, "task." + problem.key,
                               matrix.where.at(table) + ": key '" + table + "." + problem.key + "'") +
-                    ": " + problem.what);
+                    ": " + task_option_problem_text(problem));
   }
 }
 
@@ -73,23 +72,13 @@ void check_plugin_names_of(const engine::Matrix& matrix, const PluginRegistry& r
 // to the check that makes it.
 void check_declared(const PluginRegistry& registry, const std::string& kind, const std::string& name,
                     const Params& params, const std::function<std::string(const std::string&)>& origin) {
-  if (params.empty() || !registry.has(kind, name)) return;
-  const auto declared = registry.declared_options(kind, name);
-  if (!declared) return;
-  const std::string plugin = kind + " '" + registry.canonical(kind, name) + "'";
-  std::vector<std::string> known;
-  for (const auto& o : *declared) known.push_back(o.key);
-  std::sort(known.begin(), known.end());
-  for (const auto& [key, value] : params.values()) {
-    const auto option =
-        std::find_if(declared->begin(), declared->end(), [&key = key](const PluginOption& o) { return o.key == key; });
-    if (option == declared->end())
-      throw UserError(origin(key) + ": unknown option of " + plugin +
-                      (known.empty() ? std::string(", which takes none") : engine::did_you_mean(key, known)));
-    if (!option_accepts(*option, value))
-      throw UserError(origin(key) + ": " + plugin + " takes " + option_kind_name(*option) + ", found " +
-                      param_value_kind_name(value) + " (" + describe_value(value) + ")");
-  }
+  if (!registry.has(kind, name)) return;
+  const OptionProblem problem = find_option_problem(registry, kind, name, params);
+  if (problem.key.empty()) return;
+  if (problem.unknown())
+    throw UserError(origin(problem.key) + ": unknown option of " + problem.plugin + problem.suggestion);
+  throw UserError(origin(problem.key) + ": " + problem.plugin + " takes " + problem.expected + ", found " +
+                  problem.found);
 }
 
 // The router's and operators' options of every run checked against their

@@ -212,24 +212,20 @@ std::string cpu_bf16_instructions() {
   return found;
 }
 
-void warn_if_bf16_sums_inexact(const at::Device& device, bool bf16) {
+void warn_about_cpu_bf16(const at::Device& device, bool bf16) {
   if (!bf16 || !device.is_cpu()) return;
-  if (cpu_bf16_instructions().empty()) {
-    static std::once_flag once;
-    std::call_once(once, [] {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (cpu_bf16_instructions().empty())
       std::cerr << "warning: precision \"bf16\" on this CPU: it has no bf16 instructions (avx512_bf16, amx_bf16), so "
                    "libtorch converts to fp32 around every product and the run trains slower than in \"fp32\"; it "
                    "goes on"
                 << std::endl;
-    });
-  }
-  if (cpu_bf16_sums_in_fp32()) return;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    std::cerr << "warning: precision \"bf16\" on this CPU: libtorch's bf16 matrix products here sum in bf16 "
-                 "(512 products of ones give 256), so every long sum loses most of its precision; use \"fp32\" "
-                 "on this machine"
-              << std::endl;
+    if (!cpu_bf16_sums_in_fp32())
+      std::cerr << "warning: precision \"bf16\" on this CPU: libtorch's bf16 matrix products here sum in bf16 "
+                   "(512 products of ones give 256), so every long sum loses most of its precision; use \"fp32\" "
+                   "on this machine"
+                << std::endl;
   });
 }
 

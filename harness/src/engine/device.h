@@ -88,7 +88,7 @@ std::string cpu_bf16_instructions();
 // Says so on stderr, once per process, when a bf16 run or benchmark is on
 // the CPU and its products sum in bf16, or the CPU has no bf16 instructions.
 // The run goes on either way.
-void warn_if_bf16_sums_inexact(const at::Device& device, bool bf16);
+void warn_about_cpu_bf16(const at::Device& device, bool bf16);
 
 // Waits for the work queued on `device` (nothing to wait for on the CPU): a
 // GPU runs a step's kernels after the host has moved on, so a host clock

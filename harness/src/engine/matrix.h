@@ -45,6 +45,9 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options = {});
 // meaning, as Markdown tables (`chiar options`, docs/options.md).
 std::string options_reference();
 
+// Text for a Markdown table cell: a '|' inside one would end it.
+std::string markdown_cell(const std::string& text);
+
 // A run back from its resolved TOML (as the store keeps it), e.g. to rebuild
 // its model for inspection.
 RunSpec run_spec_from_toml(const std::string& text);

@@ -236,6 +236,12 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
   return fields;
 }
 
+std::string markdown_cell(const std::string& text) {
+  std::string out;
+  for (char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
 namespace {
 
 // A default as a matrix would write it: 0.001, "fp32", ["a", "b|c"], {}.
@@ -260,21 +266,14 @@ std::string default_text(const toml::table& defaults, const std::string& key) {
   return text.str();
 }
 
-// Markdown table cells: a '|' inside one would end it.
-std::string cell(const std::string& text) {
-  std::string out;
-  for (char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
-  return out;
-}
-
 template <class Options>
 void reference_table(std::ostringstream& out, const std::string& section,
                      const std::vector<OptionField<Options>>& fields) {
   const toml::table defaults = option_defaults(fields);
   out << "| `" << section << ".KEY` | kind | default | meaning |\n|---|---|---|---|\n";
   for (const auto& f : fields)
-    out << "| `" << f.key << "` | " << kind_name(f.kind) << " | `" << cell(default_text(defaults, f.key)) << "` | "
-        << cell(f.doc) << " |\n";
+    out << "| `" << f.key << "` | " << kind_name(f.kind) << " | `" << markdown_cell(default_text(defaults, f.key))
+        << "` | " << markdown_cell(f.doc) << " |\n";
 }
 
 }  // namespace

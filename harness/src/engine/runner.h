@@ -49,8 +49,8 @@ struct ResultColumn {
 std::vector<ResultColumn> result_columns();
 // attn_gflops counts the operators named in `attention_operators`: those
 // whose traits say they count as attention (OperatorTraits::attention_flops),
-// as the report counts them. The store's `results` view, plain SQL, knows
-// only the name "attention".
+// as the report counts them. The store's `results` view is plain SQL: it
+// cannot see traits and counts one fixed operator name.
 std::vector<ResultRow> read_results(const std::string& db, const std::set<std::string>& attention_operators);
 
 }  // namespace chiar::engine

@@ -25,6 +25,14 @@ class Statement {
   Statement& bind(int i, double v);
   Statement& bind(int i, const std::string& v);
   Statement& bind_null(int i);
+  // Binds `values` to parameters 1, 2, ... in order (int64_t, double or
+  // std::string each, as bind takes them).
+  template <class... Values>
+  Statement& bind_all(const Values&... values) {
+    int i = 0;
+    (bind(++i, values), ...);
+    return *this;
+  }
   // Parameter i takes column col of another statement's current row, of
   // whatever type it holds (a row copied between databases unchanged).
   Statement& bind_column(int i, const Statement& from, int col);

@@ -327,16 +327,8 @@ void Store::save_sequential_design_in_transaction(const SequentialDesignRecord& 
     db_.prepare(
            "INSERT INTO sequential_design(id, claims, baseline, max_seeds, rounds, tests, alpha, seeds, boundaries, "
            "nominal_p, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-        .bind(1, d.claims)
-        .bind(2, d.baseline)
-        .bind(3, d.max_seeds)
-        .bind(4, d.rounds)
-        .bind(5, d.tests)
-        .bind(6, d.alpha)
-        .bind(7, d.seeds)
-        .bind(8, d.boundaries)
-        .bind(9, d.nominal_p)
-        .bind(10, now_iso())
+        .bind_all(d.claims, d.baseline, d.max_seeds, d.rounds, d.tests, d.alpha, d.seeds, d.boundaries, d.nominal_p,
+                  now_iso())
         .run();
   }
 }
@@ -371,7 +363,7 @@ void Store::record_look(const SequentialLookRecord& l) {
   auto q = db_.prepare(
       "INSERT OR REPLACE INTO sequential_looks(round, claim, task, seeds, p, nominal, conditional_power, outcome) "
       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
-  q.bind(1, l.round).bind(2, l.claim).bind(3, l.task).bind(4, l.seeds);
+  q.bind_all(l.round, l.claim, l.task, l.seeds);
   std::isfinite(l.p) ? q.bind(5, l.p) : q.bind_null(5);
   q.bind(6, l.nominal);
   std::isfinite(l.conditional_power) ? q.bind(7, l.conditional_power) : q.bind_null(7);
@@ -407,16 +399,8 @@ void Store::insert_runs(const std::vector<RunSpec>& runs) {
       "ON CONFLICT(hash) DO UPDATE SET task_family = COALESCE(excluded.task_family, task_family)");
   const std::string now = now_iso();
   for (const auto& r : runs) {
-    insert.bind(1, r.hash)
-        .bind(2, r.name())
-        .bind(3, r.matrix)
-        .bind(4, r.variant)
-        .bind(5, r.task)
-        .bind(6, r.seed)
-        .bind(7, r.canonical)
-        .bind(8, r.resolved_toml)
-        .bind(9, now)
-        .bind(10, r.task_family);
+    insert.bind_all(r.hash, r.name(), r.matrix, r.variant, r.task, r.seed, r.canonical, r.resolved_toml, now,
+                    r.task_family);
     insert.run();
     insert.reset();
   }
@@ -472,23 +456,9 @@ ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed
            "started_at = COALESCE(started_at, ?), git_commit = ?, git_dirty = ?, torch_version = ?, "
            "blas = ?, gemm_gflops = ?, threads = ?, device = ?, cpu = ?, build_type = ?, allocator = ?, "
            "gemm = ?, processes = ? WHERE hash = ?")
-        .bind(1, p.host)
-        .bind(2, p.pid)
-        .bind(3, now_seconds())
-        .bind(4, now_iso())
-        .bind(5, p.git_commit)
-        .bind(6, int64_t{p.git_dirty})
-        .bind(7, p.torch_version)
-        .bind(8, p.blas)
-        .bind(9, p.gemm_gflops)
-        .bind(10, int64_t{p.threads})
-        .bind(11, p.device)
-        .bind(12, p.cpu)
-        .bind(13, p.build_type)
-        .bind(14, p.allocator)
-        .bind(15, p.gemm)
-        .bind(16, int64_t{p.processes})
-        .bind(17, run.hash)
+        .bind_all(p.host, p.pid, now_seconds(), now_iso(), p.git_commit, int64_t{p.git_dirty}, p.torch_version, p.blas,
+                  p.gemm_gflops, int64_t{p.threads}, p.device, p.cpu, p.build_type, p.allocator, p.gemm,
+                  int64_t{p.processes}, run.hash)
         .run();
     result = ClaimOutcome::Claimed;
   });
@@ -497,11 +467,7 @@ ClaimOutcome Store::claim(const RunSpec& run, const Provenance& p, bool* resumed
 
 void Store::heartbeat(const std::string& hash, int64_t step) {
   db_.transaction([&] {
-    db_.prepare("UPDATE runs SET heartbeat = ?, step = ? WHERE hash = ?")
-        .bind(1, now_seconds())
-        .bind(2, step)
-        .bind(3, hash)
-        .run();
+    db_.prepare("UPDATE runs SET heartbeat = ?, step = ? WHERE hash = ?").bind_all(now_seconds(), step, hash).run();
   });
 }
 
@@ -595,7 +561,7 @@ void Store::add_metrics(const std::string& hash, int64_t step, const std::string
   db_.transaction([&] {
     auto ins = db_.prepare("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?, ?, ?)");
     for (const auto& [name, value] : values) {
-      ins.bind(1, id).bind(2, step).bind(3, split).bind(4, checkpoint).bind(5, name).bind(6, value);
+      ins.bind_all(id, step, split, checkpoint, name, value);
       ins.run();
       ins.reset();
     }
@@ -605,13 +571,7 @@ void Store::add_metrics(const std::string& hash, int64_t step, const std::string
 void Store::add_train_log(const std::string& hash, int64_t step, double loss, double lr, double tps) {
   const int64_t id = run_id(hash);
   db_.transaction([&] {
-    db_.prepare("INSERT OR REPLACE INTO train_log VALUES (?, ?, ?, ?, ?)")
-        .bind(1, id)
-        .bind(2, step)
-        .bind(3, loss)
-        .bind(4, lr)
-        .bind(5, tps)
-        .run();
+    db_.prepare("INSERT OR REPLACE INTO train_log VALUES (?, ?, ?, ?, ?)").bind_all(id, step, loss, lr, tps).run();
   });
 }
 
@@ -621,22 +581,12 @@ void Store::add_flops(const std::string& hash, int64_t step, const std::vector<F
   db_.transaction([&] {
     auto ins = db_.prepare("INSERT OR REPLACE INTO flops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
     for (const auto& r : rows) {
-      ins.bind(1, id)
-          .bind(2, step)
-          .bind(3, r.layer)
-          .bind(4, r.op)
-          .bind(5, r.tokens)
-          .bind(6, r.fwd_executed)
-          .bind(7, r.fwd_sparse)
-          .bind(8, r.train_executed)
-          .bind(9, r.train_sparse);
+      ins.bind_all(id, step, r.layer, r.op, r.tokens, r.fwd_executed, r.fwd_sparse, r.train_executed, r.train_sparse);
       ins.run();
       ins.reset();
     }
     db_.prepare("INSERT OR REPLACE INTO flops_reference VALUES (?, ?, ?)")
-        .bind(1, id)
-        .bind(2, step)
-        .bind(3, reference_attention_fwd)
+        .bind_all(id, step, reference_attention_fwd)
         .run();
   });
 }
@@ -648,20 +598,15 @@ void Store::add_routing(const std::string& hash, int64_t step, int64_t layer,
   db_.transaction([&] {
     auto ins = db_.prepare("INSERT OR REPLACE INTO routing VALUES (?, ?, ?, ?, ?)");
     for (const auto& [op, share] : shares) {
-      ins.bind(1, id).bind(2, step).bind(3, layer).bind(4, op).bind(5, share);
+      ins.bind_all(id, step, layer, op, share);
       ins.run();
       ins.reset();
     }
     auto hist = db_.prepare("INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?, ?, ?)");
     const double width = 1.0 / static_cast<double>(histogram.size());
     for (size_t b = 0; b < histogram.size(); ++b) {
-      hist.bind(1, id)
-          .bind(2, step)
-          .bind(3, layer)
-          .bind(4, static_cast<int64_t>(b))
-          .bind(5, width * static_cast<double>(b))
-          .bind(6, width * static_cast<double>(b + 1))
-          .bind(7, histogram[b]);
+      hist.bind_all(id, step, layer, static_cast<int64_t>(b), width * static_cast<double>(b),
+                    width * static_cast<double>(b + 1), histogram[b]);
       hist.run();
       hist.reset();
     }
@@ -672,13 +617,7 @@ void Store::record_checkpoint(const std::string& hash, const CheckpointRecord& c
   const int64_t id = run_id(hash);
   db_.transaction([&] {
     db_.prepare("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)")
-        .bind(1, id)
-        .bind(2, c.kind)
-        .bind(3, c.step)
-        .bind(4, c.file)
-        .bind(5, c.bytes)
-        .bind(6, c.checksum)
-        .bind(7, now_iso())
+        .bind_all(id, c.kind, c.step, c.file, c.bytes, c.checksum, now_iso())
         .run();
   });
 }
@@ -696,11 +635,7 @@ std::vector<CheckpointRecord> Store::checkpoints(const std::string& hash, const 
 void Store::forget_checkpoint(const std::string& hash, const std::string& kind, int64_t step) {
   const int64_t id = run_id(hash);
   db_.transaction([&] {
-    db_.prepare("DELETE FROM checkpoints WHERE run_id = ? AND kind = ? AND step = ?")
-        .bind(1, id)
-        .bind(2, kind)
-        .bind(3, step)
-        .run();
+    db_.prepare("DELETE FROM checkpoints WHERE run_id = ? AND kind = ? AND step = ?").bind_all(id, kind, step).run();
   });
 }
 

@@ -98,31 +98,40 @@ TaskConfig task_config_from_assignments(const std::string& plugin, const std::ve
   return config;
 }
 
-TaskOptionProblem find_task_option_problem(const TaskConfig& config, const PluginRegistry& registry) {
-  const auto declared = registry.task_options(config.plugin);
+OptionProblem find_option_problem(const PluginRegistry& registry, const std::string& kind, const std::string& name,
+                                  const Params& params) {
+  if (params.empty()) return {};
+  const auto declared = registry.declared_options(kind, name);
   if (!declared) return {};
   std::vector<std::string> known;
   for (const auto& o : *declared) known.push_back(o.key);
   std::sort(known.begin(), known.end());
-  for (const auto& [key, value] : config.params.values()) {
+  const std::string plugin = kind + " '" + registry.canonical(kind, name) + "'";
+  for (const auto& [key, value] : params.values()) {
     const auto option =
-        std::find_if(declared->begin(), declared->end(), [&key = key](const TaskOption& o) { return o.key == key; });
+        std::find_if(declared->begin(), declared->end(), [&key = key](const PluginOption& o) { return o.key == key; });
     if (option == declared->end())
-      return {key, "unknown option of task '" + config.plugin + "'" + engine::did_you_mean(key, known)};
-    if (!param_has_kind(value, option->kind))
-      return {key, std::string("expected ") + param_kind_name(option->kind) + ", found " +
-                       param_value_kind_name(value) + " (" + describe_value(value) + ")"};
+      return {key, plugin, known.empty() ? std::string(", which takes none") : engine::did_you_mean(key, known), "",
+              ""};
+    if (!option_accepts(*option, value))
+      return {key, plugin, "", option_kind_name(*option),
+              std::string(param_value_kind_name(value)) + " (" + describe_value(value) + ")"};
   }
   return {};
 }
 
+std::string task_option_problem_text(const OptionProblem& problem) {
+  if (problem.unknown()) return "unknown option of " + problem.plugin + problem.suggestion;
+  return "expected " + problem.expected + ", found " + problem.found;
+}
+
 void check_task_options(const TaskConfig& config, const PluginRegistry& registry) {
-  const TaskOptionProblem problem = find_task_option_problem(config, registry);
+  const OptionProblem problem = find_option_problem(registry, "task", config.plugin, config.params);
   if (problem.key.empty()) return;
   const auto at = config.where.find(problem.key);
   const std::string where =
       at != config.where.end() ? at->second : "task '" + config.name + "': key '" + problem.key + "'";
-  throw UserError(where + ": " + problem.what);
+  throw UserError(where + ": " + task_option_problem_text(problem));
 }
 
 }  // namespace chiar

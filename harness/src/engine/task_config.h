@@ -28,15 +28,26 @@ TaskConfig load_task_config(const std::string& file, const std::string& table);
 // A task from --task NAME and --set key=value assignments.
 TaskConfig task_config_from_assignments(const std::string& plugin, const std::vector<std::string>& assignments);
 
-// The first option of a task that its plugin does not declare, or whose value
-// is of another kind than declared: the key and what is wrong ("unknown
-// option of task 'wikitext' (did you mean 'seq_len'?)", "expected an integer,
-// found a string ("abc")"). Empty key when all are fine, or when the plugin
-// declares nothing (the registry then reports unread keys after making it).
-struct TaskOptionProblem {
-  std::string key, what;
+// The first option in `params` that the plugin `name` of `kind` does not
+// declare, or whose value is of another kind than declared. Empty key when
+// all are fine, or when the plugin declares nothing (the registry then
+// reports unread keys after making it). Callers word it for where the option
+// stands.
+struct OptionProblem {
+  std::string key;
+  std::string plugin;      // the kind and registered name: "router 'threshold'"
+  std::string suggestion;  // an unknown key: " (did you mean 'tau'?)", " (known: ...)" or ", which takes none"
+  std::string expected;    // a value of another kind: what the option takes, "a list of numbers or \"auto\""
+  std::string found;       // and what it is, "a boolean (true)"
+  bool unknown() const { return expected.empty(); }
 };
-TaskOptionProblem find_task_option_problem(const TaskConfig& config, const PluginRegistry& registry);
+OptionProblem find_option_problem(const PluginRegistry& registry, const std::string& kind, const std::string& name,
+                                  const Params& params);
+
+// A task option's problem as the task checks say it: "unknown option of task
+// 'wikitext' (did you mean 'seq_len'?)", "expected an integer, found a string
+// ("abc")".
+std::string task_option_problem_text(const OptionProblem& problem);
 
 // The same as a UserError located by config.where ("task 'NAME': key 'KEY'"
 // where it has no entry). Runs before the task is made, so before any of its

@@ -949,7 +949,7 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   configure_threads(static_cast<int>(spec.train.threads));
   Run run(spec, ctx);
   configure_device(run.device);
-  warn_if_bf16_sums_inexact(run.device, run.bf16);
+  warn_about_cpu_bf16(run.device, run.bf16);
   result.summary.params = run.model.parameter_count();
   // The marks from the model and optimiser in place, after handing back the
   // blocks earlier runs of this process left cached, so that the reserved
