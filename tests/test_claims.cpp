@@ -9,8 +9,8 @@
 #include <map>
 #include <sstream>
 
-#include "engine/sqlite.h"
-#include "engine/store.h"
+#include "engine/store/sqlite.h"
+#include "engine/store/store.h"
 #include "report/claims.h"
 #include "report/claims_export.h"
 #include "report/tabular.h"

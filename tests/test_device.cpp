@@ -18,9 +18,9 @@
 #include <toml++/toml.h>
 
 #include "chiar/error.h"
-#include "engine/device.h"
-#include "engine/queue_mark.h"
-#include "engine/sqlite.h"
+#include "engine/runtime/device.h"
+#include "engine/runtime/queue_mark.h"
+#include "engine/store/sqlite.h"
 #include "model/model.h"
 #include "support/env_scope.h"
 #include "support/fixtures.h"
@@ -378,7 +378,7 @@ TEST_CASE("device: a queue mark on a GPU waits for the copy queued before it", "
 }
 
 // Hidden (as above). A GPU reads each step's loss a step late by default
-// (CHIAR_LOSS_READS, engine/trainer.h); read every step instead it trains
+// (CHIAR_LOSS_READS, engine/training/trainer.h); read every step instead it trains
 // the same runs: the same losses to fp32 rounding (the two processes may
 // sum in different orders where CUDA's kernels use atomics), and a forced
 // divergence (a learning rate of 1e12) found at the same step.
@@ -474,7 +474,7 @@ std::vector<std::pair<std::string, bool>> shipped_variants() {
 // the causal ones, classification for all. The first run is stopped by
 // SIGTERM during its third step, past its step-2 checkpoint: on the CPU it
 // stops after that step; on a GPU, which reads each step's loss a step
-// late, after the fourth (engine/trainer.h, LossReads). The second call
+// late, after the fourth (engine/training/trainer.h, LossReads). The second call
 // resumes it and trains the rest. Then every run is done on `device`, and
 // each best checkpoint is inspected (on the CPU).
 void train_every_variant(const TempDir& d, const std::string& device) {

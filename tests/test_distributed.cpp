@@ -1,4 +1,4 @@
-// test_distributed: one run over several processes (engine/distributed.h).
+// test_distributed: one run over several processes (engine/cluster/distributed.h).
 // The world read from launchers' variables; a real two-rank Gloo group made of
 // two forked children of this test on 127.0.0.1 (one process per rank, as in
 // a run: Gloo's ranks are never threads of one process here); ranks that die,
@@ -26,7 +26,7 @@
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
-#include "engine/distributed.h"
+#include "engine/cluster/distributed.h"
 #include "support/temp_dir.h"
 
 using namespace chiar;

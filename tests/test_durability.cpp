@@ -12,8 +12,8 @@
 
 #include <boost/filesystem.hpp>
 
-#include "engine/durable_file.h"
-#include "engine/sqlite.h"
+#include "engine/store/sqlite.h"
+#include "engine/training/durable_file.h"
 #include "chiar/error.h"
 #include "support/faults.h"
 #include "support/process.h"

@@ -23,11 +23,11 @@
 #include <toml++/toml.h>
 
 #include "model/model.h"
-#include "engine/build_commit.h"
-#include "engine/device.h"
-#include "engine/matrix.h"
-#include "engine/sqlite.h"
-#include "engine/store.h"
+#include "engine/config/matrix.h"
+#include "engine/runtime/build_commit.h"
+#include "engine/runtime/device.h"
+#include "engine/store/sqlite.h"
+#include "engine/store/store.h"
 #include "chiar/error.h"
 #include "chiar/linear.h"
 #include "chiar/random.h"
@@ -441,7 +441,8 @@ TEST_CASE("store: an older database is migrated to the current schema on open", 
         "VALUES ('h', 'v/t/seed=0', 'm', 'v', 't', 0, '{}', 'now')");
     // Back to schema 1: no spec_toml, no overhead or gemm columns, the old results view.
     con.exec(
-        "DROP VIEW results; ALTER TABLE runs DROP COLUMN spec_toml; ALTER TABLE runs DROP COLUMN overhead; "
+        "DROP VIEW results; ALTER TABLE flops DROP COLUMN attention; ALTER TABLE runs DROP COLUMN spec_toml; "
+        "ALTER TABLE runs DROP COLUMN overhead; "
         "ALTER TABLE runs DROP COLUMN overhead_fraction; ALTER TABLE runs DROP COLUMN gemm; CREATE VIEW results AS "
         "SELECT id, name FROM runs; "
         "UPDATE meta SET value = '1' WHERE key = 'schema_version'");
@@ -452,6 +453,7 @@ TEST_CASE("store: an older database is migrated to the current schema on open", 
               "SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name IN "
               "('spec_toml', 'overhead', 'overhead_fraction', 'gemm')") == 4);
   CHECK(count(db, "SELECT COUNT(*) FROM pragma_table_info('results') WHERE name = 'overhead_fraction'") == 1);
+  CHECK(count(db, "SELECT COUNT(*) FROM pragma_table_info('flops') WHERE name = 'attention'") == 1);
   CHECK(count(db, "SELECT COUNT(*) FROM runs WHERE hash = 'h'") == 1);
   // A database from a newer harness is refused rather than misread.
   {
@@ -563,7 +565,7 @@ std::vector<std::string> all_metrics(const std::string& db) {
 
 }  // namespace
 
-// Late loss reads (CHIAR_LOSS_READS, engine/trainer.h) are what a GPU run
+// Late loss reads (CHIAR_LOSS_READS, engine/training/trainer.h) are what a GPU run
 // does; here the CPU is made to read late, so that every branch of it runs
 // where a test can see it. Nine steps, validated and checkpointed every
 // four, so that most steps are read late; two micro-batches a step.

@@ -19,7 +19,7 @@
 
 #include <boost/filesystem.hpp>
 
-#include "engine/sqlite.h"
+#include "engine/store/sqlite.h"
 #include "support/env_scope.h"
 #include "support/faults.h"
 #include "support/process.h"

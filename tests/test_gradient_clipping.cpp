@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "engine/gradient_clipping.h"
+#include "engine/training/gradient_clipping.h"
 #include "support/fixtures.h"
 
 using chiar::engine::clip_gradient_norm;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "chiar/random.h"
-#include "engine/sqlite.h"
+#include "engine/store/sqlite.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 

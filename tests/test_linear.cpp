@@ -10,7 +10,7 @@
 
 #include "core/autocast_compat.h"
 #include "model/model.h"
-#include "engine/runtime.h"
+#include "engine/runtime/runtime.h"
 #include "chiar/error.h"
 #include "chiar/linear.h"
 #include "support/fixtures.h"

@@ -12,8 +12,9 @@
 #include <boost/filesystem.hpp>
 
 #include "engine/runner.h"
-#include "engine/sqlite.h"
-#include "engine/store.h"
+#include "engine/store/results.h"
+#include "engine/store/sqlite.h"
+#include "engine/store/store.h"
 #include "report/claims.h"
 #include "report/equal_time.h"
 #include "report/report.h"
@@ -96,7 +97,8 @@ std::string make_store(const TempDir& d) {
     // Attention 8 GFLOPs per sequence for the baseline, 3 for DCT+Attn (-62.5%).
     const double attn = r.variant == "baseline" ? 8e9 : 3e9;
     store.add_flops(r.hash, 10,
-                    {{1, "attention", 64, attn, attn, 3 * attn, 3 * attn}, {1, "ffn", 64, 2e9, 2e9, 6e9, 6e9}}, 5e9);
+                    {{1, "attention", 64, attn, attn, 3 * attn, 3 * attn, true}, {1, "ffn", 64, 2e9, 2e9, 6e9, 6e9}},
+                    5e9);
     if (r.variant == "chiar_hard")
       store.add_routing(r.hash, 10, 1, {{"dct", 0.6}, {"rbf", 0.02}, {"attention", 0.38}}, std::vector<int64_t>(20, 1));
     store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
@@ -347,10 +349,10 @@ TEST_CASE("report files: Markdown with charts beside it, HTML that renders offli
   CHECK(boost::filesystem::exists(shot));
 }
 
-TEST_CASE("results: attn_gflops sums the operators whose traits count as attention, at each run's last record",
-          "[report]") {
+TEST_CASE("results: attn_gflops sums the FLOP rows flagged as attention, at each run's last record", "[report]") {
   // Synthetic runs: the baseline (attention in every layer) and
-  // chiar_dct_attn (dct, routed attention|dct, attention), one seed.
+  // chiar_dct_attn (dct, routed attention|dct, attention), one seed; each
+  // FLOP row flags its operator as the in-tree traits do (attention only).
   TempDir d("results-attention");
   const std::string db = d.path() + "/s.db";
   test::SyntheticStoreShape shape;
@@ -359,12 +361,12 @@ TEST_CASE("results: attn_gflops sums the operators whose traits count as attenti
   shape.steps = 200;
   shape.eval_every = 100;
   test::write_synthetic_store(db, shape);
-  const auto gflops_of = [&](const std::string& ops) {
+  const auto gflops_of = [&](const std::string& where) {
     std::map<std::string, double> out;
     engine::Database con(db, engine::OpenMode::ReadOnly);
-    auto q = con.prepare(
-        "SELECT r.name, SUM(f.fwd_executed) / 1e9 FROM flops f JOIN runs r ON r.id = f.run_id WHERE f.operator IN (" +
-        ops + ") AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = f.run_id) GROUP BY r.name");
+    auto q =
+        con.prepare("SELECT r.name, SUM(f.fwd_executed) / 1e9 FROM flops f JOIN runs r ON r.id = f.run_id WHERE " +
+                    where + " AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = f.run_id) GROUP BY r.name");
     while (q.step()) out[q.text(0)] = q.real(1);
     return out;
   };
@@ -373,22 +375,57 @@ TEST_CASE("results: attn_gflops sums the operators whose traits count as attenti
     for (const auto& row : engine::read_results(db, attention)) out[row.cells[0]] = row.cells[4];
     return out;
   };
-  const auto attention = gflops_of("'attention'"), both = gflops_of("'attention', 'dct'");
-  const auto by_attention = cells_of({"attention"}), by_both = cells_of({"attention", "dct"}), by_none = cells_of({});
-  REQUIRE(by_attention.size() == 8);
-  int counted = 0;
-  for (const auto& [name, cell] : by_attention) {
-    INFO(name);
-    if (!attention.count(name)) continue;  // a failed run records no FLOPs
-    ++counted;
-    CHECK(std::stod(cell) == Approx(attention.at(name)).epsilon(1e-4));
-    CHECK(std::stod(by_both.at(name)) == Approx(both.at(name)).epsilon(1e-4));
-    CHECK(std::stod(by_both.at(name)) > std::stod(cell) - 1e-12);
-    CHECK(by_none.at(name).empty());
+  const auto view_of = [&] {
+    std::map<std::string, double> out;
+    engine::Database con(db, engine::OpenMode::ReadOnly);
+    auto q = con.prepare("SELECT name, attention_gflops FROM results WHERE attention_gflops IS NOT NULL");
+    while (q.step()) out[q.text(0)] = q.real(1);
+    return out;
+  };
+  const auto agrees = [](const std::map<std::string, double>& expected,
+                         const std::map<std::string, std::string>& cells) {
+    int counted = 0;
+    for (const auto& [name, gflops] : expected) {
+      INFO(name);
+      ++counted;
+      REQUIRE(cells.count(name));
+      CHECK(std::stod(cells.at(name)) == Approx(gflops).epsilon(1e-4));
+    }
+    return counted;
+  };
+
+  SECTION("a flagged row counts whatever plugins are loaded; the store's view agrees") {
+    const auto expected = gflops_of("f.operator = 'attention'");
+    CHECK(agrees(expected, cells_of({"attention"})) >= 6);  // a failed run records no FLOPs
+    CHECK(agrees(expected, cells_of({})) >= 6);
+    CHECK(agrees(expected, cells_of({"attention", "dct"})) >= 6);
+    const auto view = view_of();
+    REQUIRE(view.size() == expected.size());
+    for (const auto& [name, gflops] : expected) CHECK(view.at(name) == Approx(gflops).epsilon(1e-12));
   }
-  CHECK(counted >= 6);
-  // The same figure the store's view gives for the in-tree attention.
-  engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare("SELECT name, attention_gflops FROM results WHERE attention_gflops IS NOT NULL");
-  while (q.step()) CHECK(std::stod(by_attention.at(q.text(0))) == Approx(q.real(1)).epsilon(1e-4));
+  SECTION("a new attention-like operator counts by its flag, in show and in the view") {
+    engine::Database(db).exec("UPDATE flops SET attention = 1 WHERE operator = 'dct'");
+    const auto expected = gflops_of("f.operator IN ('attention', 'dct')");
+    CHECK(agrees(expected, cells_of({"attention"})) >= 6);
+    const auto view = view_of();
+    for (const auto& [name, gflops] : expected) CHECK(view.at(name) == Approx(gflops).epsilon(1e-12));
+  }
+  SECTION("rows recorded before schema 9 carry no flag: the loaded traits decide") {
+    engine::Database(db).exec("UPDATE flops SET attention = NULL");
+    CHECK(agrees(gflops_of("f.operator = 'attention'"), cells_of({"attention"})) >= 6);
+    CHECK(agrees(gflops_of("f.operator IN ('attention', 'dct')"), cells_of({"attention", "dct"})) >= 6);
+    for (const auto& [name, cell] : cells_of({})) CHECK(cell.empty());
+    CHECK(view_of().empty());
+  }
+  SECTION("a store of schema 8, read as it is: no flag column, the loaded traits decide") {
+    engine::Database(db).exec(
+        "DROP VIEW results; ALTER TABLE flops DROP COLUMN attention; "
+        "CREATE VIEW results AS SELECT r.id, r.name, r.variant, r.task, r.seed, r.status, NULL AS main_metric, "
+        "NULL AS metric_name, NULL AS attention_gflops, NULL AS total_gflops, r.train_tokens_per_s, "
+        "r.eval_tokens_per_s, r.params, r.overhead_fraction FROM runs r WHERE r.status IN ('done', 'diverged', "
+        "'failed'); UPDATE meta SET value = '8' WHERE key = 'schema_version'");
+    CHECK(agrees(gflops_of("f.operator = 'attention'"), cells_of({"attention"})) >= 6);
+    const auto summary = report::summarize(db, report::OperatorCatalog());  // default traits: nothing is attention
+    for (const auto& r : summary.runs) CHECK(r.attn_fwd == 0);
+  }
 }

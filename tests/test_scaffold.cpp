@@ -8,7 +8,7 @@
 
 #include <boost/filesystem.hpp>
 
-#include "engine/sqlite.h"
+#include "engine/store/sqlite.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 

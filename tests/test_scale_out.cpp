@@ -20,10 +20,10 @@
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
-#include "engine/merge.h"
-#include "engine/slurm_script.h"
-#include "engine/sqlite.h"
-#include "engine/store.h"
+#include "engine/cluster/slurm_script.h"
+#include "engine/store/merge.h"
+#include "engine/store/sqlite.h"
+#include "engine/store/store.h"
 #include "support/faults.h"
 #include "support/process.h"
 #include "support/synthetic_store.h"

@@ -8,7 +8,7 @@
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
-#include "engine/sqlite.h"
+#include "engine/store/sqlite.h"
 #include "report/sequential.h"
 #include "report/verdict_stats.h"
 #include "support/faults.h"

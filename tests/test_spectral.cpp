@@ -5,7 +5,7 @@
 #include <limits>
 #include <sstream>
 
-#include "engine/vector_text.h"
+#include "engine/text/vector_text.h"
 #include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar/spectral.h"

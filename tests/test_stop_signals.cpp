@@ -1,4 +1,4 @@
-// Where SIGINT and SIGTERM land (engine/stop_signals.h): never on an intra-op
+// Where SIGINT and SIGTERM land (engine/runtime/stop_signals.h): never on an intra-op
 // worker thread, and on the handler's own stack, so that a signal taken in
 // the middle of a JIT product that points rsp into the heap writes its frame
 // elsewhere. The process-level consequence (a run stopped at a random moment
@@ -13,8 +13,8 @@
 
 #include <vector>
 
-#include "engine/runtime.h"
-#include "engine/stop_signals.h"
+#include "engine/runtime/runtime.h"
+#include "engine/runtime/stop_signals.h"
 
 using namespace chiar;
 

@@ -15,9 +15,9 @@
 
 #include <boost/filesystem.hpp>
 
-#include "engine/run_spec.h"
-#include "engine/sqlite.h"
-#include "engine/store.h"
+#include "engine/config/run_spec.h"
+#include "engine/store/sqlite.h"
+#include "engine/store/store.h"
 #include "chiar/error.h"
 #include "support/process.h"
 #include "support/temp_dir.h"

@@ -3,8 +3,8 @@
 #include <torch/utils.h>
 
 #include "model/model.h"
-#include "engine/sotu.h"
-#include "engine/task_config.h"
+#include "engine/config/task_config.h"
+#include "engine/text/sotu.h"
 #include "chiar/error.h"
 #include "support/fixtures.h"
 #include "support/skip.h"

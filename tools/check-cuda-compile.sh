@@ -87,8 +87,8 @@ includes=(-I harness/include -I harness/src -I harness/src/core -I harness/cuda 
 [ "$cuda_include" = /usr/include ] || includes+=(-isystem "$cuda_include")
 for source in harness/src/core/cuda_routing.cpp harness/src/core/cuda_head.cpp harness/src/core/chunked_cross_entropy.cpp \
               harness/src/core/spectral.cpp harness/src/core/rows.cpp \
-              harness/src/core/kernels.cpp harness/src/bench/chiar_bench.cpp harness/src/engine/gpu_memory.cpp \
-              harness/src/engine/queue_mark.cpp; do
+              harness/src/core/kernels.cpp harness/src/bench/chiar_bench.cpp harness/src/engine/runtime/gpu_memory.cpp \
+              harness/src/engine/runtime/queue_mark.cpp; do
   if g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -fopenmp "${includes[@]}" "$source"; then
     echo "checked   $source (as a CUDA build compiles it)"
   else

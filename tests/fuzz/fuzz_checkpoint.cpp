@@ -5,10 +5,10 @@
 //                    wrote (checkpoint_fixture.h): the file is a user's or a
 //                    disk's change to it;
 //   "SIZE CHECKSUM"  any record ("=" for the file's true size or checksum).
-// (a) engine/durable_file.cpp read_verified must return exactly the file and
+// (a) engine/training/durable_file.cpp read_verified must return exactly the file and
 //     only when it matches the record, else throw CorruptCheckpoint.
 // (b) bytes that passed go through torch::serialize::InputArchive::load_from
-//     and the keys a state checkpoint holds (engine/trainer.cpp restore), into
+//     and the keys a state checkpoint holds (engine/training/trainer.cpp restore), into
 //     a tiny model, an AdamW and the CPU generator. By design only bytes the
 //     harness wrote reach libtorch: with "harness", (b) runs on what passed;
 //     with any other record, (b) runs only under CHIAR_FUZZ_LIBTORCH=1,
@@ -22,7 +22,7 @@
 
 #include "checkpoint_fixture.h"
 #include "chiar/error.h"
-#include "engine/durable_file.h"
+#include "engine/training/durable_file.h"
 #include "fuzz_support.h"
 
 namespace {
@@ -48,7 +48,7 @@ Record record_of(const std::string& header, const std::string& file) {
           checksum_text == "=" ? chiar::engine::crc32_of(file) : checksum_text, false};
 }
 
-// restore() in engine/trainer.cpp, on a tiny model.
+// restore() in engine/training/trainer.cpp, on a tiny model.
 void load_state(const std::string& bytes) {
   torch::serialize::InputArchive archive;
   archive.load_from(bytes.data(), bytes.size());

@@ -1,4 +1,4 @@
-// TOML matrix reader with includes (engine/matrix.cpp load_matrix). The input
+// TOML matrix reader with includes (engine/config/matrix.cpp load_matrix). The input
 // is split on "-----" lines into up to four files, f0.toml (the matrix read)
 // to f3.toml, so includes between them (and cycles) are exercised; a fifth
 // part holds --set assignments, one per line. Bad input must surface as
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "chiar/error.h"
-#include "engine/matrix.h"
+#include "engine/config/matrix.h"
 #include "fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

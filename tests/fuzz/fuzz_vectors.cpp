@@ -1,4 +1,4 @@
-// Entropy vector reader (engine/vector_text.cpp, `chiar entropy` input): one
+// Entropy vector reader (engine/text/vector_text.cpp, `chiar entropy` input): one
 // vector per line. Bad input must surface as chiar::UserError; what is read
 // must be an (N, d) float64 tensor of finite numbers.
 #include <ATen/ATen.h>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "chiar/error.h"
-#include "engine/vector_text.h"
+#include "engine/text/vector_text.h"
 #include "fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

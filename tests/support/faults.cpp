@@ -11,7 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/sqlite.h"
+#include "engine/store/sqlite.h"
 
 extern char** environ;
 

@@ -9,7 +9,7 @@
 
 #include <boost/filesystem.hpp>
 
-#include "engine/store.h"
+#include "engine/store/store.h"
 
 namespace chiar::test {
 namespace {
@@ -106,7 +106,7 @@ class Writer {
             "'{\"steps_s\": 238.1, \"store_s\": 0.6}', 'onednn: oneDNN 2.6.3 sgemm', ?, 1)")),
         metric_(db.prepare("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)")),
         log_(db.prepare("INSERT INTO train_log VALUES (?, ?, ?, ?, ?)")),
-        flops_(db.prepare("INSERT INTO flops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")),
+        flops_(db.prepare("INSERT INTO flops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")),
         reference_(db.prepare("INSERT INTO flops_reference VALUES (?, ?, ?)")),
         routing_(db.prepare("INSERT INTO routing VALUES (?, ?, ?, ?, ?)")),
         histogram_(db.prepare("INSERT INTO histograms VALUES (?, ?, ?, ?, ?, ?, ?)")),
@@ -180,7 +180,7 @@ class Writer {
     run_statement(metric_);
   }
 
-  // The names a task of this kind records (engine/trainer.cpp's evaluations).
+  // The names a task of this kind records (engine/training/trainer.cpp's evaluations).
   void metrics(const SyntheticRun& r, int64_t id, int64_t step, const char* split, const char* checkpoint, double value,
                std::mt19937_64& rng) {
     const TaskShape& t = *r.task;
@@ -208,8 +208,9 @@ class Writer {
   void flops(const SyntheticRun& r, int64_t id, int64_t step, std::mt19937_64& rng) {
     const double T = kTokensPerSequence;
     const auto row = [&](int64_t layer, const std::string& op, double tokens, double per_token) {
+      // As the in-tree plugins' traits flag them: attention counts as attention.
       flops_.bind_all(id, step, layer, op, tokens, tokens * per_token, tokens * per_token, 3 * tokens * per_token,
-                      3 * tokens * per_token);
+                      3 * tokens * per_token, int64_t{op == "attention"});
       run_statement(flops_);
     };
     std::uniform_real_distribution<double> share(0.2, 0.5);

@@ -1,6 +1,6 @@
 #include "tiny_matrix.h"
 
-#include "engine/sqlite.h"
+#include "engine/store/sqlite.h"
 
 namespace chiar::test {
 

@@ -17,11 +17,11 @@
 
 #include "core/autocast_compat.h"
 #include "model/model.h"
-#include "engine/runtime.h"
-#include "engine/accounting.h"
-#include "engine/device.h"
-#include "engine/gpu_memory.h"
-#include "engine/matrix.h"
+#include "engine/config/matrix.h"
+#include "engine/runtime/device.h"
+#include "engine/runtime/gpu_memory.h"
+#include "engine/runtime/runtime.h"
+#include "engine/training/accounting.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
 

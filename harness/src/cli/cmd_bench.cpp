@@ -6,8 +6,8 @@
 
 #include "bench/bench_train.h"
 #include "chiar/registry.h"
-#include "engine/device.h"
-#include "engine/runtime.h"
+#include "engine/runtime/device.h"
+#include "engine/runtime/runtime.h"
 #include "chiar/error.h"
 #include "commands.h"
 

@@ -5,9 +5,9 @@
 #include <sstream>
 
 #include "chiar/registry.h"
-#include "engine/runtime.h"
-#include "engine/sotu.h"
-#include "engine/task_config.h"
+#include "engine/config/task_config.h"
+#include "engine/runtime/runtime.h"
+#include "engine/text/sotu.h"
 #include "chiar/error.h"
 #include "chiar/listops.h"
 #include "commands.h"

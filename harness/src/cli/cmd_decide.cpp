@@ -10,7 +10,8 @@
 
 #include "chiar/error.h"
 #include "chiar/registry.h"
-#include "engine/store.h"
+#include "engine/store/results.h"
+#include "engine/store/store.h"
 #include "sequential_rounds.h"
 
 namespace chiar::cli {
@@ -29,8 +30,7 @@ void open_design(const std::string& db, SequentialRounds& rounds) {
     // A design's looks test what its rounds ran: runs made without it (a
     // pilot, a plain run) would enter its first look.
     engine::Store held(db, engine::StoreAccess::ReadOnly);
-    auto q = held.db().prepare("SELECT COUNT(*) FROM runs");
-    const int64_t runs = q.step() ? q.integer(0) : 0;
+    const int64_t runs = engine::ResultsReader(db).run_count();
     if (!held.sequential_design() && runs > 0)
       throw UserError(db + ": holds " + std::to_string(runs) +
                       " runs made without a sequential design; a design starts in a new store (--db)");

@@ -2,7 +2,7 @@
 // chiar run --decide: the matrix in rounds of seeds by a group-sequential
 // design, its looks recorded in the store (docs/usage.md#seeds-by-design).
 #include "commands.h"
-#include "engine/matrix.h"
+#include "engine/config/matrix.h"
 #include "engine/runner.h"
 
 namespace chiar {

@@ -4,8 +4,8 @@
 #include <fstream>
 #include <iostream>
 
-#include "engine/runtime.h"
-#include "engine/vector_text.h"
+#include "engine/runtime/runtime.h"
+#include "engine/text/vector_text.h"
 #include "chiar/error.h"
 #include "chiar/spectral.h"
 #include "commands.h"

@@ -2,10 +2,10 @@
 #include <sstream>
 
 #include "chiar/registry.h"
-#include "engine/build_commit.h"
-#include "engine/device.h"
-#include "engine/matrix.h"
-#include "engine/runtime.h"
+#include "engine/config/matrix.h"
+#include "engine/runtime/build_commit.h"
+#include "engine/runtime/device.h"
+#include "engine/runtime/runtime.h"
 #include "commands.h"
 
 namespace chiar::cli {

@@ -7,7 +7,7 @@
 #include "chiar/error.h"
 #include "chiar/registry.h"
 #include "commands.h"
-#include "engine/durable_file.h"
+#include "engine/training/durable_file.h"
 
 namespace chiar::cli {
 namespace {

@@ -9,15 +9,15 @@
 
 #include "chiar/registry.h"
 
-#include "engine/data_parallel.h"
-#include "engine/device.h"
-#include "engine/distributed.h"
-#include "engine/merge.h"
-#include "engine/runtime.h"
-#include "engine/sqlite.h"
-#include "engine/suggest.h"
+#include "engine/cluster/data_parallel.h"
+#include "engine/cluster/distributed.h"
+#include "engine/config/suggest.h"
 #include "engine/runner.h"
-#include "engine/trainer.h"
+#include "engine/runtime/device.h"
+#include "engine/runtime/runtime.h"
+#include "engine/store/merge.h"
+#include "engine/store/results.h"
+#include "engine/training/trainer.h"
 #include "report/claims.h"
 #include "report/tabular.h"
 #include "report/report.h"
@@ -29,7 +29,7 @@
 namespace chiar::cli {
 namespace {
 
-// Every run's device checked against this build and machine (engine/device.h)
+// Every run's device checked against this build and machine (engine/runtime/device.h)
 // before a store, a data file or a rank is touched. The processes of a
 // data-parallel run (--nproc, or ranks a launcher started) average gradients
 // over Gloo in host memory: they train on the CPU.
@@ -48,17 +48,8 @@ void check_devices_of(const RunArgs& a, const engine::Matrix& matrix, bool data_
   }
 }
 
-// The variants a store holds runs of.
-std::vector<std::string> variants_in(const std::string& db) {
-  engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare("SELECT DISTINCT variant FROM runs ORDER BY variant");
-  std::vector<std::string> out;
-  while (q.step()) out.push_back(q.text(0));
-  return out;
-}
-
 // `chiar run ... --nproc N`: the same command line, less --nproc, as N
-// ranks on this machine (engine/distributed.h). Without --threads each rank
+// ranks on this machine (engine/cluster/distributed.h). Without --threads each rank
 // gets an equal share of the cores.
 int launch_ranks(const Global& g, const RunArgs& a) {
   if (engine::world_from_environment().distributed())
@@ -158,7 +149,7 @@ int run_report(const Global& g, const ReportArgs& a) {
   // A baseline asked for by name must be there: without it the report's
   // reductions and speed-ups would be blank, not wrong, and easy to miss.
   if (!a.baseline.empty()) {
-    const auto variants = variants_in(view.db());
+    const auto variants = engine::ResultsReader(view.db()).variants();
     if (std::find(variants.begin(), variants.end(), a.baseline) == variants.end())
       throw UserError("--baseline: " + view.label() + " holds no run of variant '" + a.baseline + "'" +
                       engine::did_you_mean(a.baseline, variants));

@@ -17,13 +17,12 @@
 
 #include "chiar/error.h"
 #include "chiar/registry.h"
-#include "engine/durable_file.h"
-#include "engine/matrix.h"
-#include "engine/merge.h"
+#include "engine/cluster/slurm_script.h"
+#include "engine/config/matrix.h"
 #include "engine/runner.h"
-#include "engine/slurm_script.h"
-#include "engine/sqlite.h"
-#include "engine/store.h"
+#include "engine/store/merge.h"
+#include "engine/store/store.h"
+#include "engine/training/durable_file.h"
 #include "commands.h"
 #include "cmd_decide.h"
 #include "sequential_rounds.h"
@@ -96,14 +95,11 @@ void retry_failed_in_shards(const engine::Matrix& matrix, const std::vector<std:
 
 // How many of `runs` are in each status in the store `db` ("missing": not there).
 std::map<std::string, int> statuses(const std::vector<engine::RunSpec>& runs, const std::string& db) {
-  std::map<std::string, std::string> status;
-  engine::Database con(db, engine::OpenMode::ReadOnly);
-  auto q = con.prepare("SELECT hash, status FROM runs");
-  while (q.step()) status[q.text(0)] = q.text(1);
+  const auto status = engine::read_stored_runs(db).status;
   std::map<std::string, int> out;
   for (const auto& r : runs) {
     const auto it = status.find(r.hash);
-    ++out[it == status.end() ? "missing" : it->second];
+    ++out[it == status.end() ? "missing" : engine::to_string(it->second)];
   }
   return out;
 }

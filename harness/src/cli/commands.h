@@ -19,7 +19,7 @@ struct Global {
 // Sets the threads and checks the BLAS once (a 512^3 GEMM, a small one-off
 // cost: docs/performance.md, 'GEMM libraries'); warns on stderr when the BLAS
 // is slow or OpenBLAS runs kernels older than the processor (blas_warning in
-// engine/runtime.h). Commands that compute call it.
+// engine/runtime/runtime.h). Commands that compute call it.
 void start_compute(const Global& g);
 
 int run_info(const Global& g);
@@ -69,8 +69,8 @@ struct RunArgs {
   bool dry_run = false;
   bool sole_writer = false;   // no other process writes the store (RunnerOptions::sole_writer)
   bool retry_failed = false;  // failed runs start again (RunnerOptions::retry_failed)
-  int nproc = 1;              // > 1: data-parallel over this many local processes (engine/distributed.h)
-  std::string device;         // overrides train.device (engine/device.h); empty: the matrix's
+  int nproc = 1;              // > 1: data-parallel over this many local processes (engine/cluster/distributed.h)
+  std::string device;         // overrides train.device (engine/runtime/device.h); empty: the matrix's
   // --decide CLAIMS: rounds of seeds by a group-sequential design (report/sequential.h)
   std::string decide, baseline;
   int max_seeds = 0;  // 0: every seed the matrix lists
@@ -80,7 +80,7 @@ struct RunArgs {
 };
 int run_run(const Global& g, const RunArgs& a);
 
-// A matrix as a Slurm job array (engine/slurm_script.h).
+// A matrix as a Slurm job array (engine/cluster/slurm_script.h).
 struct SlurmArgs {
   std::string config, dir, chiar, only, data_root, cache_dir;
   std::vector<std::string> set;
@@ -106,7 +106,7 @@ struct MergeArgs {
 int run_merge(const Global& g, const MergeArgs& a);
 
 // show, export and report read one store, several, or folders of them
-// (several are merged into a temporary store first: engine/merge.h).
+// (several are merged into a temporary store first: engine/store/merge.h).
 struct ShowArgs {
   std::vector<std::string> dbs;
   std::string out;
@@ -147,7 +147,7 @@ struct BenchTrainArgs {
   std::string variants_file = "configs/variants.toml", json;
   int64_t vocab = 8192, batch = 8, seq = 256, d_model = 256, layers = 4, heads = 4, steps = 10, warmup = 3;
   int64_t classes = 0;
-  std::string device = "auto";             // engine/device.h
+  std::string device = "auto";             // engine/runtime/device.h
   std::string precision = "auto";          // auto: bf16 on a GPU, fp32 on the CPU
   std::vector<std::string> gemm_backends;  // compare these libraries (blas, onednn); empty: --gemm's choice
 };

@@ -6,7 +6,7 @@
 #include <iostream>
 #include <string>
 
-#include "engine/runtime.h"
+#include "engine/runtime/runtime.h"
 #include "chiar/error.h"
 #include "commands.h"
 

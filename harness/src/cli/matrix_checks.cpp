@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "chiar/error.h"
-#include "engine/task_config.h"
+#include "engine/config/task_config.h"
 #include "model/model.h"
 
 namespace chiar::cli {

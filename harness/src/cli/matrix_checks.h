@@ -5,7 +5,7 @@
 // model, less what needs the task's data (its vocabulary, and whether it is
 // language modelling, which some operators refuse).
 #include "chiar/registry.h"
-#include "engine/matrix.h"
+#include "engine/config/matrix.h"
 
 namespace chiar::cli {
 

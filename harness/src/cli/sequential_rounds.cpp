@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "chiar/error.h"
-#include "engine/suggest.h"
+#include "engine/config/suggest.h"
 
 namespace chiar::cli {
 SequentialRounds::SequentialRounds(const DecideArgs& args, const engine::Matrix& matrix)

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "commands.h"
-#include "engine/matrix.h"
-#include "engine/store.h"
+#include "engine/config/matrix.h"
+#include "engine/store/store.h"
 #include "report/claims.h"
 #include "report/sequential.h"
 #include "report/summary.h"

@@ -15,17 +15,17 @@
 #include <boost/filesystem.hpp>
 
 #include "model/model.h"
-#include "engine/build_commit.h"
-#include "engine/device.h"
-#include "engine/distributed.h"
-#include "engine/data_parallel.h"
-#include "engine/gpu_memory.h"
-#include "engine/option_table.h"
-#include "engine/runtime.h"
-#include "engine/stop_signals.h"
+#include "engine/cluster/data_parallel.h"
+#include "engine/cluster/distributed.h"
+#include "engine/config/option_table.h"
+#include "engine/runtime/build_commit.h"
+#include "engine/runtime/device.h"
+#include "engine/runtime/gpu_memory.h"
+#include "engine/runtime/runtime.h"
+#include "engine/runtime/stop_signals.h"
 #include "chiar/error.h"
 #include "chiar/linear.h"
-#include "trainer.h"
+#include "engine/training/trainer.h"
 
 namespace chiar::engine {
 namespace {
@@ -482,71 +482,6 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
 size_t retry_failed_runs(const Matrix& matrix, const std::string& db, std::ostream& report) {
   Store store(db);
   return restart_failed(store, matrix.runs, db, report);
-}
-
-std::vector<ResultColumn> result_columns() {
-  return {{"run", false},        {"status", false},      {"metric", false},     {"value", true},
-          {"attn_gflops", true}, {"total_gflops", true}, {"train_tok_s", true}, {"eval_tok_s", true},
-          {"params", true},      {"overhead_%", true},   {"commit", false},     {"clean_tree", true}};
-}
-
-namespace {
-
-// Forward GFLOPs per sequence of each run's attention-like operators at its
-// last FLOP record, by run id; a run with none is absent.
-std::map<int64_t, double> attention_gflops(Database& db, const std::set<std::string>& attention_operators) {
-  auto q = db.prepare(
-      "SELECT f.run_id, f.operator, SUM(f.fwd_executed) / 1e9 FROM flops f "
-      "JOIN (SELECT run_id, MAX(step) AS step FROM flops GROUP BY run_id) last "
-      "ON last.run_id = f.run_id AND last.step = f.step GROUP BY f.run_id, f.operator");
-  std::map<int64_t, double> out;
-  while (q.step())
-    if (attention_operators.count(q.text(1))) out[q.integer(0)] += q.real(2);
-  return out;
-}
-
-}  // namespace
-
-std::vector<ResultRow> read_results(const std::string& db, const std::set<std::string>& attention_operators) {
-  Store store(db, StoreAccess::ReadOnly);
-  const std::map<int64_t, double> attention = attention_gflops(store.db(), attention_operators);
-  // The code that made each run: which commit, and whether the tree was
-  // clean when its binary was built (true/false; empty where not recorded).
-  auto q = store.db().prepare(
-      "SELECT res.name, res.status, COALESCE(res.metric_name, ''), res.main_metric, NULL, "
-      "res.total_gflops, res.train_tokens_per_s, res.eval_tokens_per_s, res.params, 100 * res.overhead_fraction, "
-      "runs.git_commit, CASE runs.git_dirty WHEN 0 THEN 'true' WHEN 1 THEN 'false' END, res.id "
-      "FROM results res JOIN runs ON runs.id = res.id ORDER BY res.task, res.variant, res.seed");
-  constexpr int kAttention = 4, kId = 12;  // column 4 is filled from `attention`
-  std::vector<ResultRow> rows;
-  while (q.step()) {
-    ResultRow row;
-    for (int c = 0; c < kId; ++c) {
-      if (c == kAttention) {
-        const auto it = attention.find(q.integer(kId));
-        std::ostringstream s;
-        if (it != attention.end()) s << std::setprecision(5) << it->second;
-        row.cells.push_back(s.str());
-        continue;
-      }
-      if (q.is_null(c)) {
-        row.cells.push_back("");
-        continue;
-      }
-      std::ostringstream s;
-      if (c >= 3 && c <= 5)
-        s << std::setprecision(5) << q.real(c);
-      else if (c == 6 || c == 7)
-        s << std::fixed << std::setprecision(0) << q.real(c);
-      else if (c == 9)
-        s << std::fixed << std::setprecision(2) << q.real(c);
-      else
-        s << q.text(c);
-      row.cells.push_back(s.str());
-    }
-    rows.push_back(std::move(row));
-  }
-  return rows;
 }
 
 }  // namespace chiar::engine

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "chiar/registry.h"
-#include "matrix.h"
+#include "engine/config/matrix.h"
 
 namespace chiar::engine {
 
@@ -19,7 +19,7 @@ struct RunnerOptions {
   // No other process writes the store (each Slurm array task has its own):
   // a run left 'running' is resumed at once, not after its heartbeat ages.
   bool sole_writer = false;
-  std::string device;  // overrides train.device when not empty (engine/device.h)
+  std::string device;  // overrides train.device when not empty (engine/runtime/device.h)
   // Runs recorded failed start again as new (Store::restart_failed), instead
   // of being skipped as finished.
   bool retry_failed = false;
@@ -35,22 +35,5 @@ int run_matrix(const Matrix& matrix, const PluginRegistry& registry, const Runne
 // --retry-failed does before a matrix runs, and what `chiar slurm
 // --retry-failed` does to each shard store once, before its job starts.
 size_t retry_failed_runs(const Matrix& matrix, const std::string& db, std::ostream& report);
-
-// The store's results, one row per run: for `chiar show` and `chiar export`.
-struct ResultRow {
-  std::vector<std::string> cells;  // one per result_columns() entry
-};
-// A column of the results table: its header, and whether JSON writes it as
-// a number (an empty cell is null either way).
-struct ResultColumn {
-  std::string name;
-  bool number = false;
-};
-std::vector<ResultColumn> result_columns();
-// attn_gflops counts the operators named in `attention_operators`: those
-// whose traits say they count as attention (OperatorTraits::attention_flops),
-// as the report counts them. The store's `results` view is plain SQL: it
-// cannot see traits and counts one fixed operator name.
-std::vector<ResultRow> read_results(const std::string& db, const std::set<std::string>& attention_operators);
 
 }  // namespace chiar::engine

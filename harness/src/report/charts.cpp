@@ -11,8 +11,7 @@
 
 #include <boost/filesystem.hpp>
 
-#include "engine/sqlite.h"
-#include "engine/store.h"
+#include "engine/store/results.h"
 #include "chiar/error.h"
 
 namespace chiar::report {
@@ -128,7 +127,7 @@ ShownVariants shown_variants(const TaskSummary& t, const std::string& baseline) 
 // Where one report's charts go: names, paths, the store, the charts made.
 struct ChartSite {
   const Summary& s;
-  engine::Database& db;
+  engine::ResultsReader& store;
   const std::string& out_dir;
   const std::string& prefix;
   std::vector<Chart>& charts;
@@ -178,13 +177,8 @@ void pareto_chart(const ChartSite& site, const TaskSummary& t) {
 }
 
 // Validation loss per evaluation of one run: the stored loss, or nll / tokens.
-std::map<int64_t, double> validation_losses(engine::Database& db, int64_t run_id) {
-  auto val = db.prepare(
-      "SELECT step, name, value FROM metrics WHERE run_id = ? AND split = 'valid' AND checkpoint = 'current' "
-      "AND name IN ('nll', 'tokens', 'loss') ORDER BY step");
-  val.bind(1, run_id);
-  std::map<int64_t, std::map<std::string, double>> by_step;
-  while (val.step()) by_step[val.integer(0)][val.text(1)] = val.real(2);
+std::map<int64_t, double> validation_losses(engine::ResultsReader& store, int64_t run_id) {
+  const auto by_step = store.validation_metrics(run_id, {"nll", "tokens", "loss"});
   std::map<int64_t, double> out;
   for (const auto& [step, m] : by_step)  // a validation with neither is not drawn
     if (m.count("loss"))
@@ -205,10 +199,8 @@ void curves_chart(const ChartSite& site, const TaskSummary& t, const ShownVarian
     const std::string colour = shown.colour(site.s, v.variant);
     bool titled = false;
     for (const RunRow* r : v.runs) {
-      auto q = site.db.prepare("SELECT step, loss FROM train_log WHERE run_id = ? ORDER BY step");
-      q.bind(1, r->id);
-      while (q.step()) {
-        d << q.integer(0) << ' ' << q.real(1) << '\n';
+      for (const auto& [step, loss] : site.store.train_losses(r->id)) {
+        d << step << ' ' << loss << '\n';
         ++points;
       }
       d << "\n\n";
@@ -216,7 +208,7 @@ void curves_chart(const ChartSite& site, const TaskSummary& t, const ShownVarian
       plot << (index ? ", " : "") << quote(data) << " index " << index << " with lines lw 1.5 lc rgb '" << colour
            << "' " << (titled ? "notitle" : "title " + quote(v.variant));
       titled = true;
-      for (const auto& [step, loss] : validation_losses(site.db, r->id)) d << step << ' ' << loss << '\n';
+      for (const auto& [step, loss] : validation_losses(site.store, r->id)) d << step << ' ' << loss << '\n';
       d << "\n\n";
       const int val_index = block++;
       plot << ", " << quote(data) << " index " << val_index << " with points pt 6 ps 1.1 lc rgb '" << colour
@@ -261,22 +253,16 @@ void routing_chart(const ChartSite& site, const TaskSummary& t, const ShownVaria
     const VariantSummary& v = *shown_variant;
     if (v.runs.empty()) continue;
     const RunRow* r = v.runs.front();
-    auto layers =
-        site.db.prepare("SELECT DISTINCT layer, operator FROM routing WHERE run_id = ? ORDER BY layer, operator");
-    layers.bind(1, r->id);
-    while (layers.step()) {
-      const int64_t layer = layers.integer(0);
-      const std::string op = layers.text(1);
+    for (const auto& series : site.store.routing(r->id)) {
+      const int64_t layer = series.layer;
+      const std::string& op = series.op;
       const OperatorTraits traits = site.s.operators.traits(op);
       if (traits.role == OperatorRole::CheapMixing) {
         if (std::find(cheap.begin(), cheap.end(), op) == cheap.end()) cheap.push_back(op);
         continue;
       }
       if (std::find(plotted.begin(), plotted.end(), op) == plotted.end()) plotted.push_back(op);
-      auto q = site.db.prepare(
-          "SELECT step, share FROM routing WHERE run_id = ? AND layer = ? AND operator = ? ORDER BY step");
-      q.bind(1, r->id).bind(2, layer).bind(3, op);
-      while (q.step()) d << q.integer(0) << ' ' << 100 * q.real(1) << '\n';
+      for (const auto& [step, share] : series.shares) d << step << ' ' << 100 * share << '\n';
       d << "\n\n";
       const int index = block++;
       plot << (index ? ", " : "") << quote(data) << " index " << index << " with linespoints lw 1.5 pt "
@@ -313,15 +299,9 @@ void entropy_chart(const ChartSite& site, const TaskSummary& t) {
     std::ofstream d(data);
     std::ostringstream plot, arrows;
     int block = 0;
-    auto layers = site.db.prepare("SELECT DISTINCT layer FROM histograms WHERE run_id = ? ORDER BY layer");
-    layers.bind(1, r->id);
-    while (layers.step()) {
-      const int64_t layer = layers.integer(0);
-      auto q = site.db.prepare(
-          "SELECT lo, hi, count FROM histograms WHERE run_id = ? AND layer = ? AND "
-          "step = (SELECT MAX(step) FROM histograms WHERE run_id = ?) ORDER BY bin");
-      q.bind(1, r->id).bind(2, layer).bind(3, r->id);
-      while (q.step()) d << (q.real(0) + q.real(1)) / 2 << ' ' << q.integer(2) << '\n';
+    for (const auto& histogram : site.store.last_histograms(r->id)) {
+      const int64_t layer = histogram.layer;
+      for (const auto& bin : histogram.bins) d << (bin.lo + bin.hi) / 2 << ' ' << bin.count << '\n';
       d << "\n\n";
       const char* colour = kPalette[(block + 1) % 7];
       const int index = block++;
@@ -411,10 +391,9 @@ std::vector<Chart> draw_charts(const Summary& s, const std::string& out_dir, con
                                const std::string& baseline) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0)
     throw UserError("gnuplot is not installed (apt-get install gnuplot-nox); reports need it for charts");
-  engine::Store store(s.db, engine::StoreAccess::ReadOnly);
-  engine::Database& db = store.db();
+  engine::ResultsReader store(s.db);
   std::vector<Chart> charts;
-  const ChartSite site{s, db, out_dir, prefix, charts};
+  const ChartSite site{s, store, out_dir, prefix, charts};
   for (const auto& t : s.tasks) {
     const ShownVariants shown = shown_variants(t, baseline);
     pareto_chart(site, t);

@@ -9,8 +9,8 @@
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
-#include "engine/suggest.h"
-#include "engine/toml_values.h"
+#include "engine/config/suggest.h"
+#include "engine/config/toml_values.h"
 
 namespace chiar::report {
 namespace {

@@ -10,10 +10,10 @@
 
 #include <boost/filesystem.hpp>
 
-#include "engine/durable_file.h"
-#include "engine/matrix.h"
-#include "engine/sqlite.h"
-#include "engine/trainer.h"
+#include "engine/config/matrix.h"
+#include "engine/store/results.h"
+#include "engine/training/durable_file.h"
+#include "engine/training/trainer.h"
 #include "chiar/error.h"
 
 namespace chiar::report {
@@ -43,17 +43,11 @@ std::string newest_in_folder(const boost::filesystem::path& folder, const std::s
 
 // The newest recorded checkpoint of a run that verifies (a corrupt one is
 // reported on stderr and passed over), or "" when the store records none.
-std::string newest_recorded(engine::Database& db, const std::string& hash, const std::string& kind) {
-  auto has_table = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'");
-  if (!has_table.step()) return "";  // a store from before schema 5
-  auto q = db.prepare(
-      "SELECT c.file, c.bytes, c.checksum FROM checkpoints c JOIN runs r ON r.id = c.run_id "
-      "WHERE r.hash = ? AND c.kind = ? ORDER BY c.step DESC");
-  q.bind(1, hash).bind(2, kind);
-  while (q.step()) {
+std::string newest_recorded(engine::ResultsReader& store, const std::string& hash, const std::string& kind) {
+  for (const auto& c : store.checkpoints(hash, kind)) {
     try {
-      engine::read_verified(q.text(0), q.integer(1), q.text(2));
-      return q.text(0);
+      engine::read_verified(c.file, c.bytes, c.checksum);
+      return c.file;
     } catch (const CorruptCheckpoint& e) {
       std::cerr << "warning: " << e.what() << "; trying an older checkpoint\n";
     }
@@ -74,22 +68,13 @@ void verify_named_checkpoint(const std::string& file) {
       parent.size() > suffix.size() && parent.compare(parent.size() - suffix.size(), suffix.size(), suffix) == 0;
   const std::string db = in_store_layout ? parent.substr(0, parent.size() - suffix.size()) : "";
   if (!db.empty() && boost::filesystem::exists(db)) {
-    try {
-      engine::Database con(db, engine::OpenMode::ReadOnly);
-      auto q = con.prepare("SELECT bytes, checksum FROM checkpoints WHERE file = ?1 OR file = ?2");
-      q.bind(1, boost::filesystem::absolute(file).string())
-          .bind(2, boost::filesystem::absolute(file).lexically_normal().string());
-      if (q.step()) {
-        try {
-          engine::read_verified(file, q.integer(0), q.text(1));
-        } catch (const CorruptCheckpoint& e) {
-          throw UserError(e.what());
-        }
-        return;
+    if (const auto record = engine::recorded_checkpoint(db, file)) {
+      try {
+        engine::read_verified(file, record->bytes, record->checksum);
+      } catch (const CorruptCheckpoint& e) {
+        throw UserError(e.what());
       }
-    } catch (const UserError& e) {
-      if (std::string(e.what()).find("checkpoint") != std::string::npos) throw;
-      // Not a store this harness can read: no record to check against.
+      return;
     }
   }
   std::cerr << "warning: " << file << ": no store records this checkpoint; loading it unverified\n";
@@ -133,20 +118,16 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
 
 void Inspector::load_from_store(const InspectOptions& o) {
   if (o.run.empty()) throw UserError(o.db + ": a database needs --run (id, name or hash; `chiar show` lists them)");
-  engine::Store store(o.db, engine::StoreAccess::ReadOnly);  // refuses a database that is not a store
-  engine::Database& db = store.db();
-  auto q = db.prepare(
-      "SELECT hash, status, COALESCE(spec_toml, '') FROM runs WHERE CAST(id AS TEXT) = ?1 OR name = ?1 OR hash = ?1");
-  q.bind(1, o.run);
-  if (!q.step())
-    throw UserError(o.db + ": no run '" + o.run + "' (give its id, name or hash; `chiar show` lists them)");
-  const std::string hash = q.text(0), status = q.text(1), toml = q.text(2);
+  engine::ResultsReader store(o.db);  // refuses a database that is not a store
+  const auto run = store.find_run(o.run);
+  if (!run) throw UserError(o.db + ": no run '" + o.run + "' (give its id, name or hash; `chiar show` lists them)");
+  const std::string &hash = run->hash, &status = run->status, &toml = run->spec_toml;
   if (toml.empty()) throw UserError(o.db + ": run '" + o.run + "' has no stored spec");
   spec_ = engine::run_spec_from_toml(toml);
   if (o.checkpoint != "best" && o.checkpoint != "last")
     throw UserError("--checkpoint: expected best or last, found '" + o.checkpoint + "'");
   const std::string dir = boost::filesystem::absolute(o.db).string() + ".checkpoints/" + hash;
-  checkpoint_ = newest_recorded(db, hash, o.checkpoint == "best" ? "best" : "state");
+  checkpoint_ = newest_recorded(store, hash, o.checkpoint == "best" ? "best" : "state");
   if (checkpoint_.empty()) checkpoint_ = dir + (o.checkpoint == "best" ? "/best.pt" : "/state.pt");  // schema 4
   if (!boost::filesystem::exists(checkpoint_))
     throw UserError("run '" + o.run + "' (" + status + ") has no checkpoint " + checkpoint_);

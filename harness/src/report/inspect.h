@@ -8,7 +8,7 @@
 
 #include "model/model.h"
 #include "chiar/registry.h"
-#include "engine/run_spec.h"
+#include "engine/config/run_spec.h"
 #include "chiar/task.h"
 
 namespace chiar::report {

@@ -9,7 +9,7 @@
 #include <boost/math/distributions/normal.hpp>
 
 #include "chiar/error.h"
-#include "engine/store.h"
+#include "engine/store/store.h"
 
 namespace chiar::report {
 namespace {

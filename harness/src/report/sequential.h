@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "claims.h"
-#include "engine/store.h"
+#include "engine/store/store.h"
 #include "verdict_stats.h"
 
 namespace chiar::report {

@@ -6,8 +6,6 @@
 
 #include <boost/filesystem.hpp>
 
-#include "engine/sqlite.h"
-#include "engine/store.h"
 #include "chiar/error.h"
 #include "chiar/registry.h"
 #include "verdict_stats.h"
@@ -51,36 +49,8 @@ bool lower_is_better(const std::string& c) {
 
 namespace {
 
-std::string joined(engine::Database& db, const std::string& column) {
-  auto q = db.prepare("SELECT DISTINCT " + column + " FROM runs WHERE " + column + " IS NOT NULL ORDER BY 1");
-  std::string out;
-  while (q.step()) out += (out.empty() ? "" : "; ") + q.text(0);
-  return out;
-}
-
-// The distinct non-empty values of `column` in the order runs first had them,
-// each with its number of runs when there is more than one: a store filled
-// over several sittings says which runs came from which commit.
-std::string counted(engine::Database& db, const std::string& column) {
-  auto q = db.prepare("SELECT " + column + ", COUNT(*), MIN(COALESCE(started_at, created_at)) FROM runs WHERE " +
-                      column + " <> '' GROUP BY 1 ORDER BY 3, 1");
-  std::vector<std::pair<std::string, int64_t>> values;
-  while (q.step()) values.emplace_back(q.text(0), q.integer(1));
-  std::string out;
-  for (const auto& [value, runs] : values) {
-    out += (out.empty() ? "" : "; ") + value;
-    if (values.size() > 1) out += " (" + std::to_string(runs) + (runs == 1 ? " run)" : " runs)");
-  }
-  return out;
-}
-
-void read_valid_curve(engine::Database& db, RunRow& r) {
-  auto q = db.prepare(
-      "SELECT step, name, value FROM metrics WHERE run_id = ? AND split = 'valid' AND checkpoint = 'current' "
-      "AND name IN ('token_ppl', 'accuracy', 'tokens', 'examples') ORDER BY step");
-  q.bind(1, r.id);
-  std::map<int64_t, std::map<std::string, double>> by_step;
-  while (q.step()) by_step[q.integer(0)][q.text(1)] = q.real(2);
+void read_valid_curve(engine::ResultsReader& store, RunRow& r) {
+  const auto by_step = store.validation_metrics(r.id, {"token_ppl", "accuracy", "tokens", "examples"});
   double scored = -1;  // of the first validation
   for (const auto& [step, m] : by_step) {
     const bool lm = m.count("token_ppl") > 0;
@@ -91,69 +61,34 @@ void read_valid_curve(engine::Database& db, RunRow& r) {
   }
 }
 
+// A run's test metrics, FLOPs, routing shares and validation curve.
+void read_records(engine::ResultsReader& store, const OperatorCatalog& operators, RunRow& r) {
+  store.test_metrics(r.id, r.test_best, r.test_last);
+  for (const auto& f : store.last_flops(r.id)) {
+    if (f.counts_as_attention(operators.traits(f.op).attention_flops))
+      r.attn_fwd += f.fwd_executed, r.attn_fwd_sparse += f.fwd_sparse;
+    r.total_fwd += f.fwd_executed;
+    r.total_fwd_sparse += f.fwd_sparse;
+    r.total_train += f.train_executed;
+  }
+  r.reference_attn_fwd = store.reference_attention_fwd(r.id).value_or(0);
+  r.final_share = store.last_shares(r.id);
+  read_valid_curve(store, r);
+}
+
 }  // namespace
 
 Summary summarize(const std::string& file, const OperatorCatalog& operators) {
   // Read-only, refusing a missing file or a database that is not a store.
-  engine::Store store(file, engine::StoreAccess::ReadOnly);
-  engine::Database& db = store.db();
+  engine::ResultsReader store(file);
   Summary s;
   s.db = file;
   s.operators = operators;
-  {
-    auto q = db.prepare(
-        "SELECT id, name, variant, task, seed, status, COALESCE(error, ''), COALESCE(diverged_step, -1), "
-        "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, ''), "
-        "COALESCE(task_family, ''), COALESCE(step_ms, 0), COALESCE(peak_gpu_allocated_mb, -1), "
-        "COALESCE(peak_gpu_reserved_mb, -1), COALESCE(git_commit, ''), COALESCE(git_dirty, 0), COALESCE(gemm, '') "
-        "FROM runs ORDER BY id");
-    while (q.step()) {
-      RunRow r;
-      r.id = q.integer(0);
-      r.name = q.text(1);
-      r.variant = q.text(2);
-      r.task = q.text(3);
-      r.seed = q.integer(4);
-      r.status = engine::run_status_from_string(q.text(5));
-      r.error = q.text(6);
-      r.diverged_step = q.integer(7);
-      r.params = q.integer(8);
-      r.train_tps = q.real(9);
-      r.eval_tps = q.real(10);
-      r.tau = q.text(11);
-      r.family = q.text(12);
-      r.step_ms = q.real(13);
-      r.gpu_allocated_mb = q.real(14);
-      r.gpu_reserved_mb = q.real(15);
-      r.commit = q.text(16);
-      r.dirty = q.integer(17) != 0;
-      r.gemm = q.text(18).substr(0, q.text(18).find(':'));  // "onednn: oneDNN 2.6.3 sgemm; ..." -> "onednn"
-      s.runs.push_back(r);
-    }
-  }
-  for (auto& r : s.runs) {
-    auto m = db.prepare("SELECT checkpoint, name, value FROM metrics WHERE run_id = ? AND split = 'test'");
-    m.bind(1, r.id);
-    while (m.step()) (m.text(0) == "best" ? r.test_best : r.test_last)[m.text(1)] = m.real(2);
-    auto f = db.prepare(
-        "SELECT operator, SUM(fwd_executed), SUM(fwd_sparse), SUM(train_executed) FROM flops WHERE run_id = ? AND "
-        "step = (SELECT MAX(step) FROM flops WHERE run_id = ?) GROUP BY operator");
-    f.bind(1, r.id).bind(2, r.id);
-    while (f.step()) {
-      if (operators.traits(f.text(0)).attention_flops) r.attn_fwd += f.real(1), r.attn_fwd_sparse += f.real(2);
-      r.total_fwd += f.real(1);
-      r.total_fwd_sparse += f.real(2);
-      r.total_train += f.real(3);
-    }
-    auto ref = db.prepare("SELECT attention_fwd FROM flops_reference WHERE run_id = ? ORDER BY step DESC LIMIT 1");
-    ref.bind(1, r.id);
-    if (ref.step()) r.reference_attn_fwd = ref.real(0);
-    auto share = db.prepare(
-        "SELECT operator, AVG(share) FROM routing WHERE run_id = ? AND "
-        "step = (SELECT MAX(step) FROM routing WHERE run_id = ?) GROUP BY operator");
-    share.bind(1, r.id).bind(2, r.id);
-    while (share.step()) r.final_share[share.text(0)] = share.real(1);
-    read_valid_curve(db, r);
+  for (auto& stored : store.runs()) {
+    RunRow r;
+    static_cast<engine::StoredRun&>(r) = std::move(stored);
+    read_records(store, operators, r);
+    s.runs.push_back(std::move(r));
   }
   std::set<std::string> seen_variants;
   for (const auto& r : s.runs) {
@@ -210,26 +145,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
     }
     s.tasks.push_back(std::move(t));
   }
-  auto& p = s.provenance;
-  p.commits =
-      counted(db, "substr(git_commit, 1, 12) || CASE WHEN git_dirty THEN ' with uncommitted changes' ELSE '' END");
-  p.torch = joined(db, "torch_version");
-  p.blas = joined(db, "blas");
-  // `auto` appends the rates it measured in that process (configure_gemm in
-  // engine/runtime.cpp), different in every run: the footer names the product
-  // library it chose, and the rates stay in each run's gemm column.
-  p.gemm = counted(db,
-                   "CASE WHEN blas IS NULL THEN NULL WHEN instr(gemm, '; auto: ') > 0 "
-                   "THEN substr(gemm, 1, instr(gemm, '; auto: ') - 1) || ' (chosen by auto)' "
-                   "ELSE COALESCE(gemm, 'blas (recorded before schema 4)') END");
-  p.threads = joined(db, "threads");
-  p.hosts = joined(db, "host");
-  p.cpus = joined(db, "cpu");
-  p.devices = joined(db, "device");
-  p.allocators = joined(db, "allocator");
-  p.matrices = joined(db, "matrix");
-  auto dates = db.prepare("SELECT MIN(started_at), MAX(finished_at) FROM runs");
-  if (dates.step()) p.first = dates.text(0), p.last = dates.text(1);
+  s.provenance = store.provenance();
   return s;
 }
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "chiar/operator.h"
-#include "engine/run_status.h"
+#include "engine/store/results.h"
 
 namespace chiar {
 class PluginRegistry;
@@ -40,27 +40,14 @@ struct Stat {
 };
 Stat stat_of(const std::vector<double>& values);
 
-struct RunRow {
-  int64_t id = 0;
-  std::string name, variant, task, error;
-  std::string family;  // the task table's "family", "" when it set none
-  engine::RunStatus status = engine::RunStatus::Pending;
-  int64_t seed = 0, diverged_step = -1, params = 0;
-  double train_tps = 0, eval_tps = 0;
+// A run as the store holds it, and what the report derives from its records.
+struct RunRow : engine::StoredRun {
   std::map<std::string, double> test_best, test_last;  // metric -> value
   // Per sequence; attention: the operators whose traits count attention FLOPs.
   double attn_fwd = 0, attn_fwd_sparse = 0, total_fwd = 0, total_fwd_sparse = 0;
   double reference_attn_fwd = 0;
   double total_train = 0;                     // forward + backward FLOPs of a training step, per sequence, executed
   std::map<std::string, double> final_share;  // operator -> mean share over routed layers
-  std::string tau;                            // JSON
-  // The code that made the run: the commit its binary was built from, whether
-  // tracked files differed from it then, and the library that ran its
-  // products ("onednn", "blas"; "" when not recorded).
-  std::string commit, gemm;
-  bool dirty = false;
-  double step_ms = 0;                                  // median training step
-  double gpu_allocated_mb = -1, gpu_reserved_mb = -1;  // peaks on a GPU; -1 for a run on the CPU
   // The task's quality metric (token_ppl or accuracy) at each validation that
   // scored as many tokens or examples as the first one: intermediate
   // validations may score part of the split and the last one all of it, and
@@ -84,9 +71,7 @@ struct TaskSummary {
   std::vector<VariantSummary> variants;  // in the order variants first appear
 };
 
-struct Provenance {
-  std::string commits, torch, blas, gemm, threads, hosts, cpus, devices, allocators, first, last, matrices;
-};
+using Provenance = engine::StoreProvenance;
 
 struct Summary {
   std::string db;

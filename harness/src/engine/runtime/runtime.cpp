@@ -23,7 +23,7 @@
 #include "chiar/linear.h"
 #include "chiar/plugin.h"
 #include "chiar_build_info.h"
-#include "engine/stop_signals.h"
+#include "engine/runtime/stop_signals.h"
 
 namespace chiar {
 

@@ -11,8 +11,8 @@
 
 #include "chiar/registry.h"
 #include "chiar/task.h"
-#include "run_spec.h"
-#include "store.h"
+#include "engine/config/run_spec.h"
+#include "engine/store/store.h"
 
 namespace chiar::engine {
 
@@ -38,12 +38,12 @@ struct TrainContext {
   const std::atomic<bool>* stop;  // set by SIGINT/SIGTERM: checkpoint and return
   std::function<void(int64_t step, double loss, double tokens_per_s)> progress;
   std::string tag;  // the run's console prefix, for lines about its checkpoints
-  // Data-parallel training (engine/distributed.h): every rank trains a slice
+  // Data-parallel training (engine/cluster/distributed.h): every rank trains a slice
   // of each global batch, gradients are averaged over the group, rank 0's
   // checkpoint is the one every rank resumes from. Null: one process.
   ProcessGroup* group = nullptr;
   // Where the model, its optimiser state and each batch live: a name from
-  // resolve_device (engine/device.h).
+  // resolve_device (engine/runtime/device.h).
   std::string device = "cpu";
 };
 
@@ -67,7 +67,7 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx);
 enum class LossReads { EveryStep, Late };
 
 // CHIAR_LOSS_READS=every-step|late chooses; unset or empty, late on a GPU
-// whose queue can be marked (engine/queue_mark.h), every step elsewhere
+// whose queue can be marked (engine/runtime/queue_mark.h), every step elsewhere
 // (on the CPU, whose work is done when queued, late reads gain nothing).
 // A data-parallel run reads every step whatever is chosen: its ranks agree
 // on the loss each step. Throws UserError for another value:

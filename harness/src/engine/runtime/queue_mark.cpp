@@ -1,7 +1,7 @@
-#include "engine/queue_mark.h"
+#include "engine/runtime/queue_mark.h"
 
 #include "chiar_build_info.h"  // CHIAR_TORCH_CUDA
-#include "engine/device.h"
+#include "engine/runtime/device.h"
 #if CHIAR_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>

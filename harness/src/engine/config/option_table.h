@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/run_spec.h"
+#include "engine/config/run_spec.h"
 #include "chiar/error.h"
-#include "engine/toml_values.h"
+#include "engine/config/toml_values.h"
 
 namespace chiar::engine {
 

@@ -101,7 +101,12 @@ Statement::Statement(sqlite3* db, const std::string& sql, const std::string& fil
   if (rc != SQLITE_OK) fail(db, rc, file, "preparing " + sql_);
 }
 
-Statement::~Statement() { sqlite3_finalize(stmt_); }
+Statement::Statement(Statement&& other) noexcept
+    : db_(other.db_), stmt_(other.stmt_), file_(std::move(other.file_)), sql_(std::move(other.sql_)) {
+  other.stmt_ = nullptr;
+}
+
+Statement::~Statement() { sqlite3_finalize(stmt_); }  // finalizing nullptr is a no-op
 
 Statement& Statement::bind(int i, int64_t v) {
   sqlite3_bind_int64(stmt_, i, v);

@@ -1,4 +1,4 @@
-#include "engine/suggest.h"
+#include "engine/config/suggest.h"
 
 #include <algorithm>
 

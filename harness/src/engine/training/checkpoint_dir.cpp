@@ -8,7 +8,7 @@
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
-#include "durable_file.h"
+#include "engine/training/durable_file.h"
 
 namespace chiar::engine {
 

@@ -9,9 +9,9 @@
 #include <map>
 #include <sstream>
 
-#include "engine/device.h"
-#include "engine/option_table.h"
-#include "engine/suggest.h"
+#include "engine/config/option_table.h"
+#include "engine/config/suggest.h"
+#include "engine/runtime/device.h"
 #include "chiar/error.h"
 #include "chiar/random.h"
 

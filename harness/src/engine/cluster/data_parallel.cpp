@@ -3,8 +3,8 @@
 #include <string>
 
 #include "chiar/error.h"
-#include "matrix.h"
-#include "task_config.h"
+#include "engine/config/matrix.h"
+#include "engine/config/task_config.h"
 
 namespace chiar::engine {
 

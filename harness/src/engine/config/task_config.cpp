@@ -6,8 +6,8 @@
 
 #include "chiar/error.h"
 #include "chiar/registry.h"
-#include "engine/suggest.h"
-#include "toml_values.h"
+#include "engine/config/suggest.h"
+#include "engine/config/toml_values.h"
 
 namespace chiar {
 

@@ -12,7 +12,7 @@
 #include <limits>
 
 #include "chiar/error.h"
-#include "failpoint.h"
+#include "engine/runtime/failpoint.h"
 
 namespace chiar::engine {
 namespace {

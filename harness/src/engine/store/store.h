@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "run_spec.h"
-#include "run_status.h"
-#include "sqlite.h"
+#include "engine/config/run_spec.h"
+#include "engine/store/run_status.h"
+#include "engine/store/sqlite.h"
 
 namespace chiar::engine {
 
-constexpr int kSchemaVersion = 8;
+constexpr int kSchemaVersion = 9;
 // The oldest schema read-only commands read without a migration.
 constexpr int kOldestReadableSchema = 5;
 // PRAGMA application_id of a chiar store: "chia" in ASCII.
@@ -35,7 +35,7 @@ enum class StoreAccess {
 };
 
 struct Provenance {
-  std::string git_commit;  // the commit the binary was built from (engine/build_commit.h)
+  std::string git_commit;  // the commit the binary was built from (engine/runtime/build_commit.h)
   bool git_dirty = false;  // built with tracked files differing from it
   std::string torch_version, blas, device, host, cpu, build_type, allocator;
   std::string gemm;  // the library behind the model's products, and why (configure_gemm)
@@ -55,7 +55,7 @@ struct RunSummary {
   int64_t params = 0;
   double train_seconds = 0, train_tokens_per_s = 0, eval_tokens_per_s = 0, step_ms = 0, peak_rss_mb = 0;
   // The GPU caching allocator's high-water marks over the run; -1 (NULL in
-  // the store) when it trained on no GPU (engine/gpu_memory.h).
+  // the store) when it trained on no GPU (engine/runtime/gpu_memory.h).
   double peak_gpu_allocated_mb = -1, peak_gpu_reserved_mb = -1;
   std::string tau;          // thresholds in force, JSON
   std::string calibration;  // what calibrated them, JSON
@@ -79,6 +79,7 @@ struct FlopRow {
   double fwd_sparse = 0;      // forward FLOPs a sparse execution needs
   double train_executed = 0;  // forward + backward of a training step, as executed
   double train_sparse = 0;
+  bool attention = false;  // op's traits count it as attention (OperatorTraits::attention_flops)
 };
 
 // A checkpoint file the store vouches for: recorded only once the file is
@@ -189,7 +190,7 @@ class Store {
   // Pending rows for the specs not yet in the database; inside a transaction.
   void insert_runs(const std::vector<RunSpec>& runs);
   void migrate();
-  void add_column_if_missing(const std::string& column);
+  void add_column_if_missing(const std::string& table, const std::string& column);
   bool has_table(const std::string& name);
   void check_readable();
   static const std::string& admitted(const std::string& file, StoreAccess access);

@@ -1,4 +1,4 @@
-#include "engine/gradient_clipping.h"
+#include "engine/training/gradient_clipping.h"
 
 #include <ATen/ATen.h>
 

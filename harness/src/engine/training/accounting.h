@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "model/model.h"
-#include "store.h"
+#include "engine/store/store.h"
 
 namespace chiar::engine {
 

@@ -14,7 +14,7 @@
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
-#include "store.h"
+#include "engine/store/store.h"
 
 namespace chiar::engine {
 namespace fs = boost::filesystem;

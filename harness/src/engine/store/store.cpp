@@ -54,7 +54,10 @@ CREATE TABLE IF NOT EXISTS histograms(
   PRIMARY KEY(run_id, step, layer, bin));
 )SQL";
 
-// Schema 3 replaces the view of schema 1 (it adds the harness overhead).
+// Schema 9's view (3 added the harness overhead, 9 counts attention by the
+// flag each FLOP row records). Rows recorded before schema 9 have no flag:
+// their runs show no attention_gflops here; `chiar show` and `export` count
+// them by the loaded plugins' traits (engine/store/results.h).
 const char* const kResultsView = R"SQL(
 DROP VIEW IF EXISTS results;
 -- The main metric of each finished run: test split, best-validation checkpoint.
@@ -64,7 +67,7 @@ SELECT r.id, r.name, r.variant, r.task, r.seed, r.status,
      AND m.name IN ('accuracy', 'token_ppl') ORDER BY m.step DESC LIMIT 1) AS main_metric,
   (SELECT name FROM metrics m WHERE m.run_id = r.id AND m.split = 'test' AND m.checkpoint = 'best'
      AND m.name IN ('accuracy', 'token_ppl') ORDER BY m.step DESC LIMIT 1) AS metric_name,
-  (SELECT SUM(fwd_executed) / 1e9 FROM flops f WHERE f.run_id = r.id AND f.operator = 'attention'
+  (SELECT SUM(fwd_executed) / 1e9 FROM flops f WHERE f.run_id = r.id AND f.attention = 1
      AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = r.id)) AS attention_gflops,
   (SELECT SUM(fwd_executed) / 1e9 FROM flops f WHERE f.run_id = r.id
      AND f.step = (SELECT MAX(step) FROM flops g WHERE g.run_id = r.id)) AS total_gflops,
@@ -240,7 +243,6 @@ void Store::migrate() {
     if (version < 3) {
       db_.exec("ALTER TABLE runs ADD COLUMN overhead_fraction REAL");
       db_.exec("ALTER TABLE runs ADD COLUMN overhead TEXT");
-      db_.exec(kResultsView);
     }
     // 4: which library ran the model's products (gemm_gflops is that library's rate).
     if (version < 4) db_.exec("ALTER TABLE runs ADD COLUMN gemm TEXT");
@@ -248,16 +250,22 @@ void Store::migrate() {
     if (version < 5) db_.exec(kCheckpointsTable);
     // and the task family of each run (metadata that claims match); a store
     // of schema 5 made before the column existed has the table only.
-    if (version < 6) add_column_if_missing("task_family TEXT");
+    if (version < 6) add_column_if_missing("runs", "task_family TEXT");
     // 6: how many data-parallel processes trained each run.
-    if (version < 6) add_column_if_missing("processes INTEGER");
+    if (version < 6) add_column_if_missing("runs", "processes INTEGER");
     // 7: the GPU caching allocator's peaks (NULL for runs on the CPU).
     if (version < 7) {
-      add_column_if_missing("peak_gpu_allocated_mb REAL");
-      add_column_if_missing("peak_gpu_reserved_mb REAL");
+      add_column_if_missing("runs", "peak_gpu_allocated_mb REAL");
+      add_column_if_missing("runs", "peak_gpu_reserved_mb REAL");
     }
     // 8: a group-sequential design and its looks.
     if (version < 8) db_.exec(kSequentialTables);
+    // 9: whether each FLOP row's operator counts as attention (its traits),
+    // and the results view counting by it; older rows keep NULL.
+    if (version < 9) {
+      add_column_if_missing("flops", "attention INTEGER");
+      db_.exec(kResultsView);
+    }
     if (!c.marked) db_.exec("PRAGMA application_id = " + std::to_string(kApplicationId));
     db_.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)")
         .bind(1, std::to_string(kSchemaVersion))
@@ -265,12 +273,13 @@ void Store::migrate() {
   });
 }
 
-// Adds a column to runs unless it is there ("name TYPE").
-void Store::add_column_if_missing(const std::string& column) {
+// Adds a column to `table` unless it is there ("name TYPE"): a store a
+// newer harness migrated, then marked older by hand, keeps its columns.
+void Store::add_column_if_missing(const std::string& table, const std::string& column) {
   const std::string name = column.substr(0, column.find(' '));
-  auto has = db_.prepare("SELECT COUNT(*) FROM pragma_table_info('runs') WHERE name = ?");
-  has.bind(1, name);
-  if (has.step() && has.integer(0) == 0) db_.exec("ALTER TABLE runs ADD COLUMN " + column);
+  auto has = db_.prepare("SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?");
+  has.bind_all(table, name);
+  if (has.step() && has.integer(0) == 0) db_.exec("ALTER TABLE " + table + " ADD COLUMN " + column);
 }
 
 bool Store::integrity_ok() {
@@ -579,9 +588,12 @@ void Store::add_flops(const std::string& hash, int64_t step, const std::vector<F
                       double reference_attention_fwd) {
   const int64_t id = run_id(hash);
   db_.transaction([&] {
-    auto ins = db_.prepare("INSERT OR REPLACE INTO flops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    auto ins = db_.prepare(
+        "INSERT OR REPLACE INTO flops(run_id, step, layer, operator, tokens, fwd_executed, fwd_sparse, "
+        "train_executed, train_sparse, attention) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     for (const auto& r : rows) {
-      ins.bind_all(id, step, r.layer, r.op, r.tokens, r.fwd_executed, r.fwd_sparse, r.train_executed, r.train_sparse);
+      ins.bind_all(id, step, r.layer, r.op, r.tokens, r.fwd_executed, r.fwd_sparse, r.train_executed, r.train_sparse,
+                   int64_t{r.attention});
       ins.run();
       ins.reset();
     }

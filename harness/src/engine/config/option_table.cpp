@@ -1,9 +1,9 @@
-#include "engine/option_table.h"
+#include "engine/config/option_table.h"
 
 #include <sstream>
 
-#include "engine/device.h"
-#include "engine/matrix.h"
+#include "engine/config/matrix.h"
+#include "engine/runtime/device.h"
 
 namespace chiar::engine {
 namespace {

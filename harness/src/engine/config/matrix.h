@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "run_spec.h"
+#include "engine/config/run_spec.h"
 
 namespace chiar::engine {
 
@@ -13,7 +13,7 @@ struct MatrixOptions {
   std::string only;                      // glob on run names; empty = all
   int shard_index = 1, shard_count = 1;  // --shard K/N
   // --device, and whether the runs train in a data-parallel process group:
-  // they decide what precision "auto" is (engine/device.h), and so the hash.
+  // they decide what precision "auto" is (engine/runtime/device.h), and so the hash.
   std::string device;
   bool host_only = false;
 };

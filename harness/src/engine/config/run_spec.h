@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "model/model.h"
-#include "engine/task_config.h"
+#include "engine/config/task_config.h"
 
 namespace chiar::engine {
 
@@ -31,8 +31,8 @@ struct TrainOptions {
   int64_t calibration_batches = 4;
   int64_t threads = 0;
   int64_t log_every = 10;
-  std::string precision = "auto";  // engine/device.h: bf16 on a GPU, fp32 on the CPU
-  std::string device = "auto";     // engine/device.h; recorded, not hashed
+  std::string precision = "auto";  // engine/runtime/device.h: bf16 on a GPU, fp32 on the CPU
+  std::string device = "auto";     // engine/runtime/device.h; recorded, not hashed
   double fail_loss_above = 0;
 };
 

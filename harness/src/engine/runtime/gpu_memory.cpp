@@ -1,4 +1,4 @@
-#include "engine/gpu_memory.h"
+#include "engine/runtime/gpu_memory.h"
 
 #include "chiar_build_info.h"  // CHIAR_TORCH_CUDA
 #if CHIAR_TORCH_CUDA

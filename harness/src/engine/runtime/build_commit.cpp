@@ -1,4 +1,4 @@
-#include "engine/build_commit.h"
+#include "engine/runtime/build_commit.h"
 
 #include "chiar_build_commit.h"  // generated at every build (harness/cmake/build_commit.cmake)
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "failpoint.h"
+#include "engine/runtime/failpoint.h"
 
 namespace chiar::engine {
 
@@ -20,6 +20,8 @@ class Statement {
   ~Statement();
   Statement(const Statement&) = delete;
   Statement& operator=(const Statement&) = delete;
+  // Moved, the statement changes owner; the moved-from one holds none.
+  Statement(Statement&& other) noexcept;
 
   Statement& bind(int i, int64_t v);
   Statement& bind(int i, double v);

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "run_spec.h"
+#include "engine/config/run_spec.h"
 
 namespace chiar::engine {
 

@@ -31,8 +31,8 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
     if (!layer->routed()) {
       const FlopCount f = ops[0]->flops_at(T, every, d, {causal, false});
       a.flops.push_back({li, names[0], static_cast<double>(T), static_cast<double>(f.forward),
-                         static_cast<double>(f.forward), static_cast<double>(f.total()),
-                         static_cast<double>(f.total())});
+                         static_cast<double>(f.forward), static_cast<double>(f.total()), static_cast<double>(f.total()),
+                         ops[0]->traits().attention_flops});
       // The reference counts full T x T attention whatever the mask.
       if (ops[0]->traits().attention_flops)
         a.reference_attention_fwd += static_cast<double>(ops[0]->flops(T, T, d).forward);
@@ -58,6 +58,7 @@ Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Te
         FlopRow row{li, names[k], tokens / B, fwd_sparse / B, fwd_sparse / B, train_sparse / B, train_sparse / B};
         if (!r.sparse) row.fwd_executed = static_cast<double>(dense.forward);
         if (r.mode != RouteMode::Hard) row.train_executed = static_cast<double>(dense.total());
+        row.attention = ops[k]->traits().attention_flops;
         a.flops.push_back(row);
         if (ops[k]->traits().attention_flops)
           a.reference_attention_fwd += 0.5 * static_cast<double>(ops[k]->flops(T, T, d).forward);
