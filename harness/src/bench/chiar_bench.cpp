@@ -3,6 +3,9 @@
 // check fails is reported as an error, not a time. Run it on a Release build:
 //   build/chiar_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //     --benchmark_out=bench.json --benchmark_out_format=json (one command line)
+// --ops times the operator test matrix's cases instead (chiar/conformance.h;
+// the cases `chiar_tests "[ops]"` checks), e.g.
+//   build/chiar_bench --ops --benchmark_filter='ops/attention/T=128 .* cpu/fwd'
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/autograd.h>
@@ -21,6 +24,7 @@
 
 #include "core/autocast_compat.h"
 #include "model/mixing_layer.h"
+#include "chiar/conformance.h"
 #include "chiar/registry.h"
 #include "engine/runtime/runtime.h"
 #include "engine/training/accounting.h"
@@ -101,6 +105,66 @@ void BM_operator(benchmark::State& state, const std::string& name, bool backward
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tokens/s"] =
       benchmark::Counter(static_cast<double>(kBatch * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// One case of the operator test matrix (chiar/conformance.h), checked
+// against float64 by run_operator_case before it is timed: forward, or
+// forward and backward of sum(y * probe), in the case's dtype and device.
+void BM_operator_case(benchmark::State& state, const std::string& name, const OperatorCase& c, bool backward) {
+  const auto maker = [name](int64_t d, int64_t heads) {
+    OperatorSpec spec;
+    spec.d_model = d;
+    spec.n_heads = heads;
+    return registry().make_operator(name, spec);
+  };
+  const OperatorCaseResult checked = run_operator_case(maker, c);
+  if (!checked.failure.empty()) {
+    state.SkipWithError(checked.failure.c_str());
+    return;
+  }
+  const PreparedOperatorCase p = prepare_operator_case(maker, c);
+  auto [x, ctx] = case_inputs(p, c);                            // (B, T, d)
+  const at::Tensor probe = p.probe.to(x.device(), at::kFloat);  // (B, T, d)
+  if (backward) x.requires_grad_(true);
+  for (auto _ : state) {
+    autocast::Bf16Scope scope(c.bf16, x.device());
+    if (backward) {
+      auto y = p.op->forward(x, ctx);  // (B, T, d)
+      (y.to(at::kFloat) * probe).sum().backward();
+      benchmark::DoNotOptimize(x.grad().data_ptr());
+      x.mutable_grad() = at::Tensor();
+    } else {
+      at::NoGradGuard g;
+      benchmark::DoNotOptimize(p.op->forward(x, ctx).data_ptr());
+    }
+    if (c.cuda) torch::cuda::synchronize();
+  }
+  const FlopCount f = p.op->flops_at(c.T, every_position(c.T), c.d_model, {c.causal, false}) * c.batch;
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(backward ? f.total() : f.forward) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["NMSE"] = checked.output_nmse;
+}
+
+// `chiar_bench --ops`: every registered operator's matrix cases, named
+// "ops/<operator>/<case>/fwd" and ".../fwd+bwd"; --benchmark_filter picks.
+void register_operator_matrix() {
+  const bool cuda = torch::cuda::is_available();
+  for (const auto& e : registry().entries()) {
+    if (e.kind != "operator") continue;
+    OperatorSpec spec;
+    spec.d_model = 16;
+    spec.n_heads = 2;
+    const OperatorTraits traits = registry().make_operator(e.name, spec)->traits();
+    for (const OperatorCase& c : operator_cases(traits, cuda))
+      for (bool backward : {false, true}) {
+        const std::string label = "ops/" + e.name + "/" + c.name() + (backward ? "/fwd+bwd" : "/fwd");
+        benchmark::RegisterBenchmark(
+            label.c_str(),
+            [name = e.name, c, backward](benchmark::State& s) { BM_operator_case(s, name, c, backward); })
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+  }
 }
 
 // An operator with a "core" option (attention) forward (and forward +
@@ -777,6 +841,8 @@ void register_all() {
 
 int main(int argc, char** argv) {
   bool allow_debug = false;
+  // --ops: the operator test matrix's cases instead of the usual benchmarks.
+  bool operator_matrix = false;
   // --plugin-dir D (or =D), repeatable: taken out before Google Benchmark
   // reads the rest.
   int kept = 1;
@@ -786,6 +852,8 @@ int main(int argc, char** argv) {
       plugin_dirs().push_back(argv[++i]);
     } else if (arg.rfind("--plugin-dir=", 0) == 0) {
       plugin_dirs().push_back(arg.substr(std::strlen("--plugin-dir=")));
+    } else if (arg == "--ops") {
+      operator_matrix = true;
     } else {
       allow_debug |= arg == "--allow-debug";
       argv[kept++] = argv[i];
@@ -807,8 +875,12 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("gemm_512_gflops", std::to_string(info.gemm_gflops));
   benchmark::AddCustomContext("blas_gemm_512_gflops", std::to_string(info.blas_gflops));
   benchmark::AddCustomContext("allocator", info.allocator);
-  register_all();
-  register_cuda();
+  if (operator_matrix) {
+    register_operator_matrix();
+  } else {
+    register_all();
+    register_cuda();
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

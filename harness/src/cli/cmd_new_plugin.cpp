@@ -300,10 +300,16 @@ int run_new_plugin(const Global& g, const NewPluginArgs& a) {
   std::string check, use;
   if (a.kind == "operator") {
     check =
-        "const auto failures = chiar::check_operator([&](int64_t d, int64_t heads) {\n"
+        "const auto make = [&](int64_t d, int64_t heads) {\n"
         "    chiar::OperatorSpec spec;\n    spec.d_model = d;\n    spec.n_heads = heads;\n"
         "    return registry.make_operator(\"" +
-        a.name + "\", spec);\n  });";
+        a.name +
+        "\", spec);\n  };\n"
+        "  auto failures = chiar::check_operator(make);\n"
+        "  // The operator test matrix: every standard case against itself in float64.\n"
+        "  for (const auto& c : chiar::operator_cases(make(16, 2)->traits(), false))\n"
+        "    if (const auto r = chiar::run_operator_case(make, c); !r.failure.empty())\n"
+        "      failures.push_back(c.name() + \": \" + r.failure);";
     use = "\n    [variants.mine]\n    layers = [\"dct\", \"dct|" + a.name + "\", \"dct|" + a.name +
           "\", \"attn\"]\n    router = \"threshold\"\n";
   } else if (a.kind == "router") {

@@ -4,10 +4,13 @@
 #include <torch/utils.h>
 
 #include <cmath>
+#include <limits>
 #include <regex>
 #include <sstream>
 
+#include "autocast_compat.h"
 #include "chiar/error.h"
+#include "chiar/rows.h"
 
 namespace chiar {
 namespace {
@@ -115,6 +118,186 @@ std::vector<std::string> check_operator(const std::function<std::shared_ptr<Oper
   const double g = gradient_error(*op, at::randn({1, 5, d}, kF64), ctx);
   if (!(g < 1e-5)) fail.push_back("gradient: autograd and finite differences differ by " + num(g));
   return fail;
+}
+
+std::string OperatorCase::name() const {
+  std::ostringstream s;
+  s << "T=" << T << " d=" << d_model << " h=" << n_heads
+    << (causal   ? " causal"
+        : padded ? " padded"
+                 : " plain")
+    << (bf16 ? " bf16" : " fp32") << (cuda ? " cuda" : " cpu");
+  return s.str();
+}
+
+std::vector<OperatorCase> operator_cases(const OperatorTraits& traits, bool cuda) {
+  struct Shape {
+    int64_t T, d, heads;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t T : {1, 7, 128})
+    for (const auto& [d, heads] : std::vector<std::pair<int64_t, int64_t>>{{16, 2}, {64, 4}, {256, 4}})
+      shapes.push_back({T, d, heads});
+  shapes.push_back({1024, 64, 4});
+  std::vector<OperatorCase> out;
+  for (bool on_cuda : {false, true}) {
+    if (on_cuda && !cuda) continue;
+    for (bool bf16 : {false, true})
+      for (const Shape& s : shapes)
+        for (int context = 0; context < 3; ++context) {
+          OperatorCase c;
+          c.T = s.T;
+          c.d_model = s.d;
+          c.n_heads = s.heads;
+          c.causal = context == 1;
+          c.padded = context == 2;
+          c.bf16 = bf16;
+          c.cuda = on_cuda;
+          if ((c.causal && !traits.causal) || (c.padded && (!traits.padded || s.T <= 2))) continue;
+          out.push_back(c);
+        }
+  }
+  return out;
+}
+
+OperatorTolerance operator_tolerance(bool bf16) {
+  return bf16 ? OperatorTolerance{2.5e-4, 2.5e-3} : OperatorTolerance{1e-9, 1e-7};
+}
+
+namespace {
+
+// ||got - want||^2 / ||want||^2 in float64, over the rows `keep` marks (all when undefined).
+double nmse(const at::Tensor& got, const at::Tensor& want, const at::Tensor& keep = {}) {
+  auto g = got.detach().cpu().to(at::kDouble), w = want.detach().cpu().to(at::kDouble);
+  if (keep.defined()) {
+    g = g.masked_select(keep.unsqueeze(-1));
+    w = w.masked_select(keep.unsqueeze(-1));
+  }
+  const double err = (g - w).pow(2).sum().item<double>(), ref = w.pow(2).sum().item<double>();
+  if (ref == 0) return err == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return err / ref;
+}
+
+// The worst NMSE over the gradients, each gradient's error against its own
+// norm, floored at 1e-4 of the mean squared norm of all of them: a gradient
+// that is zero in exact arithmetic (the query projection's at T = 1, where
+// softmax over one key is constant) is compared with the scale of the
+// others, not with its own rounding noise.
+double gradient_nmse(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
+  double mean = 0;
+  int counted = 0;
+  for (const auto& w : want)
+    if (w.defined()) mean += w.detach().to(at::kDouble).pow(2).sum().item<double>(), ++counted;
+  mean /= std::max(counted, 1);
+  double worst = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    if (!want[i].defined() || !got[i].defined()) continue;
+    const auto g = got[i].detach().cpu().to(at::kDouble), w = want[i].detach().to(at::kDouble);
+    const double err = (g - w).pow(2).sum().item<double>();
+    const double norm = std::max(w.pow(2).sum().item<double>(), 1e-4 * mean);
+    worst = std::max(worst, norm > 0 ? err / norm : (err == 0 ? 0 : std::numeric_limits<double>::infinity()));
+  }
+  return worst;
+}
+
+// One forward and backward of sum(y * probe): the output and the gradients
+// of the input and of every parameter, in parameter order.
+struct Pass {
+  at::Tensor out;
+  std::vector<at::Tensor> grads;
+};
+
+Pass run_pass(Operator& op, const at::Tensor& x, const OpContext& ctx, const at::Tensor& rows, const at::Tensor& probe,
+              bool bf16) {
+  auto input = x.detach().clone().requires_grad_(true);
+  op.zero_grad();
+  Pass p;
+  {
+    autocast::Bf16Scope scope(bf16, x.device());
+    p.out = rows.defined() ? op.forward_rows(input, rows, ctx) : op.forward(input, ctx);  // (B, T, d) or (N, d)
+  }
+  (p.out.to(probe.scalar_type()) * probe).sum().backward();
+  p.grads.push_back(input.grad());
+  for (auto& w : op.parameters()) p.grads.push_back(w.grad());
+  return p;
+}
+
+at::Device case_device(const OperatorCase& c) { return c.cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU); }
+
+}  // namespace
+
+PreparedOperatorCase prepare_operator_case(const std::function<std::shared_ptr<Operator>(int64_t, int64_t)>& make,
+                                           const OperatorCase& c, uint64_t seed) {
+  PreparedOperatorCase p;
+  at::manual_seed(seed);
+  p.op = make(c.d_model, c.n_heads);
+  p.reference = make(c.d_model, c.n_heads);
+  p.reference->to(at::kDouble);
+  {
+    at::NoGradGuard no_grad;
+    auto from = p.op->named_parameters(), to = p.reference->named_parameters();
+    for (const auto& w : from) to[w.key()].copy_(w.value());
+    auto buffers = p.reference->named_buffers();
+    for (const auto& b : p.op->named_buffers())
+      if (buffers.contains(b.key()) && b.value().is_floating_point()) buffers[b.key()].copy_(b.value());
+  }
+  p.op->to(case_device(c), at::kFloat);
+  p.x = at::randn({c.batch, c.T, c.d_model}, kF64);  // (B, T, d)
+  p.context.causal = c.causal;
+  if (c.padded) {
+    p.context.valid = at::ones({c.batch, c.T}, at::TensorOptions().dtype(at::kBool));  // (B, T)
+    for (int64_t b = 1; b < c.batch; ++b) p.context.valid[b].narrow(0, c.T - c.T / 3, c.T / 3).fill_(false);
+  }
+  p.probe = at::randn({c.batch, c.T, c.d_model}, kF64);  // (B, T, d): zero at padding
+  if (c.padded) p.probe.mul_(p.context.valid.unsqueeze(-1).to(at::kDouble));
+  return p;
+}
+
+std::pair<at::Tensor, OpContext> case_inputs(const PreparedOperatorCase& p, const OperatorCase& c) {
+  OpContext ctx = p.context;
+  if (ctx.valid.defined()) ctx.valid = ctx.valid.to(case_device(c));
+  return {p.x.to(case_device(c), at::kFloat), ctx};
+}
+
+OperatorCaseResult run_operator_case(const std::function<std::shared_ptr<Operator>(int64_t, int64_t)>& make,
+                                     const OperatorCase& c, uint64_t seed) {
+  OperatorCaseResult r;
+  r.tolerance = operator_tolerance(c.bf16);
+  PreparedOperatorCase p;
+  try {
+    p = prepare_operator_case(make, c, seed);
+  } catch (const std::exception& e) {
+    r.failure = "cannot build the case: " + message_of(e);
+    return r;
+  }
+  const auto [x, ctx] = case_inputs(p, c);
+  // A sample of rows for forward_rows, as a routed layer passes them: every
+  // third row, and the last (the end of a padded sequence, and T = 1).
+  const int64_t n = c.batch * c.T;
+  auto rows = at::arange(0, n, 3, at::TensorOptions().dtype(at::kLong));                                  // (N,)
+  if (rows[-1].item<int64_t>() != n - 1) rows = at::cat({rows, at::full({1}, n - 1, rows.options())});    // (N,)
+  const at::Tensor keep = p.context.valid.defined() ? p.context.valid : at::Tensor();                     // (B, T)
+  const at::Tensor keep_rows = keep.defined() ? keep.reshape({-1}).index_select(0, rows) : at::Tensor();  // (N,)
+  try {
+    for (bool sparse : {false, true}) {
+      const at::Tensor probe = sparse ? p.probe.reshape({-1, c.d_model}).index_select(0, rows) : p.probe;
+      const Pass want = run_pass(*p.reference, p.x, p.context, sparse ? rows : at::Tensor(), probe, false);
+      OpContext device_ctx = ctx;
+      if (sparse) device_ctx.host_rows = rows;
+      const Pass got = run_pass(*p.op, x, device_ctx, sparse ? rows.to(x.device()) : at::Tensor(),
+                                probe.to(x.device(), at::kFloat), c.bf16);
+      r.output_nmse = std::max(r.output_nmse, nmse(got.out, want.out, sparse ? keep_rows : keep));
+      r.gradient_nmse = std::max(r.gradient_nmse, gradient_nmse(got.grads, want.grads));
+    }
+  } catch (const std::exception& e) {
+    r.failure = "the case fails to run: " + message_of(e);
+    return r;
+  }
+  if (!(r.output_nmse <= r.tolerance.output))
+    r.failure = "output NMSE " + num(r.output_nmse) + " above " + num(r.tolerance.output);
+  else if (!(r.gradient_nmse <= r.tolerance.gradient))
+    r.failure = "gradient NMSE " + num(r.gradient_nmse) + " above " + num(r.tolerance.gradient);
+  return r;
 }
 
 std::vector<std::string> check_router(
