@@ -363,3 +363,25 @@ TEST_CASE("plugins: chiar options lists every plugin's declared options", "[plug
   CHECK_THAT(printed.output, Catch::Matchers::Contains("| `core` | a string | `auto` |"));
   CHECK_THAT(printed.output, Catch::Matchers::Contains("### task `listops`"));
 }
+
+TEST_CASE("declared defaults reach an operator's constructor through Params", "[plugins]") {
+  Params p;
+  p.set("given", 2.0).set_default("given", 5.0).set_default("defaulted", int64_t{3});
+  CHECK(p.get_double("given") == 2.0);  // a value given wins over the default
+  CHECK(p.get_int("defaulted") == 3);
+  p.set_default("never_read", true);
+  CHECK(p.unread_keys().empty());  // a default nobody reads is not an unknown key
+  CHECK_THROWS_WITH(Params().get_int("missing"),
+                    "option 'missing' is not set and its declaration gives no default value");
+  // rbf declares features = 64 and reads it without a fallback: its
+  // frequencies are (d, features).
+  OperatorSpec spec;
+  spec.d_model = 16;
+  spec.n_heads = 2;
+  const auto features = [&](const Params& params) {
+    spec.params = params;
+    return test::plugins().make_operator("rbf", spec)->named_buffers()["omega"].size(1);
+  };
+  CHECK(features({}) == 64);
+  CHECK(features(Params().set("features", int64_t{16})) == 16);
+}

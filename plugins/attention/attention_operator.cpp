@@ -153,12 +153,12 @@ class AttentionOperator final : public Operator {
   explicit AttentionOperator(const OperatorSpec& spec)
       : d_(spec.d_model),
         heads_(spec.params.get_int("heads", spec.n_heads)),
-        block_(spec.params.get_int("block", 128)),
-        recompute_mib_(spec.params.get_double("recompute_mib", 64.0)),
-        chunk_mib_(spec.params.get_double("chunk_mib", 32.0)),
-        rope_(spec.params.get_bool("rope", true)),
-        rope_base_(spec.params.get_double("rope_base", 10000.0)),
-        core_(parse_core(spec.params.get_string("core", "auto"))) {
+        block_(spec.params.get_int("block")),
+        recompute_mib_(spec.params.get_double("recompute_mib")),
+        chunk_mib_(spec.params.get_double("chunk_mib")),
+        rope_(spec.params.get_bool("rope")),
+        rope_base_(spec.params.get_double("rope_base")),
+        core_(parse_core(spec.params.get_string("core"))) {
     if (heads_ < 1 || d_ % heads_ != 0)
       throw UserError("attention: d_model " + std::to_string(d_) + " is not divisible by heads " +
                       std::to_string(heads_));

@@ -21,7 +21,7 @@ class DctOperator final : public Operator {
  public:
   explicit DctOperator(const OperatorSpec& spec)
       : d_(spec.d_model),
-        impl_(resolve_dct_impl(dct_impl_from_string(spec.params.get_string("dct_impl", "auto")), spec.d_model)) {
+        impl_(resolve_dct_impl(dct_impl_from_string(spec.params.get_string("dct_impl")), spec.d_model)) {
     filter_ = register_parameter("filter", at::ones({d_}));
     norm_ =
         SublayerNorm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_}))), spec.pre_norm);

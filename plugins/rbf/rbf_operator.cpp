@@ -91,10 +91,10 @@ class RbfOperator final : public Operator {
  public:
   explicit RbfOperator(const OperatorSpec& spec)
       : d_(spec.d_model),
-        features_(spec.params.get_int("features", 64)),
+        features_(spec.params.get_int("features")),
         gamma_(spec.params.get_double("gamma", 1.0 / static_cast<double>(spec.d_model))),
-        eps_(spec.params.get_double("eps", 1e-3)),
-        chunk_(spec.params.get_int("chunk", 64)) {
+        eps_(spec.params.get_double("eps")),
+        chunk_(spec.params.get_int("chunk")) {
     if (features_ < 1) throw UserError("rbf: features must be positive");
     if (!(gamma_ > 0)) throw UserError("rbf: gamma must be positive");
     if (!(eps_ > 0)) throw UserError("rbf: eps must be positive");

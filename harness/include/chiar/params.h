@@ -30,6 +30,20 @@ class CHIAR_API Params {
   std::string get_string(const std::string& key, const std::string& fallback) const;
   std::vector<double> get_doubles(const std::string& key, const std::vector<double>& fallback) const;
 
+  // The value set, else the declared default, which the registry fills in
+  // (set_default) before a plugin that declares its options is built: such
+  // a plugin writes each default once, in its declaration. A UserError
+  // naming the key when there is neither (a key declared without a value
+  // for its default, read without a fallback).
+  double get_double(const std::string& key) const;
+  int64_t get_int(const std::string& key) const;
+  bool get_bool(const std::string& key) const;
+  std::string get_string(const std::string& key) const;
+  std::vector<double> get_doubles(const std::string& key) const;
+  // Sets `key` to `value` unless it is set. A default is not something the
+  // user gave: unread_keys never names it.
+  Params& set_default(const std::string& key, Value value);
+
   // Keys set but never read by the object that consumed these params.
   std::vector<std::string> unread_keys() const;
 

@@ -32,7 +32,11 @@
 // 7: OperatorSpec::pre_norm and OperatorTraits::pre_norm (their layouts).
 // 8: Registrar::declare_options. No layout changed, so plugins of API 7 still
 //    load (CHIAR_PLUGIN_API_OLDEST); one calling declare_options needs 8.
-#define CHIAR_PLUGIN_API_VERSION 8
+// 9: the registry fills an operator's or router's declared defaults into
+//    its Params before the factory runs, and Params::get_int(key) and its
+//    siblings read them. No layout changed; a plugin reading a default
+//    that way needs 9.
+#define CHIAR_PLUGIN_API_VERSION 9
 // The oldest plugin API whose plugins this harness loads.
 #define CHIAR_PLUGIN_API_OLDEST 7
 

@@ -122,6 +122,44 @@ std::vector<double> Params::get_doubles(const std::string& key, const std::vecto
   wrong_type(key, "a list of numbers", *v);
 }
 
+Params& Params::set_default(const std::string& key, Value value) {
+  if (values_.emplace(key, std::move(value)).second) read_.insert(key);
+  return *this;
+}
+
+namespace {
+
+[[noreturn]] void no_default(const std::string& key) {
+  throw UserError("option '" + key + "' is not set and its declaration gives no default value");
+}
+
+}  // namespace
+
+double Params::get_double(const std::string& key) const {
+  if (!has(key)) no_default(key);
+  return get_double(key, 0.0);
+}
+
+int64_t Params::get_int(const std::string& key) const {
+  if (!has(key)) no_default(key);
+  return get_int(key, 0);
+}
+
+bool Params::get_bool(const std::string& key) const {
+  if (!has(key)) no_default(key);
+  return get_bool(key, false);
+}
+
+std::string Params::get_string(const std::string& key) const {
+  if (!has(key)) no_default(key);
+  return get_string(key, "");
+}
+
+std::vector<double> Params::get_doubles(const std::string& key) const {
+  if (!has(key)) no_default(key);
+  return get_doubles(key, {});
+}
+
 std::vector<std::string> Params::unread_keys() const {
   std::vector<std::string> out;
   for (const auto& kv : values_)

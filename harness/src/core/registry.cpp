@@ -116,6 +116,26 @@ std::string declared_option_problem(const Params& params, const std::vector<Plug
   return "";
 }
 
+// The value an option's documented default stands for, when it is one of
+// the option's kind written as a matrix writes it ("128", "0.001", "true",
+// "auto" for a string or a word it accepts, "[0.5, 0.5]"); nothing when it
+// describes a value instead ("model.n_heads", "1 / d_model", "equal shares").
+std::optional<Params::Value> declared_default(const PluginOption& o) {
+  if (o.default_value.empty()) return std::nullopt;
+  Params parsed;
+  try {
+    parsed = Params::from_assignments({o.key + "=" + o.default_value});
+  } catch (const UserError&) {
+    return std::nullopt;  // "[0.75, 0.25]; 3 operators [...]": prose about values
+  }
+  const Params::Value& value = parsed.values().at(o.key);
+  if (!option_accepts(o, value)) return std::nullopt;
+  if (o.kind != ParamKind::String && std::holds_alternative<std::string>(value) &&
+      std::find(o.words.begin(), o.words.end(), std::get<std::string>(value)) == o.words.end())
+    return std::nullopt;
+  return value;
+}
+
 }  // namespace
 
 void Registrar::declare_task_options(const std::string& name, std::vector<TaskOption> options) {
@@ -161,9 +181,16 @@ struct PluginRegistry::Impl {
   template <class Object, class Spec>
   std::shared_ptr<Object> make(const Factory& f, Spec spec) const {
     const std::string who = f.entry.kind + " '" + f.entry.name + "' (" + f.entry.file + ")";
-    if (f.options)
+    if (f.options) {
       if (const std::string problem = declared_option_problem(spec.params, *f.options); !problem.empty())
         throw UserError(who + ": " + problem);
+      // Operators and routers read their declared defaults from Params
+      // (Params::get_int(key) and the like). Tasks keep their own fallbacks:
+      // several read whether a key was given at all (Params::has).
+      if constexpr (!std::is_same_v<Object, Task>)
+        for (const auto& o : *f.options)
+          if (const auto value = declared_default(o)) spec.params.set_default(o.key, *value);
+    }
     std::unique_ptr<Object> made;
     try {
       if constexpr (std::is_same_v<Object, Operator>)
