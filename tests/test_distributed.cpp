@@ -1,4 +1,4 @@
-// test_distributed: one run over several processes (engine/cluster/distributed.h).
+// test_distributed: one run over several processes (engine/cluster/world.h, process_group.h, launcher.h).
 // The world read from launchers' variables; a real two-rank Gloo group made of
 // two forked children of this test on 127.0.0.1 (one process per rank, as in
 // a run: Gloo's ranks are never threads of one process here); ranks that die,
@@ -26,7 +26,8 @@
 #include <boost/filesystem.hpp>
 
 #include "chiar/error.h"
-#include "engine/cluster/distributed.h"
+#include "engine/cluster/launcher.h"
+#include "engine/cluster/process_group.h"
 #include "support/temp_dir.h"
 
 using namespace chiar;

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev          # libtorch 1.13 (CPU)
   libdnnl-dev           # oneDNN's sgemm for the model's products (libtorch links libdnnl already)
-  libgloo-dev           # Gloo's headers, for libtorch's c10d process group (engine/cluster/distributed.cpp)
+  libgloo-dev           # Gloo's headers, for libtorch's c10d process group (engine/cluster/process_group.cpp)
   libopenblas0-openmp   # fast BLAS; without it libtorch runs ~15x slower
   libblas3              # the reference BLAS, used by a test that checks detection
   libboost-dev libboost-filesystem-dev  # Boost.DLL plugin loading

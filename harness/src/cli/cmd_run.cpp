@@ -10,7 +10,8 @@
 #include "chiar/registry.h"
 
 #include "engine/cluster/data_parallel.h"
-#include "engine/cluster/distributed.h"
+#include "engine/cluster/launcher.h"
+#include "engine/cluster/process_group.h"
 #include "engine/config/suggest.h"
 #include "engine/runner.h"
 #include "engine/runtime/device.h"
@@ -49,7 +50,7 @@ void check_devices_of(const RunArgs& a, const engine::Matrix& matrix, bool data_
 }
 
 // `chiar run ... --nproc N`: the same command line, less --nproc, as N
-// ranks on this machine (engine/cluster/distributed.h). Without --threads each rank
+// ranks on this machine (engine/cluster/launcher.h). Without --threads each rank
 // gets an equal share of the cores.
 int launch_ranks(const Global& g, const RunArgs& a) {
   if (engine::world_from_environment().distributed())

@@ -69,7 +69,7 @@ struct RunArgs {
   bool dry_run = false;
   bool sole_writer = false;   // no other process writes the store (RunnerOptions::sole_writer)
   bool retry_failed = false;  // failed runs start again (RunnerOptions::retry_failed)
-  int nproc = 1;              // > 1: data-parallel over this many local processes (engine/cluster/distributed.h)
+  int nproc = 1;              // > 1: data-parallel over this many local processes (engine/cluster/launcher.h)
   std::string device;         // overrides train.device (engine/runtime/device.h); empty: the matrix's
   // --decide CLAIMS: rounds of seeds by a group-sequential design (report/sequential.h)
   std::string decide, baseline;

@@ -16,7 +16,7 @@
 
 #include "model/model.h"
 #include "engine/cluster/data_parallel.h"
-#include "engine/cluster/distributed.h"
+#include "engine/cluster/process_group.h"
 #include "engine/config/option_table.h"
 #include "engine/runtime/build_commit.h"
 #include "engine/runtime/device.h"

@@ -23,7 +23,7 @@
 #include "core/autocast_compat.h"
 #include "model/model.h"
 #include "engine/cluster/data_parallel.h"
-#include "engine/cluster/distributed.h"
+#include "engine/cluster/process_group.h"
 #include "engine/runtime/device.h"
 #include "engine/runtime/failpoint.h"
 #include "engine/runtime/gpu_memory.h"

@@ -38,7 +38,7 @@ struct TrainContext {
   const std::atomic<bool>* stop;  // set by SIGINT/SIGTERM: checkpoint and return
   std::function<void(int64_t step, double loss, double tokens_per_s)> progress;
   std::string tag;  // the run's console prefix, for lines about its checkpoints
-  // Data-parallel training (engine/cluster/distributed.h): every rank trains a slice
+  // Data-parallel training (engine/cluster/process_group.h): every rank trains a slice
   // of each global batch, gradients are averaged over the group, rank 0's
   // checkpoint is the one every rank resumes from. Null: one process.
   ProcessGroup* group = nullptr;

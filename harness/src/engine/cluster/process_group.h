@@ -1,11 +1,10 @@
 #pragma once
-// One training run over several processes: who this process is in the world
-// (from a launcher's environment), a c10d process group over Gloo to average
-// gradients and share rank 0's decisions, and the local `--nproc` launcher.
-// Every collective is c10d's; nothing here reduces or moves data itself.
+// One training run over several processes: a c10d process group over Gloo
+// to average gradients and share rank 0's decisions (the world it spans:
+// world.h; the local launcher: launcher.h). Every collective is c10d's;
+// nothing here reduces or moves data itself.
 //
-// Errors follow the harness's policy: a malformed launcher variable is a
-// chiar::UserError naming the variable; a peer that dies, hangs or never
+// Errors follow the harness's policy: a peer that dies, hangs or never
 // joins is a chiar::EnvironmentError whose message starts with
 // "rank R of N: " and names what failed. No libtorch backtrace ever leaks.
 #include <ATen/Tensor.h>
@@ -13,59 +12,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/cluster/world.h"
+
 namespace chiar::engine {
-
-// ---------------------------------------------------------------- the world
-
-// This process's place in a run. world_size == 1 (the default) is a run of
-// one process: no process group, no rendezvous.
-struct WorldInfo {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;             // rank among the processes on this machine
-  std::string master_addr;        // host of rank 0, which serves the rendezvous store
-  int master_port = 0;            // its TCP port
-  std::string launcher = "none";  // "none", "env" (RANK/WORLD_SIZE...) or "slurm"
-
-  bool distributed() const { return world_size > 1; }
-};
-
-// Reads the world from a launcher's variables, first match wins:
-//  1. "env" (torchrun, `chiar run --nproc`, any launcher): RANK and
-//     WORLD_SIZE, both required once either is set; MASTER_ADDR and
-//     MASTER_PORT, required when WORLD_SIZE > 1; LOCAL_RANK, else
-//     SLURM_LOCALID, else RANK (one machine).
-//  2. "slurm" (srun): SLURM_PROCID; SLURM_NTASKS, else SLURM_NPROCS, else
-//     one task (a batch script without --ntasks; SLURM_PROCID must be 0
-//     then); SLURM_LOCALID (else 0). MASTER_ADDR if set, else
-//     the first host of SLURM_STEP_NODELIST, SLURM_NODELIST or
-//     SLURM_JOB_NODELIST (the first of those set), where srun's block
-//     distribution places task 0. MASTER_PORT if set, else
-//     20000 + SLURM_JOB_ID % 10000: the same on every task without any
-//     exchange, and below Linux's ephemeral ports (32768 and up), so no
-//     outgoing connection holds it. Two multi-task steps of one job running
-//     at once need MASTER_PORT set apart.
-//     Note: inside an sbatch script without srun, SLURM_NTASKS is the job's
-//     task count while only one process runs; launch ranks with srun.
-//  3. Otherwise a world of one ("none").
-// Malformed values throw UserError naming the variable, e.g.
-// "RANK=abc: expected an integer", "RANK 3 >= WORLD_SIZE 2".
-// Pure: reads only `env`.
-WorldInfo world_from_environment(const std::map<std::string, std::string>& env);
-// The same over this process's environment.
-WorldInfo world_from_environment();
-
-// The first host of a Slurm host list, expanded: "node[01-04,07]" -> "node01",
-// "a,b" -> "a", "gpu-[3,5]" -> "gpu-3", "r[1-2]-n[5-6]" -> "r1-n5".
-// `variable` names the list's variable in the UserError for a malformed one.
-std::string first_slurm_host(const std::string& host_list, const std::string& variable);
-
-// ------------------------------------------------------------ process group
 
 struct ProcessGroupOptions {
   // The limit on each collective: a peer silent for this long is lost.
@@ -194,44 +147,5 @@ class ProcessGroup {
  private:
   std::unique_ptr<Impl> impl_;
 };
-
-// ----------------------------------------------------------------- launcher
-
-// A free TCP port on `address` right now (bound to port 0, read back and
-// released). Another process may take it before it is used: a rendezvous
-// that fails to bind then reports the port. Throws EnvironmentError.
-int pick_free_port(const std::string& address = "127.0.0.1");
-
-struct LaunchOptions {
-  // After the first failing rank, the others get SIGTERM, and SIGKILL if they
-  // still run this long after.
-  std::chrono::milliseconds grace{std::chrono::seconds(10)};
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0: pick_free_port(master_addr)
-};
-
-struct LaunchResult {
-  // 0 when every rank exited 0; else the first failing rank's exit status,
-  // or 128 + the signal that killed it.
-  int exit_status = 0;
-  int failed_rank = -1;  // the rank that failed first; -1 when none
-  // One line, empty on success: "rank 1 died (signal 9)",
-  // "rank 2 exited with status 3"; after a forwarded SIGINT or SIGTERM it
-  // starts "interrupted (SIGINT forwarded to 3 ranks)".
-  std::string message;
-};
-
-// Runs `argv` (argv[0] a path, or a name looked up in PATH) as nproc ranks on
-// this machine and waits for them: each child gets this process's
-// environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT. The first rank to exit non-zero or die by a
-// signal gets the others stopped (SIGTERM, then SIGKILL after the grace).
-// SIGINT and SIGTERM sent to this process are forwarded to the ranks, which
-// are then waited for (no SIGKILL). Children get SIGTERM should this process
-// die first. Installs its own SIGINT, SIGTERM and SIGCHLD handlers while it
-// runs (one launch at a time per process) and restores the previous ones.
-// Throws UserError for nproc < 1 or an empty argv, EnvironmentError when a
-// rank cannot be started (its program not found or not executable).
-LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv, const LaunchOptions& options = {});
 
 }  // namespace chiar::engine
