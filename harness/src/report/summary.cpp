@@ -76,6 +76,70 @@ void read_records(engine::ResultsReader& store, const OperatorCatalog& operators
   read_valid_curve(store, r);
 }
 
+// One variant's finished runs on one task, summarised: each statistic over
+// its seeds.
+VariantSummary summarize_variant(const std::string& variant, std::vector<const RunRow*> runs) {
+  VariantSummary v;
+  v.variant = variant;
+  v.runs = std::move(runs);
+  std::map<std::string, std::vector<double>> metrics;
+  std::vector<double> attn, attn_sp, total, total_sp, ttps, etps, gpu_alloc, gpu_reserved;
+  for (const RunRow* r : v.runs) {
+    for (const auto& [k, val] : r->test_best) metrics[k].push_back(val);
+    attn.push_back(r->attn_fwd / 1e9);
+    attn_sp.push_back(r->attn_fwd_sparse / 1e9);
+    total.push_back(r->total_fwd / 1e9);
+    total_sp.push_back(r->total_fwd_sparse / 1e9);
+    ttps.push_back(r->train_tps);
+    etps.push_back(r->eval_tps);
+    if (r->gpu_allocated_mb >= 0) {
+      gpu_alloc.push_back(r->gpu_allocated_mb);
+      gpu_reserved.push_back(r->gpu_reserved_mb);
+    }
+    v.params = r->params;
+  }
+  for (const auto& [k, vals] : metrics) v.metric[k] = stat_of(vals);
+  v.attn_gflops = stat_of(attn);
+  v.attn_sparse_gflops = stat_of(attn_sp);
+  v.total_gflops = stat_of(total);
+  v.total_sparse_gflops = stat_of(total_sp);
+  v.train_tps = stat_of(ttps);
+  v.eval_tps = stat_of(etps);
+  v.gpu_allocated_mb = stat_of(gpu_alloc);
+  v.gpu_reserved_mb = stat_of(gpu_reserved);
+  return v;
+}
+
+// The tasks in the order runs first name them, each with its variants in
+// s.variant_order. One pass over the runs groups them (a sweep has
+// thousands of variants).
+std::vector<TaskSummary> summarize_tasks(const Summary& s) {
+  std::vector<std::string> tasks;
+  std::map<std::string, std::string> family_of;  // the last family a task's runs name
+  std::map<std::pair<std::string, std::string>, std::vector<const RunRow*>> finished;  // by (task, variant)
+  for (const auto& r : s.runs) {
+    if (!family_of.count(r.task)) tasks.push_back(r.task);
+    std::string& family = family_of[r.task];
+    if (!r.family.empty()) family = r.family;
+    if (r.status == engine::RunStatus::Done) finished[{r.task, r.variant}].push_back(&r);
+  }
+  std::vector<TaskSummary> out;
+  for (const auto& task : tasks) {
+    TaskSummary t;
+    t.task = task;
+    t.family = family_of.at(task);
+    for (const auto& variant : s.variant_order) {
+      const auto runs = finished.find({task, variant});
+      if (runs == finished.end()) continue;
+      t.variants.push_back(summarize_variant(variant, runs->second));
+      for (const RunRow* r : runs->second)
+        if (r->test_best.count("token_ppl")) t.language_model = true;
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace
 
 Summary summarize(const std::string& file, const OperatorCatalog& operators) {
@@ -95,56 +159,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
     if (seen_variants.insert(r.variant).second) s.variant_order.push_back(r.variant);
     if (r.status != engine::RunStatus::Done) s.problems.push_back(&r);
   }
-  // One pass over the runs groups them (a sweep has thousands of variants).
-  std::vector<std::string> tasks;
-  std::map<std::string, std::string> family_of;  // the last family a task's runs name
-  std::map<std::pair<std::string, std::string>, std::vector<const RunRow*>> finished;  // by (task, variant)
-  for (const auto& r : s.runs) {
-    if (!family_of.count(r.task)) tasks.push_back(r.task);
-    std::string& family = family_of[r.task];
-    if (!r.family.empty()) family = r.family;
-    if (r.status == engine::RunStatus::Done) finished[{r.task, r.variant}].push_back(&r);
-  }
-  for (const auto& task : tasks) {
-    TaskSummary t;
-    t.task = task;
-    t.family = family_of.at(task);
-    for (const auto& variant : s.variant_order) {
-      VariantSummary v;
-      v.variant = variant;
-      const auto runs = finished.find({task, variant});
-      if (runs == finished.end()) continue;
-      v.runs = runs->second;
-      std::map<std::string, std::vector<double>> metrics;
-      std::vector<double> attn, attn_sp, total, total_sp, ttps, etps, gpu_alloc, gpu_reserved;
-      for (const RunRow* r : v.runs) {
-        for (const auto& [k, val] : r->test_best) metrics[k].push_back(val);
-        attn.push_back(r->attn_fwd / 1e9);
-        attn_sp.push_back(r->attn_fwd_sparse / 1e9);
-        total.push_back(r->total_fwd / 1e9);
-        total_sp.push_back(r->total_fwd_sparse / 1e9);
-        ttps.push_back(r->train_tps);
-        etps.push_back(r->eval_tps);
-        if (r->gpu_allocated_mb >= 0) {
-          gpu_alloc.push_back(r->gpu_allocated_mb);
-          gpu_reserved.push_back(r->gpu_reserved_mb);
-        }
-        v.params = r->params;
-        if (r->test_best.count("token_ppl")) t.language_model = true;
-      }
-      for (const auto& [k, vals] : metrics) v.metric[k] = stat_of(vals);
-      v.attn_gflops = stat_of(attn);
-      v.attn_sparse_gflops = stat_of(attn_sp);
-      v.total_gflops = stat_of(total);
-      v.total_sparse_gflops = stat_of(total_sp);
-      v.train_tps = stat_of(ttps);
-      v.eval_tps = stat_of(etps);
-      v.gpu_allocated_mb = stat_of(gpu_alloc);
-      v.gpu_reserved_mb = stat_of(gpu_reserved);
-      t.variants.push_back(std::move(v));
-    }
-    s.tasks.push_back(std::move(t));
-  }
+  s.tasks = summarize_tasks(s);
   s.provenance = store.provenance();
   return s;
 }
