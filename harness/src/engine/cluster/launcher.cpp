@@ -189,16 +189,10 @@ void stop_children(std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
   }
 }
 
-}  // namespace
-
-LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv, const LaunchOptions& options) {
-  if (nproc < 1) throw UserError("--nproc " + std::to_string(nproc) + ": expected a number of processes >= 1");
-  if (argv.empty() || argv[0].empty()) throw UserError("--nproc: no command to run");
-  const std::string program = resolve_program(argv[0]);
-  const int port = options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
-
-  // Everything the children need is built before fork: between fork and
-  // exec only async-signal-safe calls are allowed.
+// Each rank's environment: this process's, less the launcher's variables,
+// plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
+// MASTER_PORT.
+std::vector<std::vector<std::string>> rank_environments(int nproc, const LaunchOptions& options, int port) {
   const std::set<std::string> ours = {"RANK",        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                       "MASTER_ADDR", "MASTER_PORT"};
   std::vector<std::string> inherited;
@@ -215,70 +209,77 @@ LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv,
     envs[r].push_back("MASTER_ADDR=" + options.master_addr);
     envs[r].push_back("MASTER_PORT=" + std::to_string(port));
   }
-  const auto pointers = [](std::vector<std::string>& strings) {
-    std::vector<char*> out;
-    for (std::string& s : strings) out.push_back(s.data());
-    out.push_back(nullptr);
-    return out;
-  };
-  std::vector<std::string> args = argv;
-  std::vector<char*> arg_pointers = pointers(args);
-  std::vector<std::vector<char*>> env_pointers;
-  for (auto& env : envs) env_pointers.push_back(pointers(env));
+  return envs;
+}
 
-  SignalScope signals;
+// The null-terminated pointers into `strings` that execve takes.
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Forks rank r and executes `program` in it; returns its pid once the exec
+// succeeded. When it cannot start, stops the ranks already `started` and
+// throws EnvironmentError. Everything the child needs is built before: between
+// fork and exec only async-signal-safe calls are allowed.
+pid_t start_rank(int r, const std::string& program, char* const* argv, char* const* envp, const sigset_t& child_mask,
+                 std::vector<pid_t>& started, std::chrono::milliseconds grace) {
   const pid_t launcher = getpid();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < nproc; ++r) {
-    int report[2];
-    if (pipe2(report, O_CLOEXEC) != 0) {
-      const std::string cause = std::strerror(errno);
-      stop_children(pids, options.grace);
-      throw EnvironmentError("cannot start rank " + std::to_string(r) + ": pipe: " + cause);
-    }
-    const pid_t pid = fork();
-    if (pid == 0) {
-      // The child: default signal handling and mask, a SIGTERM should the
-      // launcher die, then the program. On failure errno goes up the pipe.
-      close(report[0]);
-      struct sigaction fallback {};
-      fallback.sa_handler = SIG_DFL;
-      sigemptyset(&fallback.sa_mask);
-      for (int s : kHandled) sigaction(s, &fallback, nullptr);
-      sigprocmask(SIG_SETMASK, &signals.old_mask(), nullptr);  // one thread now; the async-signal-safe call
-      // The death signal follows the forking thread, which blocks in this
-      // call until every rank has ended.
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != launcher) _exit(1);
-      execve(program.c_str(), arg_pointers.data(), env_pointers[r].data());
-      const int error = errno;
-      [[maybe_unused]] const ssize_t ignored = write(report[1], &error, sizeof error);
-      _exit(127);
-    }
-    const int fork_error = errno;
-    close(report[1]);
-    if (pid < 0) {
-      close(report[0]);
-      stop_children(pids, options.grace);
-      throw EnvironmentError("cannot start rank " + std::to_string(r) + ": fork: " + std::strerror(fork_error));
-    }
-    int exec_error = 0;
-    ssize_t got;
-    while ((got = read(report[0], &exec_error, sizeof exec_error)) < 0 && errno == EINTR) {
-    }
-    close(report[0]);
-    if (got > 0) {
-      int status = 0;
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      stop_children(pids, options.grace);
-      throw EnvironmentError("cannot start rank " + std::to_string(r) + ": " + program + ": " +
-                             std::strerror(exec_error));
-    }
-    pids.push_back(pid);
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    const std::string cause = std::strerror(errno);
+    stop_children(started, grace);
+    throw EnvironmentError("cannot start rank " + std::to_string(r) + ": pipe: " + cause);
   }
-  signals.release();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // The child: default signal handling and mask, a SIGTERM should the
+    // launcher die, then the program. On failure errno goes up the pipe.
+    close(report[0]);
+    struct sigaction fallback {};
+    fallback.sa_handler = SIG_DFL;
+    sigemptyset(&fallback.sa_mask);
+    for (int s : kHandled) sigaction(s, &fallback, nullptr);
+    sigprocmask(SIG_SETMASK, &child_mask, nullptr);  // one thread now; the async-signal-safe call
+    // The death signal follows the forking thread, which blocks in
+    // launch_local_ranks until every rank has ended.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != launcher) _exit(1);
+    execve(program.c_str(), argv, envp);
+    const int error = errno;
+    [[maybe_unused]] const ssize_t ignored = write(report[1], &error, sizeof error);
+    _exit(127);
+  }
+  const int fork_error = errno;
+  close(report[1]);
+  if (pid < 0) {
+    close(report[0]);
+    stop_children(started, grace);
+    throw EnvironmentError("cannot start rank " + std::to_string(r) + ": fork: " + std::strerror(fork_error));
+  }
+  int exec_error = 0;
+  ssize_t got;
+  while ((got = read(report[0], &exec_error, sizeof exec_error)) < 0 && errno == EINTR) {
+  }
+  close(report[0]);
+  if (got > 0) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    stop_children(started, grace);
+    throw EnvironmentError("cannot start rank " + std::to_string(r) + ": " + program + ": " +
+                           std::strerror(exec_error));
+  }
+  return pid;
+}
 
+// Waits for every rank. The first to fail gets the others a SIGTERM, and a
+// SIGKILL `grace` later; SIGINT and SIGTERM this process receives are
+// forwarded to the ranks still running.
+LaunchResult wait_for_ranks(const std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
+  const int nproc = static_cast<int>(pids.size());
   LaunchResult result;
   std::vector<bool> running(nproc, true);
   int still_running = nproc;
@@ -309,7 +310,7 @@ LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv,
     if (result.failed_rank >= 0 && !terminating) {
       terminating = true;
       signal_running(SIGTERM);
-      deadline = std::chrono::steady_clock::now() + options.grace;
+      deadline = std::chrono::steady_clock::now() + grace;
     }
     int wait_ms = 1000;  // a backstop; SIGCHLD and forwarded signals wake the loop
     if (terminating && !killed) {
@@ -334,6 +335,28 @@ LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv,
     result.message = result.message.empty() ? note : note + "; " + result.message;
   }
   return result;
+}
+
+}  // namespace
+
+LaunchResult launch_local_ranks(int nproc, const std::vector<std::string>& argv, const LaunchOptions& options) {
+  if (nproc < 1) throw UserError("--nproc " + std::to_string(nproc) + ": expected a number of processes >= 1");
+  if (argv.empty() || argv[0].empty()) throw UserError("--nproc: no command to run");
+  const std::string program = resolve_program(argv[0]);
+  const int port = options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
+  std::vector<std::vector<std::string>> envs = rank_environments(nproc, options, port);
+  std::vector<std::string> args = argv;
+  std::vector<char*> arg_pointers = c_strings(args);
+  std::vector<std::vector<char*>> env_pointers;
+  for (auto& env : envs) env_pointers.push_back(c_strings(env));
+
+  SignalScope signals;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nproc; ++r)
+    pids.push_back(
+        start_rank(r, program, arg_pointers.data(), env_pointers[r].data(), signals.old_mask(), pids, options.grace));
+  signals.release();
+  return wait_for_ranks(pids, options.grace);
 }
 
 }  // namespace chiar::engine
