@@ -231,19 +231,17 @@ std::vector<std::string> expand_store_paths(const std::vector<std::string>& path
   return out;
 }
 
-MergeResult merge_stores(const std::string& out, const std::vector<std::string>& inputs) {
-  MergeResult result;
-  result.inputs = inputs.size();
-  for (const auto& in : inputs)
-    if (same_file(in, out)) throw UserError(in + ": the merge's output is also one of its inputs");
+namespace {
 
-  // Read everything and decide before anything is written.
-  std::vector<std::unique_ptr<Store>> stores;
-  std::map<std::string, RunCopy> chosen;  // by hash: the copy that got furthest
+// The copy of each run that got furthest over the inputs, by hash; each
+// input is opened read-only and held in one snapshot (a shard still being
+// written is read as it was then) until the copies are made. Throws when
+// two finished copies of a run differ.
+std::map<std::string, RunCopy> choose_copies(const std::vector<std::string>& inputs,
+                                             std::vector<std::unique_ptr<Store>>& stores) {
+  std::map<std::string, RunCopy> chosen;
   for (size_t i = 0; i < inputs.size(); ++i) {
     stores.push_back(std::make_unique<Store>(inputs[i], StoreAccess::ReadOnly));
-    // One snapshot per input from the decisions to the copies: a shard
-    // still being written is read as it was at this point.
     stores.back()->db().exec("BEGIN");
     for (RunCopy& r : runs_of(stores.back()->db(), i)) {
       auto it = chosen.find(r.hash);
@@ -261,34 +259,46 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
       }
     }
   }
-  // A group-sequential design (chiar run --decide, chiar slurm --decide)
-  // goes with its runs: at most one, in the inputs and the output together.
+  return chosen;
+}
+
+// A group-sequential design (chiar run --decide, chiar slurm --decide) goes
+// with its runs: at most one over the inputs and the output together.
+struct CarriedDesign {
   std::optional<SequentialDesignRecord> design;
-  std::string design_from;
+  std::string from;  // the store it was read from
   std::vector<SequentialLookRecord> looks;
-  const auto take_design = [&](Store& store, const std::string& name) {
+
+  void take(Store& store, const std::string& name) {
     const auto d = store.sequential_design();
     if (!d) return;
     if (design && !same_design(*design, *d))
-      throw UserError("conflict: " + design_from + " and " + name +
-                      " hold different sequential designs; nothing "
-                      "written");
+      throw UserError("conflict: " + from + " and " + name + " hold different sequential designs; nothing written");
     design = d;
-    design_from = name;
+    from = name;
     for (auto& l : store.looks()) looks.push_back(l);
-  };
-  for (size_t i = 0; i < inputs.size(); ++i) take_design(*stores[i], inputs[i]);
+  }
+};
+
+// What the merge writes into the output: runs it lacks, and runs an input
+// got further with. Throws when a finished run differs from the output's.
+struct MergePlan {
   std::map<std::string, RunCopy> held;  // the output's runs, by hash
+  std::vector<const RunCopy*> to_add, to_replace;
+};
+
+MergePlan plan_merge(const std::string& out, const std::vector<std::string>& inputs,
+                     const std::map<std::string, RunCopy>& chosen, CarriedDesign& design, MergeResult& result) {
+  MergePlan plan;
   if (fs::exists(out)) {
     Store existing(out, StoreAccess::ReadOnly);
-    for (RunCopy& r : runs_of(existing.db(), kOut)) held.emplace(r.hash, std::move(r));
-    take_design(existing, out);
+    for (RunCopy& r : runs_of(existing.db(), kOut)) plan.held.emplace(r.hash, std::move(r));
+    design.take(existing, out);
   }
-  std::vector<const RunCopy*> to_add, to_replace;
   for (const auto& [hash, copy] : chosen) {
-    const auto it = held.find(hash);
-    if (it == held.end()) {
-      to_add.push_back(&copy);
+    const auto it = plan.held.find(hash);
+    if (it == plan.held.end()) {
+      plan.to_add.push_back(&copy);
       continue;
     }
     if (is_final(copy.status) && is_final(it->second.status)) {
@@ -298,12 +308,17 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
                         inputs[copy.store] + ": " + diff + "; nothing written");
       ++result.unchanged;
     } else if (further(copy, it->second)) {
-      to_replace.push_back(&copy);
+      plan.to_replace.push_back(&copy);
     } else {
       ++result.unchanged;
     }
   }
+  return plan;
+}
 
+// Carries out `plan` in one transaction of the output (created if missing).
+void write_merge(const std::string& out, const std::vector<std::unique_ptr<Store>>& stores, const MergePlan& plan,
+                 const CarriedDesign& design) {
   if (!fs::exists(out)) {
     const fs::path parent = fs::absolute(out).parent_path();
     boost::system::error_code ec;
@@ -318,18 +333,34 @@ MergeResult merge_stores(const std::string& out, const std::vector<std::string>&
       if (!copier) copier = std::make_unique<RunCopier>(stores[copy.store]->db(), target.db());
       copier->copy(copy.id);
     };
-    for (const RunCopy* copy : to_replace) {
-      delete_run(target.db(), held.at(copy->hash).id);
+    for (const RunCopy* copy : plan.to_replace) {
+      delete_run(target.db(), plan.held.at(copy->hash).id);
       copy_run(*copy);
     }
-    for (const RunCopy* copy : to_add) copy_run(*copy);
-    if (design) {
-      target.save_sequential_design_in_transaction(*design);
-      for (const auto& l : looks) target.record_look(l);
+    for (const RunCopy* copy : plan.to_add) copy_run(*copy);
+    if (design.design) {
+      target.save_sequential_design_in_transaction(*design.design);
+      for (const auto& l : design.looks) target.record_look(l);
     }
   });
-  result.added = static_cast<int64_t>(to_add.size());
-  result.updated = static_cast<int64_t>(to_replace.size());
+}
+
+}  // namespace
+
+MergeResult merge_stores(const std::string& out, const std::vector<std::string>& inputs) {
+  MergeResult result;
+  result.inputs = inputs.size();
+  for (const auto& in : inputs)
+    if (same_file(in, out)) throw UserError(in + ": the merge's output is also one of its inputs");
+  // Read everything and decide before anything is written.
+  std::vector<std::unique_ptr<Store>> stores;
+  const std::map<std::string, RunCopy> chosen = choose_copies(inputs, stores);
+  CarriedDesign design;
+  for (size_t i = 0; i < inputs.size(); ++i) design.take(*stores[i], inputs[i]);
+  const MergePlan plan = plan_merge(out, inputs, chosen, design, result);
+  write_merge(out, stores, plan, design);
+  result.added = static_cast<int64_t>(plan.to_add.size());
+  result.updated = static_cast<int64_t>(plan.to_replace.size());
   return result;
 }
 
