@@ -89,7 +89,8 @@ std::string text(const toml::node& n, const std::string& key) {
 }
 
 // A compare claim's `effect` or `effect_ratio`, and `margin`.
-void read_effect(const toml::table& t, const std::function<std::string(const std::string&)>& key, ClaimSpec& c) {
+void read_effect(const toml::table& t, const std::string& path, ClaimSpec& c) {
+  const auto key = [&](const std::string& k) { return path + "." + k; };
   const toml::node* effect = t.get("effect");
   const toml::node* ratio = t.get("effect_ratio");
   if (effect && ratio)
@@ -105,103 +106,146 @@ void read_effect(const toml::table& t, const std::function<std::string(const std
   }
 }
 
-ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::set<std::string>& variants) {
-  ClaimSpec c;
-  c.where = toml_where(t);
-  c.task = "*";
-  const std::function<std::string(const std::string&)> key = [&](const std::string& k) { return path + "." + k; };
-  for (const auto& [k, v] : t)
-    if (std::find(std::begin(kKeys), std::end(kKeys), k.str()) == std::end(kKeys))
-      fail(v, key(std::string(k.str())), "unknown key" + engine::did_you_mean(std::string(k.str()), names_of(kKeys)));
-  const auto required = [&](const char* k) -> const toml::node& {
-    const toml::node* n = t.get(k);
-    if (!n) throw UserError(c.where + ": key '" + key(k) + "': missing");
+// Reads one [[claims]] table, one group of keys at a time; every error at
+// the key's file:line:column.
+class ClaimReader {
+ public:
+  ClaimReader(const toml::table& t, const std::string& path) : t_(t), path_(path) {
+    c_.where = toml_where(t);
+    c_.task = "*";
+  }
+
+  ClaimSpec read(const std::set<std::string>& variants) {
+    refuse_unknown_keys();
+    read_identity();
+    read_variants(variants);
+    read_metrics();
+    read_kind_keys();
+    return c_;
+  }
+
+ private:
+  std::string key(const std::string& k) const { return path_ + "." + k; }
+
+  const toml::node& required(const char* k) const {
+    const toml::node* n = t_.get(k);
+    if (!n) throw UserError(c_.where + ": key '" + key(k) + "': missing");
     return *n;
-  };
-  c.id = text(required("id"), key("id"));
-  c.text = text(required("text"), key("text"));
-  const toml::node& kind = required("kind");
-  c.kind = text(kind, key("kind"));
-  if (std::find(std::begin(kKinds), std::end(kKinds), c.kind) == std::end(kKinds))
-    fail(kind, key("kind"), "unknown kind '" + c.kind + "'" + engine::did_you_mean(c.kind, names_of(kKinds)));
-  if (const toml::node* n = t.get("task")) c.task = text(*n, key("task"));
-  if (const toml::node* n = t.get("family")) {
-    if (t.get("task")) fail(*n, key("family"), "a claim names a task or a family, not both");
-    c.family = text(*n, key("family"));
   }
 
-  const toml::node& vs = required("variants");
-  c.variants = strings(vs, key("variants"));
-  const size_t want = c.kind == "share" ? 1 : 2;
-  if (c.variants.size() != want)
-    fail(vs, key("variants"),
-         "a " + c.kind + " claim names " + std::to_string(want) + " variant" + (want > 1 ? "s" : "") + ", found " +
-             std::to_string(c.variants.size()));
-  const std::vector<std::string> known(variants.begin(), variants.end());
-  for (const auto& v : c.variants)
-    if (v != kBaseline && !variants.count(v))
-      fail(vs, key("variants"),
-           "unknown variant '" + v + "'" +
-               (known.empty() ? std::string(" (the file and its includes define no [variants])")
-                              : engine::did_you_mean(v, known)));
+  void refuse_unknown_keys() const {
+    for (const auto& [k, v] : t_)
+      if (std::find(std::begin(kKeys), std::end(kKeys), k.str()) == std::end(kKeys))
+        fail(v, key(std::string(k.str())), "unknown key" + engine::did_you_mean(std::string(k.str()), names_of(kKeys)));
+  }
 
-  const toml::node& ms = required("metric");
-  c.metrics = strings(ms, key("metric"));
-  for (const auto& m : c.metrics) {
-    if (!metric_info(m)) {
-      std::vector<std::string> all;
-      for (const auto& info : kMetrics) all.push_back(info.name);
-      fail(ms, key("metric"), "unknown metric '" + m + "'" + engine::did_you_mean(m, all));
+  // id, text, kind, and the task or family it is about.
+  void read_identity() {
+    c_.id = text(required("id"), key("id"));
+    c_.text = text(required("text"), key("text"));
+    const toml::node& kind = required("kind");
+    c_.kind = text(kind, key("kind"));
+    if (std::find(std::begin(kKinds), std::end(kKinds), c_.kind) == std::end(kKinds))
+      fail(kind, key("kind"), "unknown kind '" + c_.kind + "'" + engine::did_you_mean(c_.kind, names_of(kKinds)));
+    if (const toml::node* n = t_.get("task")) c_.task = text(*n, key("task"));
+    if (const toml::node* n = t_.get("family")) {
+      if (t_.get("task")) fail(*n, key("family"), "a claim names a task or a family, not both");
+      c_.family = text(*n, key("family"));
     }
-    if ((m == "share") != (c.kind == "share"))
-      fail(ms, key("metric"),
-           c.kind == "share" ? "a share claim measures 'share'" : "only a share claim measures 'share'");
   }
-  const toml::node& bs = required("better");
-  c.better = strings(bs, key("better"));
-  if (c.better.size() != c.metrics.size())
-    fail(bs, key("better"),
-         "expected one direction per metric (" + std::to_string(c.metrics.size()) + "), found " +
-             std::to_string(c.better.size()));
-  for (const auto& b : c.better)
-    if (b != "lower" && b != "higher") fail(bs, key("better"), "expected \"lower\" or \"higher\", found '" + b + "'");
 
-  if (const toml::node* p = t.get("paper")) {
-    const toml::array* a = p->as_array();
-    if (!a) fail(*p, key("paper"), "expected a list of numbers");
-    for (const auto& item : *a) c.paper.push_back(number(item, key("paper")));
+  // As many variants as the kind compares, each defined by the matrix.
+  void read_variants(const std::set<std::string>& variants) {
+    const toml::node& vs = required("variants");
+    c_.variants = strings(vs, key("variants"));
+    const size_t want = c_.kind == "share" ? 1 : 2;
+    if (c_.variants.size() != want)
+      fail(vs, key("variants"),
+           "a " + c_.kind + " claim names " + std::to_string(want) + " variant" + (want > 1 ? "s" : "") + ", found " +
+               std::to_string(c_.variants.size()));
+    const std::vector<std::string> known(variants.begin(), variants.end());
+    for (const auto& v : c_.variants)
+      if (v != kBaseline && !variants.count(v))
+        fail(vs, key("variants"),
+             "unknown variant '" + v + "'" +
+                 (known.empty() ? std::string(" (the file and its includes define no [variants])")
+                                : engine::did_you_mean(v, known)));
   }
-  // Keys that belong to one kind only.
-  const auto only = [&](const char* k, const std::string& kind_of_key) {
-    if (const toml::node* n = t.get(k); n && c.kind != kind_of_key)
-      fail(*n, key(k), "only a " + kind_of_key + " claim takes it");
-  };
-  for (const char* k : {"effect", "effect_ratio", "margin"}) only(k, "compare");
-  for (const char* k : {"reduction", "tolerance"}) only(k, "reduction");
-  if (c.kind == "compare") read_effect(t, key, c);
-  for (const char* k : {"operator", "role", "threshold"}) only(k, "share");
-  if (c.kind == "reduction") {
-    c.reduction = number(required("reduction"), key("reduction"));
+
+  // The metrics and which direction of each is better.
+  void read_metrics() {
+    const toml::node& ms = required("metric");
+    c_.metrics = strings(ms, key("metric"));
+    for (const auto& m : c_.metrics) {
+      if (!metric_info(m)) {
+        std::vector<std::string> all;
+        for (const auto& info : kMetrics) all.push_back(info.name);
+        fail(ms, key("metric"), "unknown metric '" + m + "'" + engine::did_you_mean(m, all));
+      }
+      if ((m == "share") != (c_.kind == "share"))
+        fail(ms, key("metric"),
+             c_.kind == "share" ? "a share claim measures 'share'" : "only a share claim measures 'share'");
+    }
+    const toml::node& bs = required("better");
+    c_.better = strings(bs, key("better"));
+    if (c_.better.size() != c_.metrics.size())
+      fail(bs, key("better"),
+           "expected one direction per metric (" + std::to_string(c_.metrics.size()) + "), found " +
+               std::to_string(c_.better.size()));
+    for (const auto& b : c_.better)
+      if (b != "lower" && b != "higher") fail(bs, key("better"), "expected \"lower\" or \"higher\", found '" + b + "'");
+  }
+
+  // The paper's figures, and the keys that belong to one kind only.
+  void read_kind_keys() {
+    if (const toml::node* p = t_.get("paper")) {
+      const toml::array* a = p->as_array();
+      if (!a) fail(*p, key("paper"), "expected a list of numbers");
+      for (const auto& item : *a) c_.paper.push_back(number(item, key("paper")));
+    }
+    const auto only = [&](const char* k, const std::string& kind_of_key) {
+      if (const toml::node* n = t_.get(k); n && c_.kind != kind_of_key)
+        fail(*n, key(k), "only a " + kind_of_key + " claim takes it");
+    };
+    for (const char* k : {"effect", "effect_ratio", "margin"}) only(k, "compare");
+    for (const char* k : {"reduction", "tolerance"}) only(k, "reduction");
+    if (c_.kind == "compare") read_effect(t_, path_, c_);
+    for (const char* k : {"operator", "role", "threshold"}) only(k, "share");
+    if (c_.kind == "reduction") read_reduction();
+    if (c_.kind == "share") read_share();
+  }
+
+  void read_reduction() {
+    c_.reduction = number(required("reduction"), key("reduction"));
     const toml::node& tolerance = required("tolerance");
-    c.tolerance = number(tolerance, key("tolerance"));
-    if (!(c.tolerance >= 0)) fail(tolerance, key("tolerance"), "expected 0 or more percentage points");
+    c_.tolerance = number(tolerance, key("tolerance"));
+    if (!(c_.tolerance >= 0)) fail(tolerance, key("tolerance"), "expected 0 or more percentage points");
   }
-  if (c.kind == "share") {
-    const toml::node* op = t.get("operator");
-    const toml::node* role = t.get("role");
+
+  void read_share() {
+    const toml::node* op = t_.get("operator");
+    const toml::node* role = t_.get("role");
     if (!op == !role)
-      throw UserError(c.where + ": key '" + key("operator") + "': a share claim names an operator or a role");
-    if (op) c.op = text(*op, key("operator"));
+      throw UserError(c_.where + ": key '" + key("operator") + "': a share claim names an operator or a role");
+    if (op) c_.op = text(*op, key("operator"));
     if (role) {
-      c.role = text(*role, key("role"));
-      if (std::find(std::begin(kRoles), std::end(kRoles), c.role) == std::end(kRoles))
-        fail(*role, key("role"), "unknown role '" + c.role + "'" + engine::did_you_mean(c.role, names_of(kRoles)));
+      c_.role = text(*role, key("role"));
+      if (std::find(std::begin(kRoles), std::end(kRoles), c_.role) == std::end(kRoles))
+        fail(*role, key("role"), "unknown role '" + c_.role + "'" + engine::did_you_mean(c_.role, names_of(kRoles)));
     }
     const toml::node& threshold = required("threshold");
-    c.threshold = number(threshold, key("threshold"));
-    if (!(c.threshold > 0 && c.threshold < 1)) fail(threshold, key("threshold"), "expected a fraction between 0 and 1");
+    c_.threshold = number(threshold, key("threshold"));
+    if (!(c_.threshold > 0 && c_.threshold < 1))
+      fail(threshold, key("threshold"), "expected a fraction between 0 and 1");
   }
-  return c;
+
+  const toml::table& t_;
+  std::string path_;
+  ClaimSpec c_;
+};
+
+ClaimSpec read_claim(const toml::table& t, const std::string& path, const std::set<std::string>& variants) {
+  return ClaimReader(t, path).read(variants);
 }
 
 }  // namespace
