@@ -16,6 +16,7 @@
 #include <boost/filesystem.hpp>
 
 #include "engine/config/run_spec.h"
+#include "engine/store/results.h"
 #include "engine/store/sqlite.h"
 #include "engine/store/store.h"
 #include "chiar/error.h"
@@ -367,4 +368,23 @@ TEST_CASE("run: four processes started together on a new store run every run exa
   CHECK_THAT(again.output, Catch::Matchers::Contains("all 8 runs finished before"));
   CHECK(engine::read_stored_runs(db).current);
   CHECK(test::run_chiar({"show", db}).status == 0);
+}
+
+TEST_CASE("store: a results reader holds no read transaction between its queries", "[engine][store]") {
+  TempDir d("safety-reader");
+  const std::string db = d.path() + "/live.db";
+  write_store(db);
+  engine::Database writer(db);  // a live writer: the WAL stays, as during `chiar run`
+  writer.exec("INSERT INTO meta(key, value) VALUES ('probe', '0')");
+  engine::ResultsReader reader(db);
+  // Queries that read one row and stop, then one that reads every row.
+  CHECK(reader.run_count() > 0);
+  CHECK_FALSE(reader.find_run("no such run"));
+  CHECK_FALSE(reader.runs().empty());
+  // A reader mid-query would pin the WAL: a truncating checkpoint then
+  // reports itself blocked (its first column, 1).
+  writer.exec("UPDATE meta SET value = '1' WHERE key = 'probe'");
+  auto checkpoint = writer.prepare("PRAGMA wal_checkpoint(TRUNCATE)");
+  REQUIRE(checkpoint.step());
+  CHECK(checkpoint.integer(0) == 0);
 }

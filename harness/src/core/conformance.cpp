@@ -189,9 +189,13 @@ double gradient_nmse(const std::vector<at::Tensor>& got, const std::vector<at::T
   for (const auto& w : want)
     if (w.defined()) mean += w.detach().to(at::kDouble).pow(2).sum().item<double>(), ++counted;
   mean /= std::max(counted, 1);
+  // A gradient the reference has and the case lacks (or the reverse) is a
+  // parameter one path leaves out of the graph: infinitely wrong.
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
   double worst = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    if (!want[i].defined() || !got[i].defined()) continue;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (want[i].defined() != got[i].defined()) return std::numeric_limits<double>::infinity();
+    if (!want[i].defined()) continue;
     const auto g = got[i].detach().cpu().to(at::kDouble), w = want[i].detach().to(at::kDouble);
     const double err = (g - w).pow(2).sum().item<double>();
     const double norm = std::max(w.pow(2).sum().item<double>(), 1e-4 * mean);
@@ -270,15 +274,15 @@ OperatorCaseResult run_operator_case(const std::function<std::shared_ptr<Operato
     r.failure = "cannot build the case: " + message_of(e);
     return r;
   }
-  const auto [x, ctx] = case_inputs(p, c);
-  // A sample of rows for forward_rows, as a routed layer passes them: every
-  // third row, and the last (the end of a padded sequence, and T = 1).
-  const int64_t n = c.batch * c.T;
-  auto rows = at::arange(0, n, 3, at::TensorOptions().dtype(at::kLong));                                  // (N,)
-  if (rows[-1].item<int64_t>() != n - 1) rows = at::cat({rows, at::full({1}, n - 1, rows.options())});    // (N,)
-  const at::Tensor keep = p.context.valid.defined() ? p.context.valid : at::Tensor();                     // (B, T)
-  const at::Tensor keep_rows = keep.defined() ? keep.reshape({-1}).index_select(0, rows) : at::Tensor();  // (N,)
   try {
+    const auto [x, ctx] = case_inputs(p, c);
+    // A sample of rows for forward_rows, as a routed layer passes them: every
+    // third row, and the last (the end of a padded sequence, and T = 1).
+    const int64_t n = c.batch * c.T;
+    auto rows = at::arange(0, n, 3, at::TensorOptions().dtype(at::kLong));                                  // (N,)
+    if (rows[-1].item<int64_t>() != n - 1) rows = at::cat({rows, at::full({1}, n - 1, rows.options())});    // (N,)
+    const at::Tensor keep = p.context.valid.defined() ? p.context.valid : at::Tensor();                     // (B, T)
+    const at::Tensor keep_rows = keep.defined() ? keep.reshape({-1}).index_select(0, rows) : at::Tensor();  // (N,)
     for (bool sparse : {false, true}) {
       const at::Tensor probe = sparse ? p.probe.reshape({-1, c.d_model}).index_select(0, rows) : p.probe;
       const Pass want = run_pass(*p.reference, p.x, p.context, sparse ? rows : at::Tensor(), probe, false);

@@ -184,12 +184,15 @@ struct PluginRegistry::Impl {
     if (f.options) {
       if (const std::string problem = declared_option_problem(spec.params, *f.options); !problem.empty())
         throw UserError(who + ": " + problem);
-      // Operators and routers read their declared defaults from Params
-      // (Params::get_int(key) and the like). Tasks keep their own fallbacks:
-      // several read whether a key was given at all (Params::has).
+      // Operators and routers of API 9 on read their declared defaults from
+      // Params (Params::get_int(key) and the like); for them a key with a
+      // value default is always set (Params::has). Plugins built for an
+      // older API get their Params as given. Tasks keep their own fallbacks:
+      // several read whether a key was given at all.
       if constexpr (!std::is_same_v<Object, Task>)
-        for (const auto& o : *f.options)
-          if (const auto value = declared_default(o)) spec.params.set_default(o.key, *value);
+        if (f.entry.api_version >= 9)
+          for (const auto& o : *f.options)
+            if (const auto value = declared_default(o)) spec.params.set_default(o.key, *value);
     }
     std::unique_ptr<Object> made;
     try {

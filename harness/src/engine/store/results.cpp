@@ -16,85 +16,86 @@ ResultsReader::~ResultsReader() = default;
 
 const std::string& ResultsReader::file() const { return file_; }
 
-Statement& ResultsReader::query(const std::string& sql) {
+ResultsReader::Query ResultsReader::query(const std::string& sql) {
   auto& slot = prepared_[sql];
-  if (!slot)
-    slot = std::make_unique<Statement>(store_.db().prepare(sql));
-  else
-    slot->reset();
-  return *slot;
+  if (!slot) slot = std::make_unique<Statement>(store_.db().prepare(sql));
+  return Query(*slot);
 }
 
 bool ResultsReader::has_column(const std::string& table, const std::string& column) {
-  auto& q = query("SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?");
-  q.bind_all(table, column);
-  return q.step() && q.integer(0) > 0;
+  auto q = query("SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?");
+  q->bind_all(table, column);
+  return q->step() && q->integer(0) > 0;
 }
 
 std::vector<StoredRun> ResultsReader::runs() {
-  auto& q = query(
+  // A store of schema 5 read as it is lacks the columns of 6 and 7.
+  const auto column = [&](const std::string& name, const std::string& otherwise) {
+    return has_column("runs", name) ? "COALESCE(" + name + ", " + otherwise + ")" : otherwise;
+  };
+  auto q = query(
       "SELECT id, name, variant, task, seed, status, COALESCE(error, ''), COALESCE(diverged_step, -1), "
-      "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, ''), "
-      "COALESCE(task_family, ''), COALESCE(step_ms, 0), COALESCE(peak_gpu_allocated_mb, -1), "
-      "COALESCE(peak_gpu_reserved_mb, -1), COALESCE(git_commit, ''), COALESCE(git_dirty, 0), COALESCE(gemm, '') "
-      "FROM runs ORDER BY id");
+      "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, ''), " +
+      column("task_family", "''") + ", COALESCE(step_ms, 0), " + column("peak_gpu_allocated_mb", "-1") + ", " +
+      column("peak_gpu_reserved_mb", "-1") +
+      ", COALESCE(git_commit, ''), COALESCE(git_dirty, 0), COALESCE(gemm, '') FROM runs ORDER BY id");
   std::vector<StoredRun> out;
-  while (q.step()) {
+  while (q->step()) {
     StoredRun r;
-    r.id = q.integer(0);
-    r.name = q.text(1);
-    r.variant = q.text(2);
-    r.task = q.text(3);
-    r.seed = q.integer(4);
-    r.status = run_status_from_string(q.text(5));
-    r.error = q.text(6);
-    r.diverged_step = q.integer(7);
-    r.params = q.integer(8);
-    r.train_tps = q.real(9);
-    r.eval_tps = q.real(10);
-    r.tau = q.text(11);
-    r.family = q.text(12);
-    r.step_ms = q.real(13);
-    r.gpu_allocated_mb = q.real(14);
-    r.gpu_reserved_mb = q.real(15);
-    r.commit = q.text(16);
-    r.dirty = q.integer(17) != 0;
-    r.gemm = q.text(18).substr(0, q.text(18).find(':'));  // "onednn: oneDNN 2.6.3 sgemm; ..." -> "onednn"
+    r.id = q->integer(0);
+    r.name = q->text(1);
+    r.variant = q->text(2);
+    r.task = q->text(3);
+    r.seed = q->integer(4);
+    r.status = run_status_from_string(q->text(5));
+    r.error = q->text(6);
+    r.diverged_step = q->integer(7);
+    r.params = q->integer(8);
+    r.train_tps = q->real(9);
+    r.eval_tps = q->real(10);
+    r.tau = q->text(11);
+    r.family = q->text(12);
+    r.step_ms = q->real(13);
+    r.gpu_allocated_mb = q->real(14);
+    r.gpu_reserved_mb = q->real(15);
+    r.commit = q->text(16);
+    r.dirty = q->integer(17) != 0;
+    r.gemm = q->text(18).substr(0, q->text(18).find(':'));  // "onednn: oneDNN 2.6.3 sgemm; ..." -> "onednn"
     out.push_back(std::move(r));
   }
   return out;
 }
 
 std::vector<std::string> ResultsReader::variants() {
-  auto& q = query("SELECT DISTINCT variant FROM runs ORDER BY variant");
+  auto q = query("SELECT DISTINCT variant FROM runs ORDER BY variant");
   std::vector<std::string> out;
-  while (q.step()) out.push_back(q.text(0));
+  while (q->step()) out.push_back(q->text(0));
   return out;
 }
 
 int64_t ResultsReader::run_count() {
-  auto& q = query("SELECT COUNT(*) FROM runs");
-  return q.step() ? q.integer(0) : 0;
+  auto q = query("SELECT COUNT(*) FROM runs");
+  return q->step() ? q->integer(0) : 0;
 }
 
 void ResultsReader::test_metrics(int64_t run, std::map<std::string, double>& best,
                                  std::map<std::string, double>& last) {
-  auto& q = query("SELECT checkpoint, name, value FROM metrics WHERE run_id = ? AND split = 'test'");
-  q.bind(1, run);
-  while (q.step()) (q.text(0) == "best" ? best : last)[q.text(1)] = q.real(2);
+  auto q = query("SELECT checkpoint, name, value FROM metrics WHERE run_id = ? AND split = 'test'");
+  q->bind(1, run);
+  while (q->step()) (q->text(0) == "best" ? best : last)[q->text(1)] = q->real(2);
 }
 
 MetricsByStep ResultsReader::validation_metrics(int64_t run, const std::vector<std::string>& names) {
   std::string listed;
   for (size_t i = 0; i < names.size(); ++i) listed += (i ? ", ?" : "?") + std::to_string(i + 2);
-  auto& q = query(
+  auto q = query(
       "SELECT step, name, value FROM metrics WHERE run_id = ?1 AND split = 'valid' AND checkpoint = 'current' "
       "AND name IN (" +
       listed + ") ORDER BY step");
-  q.bind(1, run);
-  for (size_t i = 0; i < names.size(); ++i) q.bind(static_cast<int>(i) + 2, names[i]);
+  q->bind(1, run);
+  for (size_t i = 0; i < names.size(); ++i) q->bind(static_cast<int>(i) + 2, names[i]);
   MetricsByStep out;
-  while (q.step()) out[q.integer(0)][q.text(1)] = q.real(2);
+  while (q->step()) out[q->integer(0)][q->text(1)] = q->real(2);
   return out;
 }
 
@@ -103,80 +104,80 @@ std::vector<OperatorFlops> ResultsReader::last_flops(int64_t run) {
   // the loaded traits (OperatorFlops::counts_as_attention).
   if (!flops_flagged_) flops_flagged_ = has_column("flops", "attention");
   const std::string flag = *flops_flagged_ ? "MAX(attention)" : "NULL";
-  auto& q = query("SELECT operator, " + flag +
-                  ", SUM(fwd_executed), SUM(fwd_sparse), SUM(train_executed) FROM flops WHERE run_id = ?1 AND "
-                  "step = (SELECT MAX(step) FROM flops WHERE run_id = ?1) GROUP BY operator ORDER BY operator");
-  q.bind(1, run);
+  auto q = query("SELECT operator, " + flag +
+                 ", SUM(fwd_executed), SUM(fwd_sparse), SUM(train_executed) FROM flops WHERE run_id = ?1 AND "
+                 "step = (SELECT MAX(step) FROM flops WHERE run_id = ?1) GROUP BY operator ORDER BY operator");
+  q->bind(1, run);
   std::vector<OperatorFlops> out;
-  while (q.step()) {
+  while (q->step()) {
     OperatorFlops f;
-    f.op = q.text(0);
-    if (!q.is_null(1)) f.attention = q.integer(1) != 0;
-    f.fwd_executed = q.real(2);
-    f.fwd_sparse = q.real(3);
-    f.train_executed = q.real(4);
+    f.op = q->text(0);
+    if (!q->is_null(1)) f.attention = q->integer(1) != 0;
+    f.fwd_executed = q->real(2);
+    f.fwd_sparse = q->real(3);
+    f.train_executed = q->real(4);
     out.push_back(std::move(f));
   }
   return out;
 }
 
 std::optional<double> ResultsReader::reference_attention_fwd(int64_t run) {
-  auto& q = query("SELECT attention_fwd FROM flops_reference WHERE run_id = ? ORDER BY step DESC LIMIT 1");
-  q.bind(1, run);
-  if (q.step() && !q.is_null(0)) return q.real(0);
+  auto q = query("SELECT attention_fwd FROM flops_reference WHERE run_id = ? ORDER BY step DESC LIMIT 1");
+  q->bind(1, run);
+  if (q->step() && !q->is_null(0)) return q->real(0);
   return std::nullopt;
 }
 
 std::map<std::string, double> ResultsReader::last_shares(int64_t run) {
-  auto& q = query(
+  auto q = query(
       "SELECT operator, AVG(share) FROM routing WHERE run_id = ?1 AND "
       "step = (SELECT MAX(step) FROM routing WHERE run_id = ?1) GROUP BY operator");
-  q.bind(1, run);
+  q->bind(1, run);
   std::map<std::string, double> out;
-  while (q.step()) out[q.text(0)] = q.real(1);
+  while (q->step()) out[q->text(0)] = q->real(1);
   return out;
 }
 
 std::vector<std::pair<int64_t, double>> ResultsReader::train_losses(int64_t run) {
-  auto& q = query("SELECT step, loss FROM train_log WHERE run_id = ? ORDER BY step");
-  q.bind(1, run);
+  auto q = query("SELECT step, loss FROM train_log WHERE run_id = ? ORDER BY step");
+  q->bind(1, run);
   std::vector<std::pair<int64_t, double>> out;
-  while (q.step()) out.emplace_back(q.integer(0), q.real(1));
+  while (q->step()) out.emplace_back(q->integer(0), q->real(1));
   return out;
 }
 
 std::vector<RoutingSeries> ResultsReader::routing(int64_t run) {
-  auto& q = query("SELECT layer, operator, step, share FROM routing WHERE run_id = ? ORDER BY layer, operator, step");
-  q.bind(1, run);
+  auto q = query("SELECT layer, operator, step, share FROM routing WHERE run_id = ? ORDER BY layer, operator, step");
+  q->bind(1, run);
   std::vector<RoutingSeries> out;
-  while (q.step()) {
-    const int64_t layer = q.integer(0);
-    const std::string op = q.text(1);
+  while (q->step()) {
+    const int64_t layer = q->integer(0);
+    const std::string op = q->text(1);
     if (out.empty() || out.back().layer != layer || out.back().op != op) out.push_back({layer, op, {}});
-    out.back().shares.emplace_back(q.integer(2), q.real(3));
+    out.back().shares.emplace_back(q->integer(2), q->real(3));
   }
   return out;
 }
 
 std::vector<LayerHistogram> ResultsReader::last_histograms(int64_t run) {
-  auto& q = query(
+  auto q = query(
       "SELECT layer, lo, hi, count FROM histograms WHERE run_id = ?1 AND "
       "step = (SELECT MAX(step) FROM histograms WHERE run_id = ?1) ORDER BY layer, bin");
-  q.bind(1, run);
+  q->bind(1, run);
   std::vector<LayerHistogram> out;
-  while (q.step()) {
-    const int64_t layer = q.integer(0);
+  while (q->step()) {
+    const int64_t layer = q->integer(0);
     if (out.empty() || out.back().layer != layer) out.push_back({layer, {}});
-    out.back().bins.push_back({q.real(1), q.real(2), q.integer(3)});
+    out.back().bins.push_back({q->real(1), q->real(2), q->integer(3)});
   }
   return out;
 }
 
 // The distinct values of a runs column, "; "-separated.
 std::string ResultsReader::joined(const std::string& column) {
-  auto& q = query("SELECT DISTINCT " + column + " FROM runs WHERE " + column + " IS NOT NULL ORDER BY 1");
+  auto q = query("SELECT DISTINCT " + column + " FROM runs WHERE " + column + " IS NOT NULL ORDER BY 1");
   std::string out;
-  while (q.step()) out += (out.empty() ? "" : "; ") + q.text(0);
+  while (q->step()) out += (out.empty() ? "" : "; ") + q->text(0);
   return out;
 }
 
@@ -184,10 +185,10 @@ std::string ResultsReader::joined(const std::string& column) {
 // first had them, each with its number of runs when there is more than one:
 // a store filled over several sittings says which runs came from which commit.
 std::string ResultsReader::counted(const std::string& expression) {
-  auto& q = query("SELECT " + expression + ", COUNT(*), MIN(COALESCE(started_at, created_at)) FROM runs WHERE " +
-                  expression + " <> '' GROUP BY 1 ORDER BY 3, 1");
+  auto q = query("SELECT " + expression + ", COUNT(*), MIN(COALESCE(started_at, created_at)) FROM runs WHERE " +
+                 expression + " <> '' GROUP BY 1 ORDER BY 3, 1");
   std::vector<std::pair<std::string, int64_t>> values;
-  while (q.step()) values.emplace_back(q.text(0), q.integer(1));
+  while (q->step()) values.emplace_back(q->text(0), q->integer(1));
   std::string out;
   for (const auto& [value, runs] : values) {
     out += (out.empty() ? "" : "; ") + value;
@@ -214,41 +215,45 @@ StoreProvenance ResultsReader::provenance() {
   p.devices = joined("device");
   p.allocators = joined("allocator");
   p.matrices = joined("matrix");
-  auto& dates = query("SELECT MIN(started_at), MAX(finished_at) FROM runs");
-  if (dates.step()) p.first = dates.text(0), p.last = dates.text(1);
+  auto dates = query("SELECT MIN(started_at), MAX(finished_at) FROM runs");
+  if (dates->step()) p.first = dates->text(0), p.last = dates->text(1);
   return p;
 }
 
 std::optional<RunLookup> ResultsReader::find_run(const std::string& key) {
-  auto& q = query(
+  auto q = query(
       "SELECT hash, status, COALESCE(spec_toml, '') FROM runs WHERE CAST(id AS TEXT) = ?1 OR name = ?1 OR hash = ?1");
-  q.bind(1, key);
-  if (!q.step()) return std::nullopt;
-  return RunLookup{q.text(0), q.text(1), q.text(2)};
+  q->bind(1, key);
+  if (!q->step()) return std::nullopt;
+  return RunLookup{q->text(0), q->text(1), q->text(2)};
 }
 
 std::vector<CheckpointRecord> ResultsReader::checkpoints(const std::string& hash, const std::string& kind) {
-  auto& has_table = query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'");
-  if (!has_table.step()) return {};  // a store from before schema 5
-  auto& q = query(
+  auto has_table = query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'");
+  if (!has_table->step()) return {};  // a store from before schema 5
+  auto q = query(
       "SELECT c.kind, c.step, c.file, c.bytes, c.checksum FROM checkpoints c JOIN runs r ON r.id = c.run_id "
       "WHERE r.hash = ? AND c.kind = ? ORDER BY c.step DESC");
-  q.bind_all(hash, kind);
+  q->bind_all(hash, kind);
   std::vector<CheckpointRecord> out;
-  while (q.step()) out.push_back({q.text(0), q.integer(1), q.text(2), q.integer(3), q.text(4)});
+  while (q->step()) out.push_back({q->text(0), q->integer(1), q->text(2), q->integer(3), q->text(4)});
   return out;
 }
 
 std::optional<CheckpointRecord> recorded_checkpoint(const std::string& db, const std::string& file) {
+  std::unique_ptr<Database> con;
   try {
-    Database con(db, OpenMode::ReadOnly);
-    auto q = con.prepare("SELECT kind, step, file, bytes, checksum FROM checkpoints WHERE file = ?1 OR file = ?2");
-    const boost::filesystem::path path = boost::filesystem::absolute(file);
-    q.bind_all(path.string(), path.lexically_normal().string());
-    if (q.step()) return CheckpointRecord{q.text(0), q.integer(1), q.text(2), q.integer(3), q.text(4)};
+    con = std::make_unique<Database>(db, OpenMode::ReadOnly);
+    auto has_table = con->prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'");
+    if (!has_table.step()) return std::nullopt;  // a store from before schema 5
   } catch (const UserError&) {
-    // Not a store this harness can read (or one without the table): no record.
+    return std::nullopt;  // not a database this harness can read: nothing recorded
   }
+  // From here a failure (a locked or damaged store) is an error, not "unrecorded".
+  auto q = con->prepare("SELECT kind, step, file, bytes, checksum FROM checkpoints WHERE file = ?1 OR file = ?2");
+  const boost::filesystem::path path = boost::filesystem::absolute(file);
+  q.bind_all(path.string(), path.lexically_normal().string());
+  if (q.step()) return CheckpointRecord{q.text(0), q.integer(1), q.text(2), q.integer(3), q.text(4)};
   return std::nullopt;
 }
 

@@ -117,7 +117,21 @@ class ResultsReader {
   std::vector<CheckpointRecord> checkpoints(const std::string& hash, const std::string& kind);
 
  private:
-  Statement& query(const std::string& sql);  // prepared on first use, reset for each
+  // A cached statement for one use: reset (its cursor closed, its read
+  // transaction ended) when the use ends, however many rows were read.
+  class Query {
+   public:
+    explicit Query(Statement& s) : s_(s) {}
+    ~Query() { s_.reset(); }
+    Query(const Query&) = delete;
+    Query& operator=(const Query&) = delete;
+    Statement* operator->() { return &s_; }
+    Statement& operator*() { return s_; }
+
+   private:
+    Statement& s_;
+  };
+  Query query(const std::string& sql);  // prepared on first use
   bool has_column(const std::string& table, const std::string& column);
   std::string joined(const std::string& column);
   std::string counted(const std::string& expression);
