@@ -963,6 +963,22 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   INFO(bf16.output);
   REQUIRE(bf16.status == 0);
   CHECK(test::read_text(bf16_json).find("\"precision\": \"bf16\"") != std::string::npos);
+  // Both precisions in one process, interleaved: one entry each, each against its own GEMM rate.
+  const std::string both_json = d.path() + "/both.json";
+  const auto both = bench("baseline", "1", {"--compare-precision", "fp32,bf16", "--json", both_json});
+  INFO(both.output);
+  REQUIRE(both.status == 0);
+  const std::string both_text = test::read_text(both_json);
+  for (const char* k : {"\"baseline@fp32\"", "\"baseline@bf16\"", "\"precision\": \"fp32\"", "\"precision\": \"bf16\""})
+    CHECK(both_text.find(k) != std::string::npos);
+  CHECK_THAT(both.output, Catch::Matchers::Contains("libtorch bf16 ") && Catch::Matchers::Contains(" fp32 ") &&
+                              Catch::Matchers::Contains("baseline: bf16 / fp32 train "));
+  const auto twice = bench("baseline", "1", {"--compare-precision", "bf16,bf16"});
+  CHECK(twice.status == 2);
+  CHECK(twice.output == "chiar: --compare-precision: 'bf16' is given twice\n");
+  const auto exclusive = bench("baseline", "1", {"--compare-precision", "fp32,bf16", "--precision", "fp32"});
+  CHECK(exclusive.status == 2);
+  CHECK(exclusive.output == "chiar: --precision excludes --compare-precision\n");
   // Bad values are refused by the option that carries them, before anything is timed.
   const std::string variants = std::string(CHIAR_SOURCE_DIR) + "/configs/variants.toml";
   const auto unknown = test::run_chiar({"bench-train", "--variants", "basline", "--variants-file", variants});

@@ -163,6 +163,14 @@ void check_options(const TrainBenchOptions& o) {
     throw UserError("--heads: " + std::to_string(o.heads) + " does not divide --d-model " + std::to_string(o.d_model));
   if (o.classes < 0 || o.classes == 1)
     throw UserError("bench-train: --classes must be 0 (language model) or at least 2");
+  if (o.precisions.empty()) throw UserError("bench-train: no precision to measure");
+  for (size_t i = 0; i < o.precisions.size(); ++i) {
+    if (o.precisions[i] != "fp32" && o.precisions[i] != "bf16")
+      throw UserError("--compare-precision: must be fp32 or bf16, found '" + o.precisions[i] + "'");
+    if (std::find(o.precisions.begin(), o.precisions.begin() + static_cast<std::ptrdiff_t>(i), o.precisions[i]) !=
+        o.precisions.begin() + static_cast<std::ptrdiff_t>(i))
+      throw UserError("--compare-precision: '" + o.precisions[i] + "' is given twice");
+  }
   if (o.device != "cpu" && !o.gemm_backends.empty())
     throw UserError("bench-train: --compare-gemm compares the CPU's libraries; it does not go with --device " +
                     o.device);
@@ -240,22 +248,75 @@ std::string configure_allocator_for(const engine::Matrix& m, const TrainBenchOpt
                                                        o.classes > 0 ? 0 : o.vocab));
 }
 
-// One measured configuration: a variant on a GEMM library.
+// One measured configuration: a variant on a GEMM library in a precision.
 struct Entry {
   const engine::RunSpec* run;
   GemmBackend gemm;
+  bool bf16;
   std::string label;
 };
 
-std::vector<Entry> entries_for(const engine::Matrix& m, const std::vector<GemmBackend>& backends) {
+std::vector<Entry> entries_for(const engine::Matrix& m, const std::vector<GemmBackend>& backends,
+                               const std::vector<std::string>& precisions) {
   std::vector<Entry> entries;
   for (const auto& run : m.runs)
     for (const auto b : backends) {
       set_gemm_backend(b);  // refuses onednn in a build without it, before any work
-      entries.push_back({&run, b, backends.size() > 1 ? run.variant + "@" + to_string(b) : run.variant});
+      for (const auto& precision : precisions) {
+        std::string label = run.variant;
+        if (backends.size() > 1) label += std::string("@") + to_string(b);
+        if (precisions.size() > 1) label += "@" + precision;
+        entries.push_back({&run, b, precision == "bf16", label});
+      }
     }
   return entries;
 }
+
+// The GEMM rates an entry is held against, one probe per (library,
+// precision) among the entries: fp32 on each compared CPU library, bf16
+// through libtorch's product (no CPU library of ours multiplies bf16), and
+// on a GPU the device's 8192^3 product in each precision.
+class RateProbes {
+ public:
+  RateProbes(const std::vector<Entry>& entries, const at::Device& device) : device_(device) {
+    for (const auto& e : entries) index_.push_back(add(e));
+  }
+  size_t size() const { return probes_.size(); }
+  size_t of(size_t entry) const { return index_[entry]; }
+  double gflops(size_t probe) {
+    auto& p = probes_[probe];
+    if (p.fp32) {
+      set_gemm_backend(p.backend);
+      return p.fp32->gflops();
+    }
+    return p.other->gflops();
+  }
+
+ private:
+  struct Probe {
+    GemmBackend backend;
+    bool bf16;
+    std::unique_ptr<GemmProbe> fp32;  // the CPU's fp32 product on `backend`
+    std::unique_ptr<DeviceGemmProbe> other;
+  };
+  size_t add(const Entry& e) {
+    const bool cpu_fp32 = device_.is_cpu() && !e.bf16;
+    for (size_t i = 0; i < probes_.size(); ++i)
+      if (probes_[i].bf16 == e.bf16 && (!cpu_fp32 || probes_[i].backend == e.gemm)) return i;
+    Probe p{e.gemm, e.bf16, nullptr, nullptr};
+    if (cpu_fp32) {
+      set_gemm_backend(e.gemm);
+      p.fp32 = std::make_unique<GemmProbe>(2048);
+    } else {
+      p.other = std::make_unique<DeviceGemmProbe>(device_, e.bf16, device_.is_cpu() ? 2048 : 8192);
+    }
+    probes_.push_back(std::move(p));
+    return probes_.size() - 1;
+  }
+  at::Device device_;
+  std::vector<Probe> probes_;
+  std::vector<size_t> index_;  // per entry
+};
 
 // Pass 1, one variant at a time: peak memory (the kernel's high-water mark
 // is per process, and freed memory is handed back between variants so that
@@ -268,6 +329,7 @@ std::vector<TrainBenchResult> measure_alone(const PluginRegistry& registry, cons
     TrainBenchResult r;
     r.variant = entry.label;
     r.gemm = to_string(entry.gemm);
+    r.precision = entry.bf16 ? "bf16" : "fp32";
     r.allocator = allocator;
     set_gemm_backend(entry.gemm);
     malloc_trim(0);
@@ -275,7 +337,7 @@ std::vector<TrainBenchResult> measure_alone(const PluginRegistry& registry, cons
     engine::release_gpu_cache(s.tokens.device());
     engine::reset_gpu_memory_peak(s.tokens.device());
     {
-      Variant v(registry, options_for(*entry.run, o), s.tokens, o.bf16);
+      Variant v(registry, options_for(*entry.run, o), s.tokens, entry.bf16);
       // At least two steps: the first creates the optimiser's state after its
       // activations are gone, the second holds both, as every later one does.
       for (int64_t i = 0; i < std::max<int64_t>(2, o.warmup); ++i) v.train_step(s.tokens, s.targets, s.outputs);
@@ -295,38 +357,32 @@ std::vector<TrainBenchResult> measure_alone(const PluginRegistry& registry, cons
 // Seconds per timed step, and GEMM rates per timed training round.
 struct Timings {
   std::vector<std::vector<double>> train_s, infer_s;  // per entry
-  std::vector<std::vector<double>> gemm;              // per compared library
-  std::vector<double> blas;
+  std::vector<std::vector<double>> gemm;              // per rate probe
+  std::vector<size_t> probe_of;                       // per entry: its probe
+  std::vector<double> blas;                           // libtorch's BLAS in fp32 (the CPU only)
 };
 
 // Pass 2, all variants alive: each round times one training step of every
-// variant (on every compared library) and one 2048^3 GEMM per library, so
-// that ratios between variants and against the GEMM rate compare the same
-// minutes of a machine whose speed drifts.
-Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry>& entries,
-                         const std::vector<GemmBackend>& backends, const TrainBenchOptions& o, const Synthetic& s) {
+// entry (variant, library, precision) and one GEMM per rate probe, so that
+// ratios between entries and against the GEMM rate compare the same minutes
+// of a machine whose speed drifts.
+Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry>& entries, const TrainBenchOptions& o,
+                         const Synthetic& s) {
   std::vector<std::unique_ptr<Variant>> models;
   for (const auto& entry : entries) {
     set_gemm_backend(entry.gemm);
-    models.push_back(std::make_unique<Variant>(registry, options_for(*entry.run, o), s.tokens, o.bf16));
+    models.push_back(std::make_unique<Variant>(registry, options_for(*entry.run, o), s.tokens, entry.bf16));
   }
   const int64_t n = static_cast<int64_t>(models.size());
   Timings t;
   t.train_s.resize(static_cast<size_t>(n));
   t.infer_s.resize(static_cast<size_t>(n));
-  // One probe per compared library, plus the BLAS's for the records; on a
-  // GPU, the device's.
-  t.gemm.resize(backends.size());
   const at::Device device(o.device);
-  const bool gpu = !device.is_cpu();
-  std::unique_ptr<GemmProbe> probe, blas_probe;
-  std::unique_ptr<DeviceGemmProbe> device_probe;
-  if (gpu) {
-    device_probe = std::make_unique<DeviceGemmProbe>(device, o.bf16, 8192);
-  } else {
-    probe = std::make_unique<GemmProbe>(2048);
-    blas_probe = std::make_unique<GemmProbe>(2048, /*blas_only=*/true);
-  }
+  RateProbes probes(entries, device);
+  t.gemm.resize(probes.size());
+  for (size_t k = 0; k < entries.size(); ++k) t.probe_of.push_back(probes.of(k));
+  std::unique_ptr<GemmProbe> blas_probe;
+  if (device.is_cpu()) blas_probe = std::make_unique<GemmProbe>(2048, /*blas_only=*/true);
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     for (int64_t k = 0; k < n; ++k) {
       set_gemm_backend(entries[k].gemm);
@@ -335,16 +391,8 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
       if (i >= o.warmup) t.train_s[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (i < o.warmup) continue;
-    if (gpu) {
-      t.gemm[0].push_back(device_probe->gflops());
-      t.blas.push_back(0);
-      continue;
-    }
-    for (size_t b = 0; b < backends.size(); ++b) {
-      set_gemm_backend(backends[b]);
-      t.gemm[b].push_back(probe->gflops());
-    }
-    t.blas.push_back(blas_probe->gflops());
+    for (size_t p = 0; p < probes.size(); ++p) t.gemm[p].push_back(probes.gflops(p));
+    t.blas.push_back(blas_probe ? blas_probe->gflops() : 0);
   }
   for (int64_t i = 0; i < o.warmup + o.steps; ++i)
     for (int64_t k = 0; k < n; ++k) {
@@ -356,12 +404,10 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
   return t;
 }
 
-void add_rates(std::vector<TrainBenchResult>& out, const Timings& t, const std::vector<Entry>& entries,
-               const std::vector<GemmBackend>& backends, const TrainBenchOptions& o) {
+void add_rates(std::vector<TrainBenchResult>& out, const Timings& t, const TrainBenchOptions& o) {
   for (size_t k = 0; k < out.size(); ++k) {
     auto& r = out[k];
-    const auto b = std::find(backends.begin(), backends.end(), entries[k].gemm) - backends.begin();
-    r.gemm_gflops = median(t.gemm[static_cast<size_t>(b)]);
+    r.gemm_gflops = median(t.gemm[t.probe_of[k]]);
     r.blas_gflops = median(t.blas);
     r.train_ms = 1e3 * median(t.train_s[k]);
     r.infer_ms = 1e3 * median(t.infer_s[k]);
@@ -378,7 +424,8 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   configure_threads(o.threads);
   const engine::Matrix m = load_variants(o);
   engine::configure_device(at::Device(o.device));  // fp32 is IEEE fp32 on a GPU, as in a run
-  engine::warn_about_cpu_bf16(at::Device(o.device), o.bf16);
+  engine::warn_about_cpu_bf16(at::Device(o.device),
+                              std::find(o.precisions.begin(), o.precisions.end(), "bf16") != o.precisions.end());
   const Synthetic batch = synthetic_batch(o);
   const std::string allocator = configure_allocator_for(m, o);
 
@@ -391,10 +438,10 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
   const GemmBackend configured = restore.saved;
   const std::vector<GemmBackend> backends =
       o.gemm_backends.empty() ? std::vector<GemmBackend>{configured} : o.gemm_backends;
-  const std::vector<Entry> entries = entries_for(m, backends);
+  const std::vector<Entry> entries = entries_for(m, backends, o.precisions);
 
   std::vector<TrainBenchResult> out = measure_alone(registry, entries, o, batch, allocator);
-  add_rates(out, time_interleaved(registry, entries, backends, o, batch), entries, backends, o);
+  add_rates(out, time_interleaved(registry, entries, o, batch), o);
   if (!at::Device(o.device).is_cpu())
     for (auto& r : out) r.gemm = o.device;  // the device ran the products, not a CPU library
   return out;

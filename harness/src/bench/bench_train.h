@@ -29,17 +29,24 @@ struct TrainBenchOptions {
   // ends with a device synchronisation, and the GEMM rate is the device's
   // (8192^3 in the training precision) instead of the CPU libraries'.
   std::string device = "cpu";
-  bool bf16 = false;  // bf16 autocast in the forward passes, fp32 master weights
+  // Each variant in each of these precisions, interleaved like the variants:
+  // "fp32", or "bf16" (bf16 autocast in the forward passes, fp32 master
+  // weights). Against its own GEMM rate: a bf16 entry's is the 2048^3 bf16
+  // product's (libtorch's, which sums in fp32 where the CPU has bf16
+  // instructions).
+  std::vector<std::string> precisions = {"fp32"};
 };
 
 struct TrainBenchResult {
-  std::string variant;  // "name", or "name@backend" when several backends are compared
-  std::string gemm;     // the library that ran its products: blas or onednn (a GPU: the device)
+  std::string variant;    // "name", "name@backend" when several backends are compared, "...@bf16" several precisions
+  std::string gemm;       // the library that ran its fp32 products: blas or onednn (a GPU: the device)
+  std::string precision;  // "fp32" or "bf16"
   double train_tokens_per_s = 0, infer_tokens_per_s = 0;
   double step_flops = 0;       // executed FLOPs of one training step (forward + backward)
   double achieved_gflops = 0;  // step_flops / median step time
-  double gemm_gflops =
-      0;  // 2048^3 fp32 on that library (a GPU: 8192^3 in the training precision), median of the rounds
+  // 2048^3 in the entry's precision on its library (bf16: libtorch's
+  // product; a GPU: 8192^3 on the device), median of the rounds.
+  double gemm_gflops = 0;
   double blas_gflops = 0;  // the same on libtorch's BLAS (0 on a GPU)
   double peak_rss_mb = 0;  // high-water mark of a first pass with this variant alone (host memory)
   double peak_gpu_allocated_mb = -1, peak_gpu_reserved_mb = -1;  // the same pass on a GPU; -1 on the CPU

@@ -13,11 +13,9 @@
 
 namespace chiar::cli {
 
-int run_bench_train(const Global& g, const BenchTrainArgs& a) {
-  // Refused before anything runs when this build or machine cannot give it.
-  const std::string device = engine::resolve_device(a.device, "--device");
-  PluginRegistry registry;
-  registry.load_default(g.plugin_dirs);
+namespace {
+
+bench::TrainBenchOptions options_from(const Global& g, const BenchTrainArgs& a, const std::string& device) {
   bench::TrainBenchOptions o;
   if (!a.variants.empty()) o.variants = a.variants;
   o.variants_file = a.variants_file;
@@ -32,70 +30,123 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   o.classes = a.classes;
   o.threads = g.threads;
   o.device = device;
-  o.bf16 = engine::resolve_precision(a.precision, device) == "bf16";
+  o.precisions =
+      a.precisions.empty() ? std::vector<std::string>{engine::resolve_precision(a.precision, device)} : a.precisions;
   for (const auto& b : a.gemm_backends) o.gemm_backends.push_back(gemm_backend_from_string(b));
-  const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
-  const std::string precision = o.bf16 ? "bf16" : "fp32";
-  const auto results = bench::bench_train(registry, o);
+  return o;
+}
+
+std::string joined(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : " and ") + p;
+  return out;
+}
+
+void print_header(const bench::TrainBenchOptions& o, const RuntimeInfo& info) {
+  const bool cpu = o.device == "cpu";
   std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers
             << " layers, " << o.heads << " heads, vocab " << o.vocab
             << (o.classes > 0 ? ", classifier of " + std::to_string(o.classes) + " classes" : ", causal LM")
             << "; medians of " << o.steps << " steps after " << o.warmup
             << " warm-up, variants interleaved step by step with "
-            << (device == "cpu" ? "2048^3 GEMMs" : "8192^3 " + precision + " GEMMs on " + device) << " each round; "
-            << precision << (device == "cpu" ? "" : "; peak MB is the host's, GPU MiB the caching allocator's peaks")
-            << "\n"
+            << (cpu ? "2048^3 GEMMs" : "8192^3 GEMMs on " + o.device) << " each round; " << joined(o.precisions)
+            << (cpu ? "" : "; peak MB is the host's, GPU MiB the caching allocator's peaks") << "\n"
             << describe(info) << "\n\n";
+}
+
+void print_table(const std::vector<bench::TrainBenchResult>& results, bool cpu) {
   std::cout << std::left << std::setw(22) << "variant" << std::right << std::setw(12) << "train tok/s" << std::setw(12)
             << "infer tok/s" << std::setw(11) << "step ms" << std::setw(14) << "step GFLOP" << std::setw(12)
             << "GFLOP/s" << std::setw(12) << "of GEMM" << std::setw(11) << "peak MB";
-  if (device != "cpu") std::cout << std::setw(24) << "GPU MiB alloc/reserved";
+  if (!cpu) std::cout << std::setw(24) << "GPU MiB alloc/reserved";
   std::cout << std::setw(10) << "train x" << std::setw(10) << "infer x"
             << "\n";
+  const auto& base = results.front();
   for (const auto& r : results) {
-    const auto& base = results.front();
     std::cout << std::left << std::setw(22) << r.variant << std::right << std::fixed << std::setprecision(0)
               << std::setw(12) << r.train_tokens_per_s << std::setw(12) << r.infer_tokens_per_s << std::setprecision(1)
               << std::setw(11) << r.train_ms << std::setw(14) << r.step_flops / 1e9 << std::setw(12)
               << r.achieved_gflops << std::setw(11) << 100 * r.achieved_gflops / r.gemm_gflops << "%" << std::setw(11)
               << r.peak_rss_mb;
-    if (device != "cpu")
+    if (!cpu)
       std::cout << std::setprecision(0) << std::setw(24)
                 << (std::to_string(static_cast<int64_t>(r.peak_gpu_allocated_mb)) + " / " +
                     std::to_string(static_cast<int64_t>(r.peak_gpu_reserved_mb)));
     std::cout << std::setprecision(2) << std::setw(10) << r.train_tokens_per_s / base.train_tokens_per_s
               << std::setw(10) << r.infer_tokens_per_s / base.infer_tokens_per_s << "\n";
   }
+}
+
+// Each GEMM rate the entries are held against, once.
+void print_rates(const std::vector<bench::TrainBenchResult>& results, bool cpu) {
   std::cout << "allocator: " << results.front().allocator << "\n";
-  std::cout << (device == "cpu" ? std::string("GEMM 2048^3 fp32") : "GEMM 8192^3 " + precision)
-            << " in this process (median of the rounds):";
-  std::set<std::string> shown;  // each library once
-  for (const auto& r : results)
-    if (shown.insert(r.gemm).second)
-      std::cout << " " << r.gemm << " " << std::setprecision(1) << r.gemm_gflops << " GFLOP/s";
-  if (device == "cpu" && !shown.count("blas"))
-    std::cout << "; libtorch's BLAS " << std::setprecision(1) << results.front().blas_gflops << " GFLOP/s";
-  std::cout << "\n\"of GEMM\" is against the rate of the library that ran the variant's products; ratios are against "
-            << results.front().variant << "\n";
-  if (!a.json.empty()) {
-    std::ofstream json(a.json);
-    if (!json) throw UserError(a.json + ": cannot write the file");
-    json << "{\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
-      json << "  \"" << r.variant << "\": {\"train_tokens_per_s\": " << r.train_tokens_per_s
-           << ", \"infer_tokens_per_s\": " << r.infer_tokens_per_s << ", \"step_flops\": " << r.step_flops
-           << ", \"achieved_gflops\": " << r.achieved_gflops << ", \"gemm\": \"" << r.gemm
-           << "\", \"gemm_gflops\": " << r.gemm_gflops << ", \"blas_gflops\": " << r.blas_gflops
-           << ", \"peak_rss_mb\": " << r.peak_rss_mb << ", \"peak_gpu_allocated_mb\": "
-           << (r.peak_gpu_allocated_mb < 0 ? std::string("null") : std::to_string(r.peak_gpu_allocated_mb))
-           << ", \"peak_gpu_reserved_mb\": "
-           << (r.peak_gpu_reserved_mb < 0 ? std::string("null") : std::to_string(r.peak_gpu_reserved_mb))
-           << ", \"device\": \"" << device << "\", \"precision\": \"" << precision << "\"}"
-           << (i + 1 < results.size() ? "," : "") << "\n";
-    }
-    json << "}\n";
+  std::cout << (cpu ? "GEMM 2048^3" : "GEMM 8192^3") << " in this process (median of the rounds):";
+  std::set<std::string> shown;
+  for (const auto& r : results) {
+    const std::string by = r.precision == "bf16" && cpu ? "libtorch" : r.gemm;
+    if (shown.insert(by + " " + r.precision).second)
+      std::cout << " " << by << " " << r.precision << " " << std::setprecision(1) << r.gemm_gflops << " GFLOP/s;";
   }
+  if (cpu && !shown.count("blas fp32"))
+    std::cout << " libtorch's BLAS fp32 " << std::setprecision(1) << results.front().blas_gflops << " GFLOP/s;";
+  std::cout << "\n\"of GEMM\" is against the rate of the library and precision that ran the variant's products; "
+               "ratios are against "
+            << results.front().variant << "\n";
+}
+
+// With several precisions: each variant's rate in each against its first.
+void print_precision_ratios(const std::vector<bench::TrainBenchResult>& results,
+                            const std::vector<std::string>& precisions) {
+  if (precisions.size() < 2) return;
+  const std::string first = "@" + precisions.front();
+  for (const auto& r : results) {
+    const auto at = r.variant.rfind('@');
+    if (r.precision == precisions.front() || at == std::string::npos) continue;
+    const std::string stem = r.variant.substr(0, at);
+    for (const auto& base : results)
+      if (base.variant == stem + first)
+        std::cout << stem << ": " << r.precision << " / " << precisions.front() << " train " << std::setprecision(2)
+                  << r.train_tokens_per_s / base.train_tokens_per_s << "x, infer "
+                  << r.infer_tokens_per_s / base.infer_tokens_per_s << "x\n";
+  }
+}
+
+void write_json(const std::string& path, const std::vector<bench::TrainBenchResult>& results,
+                const std::string& device) {
+  std::ofstream json(path);
+  if (!json) throw UserError(path + ": cannot write the file");
+  json << "{\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    json << "  \"" << r.variant << "\": {\"train_tokens_per_s\": " << r.train_tokens_per_s
+         << ", \"infer_tokens_per_s\": " << r.infer_tokens_per_s << ", \"step_flops\": " << r.step_flops
+         << ", \"achieved_gflops\": " << r.achieved_gflops << ", \"gemm\": \"" << r.gemm
+         << "\", \"gemm_gflops\": " << r.gemm_gflops << ", \"blas_gflops\": " << r.blas_gflops
+         << ", \"peak_rss_mb\": " << r.peak_rss_mb << ", \"peak_gpu_allocated_mb\": "
+         << (r.peak_gpu_allocated_mb < 0 ? std::string("null") : std::to_string(r.peak_gpu_allocated_mb))
+         << ", \"peak_gpu_reserved_mb\": "
+         << (r.peak_gpu_reserved_mb < 0 ? std::string("null") : std::to_string(r.peak_gpu_reserved_mb))
+         << ", \"device\": \"" << device << "\", \"precision\": \"" << r.precision << "\"}"
+         << (i + 1 < results.size() ? "," : "") << "\n";
+  }
+  json << "}\n";
+}
+
+}  // namespace
+
+int run_bench_train(const Global& g, const BenchTrainArgs& a) {
+  // Refused before anything runs when this build or machine cannot give it.
+  const std::string device = engine::resolve_device(a.device, "--device");
+  PluginRegistry registry;
+  registry.load_default(g.plugin_dirs);
+  const bench::TrainBenchOptions o = options_from(g, a, device);
+  const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
+  const auto results = bench::bench_train(registry, o);
+  print_header(o, info);
+  print_table(results, device == "cpu");
+  print_rates(results, device == "cpu");
+  print_precision_ratios(results, o.precisions);
+  if (!a.json.empty()) write_json(a.json, results, device);
   return 0;
 }
 

@@ -299,8 +299,15 @@ void add_bench_command(CLI::App& app, Args& a, Commands& c) {
       ->delimiter(',')
       ->check(CLI::IsMember({"blas", "onednn"}));
   bench->add_option("--device", bt.device, "auto, cpu, cuda or cuda:N");
-  bench->add_option("--precision", bt.precision, "auto (bf16 on a GPU, fp32 on the CPU), fp32 or bf16 (autocast)")
-      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  auto* precision =
+      bench->add_option("--precision", bt.precision, "auto (bf16 on a GPU, fp32 on the CPU), fp32 or bf16 (autocast)")
+          ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  bench
+      ->add_option("--compare-precision", bt.precisions,
+                   "run every variant in each of these precisions, interleaved (fp32,bf16)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->excludes(precision);
   bench->add_option("--json", bt.json, "also write the results as JSON");
 }
 
