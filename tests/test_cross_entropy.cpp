@@ -115,6 +115,41 @@ TEST_CASE("linear_cross_entropy matches the float64 definition, loss and both gr
   }
 }
 
+TEST_CASE("linear_cross_entropy under bf16 autocast on the CPU: the fused head's bf16 products, fp32 sums",
+          "[cross_entropy][linear][bf16]") {
+  // Against the definition of the operands rounded to bf16 (what autocast
+  // multiplies): a product of two bf16 values is exact in fp32, so the loss
+  // is off by fp32 sums only; the gradients by the logits' gradient rounded
+  // to bf16 once for the backward products, at most 2^-9 of each term.
+  const double grad_tol = std::ldexp(1.0, -9) + 1e-5;
+  const std::vector<Case> cases{{7, 5, 11, Weights::Mask, 0, 1e-5},
+                                {64, 16, 1000, Weights::Random, 0, 1e-5},
+                                {300, 32, 8192, Weights::Mask, 37, 2e-5},
+                                {65, 8, 50257, Weights::Mean, 16, 2e-5}};
+  for (const auto& c : cases) {
+    CAPTURE(c.N, c.d, c.V, static_cast<int>(c.weights), c.rows_per_pass);
+    at::manual_seed(13);
+    auto hidden = at::randn({c.N, c.d}).requires_grad_(true);
+    auto weight = (at::randn({c.V, c.d}) * 0.5).requires_grad_(true);
+    const auto targets = at::randint(c.V, {c.N}, at::TensorOptions().dtype(at::kLong));
+    const auto w = token_weights(c.weights, c.N);
+    const auto expected = reference(hidden.detach().to(at::kBFloat16), weight.detach().to(at::kBFloat16), targets, w);
+    const uint64_t before = host_kernel_count();
+    at::Tensor loss;
+    {
+      const autocast::Bf16Scope cast(true, hidden.device());
+      loss = linear_cross_entropy(hidden, weight, targets, w, c.rows_per_pass);
+    }
+    CHECK(host_kernel_count() == before + 1);  // the fused head, not the (N, V) logits
+    REQUIRE(loss.scalar_type() == at::kFloat);
+    CHECK(std::abs(loss.item<double>() - expected.loss) <= c.tol * std::max(1.0, std::abs(expected.loss)));
+    loss.backward();
+    REQUIRE(weight.grad().scalar_type() == at::kFloat);
+    CHECK(rel_error(hidden.grad(), expected.grad_hidden) < grad_tol);
+    CHECK(rel_error(weight.grad(), expected.grad_weight) < grad_tol);
+  }
+}
+
 TEST_CASE("linear_cross_entropy outside fp32 takes libtorch's path with the same value", "[cross_entropy][linear]") {
   at::manual_seed(12);
   auto hidden = at::randn({9, 6}, at::TensorOptions().dtype(at::kDouble)).requires_grad_(true);

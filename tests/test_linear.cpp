@@ -6,6 +6,8 @@
 #include <torch/autograd.h>
 
 #include <limits>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/autocast_compat.h"
@@ -205,6 +207,47 @@ TEST_CASE("sgemm on raw memory: transposes, leading dimensions, alpha, beta, ins
               cs[i].data_ptr<float>(), 8);
     });
     CHECK(rel_error(cs, at::matmul(as.to(at::kDouble), bs.to(at::kDouble).transpose(1, 2))) < 1e-6);
+  }
+}
+
+TEST_CASE("gemm_bf16: bf16 operands summed in fp32, on oneDNN's kernels and widened, transposes and beta",
+          "[linear][bf16]") {
+  using Gemm = void (*)(bool, bool, int64_t, int64_t, int64_t, float, const c10::BFloat16*, int64_t,
+                        const c10::BFloat16*, int64_t, float, float*, int64_t);
+  INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (both runs widen)"));
+  for (const auto& [name, gemm] :
+       {std::make_pair("gemm_bf16", Gemm{gemm_bf16}), std::make_pair("gemm_bf16_widened", Gemm{gemm_bf16_widened})}) {
+    INFO(name);
+    at::manual_seed(9);
+    // (m, n, k): odd sizes, and one with the anchor's width and a long sum.
+    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 6, 5}, {33, 300, 256}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          INFO(m << "x" << n << "x" << k << ", transposed a " << ta << ", b " << tb);
+          // op(A) (m, k), op(B) (k, n), each stored with a wider row than it uses.
+          const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 4;
+          const auto a_store = at::randn({ta ? k : m, lda}).to(at::kBFloat16);
+          const auto b_store = at::randn({tb ? n : k, ldb}).to(at::kBFloat16);
+          const auto a = a_store.narrow(1, 0, ta ? m : k), b = b_store.narrow(1, 0, tb ? k : n);
+          auto c_store = at::randn({m, ldc});
+          const auto c0 = c_store.narrow(1, 0, n).to(at::kDouble);
+          const auto tail = c_store.narrow(1, n, 4).clone();
+          gemm(ta, tb, m, n, k, 1.5f, a_store.data_ptr<c10::BFloat16>(), lda, b_store.data_ptr<c10::BFloat16>(), ldb,
+               0.25f, c_store.data_ptr<float>(), ldc);
+          const auto A = (ta ? a.t() : a).to(at::kDouble), B = (tb ? b.t() : b).to(at::kDouble);
+          // Products of bf16 values are exact in fp32: only the fp32 sums err.
+          CHECK(rel_error(c_store.narrow(1, 0, n), 1.5 * at::mm(A, B) + 0.25 * c0) < 1e-5);
+          CHECK(at::equal(c_store.narrow(1, n, 4), tail));  // beyond n: untouched
+        }
+    // beta 0 ignores NaN in C; an empty sum scales C by beta.
+    const auto a = at::randn({4, 3}).to(at::kBFloat16), b = at::randn({3, 2}).to(at::kBFloat16);
+    auto c = at::full({4, 2}, std::numeric_limits<float>::quiet_NaN());
+    gemm(false, false, 4, 2, 3, 1.f, a.data_ptr<c10::BFloat16>(), 3, b.data_ptr<c10::BFloat16>(), 2, 0.f,
+         c.data_ptr<float>(), 2);
+    CHECK(rel_error(c, at::mm(a.to(at::kDouble), b.to(at::kDouble))) < 1e-6);
+    gemm_bf16(false, false, 4, 2, 0, 1.f, a.data_ptr<c10::BFloat16>(), 3, b.data_ptr<c10::BFloat16>(), 2, 0.f,
+              c.data_ptr<float>(), 2);
+    CHECK(at::equal(c, at::zeros({4, 2})));
   }
 }
 

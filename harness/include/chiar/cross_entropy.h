@@ -28,12 +28,15 @@ namespace chiar {
 //                 fit 256 MiB (the whole batch at V 8192, 2048 tokens)
 // Returns () in hidden's dtype. A row whose logits are not all finite gives
 // NaN, as libtorch's cross-entropy does. fp32 on the CPU outside autocast
-// runs fused on the process's GEMM library (chiar/linear.h); on a GPU the
-// same blocks run in libtorch's products, in autocast's type where it is on,
-// with the head's CUDA kernel between them (chunked_linear_cross_entropy).
-// Everything else (fp64, bf16 autocast on the CPU, the "aten" kernel policy)
-// computes the logits with linear() and takes at::cross_entropy_loss, with
-// the same value and gradients.
+// runs fused on the process's GEMM library (chiar/linear.h); under bf16
+// autocast on the CPU the same blocks take bf16 products summed in fp32
+// (gemm_bf16), with the logits, softmax, loss and gradients in fp32 and the
+// logits' gradient rounded to bf16 once for the two backward products; the
+// loss is then fp32. On a GPU the same blocks run in libtorch's products, in
+// autocast's type where it is on, with the head's CUDA kernel between them
+// (chunked_linear_cross_entropy). Everything else (fp64, the "aten" kernel
+// policy) computes the logits with linear() and takes at::cross_entropy_loss,
+// with the same value and gradients.
 CHIAR_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                           const at::Tensor& token_weights = {}, int64_t rows_per_pass = 0);
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 #include <torch/nn/modules/linear.h>
 
 #include "chiar/export.h"
@@ -77,6 +78,25 @@ inline at::Tensor project(const torch::nn::Linear& layer, const at::Tensor& x, c
 // beta 0 ignores what C held (NaN included).
 CHIAR_API void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// C = alpha op(A) op(B) + beta C for bf16 operands summed in fp32, into
+// fp32: what a bf16 step wants where a sum must not round to bf16 (a loss's
+// logits, a weight gradient summed over blocks of rows). oneDNN's public
+// interface has sgemm but no bf16 gemm, so this runs its matmul primitive,
+// one per shape, made on first use and kept. Without oneDNN, or where it has
+// only its reference bf16 loop for this CPU, the operands are widened to fp32
+// for sgemm: the same products (a product of bf16 values is exact in fp32),
+// slower. Arguments as sgemm's, A and B bf16; called from one thread (it
+// uses the process's threads itself), not inside at::parallel_for.
+CHIAR_API void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c,
+                         int64_t ldc);
+// The widening path on its own, for tests on machines with the kernels.
+CHIAR_API void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                 const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,
+                                 float* c, int64_t ldc);
+// Whether gemm_bf16 runs on oneDNN's bf16 kernels here; probed once.
+CHIAR_API bool gemm_bf16_native();
 
 // c = a b + beta c on the current backend, for 2-D fp32 CPU tensors; a and b
 // may be transposed views. c must be contiguous. What the GEMM probes time.

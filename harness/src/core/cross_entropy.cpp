@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "autocast_compat.h"
@@ -25,44 +26,48 @@ namespace {
 
 constexpr int64_t kBufferBytes = int64_t{256} << 20;
 
-// The loss and, when wanted, its gradients, computed in forward (see the
-// header); backward scales them by the incoming gradient.
-struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
-  // hidden (N, d), weight (V, d) fp32 contiguous; targets (N,) int64
-  // contiguous in range; token_weights (N,) fp32 contiguous, or empty with
-  // mean set.
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& targets, const at::Tensor& token_weights, bool mean,
-                            int64_t rows_per_pass, bool want_grads) {
-    const int64_t N = hidden.size(0), d = hidden.size(1), V = weight.size(0);
-    const float* h = hidden.data_ptr<float>();
-    const float* w = weight.data_ptr<float>();
-    const int64_t* target = targets.data_ptr<int64_t>();
-    const float* tw = mean ? nullptr : token_weights.data_ptr<float>();
-    const float mean_weight = N > 0 ? 1.f / static_cast<float>(N) : 0.f;
-    at::Tensor grad_hidden, grad_weight;  // (N, d), (V, d)
-    if (want_grads) {
-      grad_hidden = at::empty({N, d}, hidden.options());
-      grad_weight = N > 0 ? at::empty({V, d}, weight.options()) : at::zeros({V, d}, weight.options());
-    }
-    std::vector<float> nll(static_cast<size_t>(N));
-    const int64_t rows = std::max<int64_t>(1, std::min(N, rows_per_pass));
-    auto buffer = at::empty({rows, V}, hidden.options());  // (rows, V) logits, then their gradient
-    float* logits = buffer.data_ptr<float>();
-    for (int64_t r0 = 0; r0 < N; r0 += rows) {
-      const int64_t n = std::min(rows, N - r0);
-      sgemm(false, true, n, V, d, 1.f, h + r0 * d, d, w, d, 0.f, logits, V);
-      at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          float* row = logits + i * V;
-          const int64_t r = r0 + i;
-          bool finite = true;
-          const float top = row_max(row, V, &finite);
-          if (!finite) {
-            nll[static_cast<size_t>(r)] = std::numeric_limits<float>::quiet_NaN();
-            if (want_grads) std::fill(row, row + V, std::numeric_limits<float>::quiet_NaN());
-            continue;
-          }
+// The head's three products on the block's operands: fp32 on the process's
+// GEMM library, or bf16 operands summed in fp32 (gemm_bf16). In the bf16 case
+// the logits' gradient is rounded to bf16 once, per row, for the two
+// backward products; the logits, their softmax and the weight's gradient,
+// summed over blocks, stay fp32.
+void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+             int64_t ldb, float beta, float* c, int64_t ldc) {
+  sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
+}
+void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,
+             const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_bf16(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The block loop of the fused head on operands of type In (float or bf16):
+// the loss's terms into nll, and the gradients (fp32) when they are defined.
+//   h (N, d), w (V, d) of type In, contiguous; grad_hidden (N, d), grad_weight (V, d) fp32
+template <typename In>
+void fused_head_blocks(const In* h, const In* w, int64_t N, int64_t d, int64_t V, const int64_t* target,
+                       const float* tw, float mean_weight, int64_t rows, std::vector<float>& nll,
+                       at::Tensor& grad_hidden, at::Tensor& grad_weight) {
+  constexpr bool fp32 = std::is_same<In, float>::value;
+  const bool want_grads = grad_hidden.defined();
+  auto buffer = at::empty({rows, V}, at::kFloat);  // (rows, V) logits, then their gradient
+  float* logits = buffer.data_ptr<float>();
+  // (rows, V): the gradient in In for the backward products (bf16 only).
+  const auto rounded = fp32 || !want_grads ? at::Tensor() : at::empty({rows, V}, at::kBFloat16);
+  const In* g = fp32 ? reinterpret_cast<const In*>(logits)
+                     : (rounded.defined() ? reinterpret_cast<const In*>(rounded.data_ptr()) : nullptr);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    product(false, true, n, V, d, h + r0 * d, d, w, d, 0.f, logits, V);
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float* row = logits + i * V;
+        const int64_t r = r0 + i;
+        bool finite = true;
+        const float top = row_max(row, V, &finite);
+        if (!finite) {
+          nll[static_cast<size_t>(r)] = std::numeric_limits<float>::quiet_NaN();
+          if (want_grads) std::fill(row, row + V, std::numeric_limits<float>::quiet_NaN());
+        } else {
           const float picked = row[target[r]];
           const float sum = exp_shifted(row, V, top, 0.f);  // row = exp(logit - top)
           nll[static_cast<size_t>(r)] = (top - picked) + std::log(sum);
@@ -72,24 +77,61 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
             row[target[r]] -= wr;
           }
         }
-      });
-      if (want_grads) {
-        sgemm(false, false, n, d, V, 1.f, logits, V, w, d, 0.f, grad_hidden.data_ptr<float>() + r0 * d, d);
-        sgemm(true, false, V, d, n, 1.f, logits, V, h + r0 * d, d, r0 > 0 ? 1.f : 0.f, grad_weight.data_ptr<float>(),
-              d);
+        if (!fp32 && want_grads) {
+          auto* out = reinterpret_cast<c10::BFloat16*>(rounded.data_ptr()) + i * V;
+          for (int64_t j = 0; j < V; ++j) out[j] = c10::BFloat16(row[j]);
+        }
       }
+    });
+    if (want_grads) {
+      product(false, false, n, d, V, g, V, w, d, 0.f, grad_hidden.data_ptr<float>() + r0 * d, d);
+      product(true, false, V, d, n, g, V, h + r0 * d, d, r0 > 0 ? 1.f : 0.f, grad_weight.data_ptr<float>(), d);
+    }
+  }
+}
+
+// The loss and, when wanted, its gradients, computed in forward (see the
+// header); backward scales them by the incoming gradient.
+struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
+  // hidden (N, d), weight (V, d) contiguous, fp32 (bf16 too with
+  // bf16_products); targets (N,) int64 contiguous in range; token_weights
+  // (N,) fp32 contiguous, or empty with mean set. bf16_products: hidden and
+  // weight rounded to bf16 for the products (bf16 autocast); the loss, sums
+  // and gradients fp32 (autograd gives a bf16 input its gradient in bf16).
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& targets, const at::Tensor& token_weights, bool mean,
+                            int64_t rows_per_pass, bool want_grads, bool bf16_products) {
+    const int64_t N = hidden.size(0), d = hidden.size(1), V = weight.size(0);
+    const int64_t* target = targets.data_ptr<int64_t>();
+    const float* tw = mean ? nullptr : token_weights.data_ptr<float>();
+    const float mean_weight = N > 0 ? 1.f / static_cast<float>(N) : 0.f;
+    at::Tensor grad_hidden, grad_weight;  // (N, d), (V, d)
+    if (want_grads) {
+      grad_hidden = at::empty({N, d}, hidden.options().dtype(at::kFloat));
+      grad_weight = N > 0 ? at::empty({V, d}, weight.options().dtype(at::kFloat))
+                          : at::zeros({V, d}, weight.options().dtype(at::kFloat));
+    }
+    std::vector<float> nll(static_cast<size_t>(N));
+    const int64_t rows = std::max<int64_t>(1, std::min(N, rows_per_pass));
+    if (bf16_products) {
+      const auto h = hidden.to(at::kBFloat16), w = weight.to(at::kBFloat16);  // (N, d), (V, d)
+      fused_head_blocks(h.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(), N, d, V, target, tw, mean_weight,
+                        rows, nll, grad_hidden, grad_weight);
+    } else {
+      fused_head_blocks(hidden.data_ptr<float>(), weight.data_ptr<float>(), N, d, V, target, tw, mean_weight, rows, nll,
+                        grad_hidden, grad_weight);
     }
     double loss = 0;
     for (int64_t r = 0; r < N; ++r) loss += static_cast<double>(tw ? tw[r] : mean_weight) * nll[static_cast<size_t>(r)];
     if (N == 0 && mean)
       loss = std::numeric_limits<double>::quiet_NaN();  // the mean of nothing; a sum over nothing is 0
     ctx->save_for_backward({grad_hidden, grad_weight});
-    return at::full({}, loss, hidden.options());
+    return at::full({}, loss, hidden.options().dtype(at::kFloat));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return scale_saved_gradients(ctx, grads, 7);
+    return scale_saved_gradients(ctx, grads, 8);
   }
 };
 
@@ -104,6 +146,18 @@ void check_targets(const at::Tensor& weight, const at::Tensor& targets) {
     throw UserError("linear_cross_entropy: target " + std::to_string(targets[row].item<int64_t>()) + " of row " +
                     std::to_string(row) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
   }
+}
+
+// Under bf16 autocast on the CPU the fused head takes bf16 products (what
+// autocast would give the logits' product) with fp32 sums, softmax and
+// gradients, instead of libtorch's plain path and its (N, V) logits.
+bool bf16_autocast_on_cpu(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                          const at::Tensor& token_weights) {
+  const auto float_or_bf16 = [](const at::Tensor& t) {
+    return t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+  };
+  return host_kernels_enabled() && autocast::enabled_dtype(at::kCPU) == at::kBFloat16 && float_or_bf16(hidden) &&
+         float_or_bf16(weight) && targets.device().is_cpu() && (!token_weights.defined() || fp32_cpu(token_weights));
 }
 
 }  // namespace
@@ -123,9 +177,11 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
       return chunked_linear_cross_entropy(hidden, weight, targets, token_weights, compute, rows_per_pass);
   }
   check_targets(weight, targets);
-  if (!host_kernels_enabled() || !fp32_cpu(hidden) || !fp32_cpu(weight) ||
-      (token_weights.defined() && !fp32_cpu(token_weights)) || !targets.device().is_cpu() || autocast::any_enabled()) {
-    // Reduced-precision logits (autocast) are normalised in fp32; fp64 stays fp64.
+  const bool bf16_products = bf16_autocast_on_cpu(hidden, weight, targets, token_weights);
+  if (!bf16_products && (!host_kernels_enabled() || !fp32_cpu(hidden) || !fp32_cpu(weight) ||
+                         (token_weights.defined() && !fp32_cpu(token_weights)) || !targets.device().is_cpu() ||
+                         autocast::any_enabled())) {
+    // fp64 stays fp64; anything else is normalised in fp32.
     auto logits = chiar::linear(hidden, weight);  // (N, V)
     if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
     auto nll = at::cross_entropy_loss(logits, targets, {}, at::Reduction::None);  // (N,)
@@ -139,8 +195,8 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
   count_host_kernel();
   return FusedLinearCrossEntropy::apply(
       hidden.contiguous(), weight.contiguous(), targets.contiguous(),
-      token_weights.defined() ? token_weights.contiguous() : at::empty({0}, hidden.options()), !token_weights.defined(),
-      rows_per_pass, want_grads);
+      token_weights.defined() ? token_weights.contiguous() : at::empty({0}, hidden.options().dtype(at::kFloat)),
+      !token_weights.defined(), rows_per_pass, want_grads, bf16_products);
 }
 
 }  // namespace chiar
