@@ -120,8 +120,9 @@ TEST_CASE("linear_cross_entropy under bf16 autocast on the CPU: the fused head's
   // Against the definition of the operands rounded to bf16 (what autocast
   // multiplies): a product of two bf16 values is exact in fp32, so the loss
   // is off by fp32 sums only; the gradients by the logits' gradient rounded
-  // to bf16 once for the backward products, at most 2^-9 of each term.
-  const double grad_tol = std::ldexp(1.0, -9) + 1e-5;
+  // to bf16 once for the backward products, at most 2^-8 of each term (bf16
+  // keeps 8 significant bits).
+  const double grad_tol = std::ldexp(1.0, -8) + 1e-5;
   const std::vector<Case> cases{{7, 5, 11, Weights::Mask, 0, 1e-5},
                                 {64, 16, 1000, Weights::Random, 0, 1e-5},
                                 {300, 32, 8192, Weights::Mask, 37, 2e-5},

@@ -10,6 +10,7 @@
 
 #include "chiar/error.h"
 #include "chiar/gelu.h"
+#include "chiar/kernels.h"
 #include "support/fixtures.h"
 
 using namespace chiar;
@@ -76,6 +77,42 @@ TEST_CASE("bias_gelu matches the float64 definition, forward and both gradients"
     auto inplace = u.detach().clone();
     bias_gelu_(inplace, bias.detach());
     CHECK(rel_error(inplace.reshape({-1, n}), want.out) < c.tol);
+  }
+}
+
+TEST_CASE("bias_gelu on bf16 input: fp32 inside, one rounding out, the bias gradient summed in fp32", "[gelu][bf16]") {
+  // Against the definition at the bf16 input and fp32 bias (what the kernel
+  // reads): the output and the input gradient are rounded to bf16 once, so
+  // each element is off by at most 2^-8 of itself (bf16 keeps 8 significant bits) plus what the fp32 kernel
+  // errs by (the erfc approximation's 1.5e-7, times |g| for the gradient:
+  // below 1e-5 for these values); the bias gradient sums the unrounded terms
+  // in fp32 over 2048 rows.
+  const double rounding = std::ldexp(1.0, -8), kernel_error = 1e-5, sum_tol = 2e-6;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{3, 17}, std::vector<int64_t>{2048, 1024}}) {
+    CAPTURE(shape);
+    at::manual_seed(23);
+    const int64_t n = shape.back();
+    auto u = (at::randn(shape) * 2.0).to(at::kBFloat16).requires_grad_(true);
+    auto bias = (at::randn({n}) * 0.5).requires_grad_(true);
+    const auto grad_out = at::randn(shape).to(at::kBFloat16);
+    const auto want = reference(u.detach(), bias.detach(), grad_out);
+    const uint64_t before = host_kernel_count();
+    auto out = bias_gelu(u, bias);
+    CHECK(host_kernel_count() == before + 1);
+    REQUIRE(out.scalar_type() == at::kBFloat16);
+    out.backward(grad_out);
+    REQUIRE(u.grad().scalar_type() == at::kBFloat16);
+    REQUIRE(bias.grad().scalar_type() == at::kFloat);
+    // The largest error beyond the rounding's share of each element.
+    const auto excess = [&](const at::Tensor& got, const at::Tensor& ref) {
+      return ((got.to(at::kDouble) - ref).abs() - rounding * ref.abs()).max().item<double>();
+    };
+    CHECK(excess(out.detach().reshape({-1, n}), want.out) <= kernel_error);
+    CHECK(excess(u.grad().reshape({-1, n}), want.grad_u) <= kernel_error);
+    CHECK(rel_error(bias.grad(), want.grad_bias) < sum_tol);
+    auto inplace = u.detach().clone();
+    bias_gelu_(inplace, bias.detach());
+    CHECK(at::equal(inplace, out.detach()));
   }
 }
 

@@ -5,8 +5,11 @@
 // CPU tensors the bias add, the GELU and, in backward, the bias gradient's
 // column sums are one pass each over (rows, n), so the up projection runs
 // without a bias (no pre-filled output for its product to accumulate onto)
-// and backward needs no separate sum. Other dtypes, devices and autocast take
-// libtorch's gelu(u + b).
+// and backward needs no separate sum. bf16 u on the CPU (the FFN under bf16
+// autocast) takes the same passes on rows widened to fp32 (z = u + b and the
+// GELU in fp32, the output and the input gradient rounded to bf16 once, the
+// bias gradient summed in fp32); the bias stays fp32. Other dtypes and
+// devices take libtorch's gelu(u + b).
 #include <ATen/ATen.h>
 
 #include "chiar/export.h"

@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "autocast_compat.h"
 #include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar/row_kernels.h"  // CHIAR_ROW_KERNEL
@@ -64,8 +63,12 @@ CHIAR_ROW_KERNEL void bias_gelu_backward_row(const float* __restrict u, const fl
   }
 }
 
+// fp32 or bf16 u (bf16: the FFN under bf16 autocast, whose up projection
+// gives bf16), an fp32 bias, on the CPU. Autocast leaves a GELU in its
+// input's type, as this does.
 bool fast_path(const at::Tensor& u, const at::Tensor& bias) {
-  return host_kernels_enabled() && fp32_cpu(u) && fp32_cpu(bias) && !autocast::any_enabled();
+  return host_kernels_enabled() && u.device().is_cpu() &&
+         (u.scalar_type() == at::kFloat || u.scalar_type() == at::kBFloat16) && fp32_cpu(bias);
 }
 
 void check(const at::Tensor& u, const at::Tensor& bias) {
@@ -75,18 +78,72 @@ void check(const at::Tensor& u, const at::Tensor& bias) {
                     " are not (..., n) and (n)");
 }
 
+// A row of bf16 through the fp32 row kernels: widened into a per-thread fp32
+// row (exactly), computed there, rounded back once. The bias add and the GELU
+// then run in fp32, where libtorch's bf16 path rounds u + b first.
+float* widened(const c10::BFloat16* in, int64_t n, std::vector<float>& row) {
+  row.resize(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) row[static_cast<size_t>(j)] = static_cast<float>(in[j]);
+  return row.data();
+}
+void round_into(const float* in, c10::BFloat16* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = c10::BFloat16(in[j]);
+}
+
 // u, out (rows, n) contiguous (out may be u), bias (n) contiguous.
 void forward_rows(const float* u, const float* bias, float* out, int64_t rows, int64_t n) {
   for_each_row(rows, n, [&](int64_t r) { bias_gelu_row(u + r * n, bias, out + r * n, n); });
 }
+void forward_rows(const c10::BFloat16* u, const float* bias, c10::BFloat16* out, int64_t rows, int64_t n) {
+  for_each_row(rows, n, [&](int64_t r) {
+    thread_local std::vector<float> row;
+    float* z = widened(u + r * n, n, row);
+    bias_gelu_row(z, bias, z, n);
+    round_into(z, out + r * n, n);
+  });
+}
+
+// u (..., n) of type T contiguous, out likewise.
+void forward_into(const at::Tensor& u, const at::Tensor& bias, at::Tensor& out) {
+  const int64_t n = u.size(-1), rows = n > 0 ? u.numel() / n : 0;
+  if (u.scalar_type() == at::kBFloat16)
+    forward_rows(u.data_ptr<c10::BFloat16>(), bias.data_ptr<float>(), out.data_ptr<c10::BFloat16>(), rows, n);
+  else
+    forward_rows(u.data_ptr<float>(), bias.data_ptr<float>(), out.data_ptr<float>(), rows, n);
+}
+
+// gu = g gelu'(u + b) in u's type, into gu; returns the bias gradient (n)
+// fp32, summed from the unrounded terms. u, g, gu (rows, n) contiguous.
+at::Tensor backward_into(const at::Tensor& u, const at::Tensor& bias, const at::Tensor& g, at::Tensor& gu) {
+  const int64_t n = u.size(-1), rows = n > 0 ? u.numel() / n : 0;
+  const float* bp = bias.data_ptr<float>();
+  if (u.scalar_type() == at::kFloat) {
+    const float* up = u.data_ptr<float>();
+    const float* gp = g.data_ptr<float>();
+    float* out = gu.data_ptr<float>();
+    return for_each_row_with_sums(rows, n, bias.options(), [&](int64_t r, float* sums) {  // (n)
+      bias_gelu_backward_row(up + r * n, bp, gp + r * n, out + r * n, sums, n);
+    });
+  }
+  const auto* up = u.data_ptr<c10::BFloat16>();
+  const auto* gp = g.data_ptr<c10::BFloat16>();
+  auto* out = gu.data_ptr<c10::BFloat16>();
+  return for_each_row_with_sums(rows, n, bias.options(), [&](int64_t r, float* sums) {  // (n)
+    thread_local std::vector<float> u_row, g_row, gz_row;
+    float* ur = widened(up + r * n, n, u_row);
+    float* gr = widened(gp + r * n, n, g_row);
+    gz_row.resize(static_cast<size_t>(n));
+    bias_gelu_backward_row(ur, bp, gr, gz_row.data(), sums, n);
+    round_into(gz_row.data(), out + r * n, n);
+  });
+}
 
 struct BiasGelu : public torch::autograd::Function<BiasGelu> {
-  // u (..., n) fp32 contiguous, bias (n) fp32 contiguous.
+  // u (..., n) fp32 or bf16 contiguous, bias (n) fp32 contiguous.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& u, const at::Tensor& bias) {
     ctx->save_for_backward({u, bias});
     auto out = at::empty_like(u);
-    const int64_t n = u.size(-1);
-    forward_rows(u.data_ptr<float>(), bias.data_ptr<float>(), out.data_ptr<float>(), n > 0 ? u.numel() / n : 0, n);
+    forward_into(u, bias, out);
     return out;
   }
 
@@ -96,19 +153,12 @@ struct BiasGelu : public torch::autograd::Function<BiasGelu> {
     const auto &u = saved[0], &bias = saved[1];
     if (torch::autograd::GradMode::is_enabled()) {
       // create_graph: a differentiable backward from libtorch's ops.
-      const auto gu = at::gelu_backward(grads[0], u + bias);
-      return {gu, gu.reshape({-1, bias.size(0)}).sum(0)};
+      const auto gu = at::gelu_backward(grads[0], u + bias.to(u.scalar_type()));
+      return {gu, gu.reshape({-1, bias.size(0)}).sum(0).to(bias.scalar_type())};
     }
-    const auto g = grads[0].contiguous();  // (..., n)
-    const int64_t n = u.size(-1), rows = n > 0 ? u.numel() / n : 0;
+    const auto g = grads[0].to(u.scalar_type()).contiguous();  // (..., n)
     auto gu = at::empty_like(u);
-    const float* up = u.data_ptr<float>();
-    const float* bp = bias.data_ptr<float>();
-    const float* gp = g.data_ptr<float>();
-    float* out = gu.data_ptr<float>();
-    auto gb = for_each_row_with_sums(rows, n, u.options(), [&](int64_t r, float* sums) {  // (n)
-      bias_gelu_backward_row(up + r * n, bp, gp + r * n, out + r * n, sums, n);
-    });
+    auto gb = backward_into(u, bias, g, gu);
     return {gu, ctx->needs_input_grad(1) ? gb : at::Tensor()};
   }
 };
@@ -132,9 +182,7 @@ at::Tensor& bias_gelu_(at::Tensor& u, const at::Tensor& bias) {
     at::gelu_(u);
     return u;
   }
-  const auto b = bias.contiguous();
-  const int64_t n = u.size(-1);
-  forward_rows(u.data_ptr<float>(), b.data_ptr<float>(), u.data_ptr<float>(), n > 0 ? u.numel() / n : 0, n);
+  forward_into(u, bias.contiguous(), u);
   u.unsafeGetTensorImpl()->bump_version();  // written in place, as at::gelu_ would mark it
   return u;
 }

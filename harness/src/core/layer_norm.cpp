@@ -136,8 +136,9 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
                     ", weight " + (weight.defined() ? c10::str(weight.sizes()) : std::string("undefined")) +
                     " and bias " + (bias.defined() ? c10::str(bias.sizes()) : std::string("undefined")) +
                     " are not (..., n), (n) and (n)");
-  if (!host_kernels_enabled() || !fp32_cpu(x) || !fp32_cpu(weight) || !fp32_cpu(bias) || autocast::any_enabled() ||
-      x.size(-1) == 0)
+  // Under autocast too: autocast runs a LayerNorm of fp32 input in fp32 (the
+  // residual stream a bf16 step keeps in fp32), which is what this computes.
+  if (!host_kernels_enabled() || !fp32_cpu(x) || !fp32_cpu(weight) || !fp32_cpu(bias) || x.size(-1) == 0)
     return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
   count_host_kernel();
   const bool wants_grad =
