@@ -5,8 +5,10 @@
 // the cores; backward computes the input gradient and accumulates the weight
 // and bias gradients in the same pass. libtorch 1.13's CPU kernel takes
 // several times the memory traffic's cost (docs/performance.md, 'What moved
-// it'), and the harness runs one per operator and per FFN. Other
-// dtypes, devices and autocast take at::layer_norm.
+// it'), and the harness runs one per operator and per FFN. Under autocast
+// an fp32 input (a bf16 step's residual stream) takes it too: autocast
+// computes a LayerNorm of fp32 input in fp32. Other dtypes and devices take
+// at::layer_norm.
 #include <ATen/ATen.h>
 #include <torch/nn/modules/normalization.h>
 
