@@ -164,20 +164,30 @@ std::string own_binary() {
   return std::string(buf.data(), static_cast<size_t>(n));
 }
 
-int run_slurm(const Global& g, const SlurmArgs& a) {
+namespace {
+
+// The matrix, checked against the loaded plugins and the array's size here
+// rather than by every array task once Slurm starts it.
+engine::Matrix checked_matrix(const Global& g, const SlurmArgs& a, PluginRegistry& registry) {
   engine::MatrixOptions m;
   m.set = a.set;
   m.only = a.only;
-  const engine::Matrix matrix = engine::load_matrix(a.config, m);
-  // Refused here rather than by every array task once Slurm starts it.
-  PluginRegistry registry;
+  engine::Matrix matrix = engine::load_matrix(a.config, m);
   registry.load_default(g.plugin_dirs);
   check_against_plugins(matrix, registry);
   const int runs = static_cast<int>(matrix.runs.size());
   if (a.tasks > runs)
     throw UserError("--tasks " + std::to_string(a.tasks) + ": the matrix has " + std::to_string(runs) +
                     " runs; more array tasks than runs would leave some with nothing to do");
+  if (!a.decide.empty() && a.retry_failed)
+    throw UserError(
+        "--retry-failed: not with --decide, whose looks count a failed run as ended; retry the "
+        "shards first, then look");
+  return matrix;
+}
 
+// The array job the script describes, every path absolute.
+engine::SlurmJob job_for(const SlurmArgs& a, const engine::Matrix& matrix) {
   engine::SlurmJob job;
   job.name = matrix.name;
   job.chiar = a.chiar.empty() ? own_binary() : absolute(a.chiar);
@@ -196,14 +206,40 @@ int run_slurm(const Global& g, const SlurmArgs& a) {
   job.options.cpus_per_task = a.cpus_per_task;
   job.options.gpus_per_task = a.gpus_per_task;
   job.options.extra = a.extra;
-  if (!a.decide.empty() && a.retry_failed)
-    throw UserError(
-        "--retry-failed: not with --decide, whose looks count a failed run as ended; retry the "
-        "shards first, then look");
+  return job;
+}
+
+// The script in JOB/slurm.sbatch and its logs folder (Slurm opens each
+// task's log before the task runs: the folder must exist); with
+// --retry-failed, every shard store checked writable before anything is
+// written, and their failed runs reset once here, not in the tasks (a task
+// Slurm requeues after preemption must not retry a deterministic failure).
+std::string write_job(const SlurmArgs& a, const engine::Matrix& matrix, const engine::SlurmJob& job,
+                      const std::string& script_text) {
+  std::vector<std::string> shards;
+  if (a.retry_failed) {
+    shards = shard_stores(job.dir);
+    for (const auto& shard : shards) engine::Store::check_writable(shard);
+  }
+  boost::system::error_code ec;
+  fs::create_directories(job.dir + "/logs", ec);
+  if (ec) throw EnvironmentError(job.dir + "/logs: cannot create the folder: " + ec.message());
+  const std::string script = job.dir + "/slurm.sbatch";
+  engine::write_file_durably(script, script_text);
+  if (a.retry_failed) retry_failed_in_shards(matrix, shards, job.dir);
+  return script;
+}
+
+}  // namespace
+
+int run_slurm(const Global& g, const SlurmArgs& a) {
+  PluginRegistry registry;
+  const engine::Matrix matrix = checked_matrix(g, a, registry);
+  engine::SlurmJob job = job_for(a, matrix);
   std::string script_text = engine::sbatch_script(job);  // the options checked before anything is written
   // The design's looks go to its store, not to the shard stores the
   // script's tasks write: the same store is written by one process at a time.
-  std::string covers = std::to_string(runs) + " runs";  // what the array runs, for the messages below
+  std::string covers = std::to_string(matrix.runs.size()) + " runs";  // what the array runs, for the messages
   std::string after = "when it ends: chiar merge " + job.dir + "/merged.db " + job.dir;
   if (!a.decide.empty()) {
     const int round = sequential_step(a, matrix, registry, job);
@@ -212,22 +248,7 @@ int run_slurm(const Global& g, const SlurmArgs& a) {
     covers = "round " + std::to_string(round + 1) + " of a sequential design";
     after = "when it ends: this command again, to look at the round and submit the next";
   }
-  // Every shard store --retry-failed will write is checked before anything is.
-  std::vector<std::string> shards;
-  if (a.retry_failed) {
-    shards = shard_stores(job.dir);
-    for (const auto& shard : shards) engine::Store::check_writable(shard);
-  }
-
-  // Slurm opens each task's log before the task runs: the folder must exist.
-  boost::system::error_code ec;
-  fs::create_directories(job.dir + "/logs", ec);
-  if (ec) throw EnvironmentError(job.dir + "/logs: cannot create the folder: " + ec.message());
-  const std::string script = job.dir + "/slurm.sbatch";
-  engine::write_file_durably(script, script_text);
-  // Here, once, not in the tasks: a task Slurm requeues (after preemption
-  // or a node failure) must not retry a failure that is deterministic.
-  if (a.retry_failed) retry_failed_in_shards(matrix, shards, job.dir);
+  const std::string script = write_job(a, matrix, job, script_text);
   if (!a.submit) {
     std::cout << script_text;
     std::cerr << "wrote " << script << " (" << a.tasks << " array tasks over " << covers
