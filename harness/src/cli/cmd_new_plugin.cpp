@@ -272,16 +272,15 @@ std::string fill(std::string text, const std::map<std::string, std::string>& val
   return text;
 }
 
-}  // namespace
-
-int run_new_plugin(const Global& g, const NewPluginArgs& a) {
+// The kind and name, and no plugin already registered under the name: the
+// loader refuses a second registration of a name (or alias) already taken,
+// so a plugin under it could never load beside that one.
+void check_new_plugin(const Global& g, const NewPluginArgs& a) {
   if (a.kind != "operator" && a.kind != "router" && a.kind != "task")
     throw UserError("new-plugin: kind must be operator, router or task, found '" + a.kind + "'");
   if (!std::regex_match(a.name, std::regex("[a-z][a-z0-9_]*")))
     throw UserError("new-plugin: name must be lower case letters, digits and _, starting with a letter; found '" +
                     a.name + "'");
-  // The loader refuses a second registration of a name (or alias) already
-  // taken, so a plugin under that name could never load beside this one.
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   if (registry.has(a.kind, a.name)) {
@@ -292,44 +291,52 @@ int run_new_plugin(const Global& g, const NewPluginArgs& a) {
     throw UserError("new-plugin: " + a.kind + " '" + a.name + "' is already registered by '" + file +
                     "', and the loader refuses a second; choose another name");
   }
-  const boost::filesystem::path dir = boost::filesystem::path(a.dir) / a.name;
-  if (boost::filesystem::exists(dir)) throw UserError("new-plugin: '" + dir.string() + "' already exists");
-  boost::system::error_code ec;
-  boost::filesystem::create_directories(dir, ec);
-  if (ec) throw EnvironmentError(dir.string() + ": cannot create the folder: " + ec.message());
+}
+
+// The test's conformance check and the README's matrix snippet, per kind.
+struct KindText {
   std::string check, use;
-  if (a.kind == "operator") {
-    check =
+};
+
+KindText kind_text(const NewPluginArgs& a) {
+  if (a.kind == "operator")
+    return {
         "const auto make = [&](int64_t d, int64_t heads) {\n"
         "    chiar::OperatorSpec spec;\n    spec.d_model = d;\n    spec.n_heads = heads;\n"
         "    return registry.make_operator(\"" +
-        a.name +
-        "\", spec);\n  };\n"
-        "  auto failures = chiar::check_operator(make);\n"
-        "  // The operator test matrix: every standard case against itself in float64.\n"
-        "  for (const auto& c : chiar::operator_cases(make(16, 2)->traits(), false))\n"
-        "    if (const auto r = chiar::run_operator_case(make, c); !r.failure.empty())\n"
-        "      failures.push_back(c.name() + \": \" + r.failure);";
-    use = "\n    [variants.mine]\n    layers = [\"dct\", \"dct|" + a.name + "\", \"dct|" + a.name +
-          "\", \"attn\"]\n    router = \"threshold\"\n";
-  } else if (a.kind == "router") {
-    check =
+            a.name +
+            "\", spec);\n  };\n"
+            "  auto failures = chiar::check_operator(make);\n"
+            "  // The operator test matrix: every standard case against itself in float64.\n"
+            "  for (const auto& c : chiar::operator_cases(make(16, 2)->traits(), false))\n"
+            "    if (const auto r = chiar::run_operator_case(make, c); !r.failure.empty())\n"
+            "      failures.push_back(c.name() + \": \" + r.failure);",
+        "\n    [variants.mine]\n    layers = [\"dct\", \"dct|" + a.name + "\", \"dct|" + a.name +
+            "\", \"attn\"]\n    router = \"threshold\"\n"};
+  if (a.kind == "router")
+    return {
         "const auto failures = chiar::check_router([&](const std::vector<std::string>& ops) {\n"
         "    chiar::RouterSpec spec;\n    spec.d_model = 16;\n    spec.operators = ops;\n"
         "    return registry.make_router(\"" +
-        a.name + "\", spec);\n  });";
-    use = "\n    [variants.mine]\n    layers = [\"dct\", \"dct|attn\", \"dct|attn\", \"attn\"]\n    router = \"" +
-          a.name + "\"\n";
-  } else {
-    check =
-        "chiar::TaskSpec spec;\n  spec.params.set(\"n\", int64_t{200});\n"
-        "  const auto failures = chiar::check_task(*registry.make_task(\"" +
-        a.name + "\", spec));";
-    use = "\n    [tasks.mine]\n    plugin = \"" + a.name + "\"\n";
-  }
-  const std::map<std::string, std::string> v = {{"NAME", a.name}, {"KIND", a.kind}, {"CHECK", check}, {"USE", use}};
+            a.name + "\", spec);\n  });",
+        "\n    [variants.mine]\n    layers = [\"dct\", \"dct|attn\", \"dct|attn\", \"attn\"]\n    router = \"" +
+            a.name + "\"\n"};
+  return {
+      "chiar::TaskSpec spec;\n  spec.params.set(\"n\", int64_t{200});\n"
+      "  const auto failures = chiar::check_task(*registry.make_task(\"" +
+          a.name + "\", spec));",
+      "\n    [tasks.mine]\n    plugin = \"" + a.name + "\"\n"};
+}
+
+// All four files or none: a folder left half written would block a rerun.
+void write_plugin_folder(const boost::filesystem::path& dir, const NewPluginArgs& a) {
+  boost::system::error_code ec;
+  boost::filesystem::create_directories(dir, ec);
+  if (ec) throw EnvironmentError(dir.string() + ": cannot create the folder: " + ec.message());
+  const KindText text = kind_text(a);
+  const std::map<std::string, std::string> v = {
+      {"NAME", a.name}, {"KIND", a.kind}, {"CHECK", text.check}, {"USE", text.use}};
   const char* source = a.kind == "operator" ? kOperator : a.kind == "router" ? kRouter : kTask;
-  // All four files or none: a folder left half written would block a rerun.
   try {
     engine::write_file_durably((dir / "CMakeLists.txt").string(), fill(kCMake, v));
     engine::write_file_durably((dir / (a.name + ".cpp")).string(), fill(source, v));
@@ -339,6 +346,15 @@ int run_new_plugin(const Global& g, const NewPluginArgs& a) {
     boost::filesystem::remove_all(dir, ec);
     throw;
   }
+}
+
+}  // namespace
+
+int run_new_plugin(const Global& g, const NewPluginArgs& a) {
+  check_new_plugin(g, a);
+  const boost::filesystem::path dir = boost::filesystem::path(a.dir) / a.name;
+  if (boost::filesystem::exists(dir)) throw UserError("new-plugin: '" + dir.string() + "' already exists");
+  write_plugin_folder(dir, a);
   std::cout << "wrote " << dir.string() << "/{CMakeLists.txt, " << a.name << ".cpp, test_" << a.name
             << ".cpp, README.md}\nbuild: cmake -S " << dir.string() << " -B " << dir.string()
             << "/build -DCMAKE_PREFIX_PATH=<harness prefix> && cmake --build " << dir.string() << "/build\n";
