@@ -291,90 +291,103 @@ bool word_ppl_repeats_token_ppl(const TaskSummary& t) {
   return true;
 }
 
+// A metric column: its heading, the metric's key, the scale and digits it is
+// shown with, and whether variants are ranked on it.
+struct MetricColumn {
+  std::string name, key;
+  double scale;
+  int digits;
+  bool ranked;
+};
+
+std::vector<MetricColumn> metric_columns(const TaskSummary& t) {
+  if (!t.language_model)  // the test split's majority class: the rate a model must beat to have learned anything
+    return {{"accuracy %", "accuracy", 100, 2, true}, {"majority class %", "majority_rate", 100, 2, false}};
+  std::vector<MetricColumn> cols = {{"token PPL", "token_ppl", 1, 2, true}};
+  // On a word-level vocabulary a token is a word, and the word perplexity
+  // repeats the token perplexity: shown only where it differs.
+  if (!word_ppl_repeats_token_ppl(t)) cols.push_back({"word PPL", "word_ppl", 1, 2, true});
+  cols.push_back({"bits/byte", "bits_per_byte", 1, 4, true});
+  return cols;
+}
+
+// One variant's row of a task table: each cell with the value it is ranked
+// by (NaN: not ranked) and whether lower wins in its column.
+struct RankedRow {
+  std::vector<std::string> cells;
+  std::vector<double> values;
+  std::vector<bool> lower;
+  void add(std::string cell, double value = NAN, bool lower_wins = false) {
+    cells.push_back(std::move(cell));
+    values.push_back(value);
+    lower.push_back(lower_wins);
+  }
+};
+
+RankedRow variant_row(const VariantSummary& v, const VariantSummary* base, const std::vector<MetricColumn>& cols,
+                      bool on_gpu) {
+  RankedRow r;
+  r.add(v.variant);
+  r.add(std::to_string(v.runs.size()));
+  for (const auto& c : cols) {
+    auto it = v.metric.find(c.key);
+    // An unranked column describes the split, not the runs: no spread.
+    r.add(it == v.metric.end() ? ""
+          : c.ranked           ? with_spread(it->second, c.scale, c.digits)
+                               : fixed(it->second.mean * c.scale, c.digits),
+          it == v.metric.end() || !c.ranked ? NAN : it->second.mean, lower_is_better(c.key));
+  }
+  r.add(fixed(v.attn_gflops.mean, 5), v.attn_gflops.mean, true);
+  const bool has_base = base && base->attn_gflops.mean > 0;
+  r.add(has_base && &v != base ? fixed(100.0 * (v.attn_gflops.mean / base->attn_gflops.mean - 1.0), 1) + "%" : "");
+  r.add(fixed(v.total_gflops.mean, 5) + " / " + fixed(v.total_sparse_gflops.mean, 5), v.total_gflops.mean, true);
+  r.add(fixed(v.train_tps.mean, 0), v.train_tps.mean);
+  r.add(base && &v != base && base->train_tps.mean > 0 ? fixed(v.train_tps.mean / base->train_tps.mean, 2) + "×" : "");
+  r.add(fixed(v.eval_tps.mean, 0), v.eval_tps.mean);
+  r.add(std::to_string(v.params));
+  if (on_gpu) {
+    const bool has = v.gpu_allocated_mb.n > 0;
+    r.add(has ? fixed(v.gpu_allocated_mb.mean, 0) + " / " + fixed(v.gpu_reserved_mb.mean, 0) : "",
+          has ? v.gpu_allocated_mb.mean : NAN, true);
+  }
+  r.add("best valid");
+  return r;
+}
+
+Table task_table(const TaskSummary& t, const std::string& baseline) {
+  const VariantSummary* base = nullptr;
+  for (const auto& v : t.variants)
+    if (v.variant == baseline) base = &v;
+  const auto cols = metric_columns(t);
+  Table table;
+  table.header = {"variant", "seeds"};
+  for (const auto& c : cols) table.header.push_back(c.name);
+  for (const char* h : {"attn GFLOPs", "attn vs base", "total GFLOPs exec / sparse", "train tok/s", "speed-up",
+                        "eval tok/s", "params", "scored"})
+    table.header.push_back(h);
+  // Where runs trained on a GPU: its caching allocator's peaks (MiB, mean
+  // over those runs), ranked by what was allocated.
+  const bool on_gpu = std::any_of(t.variants.begin(), t.variants.end(),
+                                  [](const VariantSummary& v) { return v.gpu_allocated_mb.n > 0; });
+  if (on_gpu) table.header.insert(table.header.end() - 1, "peak GPU MiB alloc / reserved");
+  // Per column: the values to rank (NaN = not ranked) and whether lower wins.
+  std::vector<std::vector<double>> rank(table.header.size());
+  std::vector<bool> lower(table.header.size(), false);
+  for (const auto& v : t.variants) {
+    RankedRow r = variant_row(v, base, cols, on_gpu);
+    for (size_t c = 0; c < r.values.size(); ++c) rank[c].push_back(r.values[c]);
+    lower = r.lower;
+    table.rows.push_back(std::move(r.cells));
+  }
+  mark_best(table, rank, lower);
+  return table;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Table>> task_tables(const Summary& s, const std::string& baseline) {
   std::vector<std::pair<std::string, Table>> out;
-  for (const auto& t : s.tasks) {
-    Table table;
-    const VariantSummary* base = nullptr;
-    for (const auto& v : t.variants)
-      if (v.variant == baseline) base = &v;
-    // (column, metric key, scale, digits, lower is better); key "" = not a metric.
-    struct Col {
-      std::string name, key;
-      double scale;
-      int digits;
-      bool ranked;
-    };
-    std::vector<Col> metric_cols;
-    if (t.language_model) {
-      metric_cols = {{"token PPL", "token_ppl", 1, 2, true}};
-      // On a word-level vocabulary a token is a word, and the word
-      // perplexity repeats the token perplexity: shown only where it differs.
-      if (!word_ppl_repeats_token_ppl(t)) metric_cols.push_back({"word PPL", "word_ppl", 1, 2, true});
-      metric_cols.push_back({"bits/byte", "bits_per_byte", 1, 4, true});
-    } else  // the test split's majority class: the rate a model must beat to have learned anything
-      metric_cols = {{"accuracy %", "accuracy", 100, 2, true}, {"majority class %", "majority_rate", 100, 2, false}};
-    table.header = {"variant", "seeds"};
-    for (const auto& c : metric_cols) table.header.push_back(c.name);
-    for (const char* h : {"attn GFLOPs", "attn vs base", "total GFLOPs exec / sparse", "train tok/s", "speed-up",
-                          "eval tok/s", "params", "scored"})
-      table.header.push_back(h);
-    // Where runs trained on a GPU: its caching allocator's peaks (MiB, mean
-    // over those runs), ranked by what was allocated.
-    const bool on_gpu = std::any_of(t.variants.begin(), t.variants.end(),
-                                    [](const VariantSummary& v) { return v.gpu_allocated_mb.n > 0; });
-    if (on_gpu) table.header.insert(table.header.end() - 1, "peak GPU MiB alloc / reserved");
-    // Per column: the values to rank (NaN = not ranked) and whether lower wins.
-    std::vector<std::vector<double>> rank(table.header.size());
-    std::vector<bool> lower(table.header.size(), false);
-    for (const auto& v : t.variants) {
-      std::vector<std::string> row = {v.variant, std::to_string(v.runs.size())};
-      std::vector<double> values = {NAN, NAN};
-      for (const auto& c : metric_cols) {
-        auto it = v.metric.find(c.key);
-        // An unranked column describes the split, not the runs: no spread.
-        row.push_back(it == v.metric.end() ? ""
-                      : c.ranked           ? with_spread(it->second, c.scale, c.digits)
-                                           : fixed(it->second.mean * c.scale, c.digits));
-        values.push_back(it == v.metric.end() || !c.ranked ? NAN : it->second.mean);
-        lower[row.size() - 1] = lower_is_better(c.key);
-      }
-      row.push_back(fixed(v.attn_gflops.mean, 5));
-      values.push_back(v.attn_gflops.mean);
-      lower[row.size() - 1] = true;
-      const bool has_base = base && base->attn_gflops.mean > 0;
-      row.push_back(has_base && &v != base ? fixed(100.0 * (v.attn_gflops.mean / base->attn_gflops.mean - 1.0), 1) + "%"
-                                           : "");
-      values.push_back(NAN);
-      row.push_back(fixed(v.total_gflops.mean, 5) + " / " + fixed(v.total_sparse_gflops.mean, 5));
-      values.push_back(v.total_gflops.mean);
-      lower[row.size() - 1] = true;
-      row.push_back(fixed(v.train_tps.mean, 0));
-      values.push_back(v.train_tps.mean);
-      row.push_back(base && &v != base && base->train_tps.mean > 0
-                        ? fixed(v.train_tps.mean / base->train_tps.mean, 2) + "×"
-                        : "");
-      values.push_back(NAN);
-      row.push_back(fixed(v.eval_tps.mean, 0));
-      values.push_back(v.eval_tps.mean);
-      row.push_back(std::to_string(v.params));
-      values.push_back(NAN);
-      if (on_gpu) {
-        const bool has = v.gpu_allocated_mb.n > 0;
-        row.push_back(has ? fixed(v.gpu_allocated_mb.mean, 0) + " / " + fixed(v.gpu_reserved_mb.mean, 0) : "");
-        values.push_back(has ? v.gpu_allocated_mb.mean : NAN);
-        lower[row.size() - 1] = true;
-      }
-      row.push_back("best valid");
-      values.push_back(NAN);
-      for (size_t c = 0; c < values.size(); ++c) rank[c].push_back(values[c]);
-      table.rows.push_back(row);
-    }
-    mark_best(table, rank, lower);
-    out.emplace_back(t.task, std::move(table));
-  }
+  for (const auto& t : s.tasks) out.emplace_back(t.task, task_table(t, baseline));
   return out;
 }
 
