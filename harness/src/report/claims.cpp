@@ -618,67 +618,82 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 
+// The claim's tasks grouped by their verdicts.
+struct TaskVerdicts {
+  std::vector<std::string> holds, fails, open, lacking;  // lacking: "task (what it lacks)"
+  size_t no_verdict = 0;
+};
+
+TaskVerdicts group_by_verdict(const Claim& claim) {
+  TaskVerdicts g;
+  for (const auto& row : claim.tasks) {
+    if (row.verdict == v::kHolds) g.holds.push_back(row.task);
+    if (row.verdict == v::kDoesNotHold) g.fails.push_back(row.task);
+    if (row.verdict == v::kNotEnoughSeeds)
+      g.lacking.push_back(row.task + " (" + (row.missing.empty() ? seeds_text(row, !row.b.empty()) : row.missing) +
+                          ")");
+    if (row.verdict == v::kNoVerdict) ++g.no_verdict;
+  }
+  // Inconclusive tasks first, then those with no verdict, each in the claim's order.
+  for (const char* verdict : {v::kInconclusive, v::kNoVerdict})
+    for (const auto& row : claim.tasks)
+      if (row.verdict == verdict) g.open.push_back(row.task);
+  return g;
+}
+
+// "holds on a, b; does not hold on c; open on d": the parts that have tasks.
+std::string verdict_detail(const TaskVerdicts& g) {
+  std::string out;
+  for (const auto& [word, names] :
+       {std::make_pair("holds", &g.holds), std::make_pair("does not hold", &g.fails), std::make_pair("open", &g.open)})
+    if (!names->empty()) out += (out.empty() ? "" : "; ") + std::string(word) + " on " + joined(*names);
+  return out;
+}
+
+// The combined direction against the paper: agrees or contradicts where
+// every task with a direction does, "mixed" where tasks do both.
+std::string combined_direction(const Claim& claim) {
+  int agree = 0, contradict = 0, undecided = 0;
+  for (const auto& row : claim.tasks) {
+    agree += row.direction == "agrees";
+    contradict += row.direction == "contradicts";
+    undecided += row.direction == "undecided";
+  }
+  const int with = agree + contradict + undecided;
+  if (with == 0) return "";
+  if (agree && contradict) return "mixed";
+  if (agree == with) return "agrees";
+  if (contradict == with) return "contradicts";
+  if (agree || contradict)
+    return fmt(agree ? "agrees on %.0f of %.0f tasks" : "contradicts on %.0f of %.0f tasks",
+               static_cast<double>(agree + contradict), static_cast<double>(with));
+  return "undecided";
+}
+
 void combine(Claim& claim) {
   if (claim.tasks.empty()) {
     claim.verdict = v::kNotEnoughSeeds;
     return;
   }
-  std::map<std::string, std::vector<std::string>> by;  // verdict -> tasks
-  std::vector<std::string> lacking;                    // "task: what it lacks"
-  int agree = 0, contradict = 0, undecided = 0;
-  for (const auto& row : claim.tasks) {
-    by[row.verdict].push_back(row.task);
-    if (row.verdict == v::kNotEnoughSeeds)
-      lacking.push_back(row.task + " (" + (row.missing.empty() ? seeds_text(row, !row.b.empty()) : row.missing) + ")");
-    agree += row.direction == "agrees";
-    contradict += row.direction == "contradicts";
-    undecided += row.direction == "undecided";
-  }
-  const auto& holds = by[v::kHolds];
-  const auto& fails = by[v::kDoesNotHold];
-  std::vector<std::string> open = by[v::kInconclusive];
-  open.insert(open.end(), by[v::kNoVerdict].begin(), by[v::kNoVerdict].end());
-  const auto part = [&](const char* word, const std::vector<std::string>& names) {
-    return names.empty() ? std::string() : std::string(word) + " on " + joined(names);
-  };
-  const auto detail = [&](std::initializer_list<std::string> parts) {
-    std::string out;
-    for (const auto& p : parts)
-      if (!p.empty()) out += (out.empty() ? "" : "; ") + p;
-    return out;
-  };
-  const bool several = claim.tasks.size() > 1;
-  if (!lacking.empty()) {
+  const TaskVerdicts g = group_by_verdict(claim);
+  if (!g.lacking.empty()) {
     claim.verdict = v::kNotEnoughSeeds;
-    claim.detail = "lacking on " + joined(lacking);
-  } else if (!holds.empty() && !fails.empty()) {
+    claim.detail = "lacking on " + joined(g.lacking);
+  } else if (!g.holds.empty() && !g.fails.empty()) {
     claim.verdict = v::kTaskDependent;
-    claim.detail = detail({part("holds", holds), part("does not hold", fails), part("open", open)});
-  } else if ((!holds.empty() || !fails.empty()) && !open.empty()) {
+    claim.detail = verdict_detail(g);
+  } else if ((!g.holds.empty() || !g.fails.empty()) && !g.open.empty()) {
     claim.verdict = v::kPartlyDecided;
-    claim.detail = detail({part("holds", holds), part("does not hold", fails), part("open", open)});
-  } else if (!holds.empty()) {
+    claim.detail = verdict_detail(g);
+  } else if (!g.holds.empty()) {
     claim.verdict = v::kHolds;
-  } else if (!fails.empty()) {
+  } else if (!g.fails.empty()) {
     claim.verdict = v::kDoesNotHold;
   } else {
-    claim.verdict = by[v::kNoVerdict].size() == claim.tasks.size() ? v::kNoVerdict : v::kInconclusive;
+    claim.verdict = g.no_verdict == claim.tasks.size() ? v::kNoVerdict : v::kInconclusive;
   }
-  if (!several && claim.verdict != v::kNotEnoughSeeds) claim.detail.clear();
-  const int with = agree + contradict + undecided;
-  if (with == 0)
-    claim.direction = "";
-  else if (agree && contradict)
-    claim.direction = "mixed";
-  else if (agree == with)
-    claim.direction = "agrees";
-  else if (contradict == with)
-    claim.direction = "contradicts";
-  else if (agree || contradict)
-    claim.direction = fmt(agree ? "agrees on %.0f of %.0f tasks" : "contradicts on %.0f of %.0f tasks",
-                          static_cast<double>(agree + contradict), static_cast<double>(with));
-  else
-    claim.direction = "undecided";
+  if (claim.tasks.size() == 1 && claim.verdict != v::kNotEnoughSeeds) claim.detail.clear();
+  claim.direction = combined_direction(claim);
 }
 
 // A claim's rows, one per task it is about, measured but not yet decided.
