@@ -116,64 +116,83 @@ struct ForeachLists {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
 };
 
+// Each parameter's state (null: none yet), looked up once, and whether
+// every update can be fused (host) or else made by foreach ops.
+struct StatePlan {
+  std::vector<torch::optim::OptimizerParamState*> states;  // per parameter with a gradient, in group order
+  bool host = true, foreach = true;
+};
+
+StatePlan plan_states(torch::optim::Optimizer& optimizer) {
+  StatePlan plan;
+  for (auto& group : optimizer.param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params())
+      if (p.grad().defined()) {
+        const auto found = optimizer.state().find(state_key<StateKey>(p.unsafeGetTensorImpl()));
+        plan.states.push_back(found == optimizer.state().end() ? nullptr : found->second.get());
+        plan.host = plan.host && fusable(p, options) && state_fits(plan.states.back(), p);
+        plan.foreach = plan.foreach && foreachable(p, options, plan.states.back());
+      }
+  }
+  return plan;
+}
+
+// The update's constants at this step (bias corrections folded in).
+UpdateScalars scalars_at(const torch::optim::AdamWOptions& options, int64_t step) {
+  const auto [beta1, beta2] = options.betas();
+  const double bc1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1 - std::pow(beta2, static_cast<double>(step));
+  return {static_cast<float>(1 - options.lr() * options.weight_decay()),
+          static_cast<float>(beta1),
+          static_cast<float>(1 - beta1),
+          static_cast<float>(beta2),
+          static_cast<float>(1 - beta2),
+          static_cast<float>(1 / std::sqrt(bc2)),
+          static_cast<float>(options.eps()),
+          static_cast<float>(options.lr() / bc1)};
+}
+
+// One parameter's fused update, in place, spread over the cores.
+void fused_update(const at::Tensor& p, torch::optim::AdamWParamState& st, const UpdateScalars& s) {
+  // State loaded from a checkpoint may be strided; the loop needs it dense.
+  if (!st.exp_avg().is_contiguous()) st.exp_avg(st.exp_avg().contiguous());
+  if (!st.exp_avg_sq().is_contiguous()) st.exp_avg_sq(st.exp_avg_sq().contiguous());
+  float* pd = p.data_ptr<float>();
+  const float* gd = p.grad().data_ptr<float>();
+  float* md = st.exp_avg().data_ptr<float>();
+  float* vd = st.exp_avg_sq().data_ptr<float>();
+  // Chunks of 16 K elements: a parameter below that (biases, norms) runs
+  // on the calling thread.
+  at::parallel_for(0, p.numel(), 16384, [&](int64_t begin, int64_t end) {
+    adamw_update(pd + begin, gd + begin, md + begin, vd + begin, end - begin, s);
+  });
+  // Written through raw pointers: bump the version counters as an in-place
+  // op would, since caches keyed on them (linear's transposed weights) must
+  // see the change.
+  p.unsafeGetTensorImpl()->bump_version();
+  st.exp_avg().unsafeGetTensorImpl()->bump_version();
+  st.exp_avg_sq().unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   last_step_fused_ = false;
   last_step_foreach_ = false;
   if (closure) return torch::optim::AdamW::step(std::move(closure));
-  // Each parameter's state (null: none yet), looked up once: the first pass
-  // decides whether every update can be fused, or else made by foreach ops,
-  // the second makes them.
-  std::vector<torch::optim::OptimizerParamState*> states;
-  bool host = true, foreach = true;
-  for (auto& group : param_groups()) {
-    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    for (auto& p : group.params())
-      if (p.grad().defined()) {
-        const auto found = state().find(state_key<StateKey>(p.unsafeGetTensorImpl()));
-        states.push_back(found == state().end() ? nullptr : found->second.get());
-        host = host && fusable(p, options) && state_fits(states.back(), p);
-        foreach
-          = foreach && foreachable(p, options, states.back());
-      }
-  }
-  if (!host) return foreach ? foreach_step(states) : torch::optim::AdamW::step();
+  // The first pass decides how every update is made, the second makes them.
+  const StatePlan plan = plan_states(*this);
+  if (!plan.host) return plan.foreach ? foreach_step(plan.states) : torch::optim::AdamW::step();
   at::NoGradGuard no_grad;
   size_t next = 0;
   for (auto& group : param_groups()) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      auto& st = state_of(*this, p, states[next++], at::MemoryFormat::Contiguous);
-      // State loaded from a checkpoint may be strided; the loop needs it dense.
-      if (!st.exp_avg().is_contiguous()) st.exp_avg(st.exp_avg().contiguous());
-      if (!st.exp_avg_sq().is_contiguous()) st.exp_avg_sq(st.exp_avg_sq().contiguous());
+      auto& st = state_of(*this, p, plan.states[next++], at::MemoryFormat::Contiguous);
       st.step(st.step() + 1);
-      const auto [beta1, beta2] = options.betas();
-      const double bc1 = 1 - std::pow(beta1, static_cast<double>(st.step()));
-      const double bc2 = 1 - std::pow(beta2, static_cast<double>(st.step()));
-      const UpdateScalars s{static_cast<float>(1 - options.lr() * options.weight_decay()),
-                            static_cast<float>(beta1),
-                            static_cast<float>(1 - beta1),
-                            static_cast<float>(beta2),
-                            static_cast<float>(1 - beta2),
-                            static_cast<float>(1 / std::sqrt(bc2)),
-                            static_cast<float>(options.eps()),
-                            static_cast<float>(options.lr() / bc1)};
-      float* pd = p.data_ptr<float>();
-      const float* gd = p.grad().data_ptr<float>();
-      float* md = st.exp_avg().data_ptr<float>();
-      float* vd = st.exp_avg_sq().data_ptr<float>();
-      // Chunks of 16 K elements: a parameter below that (biases, norms) runs
-      // on the calling thread.
-      at::parallel_for(0, p.numel(), 16384, [&](int64_t begin, int64_t end) {
-        adamw_update(pd + begin, gd + begin, md + begin, vd + begin, end - begin, s);
-      });
-      // Written through raw pointers: bump the version counters as an
-      // in-place op would, since caches keyed on them (linear's transposed
-      // weights) must see the change.
-      for (const at::Tensor* t : {&p, &st.exp_avg(), &st.exp_avg_sq()}) t->unsafeGetTensorImpl()->bump_version();
+      fused_update(p, st, scalars_at(options, st.step()));
     }
   }
   last_step_fused_ = true;
