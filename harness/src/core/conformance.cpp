@@ -49,10 +49,63 @@ double gradient_error(Operator& op, const at::Tensor& x0, const OpContext& ctx) 
   return worst;
 }
 
+using Failures = std::vector<std::string>;
+
+// The output's shape, dtype and finiteness, and causality: outputs up to
+// t = 4 unchanged when later tokens change.
+void check_forward(Operator& op, const OperatorTraits& traits, const at::Tensor& x, const at::Tensor& y,
+                   const OpContext& ctx, Failures& fail) {
+  if (y.sizes() != x.sizes()) fail.push_back("forward: output shape differs from the input's");
+  if (y.scalar_type() != x.scalar_type()) fail.push_back("forward: output dtype differs from the input's");
+  if (!y.isfinite().all().item<bool>()) fail.push_back("forward: non-finite outputs");
+  if (!traits.causal) return;
+  auto later = x.clone();
+  later.narrow(1, 5, x.size(1) - 5).normal_();
+  const double e = rel(op.forward(later, ctx).narrow(1, 0, 5), y.narrow(1, 0, 5));
+  if (e > 1e-10)
+    fail.push_back("causality: outputs at t <= 4 change when tokens after 4 change (relative " + num(e) + ")");
+}
+
+// Real outputs independent of what the padding holds.
+void check_padding(Operator& op, const at::Tensor& x, const OpContext& padded, Failures& fail) {
+  auto noisy = x.clone();
+  noisy[1].narrow(0, 6, 3).normal_().mul_(50);
+  auto mask = padded.valid.unsqueeze(-1);
+  const double e = rel(op.forward(noisy, padded).masked_select(mask), op.forward(x, padded).masked_select(mask));
+  if (e > 1e-10) fail.push_back("padding: real outputs change with the content of padding (relative " + num(e) + ")");
+}
+
+// forward_rows against the rows of forward, with and without the rows in
+// host memory (as a routed layer calls it).
+void check_rows(Operator& op, const at::Tensor& x, const OpContext& ctx, Failures& fail) {
+  const int64_t d = x.size(2);
+  auto full = op.forward(x, ctx).reshape({-1, d});
+  auto rows = at::tensor(std::vector<int64_t>{0, 3, 4, 10, 17}, at::TensorOptions().dtype(at::kLong));
+  const double e = rel(op.forward_rows(x, rows, ctx), full.index_select(0, rows));
+  if (e > 1e-10) fail.push_back("forward_rows disagrees with the rows of forward (relative " + num(e) + ")");
+  OpContext with_host_rows = ctx;
+  with_host_rows.host_rows = rows.clone();
+  const double eh = rel(op.forward_rows(x, rows, with_host_rows), full.index_select(0, rows));
+  if (eh > 1e-10)
+    fail.push_back("forward_rows given OpContext::host_rows disagrees with the rows of forward (relative " + num(eh) +
+                   ")");
+}
+
+// FLOP counts non-negative and increasing in T.
+void check_flops(const Operator& op, int64_t d, Failures& fail) {
+  int64_t previous = -1;
+  for (int64_t t : {16, 32, 64}) {
+    const FlopCount f = op.flops(t, t, d);
+    if (f.forward < 0 || f.backward < 0) fail.push_back("flops: negative count at T " + std::to_string(t));
+    if (f.total() <= previous) fail.push_back("flops: not increasing in T at T " + std::to_string(t));
+    previous = f.total();
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> check_operator(const std::function<std::shared_ptr<Operator>(int64_t, int64_t)>& make) {
-  std::vector<std::string> fail;
+  Failures fail;
   at::manual_seed(0);
   const int64_t B = 2, T = 9, d = 8;
   std::shared_ptr<Operator> op;
@@ -69,51 +122,16 @@ std::vector<std::string> check_operator(const std::function<std::shared_ptr<Oper
   OpContext ctx;
   ctx.causal = traits.causal;
   auto x = at::randn({B, T, d}, kF64);
-  at::Tensor y;
   {
     at::NoGradGuard no_grad;
-    y = op->forward(x, ctx);
-    if (y.sizes() != x.sizes()) fail.push_back("forward: output shape differs from the input's");
-    if (y.scalar_type() != x.scalar_type()) fail.push_back("forward: output dtype differs from the input's");
-    if (!y.isfinite().all().item<bool>()) fail.push_back("forward: non-finite outputs");
-    if (traits.causal) {
-      auto later = x.clone();
-      later.narrow(1, 5, T - 5).normal_();
-      const double e = rel(op->forward(later, ctx).narrow(1, 0, 5), y.narrow(1, 0, 5));
-      if (e > 1e-10)
-        fail.push_back("causality: outputs at t <= 4 change when tokens after 4 change (relative " + num(e) + ")");
-    }
+    check_forward(*op, traits, x, op->forward(x, ctx), ctx, fail);
     OpContext padded;
     padded.valid = at::ones({B, T}, at::TensorOptions().dtype(at::kBool));
     padded.valid[1].narrow(0, 6, 3).fill_(false);
-    if (traits.padded) {
-      auto noisy = x.clone();
-      noisy[1].narrow(0, 6, 3).normal_().mul_(50);
-      auto mask = padded.valid.unsqueeze(-1);
-      const double e = rel(op->forward(noisy, padded).masked_select(mask), op->forward(x, padded).masked_select(mask));
-      if (e > 1e-10)
-        fail.push_back("padding: real outputs change with the content of padding (relative " + num(e) + ")");
-    }
-    const OpContext& rows_ctx = traits.causal ? ctx : padded;
-    auto full = op->forward(x, rows_ctx).reshape({-1, d});
-    auto rows = at::tensor(std::vector<int64_t>{0, 3, 4, 10, 17}, at::TensorOptions().dtype(at::kLong));
-    const double e = rel(op->forward_rows(x, rows, rows_ctx), full.index_select(0, rows));
-    if (e > 1e-10) fail.push_back("forward_rows disagrees with the rows of forward (relative " + num(e) + ")");
-    // As a routed layer calls it: the rows also in host memory.
-    OpContext with_host_rows = rows_ctx;
-    with_host_rows.host_rows = rows.clone();
-    const double eh = rel(op->forward_rows(x, rows, with_host_rows), full.index_select(0, rows));
-    if (eh > 1e-10)
-      fail.push_back("forward_rows given OpContext::host_rows disagrees with the rows of forward (relative " + num(eh) +
-                     ")");
+    if (traits.padded) check_padding(*op, x, padded, fail);
+    check_rows(*op, x, traits.causal ? ctx : padded, fail);
   }
-  int64_t previous = -1;
-  for (int64_t t : {16, 32, 64}) {
-    const FlopCount f = op->flops(t, t, d);
-    if (f.forward < 0 || f.backward < 0) fail.push_back("flops: negative count at T " + std::to_string(t));
-    if (f.total() <= previous) fail.push_back("flops: not increasing in T at T " + std::to_string(t));
-    previous = f.total();
-  }
+  check_flops(*op, d, fail);
   op->train();
   const double g = gradient_error(*op, at::randn({1, 5, d}, kF64), ctx);
   if (!(g < 1e-5)) fail.push_back("gradient: autograd and finite differences differ by " + num(g));
