@@ -670,18 +670,57 @@ bool read_before_update(const TrainOptions& t, int64_t done) { return validates(
 // by then. Should the next step fail (an exception), the step read late is
 // lost with it: its update is in memory only, and the run resumes from its
 // last checkpoint.
+// Whether step `done` diverged; if so, the result says so.
+bool record_if_diverged(const TrainOptions& t, TrainResult& result, int64_t done, double loss) {
+  if (!diverged(t, loss)) return false;
+  result.outcome = RunStatus::Diverged;
+  result.diverged_step = done;
+  result.error = "loss " + std::to_string(loss) + " at step " + std::to_string(done);
+  return true;
+}
+
+bool stop_requested(const Run& run) { return run.ctx.stop && run.ctx.stop->load(); }
+
+// The step read late, once the next step's forward and backward are queued
+// behind it: its loss read and recorded. Returns false when it diverged.
+bool settle_queued_step(Run& run, TrainResult& result, QueuedStep& queued, Clock::time_point& last_done) {
+  queued.copied.wait();  // host wait: the step before this one, done
+  const auto reached = Clock::now();
+  const double loss = queued.loss.item<double>();
+  if (record_if_diverged(run.t, result, queued.done, loss)) return false;
+  record_step(run, queued.done, loss, queued.lr, queued.tokens, queued.began, last_done, reached);
+  return true;
+}
+
+// After step `done`'s update: its validation and checkpoint where due, and
+// a requested stop (the group's, in a process group: group_stops), read
+// after validating. Returns whether the run ends here.
+bool after_update(Run& run, TrainResult& result, int64_t done, bool group_stops) {
+  const TrainOptions& t = run.t;
+  if (run.writer && validates(t, done)) {
+    try {
+      validate(run, done);
+    } catch (const EvaluationStopped&) {
+      // Stopped mid-validation: the step is kept, its validation owed.
+      save_checkpoint(run, done, /*validated=*/false);
+      result.outcome = RunStatus::Interrupted;
+      result.resumption = "stopped while validating step " + std::to_string(done) +
+                          "; checkpoint saved, a rerun validates it and goes on";
+      return true;
+    }
+  }
+  const bool stopping = run.group ? group_stops : stop_requested(run);
+  if (run.writer && (checkpoints(t, done) || stopping)) save_checkpoint(run, done);
+  if (stopping && done < t.steps) {
+    result.outcome = RunStatus::Interrupted;
+    return true;
+  }
+  return false;
+}
+
 void train_steps(Run& run, TrainResult& result) {
   const TrainOptions& t = run.t;
   const bool late = !run.group && loss_reads_for(run.device) == LossReads::Late;
-  auto stop_requested = [&] { return run.ctx.stop && run.ctx.stop->load(); };
-  // Whether step `done` diverged; if so, the result says so.
-  auto record_if_diverged = [&](int64_t done, double loss) {
-    if (!diverged(t, loss)) return false;
-    result.outcome = RunStatus::Diverged;
-    result.diverged_step = done;
-    result.error = "loss " + std::to_string(loss) + " at step " + std::to_string(done);
-    return true;
-  };
   std::optional<QueuedStep> queued;
   Clock::time_point last_done{};
   for (int64_t step = run.start; step < t.steps; ++step) {
@@ -691,14 +730,10 @@ void train_steps(Run& run, TrainResult& result) {
     set_learning_rate(run.optimizer, lr);
     StepLoss s = accumulate_gradients(run, step);
     if (queued) {
-      queued->copied.wait();  // host wait: the step before this one, done
-      const auto reached = Clock::now();
-      const double loss = queued->loss.item<double>();
-      if (record_if_diverged(queued->done, loss)) break;
-      record_step(run, queued->done, loss, queued->lr, queued->tokens, queued->began, last_done, reached);
+      if (!settle_queued_step(run, result, *queued, last_done)) break;
       queued.reset();
     }
-    if (late && !read_before_update(t, done) && !stop_requested()) {
+    if (late && !read_before_update(t, done) && !stop_requested(run)) {
       apply_gradients(run);
       failpoint("train.step");
       queued = queue_loss_read(run, s, done, lr, began);
@@ -708,30 +743,14 @@ void train_steps(Run& run, TrainResult& result) {
     // In a process group the loss, and so divergence, and a stop are the
     // group's: every rank leaves the loop at the same step.
     bool group_stops = false;
-    if (run.group) timed(run.overhead.reduction, [&] { group_stops = agree_over_ranks(run, loss, stop_requested()); });
-    if (record_if_diverged(done, loss)) break;
+    if (run.group)
+      timed(run.overhead.reduction, [&] { group_stops = agree_over_ranks(run, loss, stop_requested(run)); });
+    if (record_if_diverged(t, result, done, loss)) break;
     apply_gradients(run);
     failpoint("train.step");
     synchronize_device(run.device);  // the step's time includes its optimiser's kernels
     record_step(run, done, loss, lr, s.tokens, began, last_done, Clock::now());
-    if (run.writer && validates(t, done)) {
-      try {
-        validate(run, done);
-      } catch (const EvaluationStopped&) {
-        // Stopped mid-validation: the step is kept, its validation owed.
-        save_checkpoint(run, done, /*validated=*/false);
-        result.outcome = RunStatus::Interrupted;
-        result.resumption = "stopped while validating step " + std::to_string(done) +
-                            "; checkpoint saved, a rerun validates it and goes on";
-        break;
-      }
-    }
-    const bool stopping = run.group ? group_stops : stop_requested();
-    if (run.writer && (checkpoints(t, done) || stopping)) save_checkpoint(run, done);
-    if (stopping && done < t.steps) {
-      result.outcome = RunStatus::Interrupted;
-      break;
-    }
+    if (after_update(run, result, done, group_stops)) break;
   }
 }
 
