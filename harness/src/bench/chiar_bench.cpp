@@ -740,10 +740,8 @@ bool accepts(const std::string& name, const Params& params) {
   }
 }
 
-void register_all() {
-  std::vector<std::string> operators;  // registry order
-  for (const auto& e : registry().entries())
-    if (e.kind == "operator") operators.push_back(e.name);
+// Every operator in the registry, forward and forward + backward.
+void register_operators(const std::vector<std::string>& operators) {
   for (const auto& op : operators)
     for (bool backward : {false, true}) {
       auto* b = benchmark::RegisterBenchmark((op + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
@@ -752,9 +750,12 @@ void register_all() {
         for (int64_t T : {128, 256, 512, 1024, 2048}) b->Args({T, d});
       b->Unit(benchmark::kMillisecond)->UseRealTime();
     }
-  // Operators with cores (attention, which declares "core"): the chunked
-  // core is every case's reference; SDPA is refused on builds whose libtorch
-  // lacks it.
+}
+
+// Operators with cores (attention, which declares "core"): the chunked
+// core is every case's reference; SDPA is refused on builds whose libtorch
+// lacks it.
+void register_cores(const std::vector<std::string>& operators) {
   for (const auto& op : operators) {
     const auto with_core = [&](const char* core) { return accepts(op, Params().set("core", std::string(core))); };
     if (!takes_option("operator", op, "core", [&] { return with_core("chunked"); }) || !with_core("chunked")) continue;
@@ -770,6 +771,10 @@ void register_all() {
         b->Unit(benchmark::kMillisecond)->UseRealTime();
       }
   }
+}
+
+// The DCT's two implementations and the router's entropy.
+void register_spectral() {
   for (auto impl : {DctImpl::Gemm, DctImpl::Fft}) {
     auto* b = benchmark::RegisterBenchmark((std::string("dct2/") + to_string(impl)).c_str(),
                                            [impl](benchmark::State& s) { BM_dct(s, impl); });
@@ -786,32 +791,33 @@ void register_all() {
     for (int64_t backward : {0, 1}) t->Args({1024, 256, backward});
     t->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  // The routed cases, when the registry has a cheap and a global operator and
-  // a threshold router.
-  const RoutedPair& pair = routed_pair();
-  const bool routed_cases = !pair.cheap.empty();
-  const std::string routed = pair.cheap_short + "_" + pair.global_short;  // "dct_attn"
-  if (routed_cases) {
-    // The denominator of the routed cases: a global-operator layer, same shapes.
-    auto* full = benchmark::RegisterBenchmark(("routed_baseline/" + pair.global).c_str(), [](benchmark::State& s) {
-      at::manual_seed(0);
-      auto op = make(routed_pair().global, s.range(1));
-      auto x = at::randn({kBatch, s.range(0), s.range(1)});
-      OpContext ctx;
-      ctx.causal = true;
-      at::NoGradGuard g;
-      for (auto _ : s) benchmark::DoNotOptimize(op->forward(x, ctx).data_ptr());
-    });
-    for (int64_t T : {128, 512, 2048}) full->Args({T, 256});
-    full->Unit(benchmark::kMillisecond)->UseRealTime();
-    for (bool sparse : {false, true}) {
-      auto* b = benchmark::RegisterBenchmark(("routed_" + routed + (sparse ? "/sparse" : "/dense")).c_str(),
-                                             [sparse](benchmark::State& s) { BM_routed(s, sparse); });
-      for (int64_t T : {128, 512, 2048})
-        for (int64_t share : {0, 25, 50, 100}) b->Args({T, 256, share});
-      b->Unit(benchmark::kMillisecond)->UseRealTime();
-    }
+}
+
+// The routed layer, sparse and dense, and its denominator: a global-operator
+// layer of the same shapes.
+void register_routed(const RoutedPair& pair, const std::string& routed) {
+  auto* full = benchmark::RegisterBenchmark(("routed_baseline/" + pair.global).c_str(), [](benchmark::State& s) {
+    at::manual_seed(0);
+    auto op = make(routed_pair().global, s.range(1));
+    auto x = at::randn({kBatch, s.range(0), s.range(1)});
+    OpContext ctx;
+    ctx.causal = true;
+    at::NoGradGuard g;
+    for (auto _ : s) benchmark::DoNotOptimize(op->forward(x, ctx).data_ptr());
+  });
+  for (int64_t T : {128, 512, 2048}) full->Args({T, 256});
+  full->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (bool sparse : {false, true}) {
+    auto* b = benchmark::RegisterBenchmark(("routed_" + routed + (sparse ? "/sparse" : "/dense")).c_str(),
+                                           [sparse](benchmark::State& s) { BM_routed(s, sparse); });
+    for (int64_t T : {128, 512, 2048})
+      for (int64_t share : {0, 25, 50, 100}) b->Args({T, 256, share});
+    b->Unit(benchmark::kMillisecond)->UseRealTime();
   }
+}
+
+// The model's products on each GEMM library.
+void register_products() {
   std::vector<GemmBackend> libraries{GemmBackend::Blas};
   if (onednn_available()) libraries.push_back(GemmBackend::OneDnn);
   for (const auto lib : libraries) {
@@ -829,7 +835,22 @@ void register_all() {
       for (int64_t which : {0, 1}) bb->Args({e, which});
     bb->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  if (routed_cases) {
+}
+
+void register_all() {
+  std::vector<std::string> operators;  // registry order
+  for (const auto& e : registry().entries())
+    if (e.kind == "operator") operators.push_back(e.name);
+  register_operators(operators);
+  register_cores(operators);
+  register_spectral();
+  // The routed cases, when the registry has a cheap and a global operator and
+  // a threshold router.
+  const RoutedPair& pair = routed_pair();
+  const std::string routed = pair.cheap_short + "_" + pair.global_short;  // "dct_attn"
+  if (!pair.cheap.empty()) register_routed(pair, routed);
+  register_products();
+  if (!pair.cheap.empty()) {
     auto* t = benchmark::RegisterBenchmark(("tracking/" + routed).c_str(), BM_tracking);
     for (int64_t T : {128, 256, 512, 1024, 2048})
       for (int64_t share : {0, 25, 50, 100}) t->Args({T, 256, share});
