@@ -311,6 +311,43 @@ void BM_product(benchmark::State& state, GemmBackend backend) {
   time_product(state, backend, run, expected, 2.0 * static_cast<double>(M * K * N));
 }
 
+// The same products on bf16 operands, two ways: gemm_bf16 (oneDNN's matmul,
+// sums and output in fp32: what the bf16 LM head runs) and libtorch's bf16
+// at::mm (output rounded to bf16: what autocast runs for every other
+// product). Each is checked first against float64 products of the same bf16
+// values: within fp32 sums for gemm_bf16, within bf16's rounding of the
+// output (2^-8) for libtorch.
+void BM_product_bf16(benchmark::State& state, bool ours) {
+  const int64_t M = state.range(0), K = state.range(1), N = state.range(2), layout = state.range(3);
+  at::manual_seed(0);
+  const auto bf16 = [](const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); };
+  const auto x = bf16(at::randn({M, K})), w = bf16(at::randn({N, K})), gy = bf16(at::randn({M, N}));
+  const int64_t rows = layout == 2 ? N : M, cols = layout == 1 ? K : (layout == 0 ? N : K);
+  auto c = at::empty({rows, cols});  // fp32, gemm_bf16's output
+  const auto* xp = x.data_ptr<c10::BFloat16>();
+  const auto* wp = w.data_ptr<c10::BFloat16>();
+  const auto* gp = gy.data_ptr<c10::BFloat16>();
+  float* cp = c.data_ptr<float>();
+  const auto run = [&]() -> at::Tensor {
+    if (!ours) return layout == 0 ? at::mm(x, w.t()) : layout == 1 ? at::mm(gy, w) : at::mm(gy.t(), x);
+    if (layout == 0) gemm_bf16(false, true, M, N, K, 1.f, xp, K, wp, K, 0.f, cp, N);
+    if (layout == 1) gemm_bf16(false, false, M, K, N, 1.f, gp, N, wp, K, 0.f, cp, K);
+    if (layout == 2) gemm_bf16(true, false, N, K, M, 1.f, gp, N, xp, K, 0.f, cp, K);
+    return c;
+  };
+  const auto expected = layout == 0   ? at::matmul(f64(x), f64(w).t())
+                        : layout == 1 ? at::matmul(f64(gy), f64(w))
+                                      : at::matmul(f64(gy).t(), f64(x));
+  const double err = rel_error(run(), expected), bound = ours ? 1e-5 : std::ldexp(1.0, -8);
+  if (err > bound) {
+    state.SkipWithError(("product disagrees with float64: " + std::to_string(err)).c_str());
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(run().data_ptr());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(M * K * N) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // Attention's batched products at the anchor shapes (B 8, 4 heads, dh 64, a
 // query block of 128 against e keys): which 0, scores q k^T; which 1, the
 // weighted values p v.
@@ -834,6 +871,15 @@ void register_products() {
     for (int64_t e : {128, 512, 2048})
       for (int64_t which : {0, 1}) bb->Args({e, which});
     bb->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  for (const bool ours : {true, false}) {
+    auto* pr = benchmark::RegisterBenchmark(ours ? "product_bf16/gemm_bf16" : "product_bf16/libtorch",
+                                            [ours](benchmark::State& s) { BM_product_bf16(s, ours); });
+    for (const auto& [K, N] :
+         std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 512}, {256, 1024}, {1024, 256}, {256, 8192}})
+      for (int64_t layout : {0, 1, 2}) pr->Args({2048, K, N, layout});
+    pr->Args({2048, 2048, 2048, 0});
+    pr->Unit(benchmark::kMillisecond)->UseRealTime();
   }
 }
 
