@@ -251,26 +251,48 @@ class AttentionOperator final : public Operator {
     std::vector<int64_t> spans(static_cast<size_t>(g.count));
     for (int64_t j = 0; j < g.count; ++j) spans[static_cast<size_t>(j)] = span(per_sequence[static_cast<size_t>(j)], T);
     if (fused) {
-      // One fused call with a segment per (sequence, e) pair, reading that
-      // sequence's keys [0, e) in place; no padding, no copies of keys. Rows
-      // ascend, so each pair's rows are already one run: no reordering.
-      const int64_t* row = host_rows.data_ptr<int64_t>();
-      const int64_t* group = hg.group.data_ptr<int64_t>();
-      std::vector<int64_t> segments;
-      for (int64_t i = 0; i < N;) {
-        const int64_t sequence = row[i] / T, width = spans[static_cast<size_t>(group[i])];
-        const int64_t e = std::min(T, (row[i] % T / width + 1) * width);
-        int64_t n = 1;
-        while (i + n < N && row[i + n] < sequence * T + e) ++n;
-        segments.insert(segments.end(), {i, n, group[i], e});
-        i += n;
-      }
-      auto o = chiar_attention::fused_attention_rows(q, kt, v, as_segments(segments), t, valid);  // (N, h, dh)
+      // One fused call over every (sequence, e) pair (causal_segments).
+      auto o = chiar_attention::fused_attention_rows(q, kt, v, causal_segments(host_rows, hg.group, spans, T), t,
+                                                     valid);  // (N, h, dh)
       return norm_.output(project(out_, o.reshape({N, d_}), xr));
     }
-    // The chunked core and SDPA: rows sorted by e, then sequence (stable, so
-    // then by position): the rows of one e are one slice, each of its
-    // sequences one run, and run as one batched product. Planned on the host.
+    const auto o = chunked_causal_rows(q, kt, v, t, valid, host_rows, hg, g, spans, T, recompute);  // (N, d)
+    return norm_.output(project(out_, o, xr));
+  }
+
+  // The fused core's segments for causal rows: one per (sequence, e) pair,
+  // e the end of the row's query block of span(rows, T) positions, reading
+  // that sequence's keys [0, e) in place; no padding, no copies of keys.
+  // Rows ascend, so each pair's rows are already one run: no reordering.
+  //   host_rows (N,) int64 ascending, group (N,) each row's sequence group
+  static at::Tensor causal_segments(const at::Tensor& host_rows, const at::Tensor& group_of,
+                                    const std::vector<int64_t>& spans, int64_t T) {
+    const int64_t N = host_rows.size(0);
+    const int64_t* row = host_rows.data_ptr<int64_t>();
+    const int64_t* group = group_of.data_ptr<int64_t>();
+    std::vector<int64_t> segments;
+    for (int64_t i = 0; i < N;) {
+      const int64_t sequence = row[i] / T, width = spans[static_cast<size_t>(group[i])];
+      const int64_t e = std::min(T, (row[i] % T / width + 1) * width);
+      int64_t n = 1;
+      while (i + n < N && row[i + n] < sequence * T + e) ++n;
+      segments.insert(segments.end(), {i, n, group[i], e});
+      i += n;
+    }
+    return as_segments(segments);
+  }
+
+  // Causal rows on the chunked core or SDPA: the rows sorted by e, then
+  // sequence (stable, so then by position): the rows of one e are one slice,
+  // each of its sequences one run, and run as one batched product. Planned
+  // on the host. q (N, h, dh), kt (G, h, dh, T), v (G, h, T, dh), t (N,)
+  // positions; hg the row groups on the host, g on the device. Returns (N, d)
+  // in row order.
+  at::Tensor chunked_causal_rows(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& t,
+                                 const at::Tensor& valid, const at::Tensor& host_rows, const RowGroups& hg,
+                                 const RowGroups& g, const std::vector<int64_t>& spans, int64_t T,
+                                 bool recompute) const {
+    const int64_t N = host_rows.size(0);
     const auto host_t = at::remainder(host_rows, T);
     auto row_span = at::tensor(spans, host_t.options()).index_select(0, hg.group);  // (N,)
     auto end = ((at::div(host_t, row_span, "floor") + 1) * row_span).clamp_max(T);  // (N,) e of each row
@@ -301,7 +323,7 @@ class AttentionOperator final : public Operator {
       blocks.push_back(std::move(b));
     }
     const auto plan =
-        indices_to_device({order, inverse, gp.group, gp.slot, at::tensor(sequences, host_t.options())}, x.device());
+        indices_to_device({order, inverse, gp.group, gp.slot, at::tensor(sequences, host_t.options())}, q.device());
     auto qs = q.index_select(0, plan[0]), ts = t.index_select(0, plan[0]);  // (N, h, dh), (N,)
     std::vector<at::Tensor> pieces;                                         // (n_j, d) per e, in sorted order
     int64_t first_sequence = 0;
@@ -320,8 +342,7 @@ class AttentionOperator final : public Operator {
       pieces.push_back(attend_rows(qs.narrow(0, r, n), pick(kt, 3), pick(v, 2), ts.narrow(0, r, n), b.pairs, e,
                                    std::max<int64_t>(1, e - b.widest + 1), vab, recompute));
     }
-    auto o = at::cat(pieces).index_select(0, plan[1]);  // (N, d) in row order
-    return norm_.output(project(out_, o, xr));
+    return at::cat(pieces).index_select(0, plan[1]);
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {
