@@ -853,19 +853,24 @@ void register_routed(const RoutedPair& pair, const std::string& routed) {
   }
 }
 
-// The model's products on each GEMM library.
+// The anchor model's products (q/out, kv, FFN up, FFN down and its tied LM
+// head; 2048 tokens), each in its three layouts, and a 2048^3 product.
+void with_anchor_products(benchmark::internal::Benchmark* b) {
+  for (const auto& [K, N] :
+       std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 512}, {256, 1024}, {1024, 256}, {256, 8192}})
+    for (int64_t layout : {0, 1, 2}) b->Args({2048, K, N, layout});
+  b->Args({2048, 2048, 2048, 0});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+// The model's products on each GEMM library, and on bf16 operands.
 void register_products() {
   std::vector<GemmBackend> libraries{GemmBackend::Blas};
   if (onednn_available()) libraries.push_back(GemmBackend::OneDnn);
   for (const auto lib : libraries) {
     auto* pr = benchmark::RegisterBenchmark((std::string("product/") + to_string(lib)).c_str(),
                                             [lib](benchmark::State& s) { BM_product(s, lib); });
-    // The anchor model's projections (q/out, kv, FFN up, FFN down) and its tied LM head.
-    for (const auto& [K, N] :
-         std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 512}, {256, 1024}, {1024, 256}, {256, 8192}})
-      for (int64_t layout : {0, 1, 2}) pr->Args({2048, K, N, layout});
-    pr->Args({2048, 2048, 2048, 0});
-    pr->Unit(benchmark::kMillisecond)->UseRealTime();
+    with_anchor_products(pr);
     auto* bb = benchmark::RegisterBenchmark((std::string("batched/") + to_string(lib)).c_str(),
                                             [lib](benchmark::State& s) { BM_batched(s, lib); });
     for (int64_t e : {128, 512, 2048})
@@ -875,11 +880,7 @@ void register_products() {
   for (const bool ours : {true, false}) {
     auto* pr = benchmark::RegisterBenchmark(ours ? "product_bf16/gemm_bf16" : "product_bf16/libtorch",
                                             [ours](benchmark::State& s) { BM_product_bf16(s, ours); });
-    for (const auto& [K, N] :
-         std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 512}, {256, 1024}, {1024, 256}, {256, 8192}})
-      for (int64_t layout : {0, 1, 2}) pr->Args({2048, K, N, layout});
-    pr->Args({2048, 2048, 2048, 0});
-    pr->Unit(benchmark::kMillisecond)->UseRealTime();
+    with_anchor_products(pr);
   }
 }
 
