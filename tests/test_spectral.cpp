@@ -229,12 +229,12 @@ TEST_CASE("calibrate_thresholds reaches the target shares", "[spectral][router]"
 
 TEST_CASE("read_vectors parses lines and names the bad line", "[spectral][cli]") {
   std::istringstream good("1 2 3\n4 5 6\n");
-  auto v = read_vectors(good, "in");
+  auto v = engine::read_vectors(good, "in");
   CHECK(v.sizes() == at::IntArrayRef({2, 3}));
   CHECK(v[1][2].item<double>() == 6);
   auto fails = [](const std::string& text) {
     std::istringstream in(text);
-    read_vectors(in, "in.txt");
+    engine::read_vectors(in, "in.txt");
   };
   CHECK_THROWS_WITH(fails("1 2\n3\n"), "in.txt:2: expected 2 numbers (as on line 1), found 1");
   CHECK_THROWS_WITH(fails("1 2\n3 x\n"), "in.txt:2: 'x' is not a finite number");

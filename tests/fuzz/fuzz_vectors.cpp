@@ -14,7 +14,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));
   try {
-    const at::Tensor v = chiar::read_vectors(in, "<fuzz>");
+    const at::Tensor v = chiar::engine::read_vectors(in, "<fuzz>");
     if (v.dim() != 2 || v.scalar_type() != at::kDouble || v.size(0) < 1 || v.size(1) < 1)
       chiar::fuzz::contract_broken("not an (N, d) float64 tensor");
     if (!at::isfinite(v).all().item<bool>()) chiar::fuzz::contract_broken("a non-finite value was read");

@@ -30,23 +30,23 @@ std::string label_distribution(const std::vector<int64_t>& counts) {
 
 int run_data_stats(const Global& g, const DataArgs& a) {
   configure_threads(g.threads);
-  TaskConfig config;
+  engine::TaskConfig config;
   if (!a.config_file.empty()) {
     if (a.table.empty()) throw UserError("data stats: --table is required with a TOML file");
-    config = load_task_config(a.config_file, a.table);
+    config = engine::load_task_config(a.config_file, a.table);
     const Params extra = Params::from_assignments(a.set);
     for (const auto& kv : extra.values()) {
       config.params.set(kv.first, kv.second);
       config.where[kv.first] = "--set " + kv.first;
     }
   } else if (!a.task.empty()) {
-    config = task_config_from_assignments(a.task, a.set);
+    config = engine::task_config_from_assignments(a.task, a.set);
   } else {
     throw UserError("data stats: give a TOML file with --table, or --task NAME");
   }
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
-  check_task_options(config, registry);  // keys and kinds before the task reads its data
+  engine::check_task_options(config, registry);  // keys and kinds before the task reads its data
   TaskSpec spec;
   spec.params = config.params;
   spec.data_root = a.data_root;
@@ -96,7 +96,7 @@ int run_data_listops(const Global&, const ListOpsArgs& a) {
 }
 
 int run_data_sotu(const Global&, const SotuArgs& a) {
-  const SotuSummary s = convert_sotu(a.from, a.out, a.valid_from, a.test_from);
+  const engine::SotuSummary s = engine::convert_sotu(a.from, a.out, a.valid_from, a.test_from);
   const char* names[3] = {"train", "valid", "test"};
   for (int i = 0; i < 3; ++i)
     std::cout << names[i] << ": " << s.speeches[i] << " speeches, " << s.words[i] << " words -> " << a.out << "/sotu."

@@ -17,11 +17,11 @@ int run_entropy(const Global& g, const std::string& input, const std::string& dc
   const DctImpl impl = dct_impl_from_string(dct_impl);
   at::Tensor vectors;  // (N, d) float64
   if (input.empty() || input == "-") {
-    vectors = read_vectors(std::cin, "<stdin>");
+    vectors = engine::read_vectors(std::cin, "<stdin>");
   } else {
     std::ifstream file(input);
     if (!file) throw UserError(input + ": cannot open the file");
-    vectors = read_vectors(file, input);
+    vectors = engine::read_vectors(file, input);
   }
   const auto h = spectral_entropy(vectors, impl).contiguous();
   const double* values = h.data_ptr<double>();

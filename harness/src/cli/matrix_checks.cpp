@@ -29,12 +29,13 @@ void check_task_options_of(const engine::Matrix& matrix, const PluginRegistry& r
     if (std::find(checked.begin(), checked.end(), id) != checked.end()) continue;
     checked.push_back(id);
     if (!registry.has("task", r.task_config.plugin)) continue;
-    const OptionProblem problem = find_option_problem(registry, "task", r.task_config.plugin, r.task_config.params);
+    const engine::PluginOptionProblem problem =
+        engine::find_option_problem(registry, "task", r.task_config.plugin, r.task_config.params);
     if (problem.key.empty()) continue;
     const std::string table = "tasks." + r.task;
     throw UserError(origin_or(matrix, r, "task." + problem.key,
                               matrix.where.at(table) + ": key '" + table + "." + problem.key + "'") +
-                    ": " + task_option_problem_text(problem));
+                    ": " + engine::task_option_problem_text(problem));
   }
 }
 
@@ -73,7 +74,7 @@ void check_plugin_names_of(const engine::Matrix& matrix, const PluginRegistry& r
 void check_declared(const PluginRegistry& registry, const std::string& kind, const std::string& name,
                     const Params& params, const std::function<std::string(const std::string&)>& origin) {
   if (!registry.has(kind, name)) return;
-  const OptionProblem problem = find_option_problem(registry, kind, name, params);
+  const engine::PluginOptionProblem problem = engine::find_option_problem(registry, kind, name, params);
   if (problem.key.empty()) return;
   if (problem.unknown())
     throw UserError(origin(problem.key) + ": unknown option of " + problem.plugin + problem.suggestion);

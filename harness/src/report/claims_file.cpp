@@ -38,7 +38,7 @@ std::vector<std::string> names_of(const Names& names) {
 }
 
 [[noreturn]] void fail(const toml::node& at, const std::string& key, const std::string& what) {
-  throw UserError(toml_where(at) + ": key '" + key + "': " + what);
+  throw UserError(engine::toml_where(at) + ": key '" + key + "': " + what);
 }
 
 // Variant names defined by the files `file` includes, and theirs.
@@ -60,7 +60,7 @@ void collect_variants(const std::string& file, const toml::table& root, std::set
     const std::string canonical = boost::filesystem::weakly_canonical(path).string();
     if (std::find(chain.begin(), chain.end(), canonical) != chain.end()) fail(item, "include", "include cycle");
     chain.push_back(canonical);
-    collect_variants(path, toml_parse_file(path), variants, chain);
+    collect_variants(path, engine::toml_parse_file(path), variants, chain);
     chain.pop_back();
   }
 }
@@ -111,7 +111,7 @@ void read_effect(const toml::table& t, const std::string& path, ClaimSpec& c) {
 class ClaimReader {
  public:
   ClaimReader(const toml::table& t, const std::string& path) : t_(t), path_(path) {
-    c_.where = toml_where(t);
+    c_.where = engine::toml_where(t);
     c_.task = "*";
   }
 
@@ -260,7 +260,7 @@ std::vector<ClaimSpec> load_claims(const std::string& file) {
   boost::system::error_code ec;
   if (!boost::filesystem::is_regular_file(file, ec))
     throw UserError(file + ": no such claims file (chiar report takes one with --claims FILE)");
-  const toml::table root = toml_parse_file(file);
+  const toml::table root = engine::toml_parse_file(file);
   for (const auto& [k, v] : root)
     if (k.str() != "include" && k.str() != "claims")
       fail(v, std::string(k.str()), "unknown key" + engine::did_you_mean(std::string(k.str()), {"claims", "include"}));

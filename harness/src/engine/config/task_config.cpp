@@ -9,7 +9,7 @@
 #include "engine/config/suggest.h"
 #include "engine/config/toml_values.h"
 
-namespace chiar {
+namespace chiar::engine {
 
 std::string toml_where(const toml::node& node) {
   const auto& r = node.source();
@@ -98,8 +98,8 @@ TaskConfig task_config_from_assignments(const std::string& plugin, const std::ve
   return config;
 }
 
-OptionProblem find_option_problem(const PluginRegistry& registry, const std::string& kind, const std::string& name,
-                                  const Params& params) {
+PluginOptionProblem find_option_problem(const PluginRegistry& registry, const std::string& kind,
+                                        const std::string& name, const Params& params) {
   if (params.empty()) return {};
   const auto declared = registry.declared_options(kind, name);
   if (!declared) return {};
@@ -120,13 +120,13 @@ OptionProblem find_option_problem(const PluginRegistry& registry, const std::str
   return {};
 }
 
-std::string task_option_problem_text(const OptionProblem& problem) {
+std::string task_option_problem_text(const PluginOptionProblem& problem) {
   if (problem.unknown()) return "unknown option of " + problem.plugin + problem.suggestion;
   return "expected " + problem.expected + ", found " + problem.found;
 }
 
 void check_task_options(const TaskConfig& config, const PluginRegistry& registry) {
-  const OptionProblem problem = find_option_problem(registry, "task", config.plugin, config.params);
+  const PluginOptionProblem problem = find_option_problem(registry, "task", config.plugin, config.params);
   if (problem.key.empty()) return;
   const auto at = config.where.find(problem.key);
   const std::string where =
@@ -134,4 +134,4 @@ void check_task_options(const TaskConfig& config, const PluginRegistry& registry
   throw UserError(where + ": " + task_option_problem_text(problem));
 }
 
-}  // namespace chiar
+}  // namespace chiar::engine

@@ -7,8 +7,10 @@
 #include "chiar/params.h"
 
 namespace chiar {
-
 class PluginRegistry;
+}  // namespace chiar
+
+namespace chiar::engine {
 
 // A task as a matrix names it: the plugin and its options.
 struct TaskConfig {
@@ -33,7 +35,7 @@ TaskConfig task_config_from_assignments(const std::string& plugin, const std::ve
 // all are fine, or when the plugin declares nothing (the registry then
 // reports unread keys after making it). Callers word it for where the option
 // stands.
-struct OptionProblem {
+struct PluginOptionProblem {
   std::string key;
   std::string plugin;      // the kind and registered name: "router 'threshold'"
   std::string suggestion;  // an unknown key: " (did you mean 'tau'?)", " (known: ...)" or ", which takes none"
@@ -41,17 +43,17 @@ struct OptionProblem {
   std::string found;       // and what it is, "a boolean (true)"
   bool unknown() const { return expected.empty(); }
 };
-OptionProblem find_option_problem(const PluginRegistry& registry, const std::string& kind, const std::string& name,
-                                  const Params& params);
+PluginOptionProblem find_option_problem(const PluginRegistry& registry, const std::string& kind,
+                                        const std::string& name, const Params& params);
 
 // A task option's problem as the task checks say it: "unknown option of task
 // 'wikitext' (did you mean 'seq_len'?)", "expected an integer, found a string
 // ("abc")".
-std::string task_option_problem_text(const OptionProblem& problem);
+std::string task_option_problem_text(const PluginOptionProblem& problem);
 
 // The same as a UserError located by config.where ("task 'NAME': key 'KEY'"
 // where it has no entry). Runs before the task is made, so before any of its
 // files is opened.
 void check_task_options(const TaskConfig& config, const PluginRegistry& registry);
 
-}  // namespace chiar
+}  // namespace chiar::engine

@@ -8,7 +8,7 @@
 
 #include "chiar/params.h"
 
-namespace chiar {
+namespace chiar::engine {
 
 // "file:line:column" of a node (the file as toml++ recorded it).
 std::string toml_where(const toml::node& node);
@@ -36,4 +36,4 @@ struct TaskTable {
 TaskTable read_task_table(const toml::table& t, const std::string& name, const std::string& path,
                           const std::function<std::string(const toml::node&)>& where = toml_where);
 
-}  // namespace chiar
+}  // namespace chiar::engine

@@ -13,7 +13,7 @@
 #include "chiar/error.h"
 #include "chiar/text_io.h"
 
-namespace chiar {
+namespace chiar::engine {
 namespace fs = boost::filesystem;
 
 std::string split_punctuation(const std::string& text) {
@@ -93,4 +93,4 @@ SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir
   return summary;
 }
 
-}  // namespace chiar
+}  // namespace chiar::engine

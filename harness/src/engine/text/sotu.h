@@ -2,7 +2,7 @@
 #include <cstdint>
 #include <string>
 
-namespace chiar {
+namespace chiar::engine {
 
 // Splits punctuation off words so a whitespace word-level tokeniser sees it as
 // separate tokens (as WikiText's tokenised form does): ".,;:!?()[]{}\"" and
@@ -22,4 +22,4 @@ struct SotuSummary {
 SotuSummary convert_sotu(const std::string& from_dir, const std::string& out_dir, int valid_from = 1981,
                          int test_from = 2001);
 
-}  // namespace chiar
+}  // namespace chiar::engine

@@ -10,7 +10,7 @@
 
 #include "chiar/error.h"
 
-namespace chiar {
+namespace chiar::engine {
 
 at::Tensor read_vectors(std::istream& in, const std::string& source) {
   std::vector<double> values;
@@ -44,4 +44,4 @@ at::Tensor read_vectors(std::istream& in, const std::string& source) {
   return at::from_blob(values.data(), {rows, width}, at::TensorOptions().dtype(at::kDouble)).clone();
 }
 
-}  // namespace chiar
+}  // namespace chiar::engine

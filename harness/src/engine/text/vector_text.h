@@ -4,11 +4,11 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace chiar {
+namespace chiar::engine {
 
 // Reads one vector per line (whitespace-separated numbers, every line the same
 // length) into an (N, d) float64 tensor. `source` names the input in errors,
 // which give the line: ragged lines, non-numbers, blank lines, empty input.
 at::Tensor read_vectors(std::istream& in, const std::string& source);
 
-}  // namespace chiar
+}  // namespace chiar::engine
