@@ -330,7 +330,7 @@ TEST_CASE("CLI: out-of-memory errors are told apart from the others", "[cli]") {
 }
 
 TEST_CASE("runtime: the BLAS warning names the real cause", "[runtime][cli]") {
-  RuntimeInfo prescott;
+  engine::RuntimeInfo prescott;
   prescott.blas =
       "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3 (OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH "
       "NO_AFFINITY USE_OPENMP Prescott MAX_THREADS=64)";
@@ -344,53 +344,53 @@ TEST_CASE("runtime: the BLAS warning names the real cause", "[runtime][cli]") {
     const std::string expected =
         "warning: OpenBLAS runs its Prescott kernels on this Intel(R) Xeon(R) Platinum 8480+ (AVX-512): set "
         "OPENBLAS_CORETYPE=SkylakeX (the BLAS ran a GEMM at 39.0 GFLOP/s)";
-    CHECK(blas_warning(prescott) == expected);
-    CHECK_THAT(describe(prescott), Catch::Matchers::EndsWith("\n" + expected));
-    RuntimeInfo slow = prescott;
+    CHECK(engine::blas_warning(prescott) == expected);
+    CHECK_THAT(engine::describe(prescott), Catch::Matchers::EndsWith("\n" + expected));
+    engine::RuntimeInfo slow = prescott;
     slow.blas_gflops = 9;
-    CHECK_THAT(blas_warning(slow), Catch::Matchers::StartsWith("warning: OpenBLAS runs its Prescott kernels"));
+    CHECK_THAT(engine::blas_warning(slow), Catch::Matchers::StartsWith("warning: OpenBLAS runs its Prescott kernels"));
   }
   SECTION("an old core on an AVX2 processor: Haswell") {
-    RuntimeInfo avx2 = prescott;
+    engine::RuntimeInfo avx2 = prescott;
     avx2.blas_core = "NEHALEM";  // a single-target build names its core in capitals
     avx2.cpu = "AMD EPYC 7B12";
     avx2.cpu_flags = {"fpu", "sse2", "avx", "fma", "avx2"};
-    CHECK(blas_warning(avx2) ==
+    CHECK(engine::blas_warning(avx2) ==
           "warning: OpenBLAS runs its NEHALEM kernels on this AMD EPYC 7B12 (AVX2): set OPENBLAS_CORETYPE=Haswell "
           "(the BLAS ran a GEMM at 39.0 GFLOP/s)");
   }
   SECTION("the right core: no warning") {
-    RuntimeInfo skylake = prescott;
+    engine::RuntimeInfo skylake = prescott;
     skylake.blas_core = "SkylakeX";
     skylake.blas_gflops = 215;
-    CHECK(blas_warning(skylake).empty());
-    CHECK_THAT(describe(skylake), !Catch::Matchers::Contains("warning"));
+    CHECK(engine::blas_warning(skylake).empty());
+    CHECK_THAT(engine::describe(skylake), !Catch::Matchers::Contains("warning"));
     // Haswell's AVX2 kernels on an AVX-512 processor are a deliberate setting
     // on some machines (docs/performance.md), not a fallback.
-    RuntimeInfo haswell = skylake;
+    engine::RuntimeInfo haswell = skylake;
     haswell.blas_core = "Haswell";
-    CHECK(blas_warning(haswell).empty());
+    CHECK(engine::blas_warning(haswell).empty());
     // An old processor on old kernels is as fast as it gets.
-    RuntimeInfo old = prescott;
+    engine::RuntimeInfo old = prescott;
     old.cpu_flags = {"fpu", "sse2", "sse3"};
-    CHECK(blas_warning(old).empty());
+    CHECK(engine::blas_warning(old).empty());
   }
   SECTION("the reference BLAS, and only it, is blamed as such") {
-    RuntimeInfo reference;
+    engine::RuntimeInfo reference;
     reference.blas = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
     reference.cpu_flags = prescott.cpu_flags;
     reference.blas_gflops = 7.5;
     const std::string blamed =
         "warning: the BLAS runs a GEMM at 7.5 GFLOP/s (< 20.0): libtorch is on the reference BLAS; install "
         "libopenblas0-openmp";
-    CHECK(blas_warning(reference) == blamed);
-    // As detect_blas() names it: the alternative resolved, the environment appended.
+    CHECK(engine::blas_warning(reference) == blamed);
+    // As engine::detect_blas() names it: the alternative resolved, the environment appended.
     reference.blas = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0; OPENBLAS_CORETYPE=Haswell";
-    CHECK(blas_warning(reference) == blamed);
-    RuntimeInfo busy = prescott;
+    CHECK(engine::blas_warning(reference) == blamed);
+    engine::RuntimeInfo busy = prescott;
     busy.blas_core = "SkylakeX";
     busy.blas_gflops = 12;
-    CHECK(blas_warning(busy) == "warning: the BLAS runs a GEMM at 12.0 GFLOP/s (< 20.0) on " + busy.blas);
+    CHECK(engine::blas_warning(busy) == "warning: the BLAS runs a GEMM at 12.0 GFLOP/s (< 20.0) on " + busy.blas);
   }
 }
 
@@ -419,6 +419,6 @@ TEST_CASE("CLI: chiar info names the kernels OpenBLAS runs", "[runtime][cli]") {
   const auto info = run_chiar({"info", "--threads", "1"});
   REQUIRE(info.status == 0);
   at::mm(at::ones({64, 64}), at::ones({64, 64}));  // maps a lazily loaded BLAS here too
-  const std::string core = detect_blas_core();
+  const std::string core = engine::detect_blas_core();
   CHECK_THAT(info.output, Catch::Matchers::Contains("BLAS core  " + (core.empty() ? "- (not OpenBLAS)" : core) + "\n"));
 }

@@ -342,14 +342,14 @@ TEST_CASE("a model trains to the same numbers on every GEMM library", "[linear][
 
 TEST_CASE("the GEMM library is chosen by name, and a wrong name says which are known", "[linear][runtime]") {
   test::BackendScope scope(gemm_backend());
-  CHECK_THROWS_WITH(configure_gemm("mkl"), "unknown gemm backend 'mkl' (known: auto, blas, onednn)");
+  CHECK_THROWS_WITH(engine::configure_gemm("mkl"), "unknown gemm backend 'mkl' (known: auto, blas, onednn)");
   CHECK_THROWS_WITH(gemm_backend_from_string("auto"), "unknown gemm backend 'auto' (known: blas, onednn)");
   CHECK(gemm_backend_from_string("onednn") == GemmBackend::OneDnn);
   CHECK(std::string(to_string(gemm_backend_from_string("blas"))) == "blas");
-  CHECK(configure_gemm("blas") == "blas (libtorch's path)");
+  CHECK(engine::configure_gemm("blas") == "blas (libtorch's path)");
   CHECK(gemm_backend() == GemmBackend::Blas);
   if (onednn_available()) {
-    CHECK_THAT(configure_gemm("onednn"), Catch::StartsWith("onednn: oneDNN "));
+    CHECK_THAT(engine::configure_gemm("onednn"), Catch::StartsWith("onednn: oneDNN "));
     CHECK(gemm_backend() == GemmBackend::OneDnn);
   } else {
     CHECK_THROWS_WITH(set_gemm_backend(GemmBackend::OneDnn),
@@ -359,7 +359,7 @@ TEST_CASE("the GEMM library is chosen by name, and a wrong name says which are k
 }
 
 TEST_CASE("a resumed run keeps the GEMM library it began on unless another is asked for", "[linear][runtime][resume]") {
-  RuntimeInfo timed;  // a process whose start-up timing chose oneDNN
+  engine::RuntimeInfo timed;  // a process whose start-up timing chose oneDNN
   timed.gemm_library = "onednn";
   timed.gemm = "onednn: oneDNN 2.6.3 sgemm; auto: 2048x256x1024 at 280 GFLOP/s on oneDNN, 190 on the BLAS";
   timed.gemm_timed = true;
@@ -368,7 +368,7 @@ TEST_CASE("a resumed run keeps the GEMM library it began on unless another is as
 
   // A fresh run (and a run from before the store kept the library) takes the process's choice.
   for (const std::string& none : {std::string(), std::string("mkl: from another harness")}) {
-    const RunGemm fresh = gemm_for_run(timed, none);
+    const engine::RunGemm fresh = engine::gemm_for_run(timed, none);
     CHECK(fresh.library == "onednn");
     CHECK(fresh.record == timed.gemm);
     CHECK(fresh.note.empty());
@@ -376,49 +376,49 @@ TEST_CASE("a resumed run keeps the GEMM library it began on unless another is as
   // Timing chose the library the run began on: the record of that first decision stays.
   const std::string began_onednn =
       "onednn: oneDNN 2.6.3 sgemm; auto: 2048x256x1024 at 250 GFLOP/s on oneDNN, 200 on the BLAS";
-  const RunGemm same = gemm_for_run(timed, began_onednn);
+  const engine::RunGemm same = engine::gemm_for_run(timed, began_onednn);
   CHECK(same.library == "onednn");
   CHECK(same.record == began_onednn);
   CHECK(same.note.empty());
   // Timing chose another library: the run keeps its own, and says so.
-  const RunGemm kept = gemm_for_run(timed, began_blas);
+  const engine::RunGemm kept = engine::gemm_for_run(timed, began_blas);
   CHECK(kept.library == "blas");
   CHECK(kept.record == began_blas);
   CHECK(kept.note == "keeps blas, the library it began on (this process timed onednn faster)");
 
   // A library asked for is obeyed; the record and the note say the run switched.
-  RuntimeInfo asked;
+  engine::RuntimeInfo asked;
   asked.gemm_library = "onednn";
   asked.gemm = "onednn: oneDNN 2.6.3 sgemm";
-  const RunGemm switched = gemm_for_run(asked, began_blas);
+  const engine::RunGemm switched = engine::gemm_for_run(asked, began_blas);
   CHECK(switched.library == "onednn");
   CHECK(switched.record == "onednn: oneDNN 2.6.3 sgemm; switched from blas at resumption");
   CHECK(switched.note ==
         "resumes on onednn (as asked); it began on blas, so its results will differ from an uninterrupted run's");
-  const RunGemm obeyed = gemm_for_run(asked, began_onednn);
+  const engine::RunGemm obeyed = engine::gemm_for_run(asked, began_onednn);
   CHECK(obeyed.record == asked.gemm);
   CHECK(obeyed.note.empty());
   // Resumed again on the library it switched to: the record keeps saying so.
-  const RunGemm again = gemm_for_run(asked, switched.record);
+  const engine::RunGemm again = engine::gemm_for_run(asked, switched.record);
   CHECK(again.library == "onednn");
   CHECK(again.record == "onednn: oneDNN 2.6.3 sgemm; switched from blas at resumption");
   CHECK(again.note.empty());
 
   // A run that began on oneDNN, resumed by a build without it.
-  RuntimeInfo no_onednn;
+  engine::RuntimeInfo no_onednn;
   no_onednn.gemm_library = "blas";
   no_onednn.gemm = "blas (auto: this build has no oneDNN)";
   no_onednn.gemm_timed = true;
-  const RunGemm without = gemm_for_run(no_onednn, began_onednn, /*onednn_built=*/false);
+  const engine::RunGemm without = engine::gemm_for_run(no_onednn, began_onednn, /*onednn_built=*/false);
   CHECK(without.library == "blas");
   CHECK(without.record == "blas (auto: this build has no oneDNN); switched from onednn at resumption");
   CHECK(without.note ==
         "resumes on blas (this build has no oneDNN); it began on onednn, so its results will "
         "differ from an uninterrupted run's");
   // A process whose timing chose the BLAS, in a build with oneDNN, keeps it.
-  RuntimeInfo chose_blas = no_onednn;
+  engine::RuntimeInfo chose_blas = no_onednn;
   chose_blas.gemm = "blas (libtorch's path); auto: 2048x256x1024 at 150 GFLOP/s on oneDNN, 160 on the BLAS";
-  const RunGemm with = gemm_for_run(chose_blas, began_onednn, /*onednn_built=*/true);
+  const engine::RunGemm with = engine::gemm_for_run(chose_blas, began_onednn, /*onednn_built=*/true);
   CHECK(with.library == "onednn");
   CHECK(with.record == began_onednn);
   CHECK(with.note == "keeps onednn, the library it began on (this process timed blas faster)");

@@ -48,7 +48,7 @@ struct Result {
 // A command that computes measures the BLAS first and, below 20 GFLOP/s,
 // prints the runtime and a warning: on a loaded machine it can, so the exact
 // messages checked here are compared without those lines (the warning's
-// own text is checked through describe(), below).
+// own text is checked through engine::describe(), below).
 std::string without_slow_blas_notice(const std::string& output) {
   if (output.find("warning: the BLAS runs a GEMM at ") == std::string::npos) return output;
   std::istringstream lines(output);
@@ -250,17 +250,17 @@ TEST_CASE("runtime: the BLAS libtorch binds to is named, slow GEMM is flagged", 
   // The products' own library may be fast on the reference BLAS (oneDNN
   // brings its own sgemm), but libtorch's other products are not: the BLAS's
   // rate decides the warning.
-  RuntimeInfo slow;
+  engine::RuntimeInfo slow;
   slow.gemm_gflops = 480;
   slow.blas_gflops = 7.5;
   slow.gemm_size = 512;
   slow.blas = reference;
-  CHECK_THAT(describe(slow),
+  CHECK_THAT(engine::describe(slow),
              Catch::Matchers::EndsWith("warning: the BLAS runs a GEMM at 7.5 GFLOP/s (< 20.0): libtorch is on "
                                        "the reference BLAS; install libopenblas0-openmp"));
-  RuntimeInfo fast = slow;
+  engine::RuntimeInfo fast = slow;
   fast.blas_gflops = 90;
-  CHECK_THAT(describe(fast), !Catch::Matchers::Contains("warning"));
+  CHECK_THAT(engine::describe(fast), !Catch::Matchers::Contains("warning"));
 }
 
 TEST_CASE("CLI: data commands", "[cli][data]") {

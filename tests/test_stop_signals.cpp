@@ -20,7 +20,7 @@ using namespace chiar;
 
 TEST_CASE("stop signals: the pool's workers block SIGINT and SIGTERM; the calling thread takes them", "[faults]") {
   const int before = at::get_num_threads();
-  configure_threads(3);
+  engine::configure_threads(3);
   const pthread_t caller = pthread_self();
   std::vector<int> blocked(3, -1), is_caller(3, -1);  // per OpenMP thread
 #pragma omp parallel num_threads(3)
@@ -31,7 +31,7 @@ TEST_CASE("stop signals: the pool's workers block SIGINT and SIGTERM; the callin
     blocked[t] = sigismember(&mask, SIGTERM) == 1 && sigismember(&mask, SIGINT) == 1;
     is_caller[t] = pthread_equal(pthread_self(), caller) != 0;
   }
-  configure_threads(before);
+  engine::configure_threads(before);
   for (int t = 0; t < 3; ++t) {
     CAPTURE(t);
     REQUIRE(is_caller[t] >= 0);  // the region ran with every thread

@@ -121,7 +121,7 @@ class Variant {
 
 // The device's matrix-product rate in the training precision: one n^3
 // product per call, timed between synchronisations (the GPU's counterpart
-// of GemmProbe).
+// of engine::GemmProbe).
 class DeviceGemmProbe {
  public:
   DeviceGemmProbe(const at::Device& device, bool bf16, int64_t n) : device_(device), n_(n) {
@@ -244,8 +244,8 @@ ModelOptions options_for(const engine::RunSpec& run, const TrainBenchOptions& o)
 std::string configure_allocator_for(const engine::Matrix& m, const TrainBenchOptions& o) {
   int64_t ffn_mult = 1;
   for (const auto& run : m.runs) ffn_mult = std::max(ffn_mult, run.model.ffn_mult());
-  return configure_allocator(estimate_activation_bytes(o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model,
-                                                       o.classes > 0 ? 0 : o.vocab));
+  return engine::configure_allocator(engine::estimate_activation_bytes(
+      o.batch, o.seq, o.d_model, o.layers, ffn_mult * o.d_model, o.classes > 0 ? 0 : o.vocab));
 }
 
 // One measured configuration: a variant on a GEMM library in a precision.
@@ -296,7 +296,7 @@ class RateProbes {
   struct Probe {
     GemmBackend backend;
     bool bf16;
-    std::unique_ptr<GemmProbe> fp32;  // the CPU's fp32 product on `backend`
+    std::unique_ptr<engine::GemmProbe> fp32;  // the CPU's fp32 product on `backend`
     std::unique_ptr<DeviceGemmProbe> other;
   };
   size_t add(const Entry& e) {
@@ -306,7 +306,7 @@ class RateProbes {
     Probe p{e.gemm, e.bf16, nullptr, nullptr};
     if (cpu_fp32) {
       set_gemm_backend(e.gemm);
-      p.fp32 = std::make_unique<GemmProbe>(2048);
+      p.fp32 = std::make_unique<engine::GemmProbe>(2048);
     } else {
       p.other = std::make_unique<DeviceGemmProbe>(device_, e.bf16, device_.is_cpu() ? 2048 : 8192);
     }
@@ -381,8 +381,8 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
   RateProbes probes(entries, device);
   t.gemm.resize(probes.size());
   for (size_t k = 0; k < entries.size(); ++k) t.probe_of.push_back(probes.of(k));
-  std::unique_ptr<GemmProbe> blas_probe;
-  if (device.is_cpu()) blas_probe = std::make_unique<GemmProbe>(2048, /*blas_only=*/true);
+  std::unique_ptr<engine::GemmProbe> blas_probe;
+  if (device.is_cpu()) blas_probe = std::make_unique<engine::GemmProbe>(2048, /*blas_only=*/true);
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
     for (int64_t k = 0; k < n; ++k) {
       set_gemm_backend(entries[k].gemm);
@@ -407,13 +407,13 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
 void add_rates(std::vector<TrainBenchResult>& out, const Timings& t, const TrainBenchOptions& o) {
   for (size_t k = 0; k < out.size(); ++k) {
     auto& r = out[k];
-    r.gemm_gflops = median(t.gemm[t.probe_of[k]]);
-    r.blas_gflops = median(t.blas);
-    r.train_ms = 1e3 * median(t.train_s[k]);
-    r.infer_ms = 1e3 * median(t.infer_s[k]);
-    r.train_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(t.train_s[k]);
-    r.infer_tokens_per_s = static_cast<double>(o.batch * o.seq) / median(t.infer_s[k]);
-    r.achieved_gflops = r.step_flops / median(t.train_s[k]) / 1e9;
+    r.gemm_gflops = engine::median(t.gemm[t.probe_of[k]]);
+    r.blas_gflops = engine::median(t.blas);
+    r.train_ms = 1e3 * engine::median(t.train_s[k]);
+    r.infer_ms = 1e3 * engine::median(t.infer_s[k]);
+    r.train_tokens_per_s = static_cast<double>(o.batch * o.seq) / engine::median(t.train_s[k]);
+    r.infer_tokens_per_s = static_cast<double>(o.batch * o.seq) / engine::median(t.infer_s[k]);
+    r.achieved_gflops = r.step_flops / engine::median(t.train_s[k]) / 1e9;
   }
 }
 
@@ -421,7 +421,7 @@ void add_rates(std::vector<TrainBenchResult>& out, const Timings& t, const Train
 
 std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o) {
   check_options(o);
-  configure_threads(o.threads);
+  engine::configure_threads(o.threads);
   const engine::Matrix m = load_variants(o);
   engine::configure_device(at::Device(o.device));  // fp32 is IEEE fp32 on a GPU, as in a run
   engine::warn_about_cpu_bf16(at::Device(o.device),

@@ -759,12 +759,12 @@ void BM_tracking(benchmark::State& state) {
     benchmark::DoNotOptimize(full->forward(c.x, ctx).data_ptr());
     full_s.push_back(seconds(t0));
   }
-  const double time_ratio = median(routed_s) / median(full_s);
+  const double time_ratio = engine::median(routed_s) / engine::median(full_s);
   state.counters["attention_share"] = static_cast<double>(state.range(2)) / 100.0;
   state.counters["flop_ratio"] = c.flop_ratio;
   state.counters["time_ratio"] = time_ratio;
   state.counters["deviation"] = time_ratio / c.flop_ratio - 1.0;
-  state.counters["full_ms"] = 1e3 * median(full_s);
+  state.counters["full_ms"] = 1e3 * engine::median(full_s);
 }
 
 // Whether an operator accepts these options: asked of the plugin itself.
@@ -933,8 +933,8 @@ int main(int argc, char** argv) {
               << " build; timings of non-Release builds mislead (pass --allow-debug to run anyway)\n";
     return 1;
   }
-  chiar::configure_allocator();
-  const auto info = chiar::probe_runtime(0);
+  chiar::engine::configure_allocator();
+  const auto info = chiar::engine::probe_runtime(0);
   benchmark::AddCustomContext("chiar_build_type", CHIAR_BUILD_TYPE);
   benchmark::AddCustomContext("libtorch", info.torch_version);
   benchmark::AddCustomContext("threads", std::to_string(info.threads));

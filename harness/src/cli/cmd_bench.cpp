@@ -42,7 +42,7 @@ std::string joined(const std::vector<std::string>& parts) {
   return out;
 }
 
-void print_header(const bench::TrainBenchOptions& o, const RuntimeInfo& info) {
+void print_header(const bench::TrainBenchOptions& o, const engine::RuntimeInfo& info) {
   const bool cpu = o.device == "cpu";
   std::cout << "bench-train: batch " << o.batch << ", seq " << o.seq << ", d " << o.d_model << ", " << o.layers
             << " layers, " << o.heads << " heads, vocab " << o.vocab
@@ -51,7 +51,7 @@ void print_header(const bench::TrainBenchOptions& o, const RuntimeInfo& info) {
             << " warm-up, variants interleaved step by step with "
             << (cpu ? "2048^3 GEMMs" : "8192^3 GEMMs on " + o.device) << " each round; " << joined(o.precisions)
             << (cpu ? "" : "; peak MB is the host's, GPU MiB the caching allocator's peaks") << "\n"
-            << describe(info) << "\n\n";
+            << engine::describe(info) << "\n\n";
 }
 
 void print_table(const std::vector<bench::TrainBenchResult>& results, bool cpu) {
@@ -140,7 +140,7 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   const bench::TrainBenchOptions o = options_from(g, a, device);
-  const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
+  const engine::RuntimeInfo info = engine::probe_runtime(g.threads, g.gemm);
   const auto results = bench::bench_train(registry, o);
   print_header(o, info);
   print_table(results, device == "cpu");

@@ -29,7 +29,7 @@ std::string label_distribution(const std::vector<int64_t>& counts) {
 }  // namespace
 
 int run_data_stats(const Global& g, const DataArgs& a) {
-  configure_threads(g.threads);
+  engine::configure_threads(g.threads);
   engine::TaskConfig config;
   if (!a.config_file.empty()) {
     if (a.table.empty()) throw UserError("data stats: --table is required with a TOML file");

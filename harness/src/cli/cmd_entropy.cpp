@@ -13,7 +13,7 @@
 namespace chiar::cli {
 
 int run_entropy(const Global& g, const std::string& input, const std::string& dct_impl) {
-  configure_threads(g.threads);
+  engine::configure_threads(g.threads);
   const DctImpl impl = dct_impl_from_string(dct_impl);
   at::Tensor vectors;  // (N, d) float64
   if (input.empty() || input == "-") {

@@ -11,12 +11,12 @@
 namespace chiar::cli {
 
 void start_compute(const Global& g) {
-  const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
-  if (!blas_warning(info).empty()) std::cerr << describe(info) << "\n";
+  const engine::RuntimeInfo info = engine::probe_runtime(g.threads, g.gemm);
+  if (!engine::blas_warning(info).empty()) std::cerr << engine::describe(info) << "\n";
 }
 
 int run_info(const Global& g) {
-  const RuntimeInfo info = probe_runtime(g.threads, g.gemm);
+  const engine::RuntimeInfo info = engine::probe_runtime(g.threads, g.gemm);
   const engine::BuildCommit built = engine::build_commit();
   std::cout << "libtorch   " << info.torch_version << "\n"
             << "build      " << info.build_type << "\n"
@@ -37,7 +37,7 @@ int run_info(const Global& g) {
                                   "slower than \"fp32\" here")
                     : "native: " + engine::cpu_bf16_instructions())
             << "\n";
-  if (const std::string warning = blas_warning(info); !warning.empty()) std::cerr << warning << "\n";
+  if (const std::string warning = engine::blas_warning(info); !warning.empty()) std::cerr << warning << "\n";
   const auto dirs = default_plugin_dirs();
   std::cout << "plugins    " << (dirs.empty() ? std::string("(no default folder found)") : dirs[0]) << "\n";
   return 0;

@@ -69,7 +69,7 @@ int launch_ranks(const Global& g, const RunArgs& a) {
   }
   if (g.threads == 0) {
     argv.push_back("--threads");
-    argv.push_back(std::to_string(std::max(1, usable_cores() / a.nproc)));
+    argv.push_back(std::to_string(std::max(1, engine::usable_cores() / a.nproc)));
   }
   const engine::LaunchResult r = engine::launch_local_ranks(a.nproc, argv);
   if (r.exit_status == 0) return 0;

@@ -350,7 +350,7 @@ int dispatch(Args& a, const Commands& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  chiar::configure_allocator();
+  chiar::engine::configure_allocator();
   CLI::App app{"chiar: benchmark and ablation harness for spectral-entropy routed transformers"};
   app.require_subcommand(1);
   // Options a subcommand does not know go up to its parent: users type the

@@ -25,7 +25,7 @@
 #include "chiar_build_info.h"
 #include "engine/runtime/stop_signals.h"
 
-namespace chiar {
+namespace chiar::engine {
 
 namespace {
 std::string g_allocator = "glibc default";
@@ -348,4 +348,4 @@ std::string describe(const RuntimeInfo& info) {
   return out.str();
 }
 
-}  // namespace chiar
+}  // namespace chiar::engine

@@ -7,7 +7,7 @@
 
 #include "chiar/linear.h"
 
-namespace chiar {
+namespace chiar::engine {
 
 // Below this a 512x512 fp32 GEMM is slow enough to warn about: the reference
 // BLAS runs it at ~6-8 GFLOP/s, OpenBLAS at ~90 per core
@@ -140,4 +140,4 @@ RuntimeInfo probe_runtime(int requested_threads, const std::string& gemm = "auto
 // when there is one.
 std::string describe(const RuntimeInfo& info);
 
-}  // namespace chiar
+}  // namespace chiar::engine
