@@ -404,6 +404,9 @@ TEST_CASE("ProcessGroup: a rank that dies stops the others, naming it", "[distri
   const int port = pick_free_port();
   const auto outcomes = run_ranks(2, dir, [&](int rank) -> std::string {
     ProcessGroup pg(local_world(rank, 2, port), short_options());
+    // Both ranks in the group first: without this, rank 0 could leave while
+    // rank 1 was still connecting, and rank 1 would fail to join instead.
+    pg.barrier();
     if (rank == dead) _exit(0);  // gone before the collective, without a word
     at::Tensor t = at::ones({4});
     try {
