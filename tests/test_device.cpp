@@ -462,7 +462,7 @@ std::vector<std::pair<std::string, bool>> shipped_variants() {
   for (const auto& [name, variant] : *file["variants"].as_table()) {
     bool causal = true;
     for (const auto& layer : *variant.as_table()->get("layers")->as_array())
-      for (const auto& op : split_layer_spec(layer.value_or(std::string())))
+      for (const auto& op : model::split_layer_spec(layer.value_or(std::string())))
         causal = causal && test::make_op(test::plugins().canonical("operator", op), 16, 2)->traits().causal;
     out.emplace_back(std::string(name.str()), causal);
   }

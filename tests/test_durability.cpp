@@ -141,18 +141,18 @@ TEST_CASE("durable file: missing, truncated, oversized and bit-flipped files are
   TempDir d("durable-corrupt");
   const std::string bytes(40960, 'x'), sum = engine::crc32_of(bytes);
   const std::string file = d.path() + "/best-20.pt";
-  CHECK(message_of<CorruptCheckpoint>([&] { engine::read_verified(file, 40960, sum); }) ==
+  CHECK(message_of<engine::CorruptCheckpoint>([&] { engine::read_verified(file, 40960, sum); }) ==
         file + ": missing checkpoint (No such file or directory)");
   write_file(file, bytes.substr(0, 12288));
-  CHECK(message_of<CorruptCheckpoint>([&] { engine::read_verified(file, 40960, sum); }) ==
+  CHECK(message_of<engine::CorruptCheckpoint>([&] { engine::read_verified(file, 40960, sum); }) ==
         file + ": truncated checkpoint (12288 of 40960 bytes)");
   write_file(file, bytes + "y");
-  CHECK(message_of<CorruptCheckpoint>([&] { engine::read_verified(file, 40960, sum); }) ==
+  CHECK(message_of<engine::CorruptCheckpoint>([&] { engine::read_verified(file, 40960, sum); }) ==
         file + ": oversized checkpoint (40961 of 40960 bytes)");
   std::string flipped = bytes;
   flipped[20000] ^= 0x10;
   write_file(file, flipped);
-  CHECK(message_of<CorruptCheckpoint>([&] { engine::read_verified(file, 40960, sum); }) ==
+  CHECK(message_of<engine::CorruptCheckpoint>([&] { engine::read_verified(file, 40960, sum); }) ==
         file + ": checksum mismatch (recorded " + sum + ", found " + engine::crc32_of(flipped) + ")");
 }
 

@@ -857,9 +857,9 @@ TEST_CASE("inspect: the routes printed are the model's own routing decisions", "
   ts.data_root = d.path();
   ts.cache_dir = d.path() + "/cache";
   auto task = test::plugins().make_task(spec.task_config.plugin, ts);
-  ModelOptions mo = spec.model;
+  model::ModelOptions mo = spec.model;
   mo.vocab_size(task->vocab_size()).head(TaskHead::LanguageModel);
-  ChiarModel model(test::plugins(), mo);
+  model::ChiarModel model(test::plugins(), mo);
   // The best model the store recorded (state-<step>.pt / best-<step>.pt).
   auto best = con.prepare(
       "SELECT c.file FROM checkpoints c JOIN runs r ON r.id = c.run_id "

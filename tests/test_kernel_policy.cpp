@@ -453,9 +453,9 @@ TEST_CASE("kernel policy: route mixing (blend and choose) agrees, values and gra
         in.push_back(logits0.detach().clone().requires_grad_(true));
         const std::vector<at::Tensor> outs(in.begin(), in.begin() + K);
         const auto w = in.back().softmax(-1);
-        const auto out = mode == 0   ? chiar::blend_outputs(outs, w)
-                         : mode == 1 ? chiar::choose_outputs(outs, choice, w)
-                                     : chiar::choose_outputs(outs, choice, at::Tensor());
+        const auto out = mode == 0   ? chiar::model::blend_outputs(outs, w)
+                         : mode == 1 ? chiar::model::choose_outputs(outs, choice, w)
+                                     : chiar::model::choose_outputs(outs, choice, at::Tensor());
         (out * probe).sum().backward();
         y[i] = out.detach();
         grads[i] = grads_of(in);
@@ -605,8 +605,8 @@ TEST_CASE("kernel policy: a routed layer's sparse execution agrees (rows per ope
   spec.d_model = 16;
   spec.operators = names;
   spec.params = Params().set("tau", std::vector<double>{between(n / 3), between(2 * n / 3)});
-  MixingLayer layer(1, names, ops, test::plugins().make_router("threshold", spec));
-  layer.set_execution(Execution::Sparse);
+  model::MixingLayer layer(1, names, ops, test::plugins().make_router("threshold", spec));
+  layer.set_execution(model::Execution::Sparse);
   for (const bool causal : {true, false}) {
     INFO((causal ? "causal" : "padded, not causal"));
     OpContext ctx;
@@ -621,7 +621,7 @@ TEST_CASE("kernel policy: a routed layer's sparse execution agrees (rows per ope
       // With autograd: rows per operator, placed by index_copy_.
       auto input = x.clone().requires_grad_(true);
       layer.zero_grad();
-      LayerRouting routing;
+      model::LayerRouting routing;
       auto out = layer.forward(input, ctx, &routing);
       CHECK(routing.sparse);
       (out * probe).sum().backward();
@@ -631,7 +631,7 @@ TEST_CASE("kernel policy: a routed layer's sparse execution agrees (rows per ope
       for (const auto& p : layer.parameters()) grads[i].push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
       // Without: rows placed by the host scatter under Auto.
       at::NoGradGuard no_grad;
-      LayerRouting eval_routing;
+      model::LayerRouting eval_routing;
       inference[i] = layer.forward(x, ctx, &eval_routing);
       inference_choice[i] = eval_routing.choice;
     }
@@ -657,22 +657,23 @@ struct Trained {
   uint64_t host_kernels = 0;  // host kernel entries over all of it
 };
 
-ModelOptions tiny_model(std::vector<std::string> layers, const std::string& router = "threshold", int64_t vocab = 50) {
-  return ModelOptions()
+model::ModelOptions tiny_model(std::vector<std::string> layers, const std::string& router = "threshold",
+                               int64_t vocab = 50) {
+  return model::ModelOptions()
       .vocab_size(vocab)
       .d_model(16)
       .n_heads(2)
       .layers(std::move(layers))
       .router(router)
       .seed(3)
-      .operator_params(OperatorParams{{"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{4})}});
+      .operator_params(model::OperatorParams{{"rbf", Params().set("features", int64_t{16}).set("chunk", int64_t{4})}});
 }
 
-Trained train_tiny(const ModelOptions& options, bool calibrate, KernelPolicy p) {
+Trained train_tiny(const model::ModelOptions& options, bool calibrate, KernelPolicy p) {
   ScopedKernelPolicy policy(p);
   Trained t;
   const uint64_t kernels_before = host_kernel_count();
-  ChiarModel model(test::plugins(), options);  // seeds itself: the same model under both policies
+  model::ChiarModel model(test::plugins(), options);  // seeds itself: the same model under both policies
   {
     // Spread the learned gates so that every operator is chosen somewhere.
     at::NoGradGuard no_grad;
@@ -727,14 +728,14 @@ TEST_CASE("kernel policy: a tiny model trains to the same losses under both poli
   test::BackendScope gemm(fast_gemm());
   struct Variant {
     const char* name;
-    ModelOptions options;
+    model::ModelOptions options;
     bool calibrate;
   };
   const std::vector<Variant> variants{
       {"baseline, all attention", tiny_model({"attn", "attn"}), false},
       // 256 tokens so that the calibration sample holds each once.
       {"dct, dct|attn, threshold, sparse",
-       tiny_model({"dct", "dct|attn"}, "threshold", 256).execution(Execution::Sparse), true},
+       tiny_model({"dct", "dct|attn"}, "threshold", 256).execution(model::Execution::Sparse), true},
       {"dct, dct|rbf|attn, hard_ste", tiny_model({"dct", "dct|rbf|attn"}, "hard_ste"), false},
       {"dct, dct|rbf|attn, soft", tiny_model({"dct", "dct|rbf|attn"}, "soft"), false}};
   for (const auto& v : variants) {
@@ -802,8 +803,8 @@ TEST_CASE("kernel policy: each fast path enters its host kernel under Auto and n
          at::NoGradGuard g;
          chiar::spectral_entropy_from_coeffs(x);
        }},
-      {"blend_outputs", [&] { chiar::blend_outputs(outs, mix); }},
-      {"choose_outputs", [&] { chiar::choose_outputs(outs, choice, {}); }},
+      {"blend_outputs", [&] { chiar::model::blend_outputs(outs, mix); }},
+      {"choose_outputs", [&] { chiar::model::choose_outputs(outs, choice, {}); }},
   };
   for (const auto& [name, run] : paths) {
     INFO(name);

@@ -323,8 +323,8 @@ TEST_CASE("a model trains to the same numbers on every GEMM library", "[linear][
     at::manual_seed(8);
     // One operator per layer: a routed layer could flip a borderline
     // decision on a last-bit difference and compare different models.
-    ChiarModel model(test::plugins(),
-                     ModelOptions().vocab_size(40).d_model(16).n_heads(2).seed(4).layers({"dct", "rbf", "attn"}));
+    model::ChiarModel model(test::plugins(), model::ModelOptions().vocab_size(40).d_model(16).n_heads(2).seed(4).layers(
+                                                 {"dct", "rbf", "attn"}));
     auto tokens = at::randint(40, {3, 10}, at::TensorOptions().dtype(at::kLong));
     auto out = model.forward(tokens);
     out.logits.square().mean().backward();

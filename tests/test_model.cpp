@@ -11,13 +11,13 @@ using test::rel_error;
 
 namespace {
 
-ModelOptions small(std::vector<std::string> layers, const std::string& router = "threshold") {
-  return ModelOptions().vocab_size(50).d_model(16).n_heads(2).layers(std::move(layers)).router(router).seed(3);
+model::ModelOptions small(std::vector<std::string> layers, const std::string& router = "threshold") {
+  return model::ModelOptions().vocab_size(50).d_model(16).n_heads(2).layers(std::move(layers)).router(router).seed(3);
 }
 
 struct Variant {
   const char* name;
-  ModelOptions options;
+  model::ModelOptions options;
 };
 
 std::vector<Variant> variants() {
@@ -27,7 +27,7 @@ std::vector<Variant> variants() {
       {"3-op threshold", small({"dct", "dct|rbf|attn", "dct|rbf|attn", "attn"})},
       {"3-op hard_ste", small({"dct", "dct|rbf|attn", "dct|rbf|attn", "attn"}, "hard_ste")},
       {"3-op soft", small({"dct", "dct|rbf|attn", "dct|rbf|attn", "attn"}, "soft")},
-      {"meta causal", small({"dct", "dct|attn", "attn"}).meta_router(MetaRouterKind::Causal)},
+      {"meta causal", small({"dct", "dct|attn", "attn"}).meta_router(model::MetaRouterKind::Causal)},
   };
 }
 
@@ -40,7 +40,7 @@ at::Tensor tokens(int64_t B, int64_t T, int64_t V = 50) {
 TEST_CASE("a whole language model is causal, for every variant, train and eval", "[model][causal]") {
   at::manual_seed(31);
   for (auto& v : variants()) {
-    ChiarModel model(test::plugins(), v.options);
+    model::ChiarModel model(test::plugins(), v.options);
     model.to(at::kDouble);
     for (bool training : {true, false}) {
       INFO(v.name << ", training " << training);
@@ -59,8 +59,8 @@ TEST_CASE("a whole language model is causal, for every variant, train and eval",
 
 TEST_CASE("the reference's batch-mean MetaRouter leaks the future; the causal one does not", "[model][meta]") {
   at::manual_seed(32);
-  auto options = small({"dct", "dct|attn", "attn"}).meta_router(MetaRouterKind::BatchMean);
-  ChiarModel model(test::plugins(), options);
+  auto options = small({"dct", "dct|attn", "attn"}).meta_router(model::MetaRouterKind::BatchMean);
+  model::ChiarModel model(test::plugins(), options);
   model.to(at::kDouble);
   {
     at::NoGradGuard g;
@@ -73,7 +73,7 @@ TEST_CASE("the reference's batch-mean MetaRouter leaks the future; the causal on
   auto out = model.forward(x);
   CHECK(out.meta_gate.sizes() == at::IntArrayRef({1, 1, 1}));
   CHECK(rel_error(model.forward(changed).logits.narrow(1, 0, 5), out.logits.narrow(1, 0, 5)) > 1e-9);
-  ChiarModel fresh(test::plugins(), small({"dct", "attn"}).meta_router(MetaRouterKind::Causal));
+  model::ChiarModel fresh(test::plugins(), small({"dct", "attn"}).meta_router(model::MetaRouterKind::Causal));
   CHECK(fresh.forward(x).meta_gate.mean().item<double>() == Approx(0.88).epsilon(1e-6));
 }
 
@@ -82,7 +82,7 @@ TEST_CASE("classifier: padding never reaches pooling or attention", "[model][pad
   for (const char* router : {"threshold", "hard_ste"}) {
     INFO(router);
     auto options = small({"dct", "dct|rbf|attn", "attn"}, router).head(TaskHead::Classifier).n_classes(3);
-    ChiarModel model(test::plugins(), options);
+    model::ChiarModel model(test::plugins(), options);
     model.to(at::kDouble);
     model.eval();
     at::NoGradGuard g;
@@ -103,14 +103,14 @@ TEST_CASE("classifier: padding never reaches pooling or attention", "[model][pad
 TEST_CASE("model sparse execution equals dense at evaluation", "[model][sparse]") {
   at::manual_seed(34);
   for (const char* router : {"threshold", "hard_ste"}) {
-    ChiarModel model(test::plugins(), small({"dct", "dct|rbf|attn", "dct|attn", "attn"}, router));
+    model::ChiarModel model(test::plugins(), small({"dct", "dct|rbf|attn", "dct|attn", "attn"}, router));
     model.eval();
     at::NoGradGuard g;
     auto x = tokens(2, 16);
     auto sparse = model.forward(x);
     REQUIRE(sparse.routing.size() == 2);
     CHECK(sparse.routing[0].sparse);
-    model.set_execution(Execution::Dense);
+    model.set_execution(model::Execution::Dense);
     auto dense = model.forward(x);
     CHECK_FALSE(dense.routing[0].sparse);
     CHECK(rel_error(sparse.logits, dense.logits) < 1e-5);
@@ -122,7 +122,7 @@ TEST_CASE("calibrate_routers reaches the target shares layer by layer", "[model]
   auto options = small({"dct", "dct|attn", "dct|attn", "attn"})
                      .router_params(Params().set("shares", std::vector<double>{0.75, 0.25}))
                      .vocab_size(100000);  // distinct tokens: no ties in H at the quantile
-  ChiarModel model(test::plugins(), options);
+  model::ChiarModel model(test::plugins(), options);
   auto sample = at::randperm(100000, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 256).view({8, 32});
   model.calibrate_routers(sample);
   model.eval();
@@ -135,18 +135,18 @@ TEST_CASE("calibrate_routers reaches the target shares layer by layer", "[model]
 
 TEST_CASE("parameter count, description and seeding", "[model]") {
   const int64_t V = 50, d = 16;
-  ChiarModel baseline(test::plugins(), small({"attn", "attn"}));
+  model::ChiarModel baseline(test::plugins(), small({"attn", "attn"}));
   const int64_t attention = (d * d + d) + (d * 2 * d + 2 * d) + (d * d + d) + 2 * d;
   const int64_t ffn = (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * d;
   CHECK(baseline.parameter_count() == V * d + 2 * (attention + ffn));  // "auto": post-norm for a language model
   const int64_t final_norm = 2 * d;                                    // pre-norm ends in one more LayerNorm
-  CHECK(ChiarModel(test::plugins(), small({"attn", "attn"}).norm(NormPlacement::Pre)).parameter_count() ==
+  CHECK(model::ChiarModel(test::plugins(), small({"attn", "attn"}).norm(model::NormPlacement::Pre)).parameter_count() ==
         V * d + 2 * (attention + ffn) + final_norm);
-  ChiarModel routed(test::plugins(), small({"dct|attn", "dct"}));
+  model::ChiarModel routed(test::plugins(), small({"dct|attn", "dct"}));
   const int64_t dct = d + 2 * d, gate = 0;
   CHECK(routed.parameter_count() == V * d + (dct + attention + gate + ffn) + (dct + ffn));
   // "auto" is pre-norm for a classifier.
-  CHECK_THAT(ChiarModel(test::plugins(), small({"attn"}).head(TaskHead::Classifier).n_classes(3)).describe(),
+  CHECK_THAT(model::ChiarModel(test::plugins(), small({"attn"}).head(TaskHead::Classifier).n_classes(3)).describe(),
              Catch::Matchers::Contains("classifier, vocab 50, d 16, heads 2, ffn x4, pre-norm, classes 3"));
   CHECK(
       routed.describe() ==
@@ -155,7 +155,7 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
           (test::attention_has_sdpa() ? "SDPA" : "chunked") +
           ", rope) routed by threshold(tau [0.5], uncalibrated); dct(filter, gemm)], " +
           std::to_string(routed.parameter_count()) + " parameters)");
-  ChiarModel again(test::plugins(), small({"dct|attn", "dct"}));
+  model::ChiarModel again(test::plugins(), small({"dct|attn", "dct"}));
   auto x = tokens(1, 8);
   CHECK(at::equal(routed.forward(x).logits, again.forward(x).logits));
 }
@@ -166,7 +166,7 @@ TEST_CASE("lm_loss through the fused head equals the loss from the logits, value
   // same model gives, with the tied weight reached twice (embedding and head).
   for (const auto& v : variants()) {
     CAPTURE(v.name);
-    ChiarModel model(test::plugins(), v.options);
+    model::ChiarModel model(test::plugins(), v.options);
     model.train();
     at::manual_seed(5);
     const auto x = tokens(3, 12), targets = tokens(3, 12);
@@ -202,20 +202,20 @@ TEST_CASE("lm_loss through the fused head equals the loss from the logits, value
 }
 
 TEST_CASE("model options are checked with clear messages", "[model][errors]") {
-  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct", "conv"})),
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"dct", "conv"})),
                     "unknown operator 'conv' (known: attention (attn), dct, fourier, rbf)");
-  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct|", "attn"})), "layer 'dct|': empty operator name");
-  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct|attn"}, "mystery")),
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"dct|", "attn"})), "layer 'dct|': empty operator name");
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"dct|attn"}, "mystery")),
                     "unknown router 'mystery' (known: hard_ste, soft, threshold, topk_entropy)");
-  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({}).layers({})),
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({}).layers({})),
                     "model.layers is required: one operator per block, or operators joined by '|' for a routed layer "
                     "(operators loaded: attention (attn), dct, fourier, rbf)");
-  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"dct", "dct|attn"}, "")),
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"dct", "dct|attn"}, "")),
                     "model.router is required: layer 2 ('dct|attn') is routed (routers loaded: hard_ste, soft, "
                     "threshold, topk_entropy)");
-  CHECK_NOTHROW(ChiarModel(test::plugins(), small({"dct", "attn"}, "")));  // nothing routed, nothing to name
-  CHECK_THROWS_WITH(ChiarModel(test::plugins(), small({"attn"}).n_heads(3)),
+  CHECK_NOTHROW(model::ChiarModel(test::plugins(), small({"dct", "attn"}, "")));  // nothing routed, nothing to name
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"attn"}).n_heads(3)),
                     "model: d_model (16) must be a positive multiple of n_heads (3)");
-  CHECK_THROWS_WITH(meta_router_from_string("global"),
+  CHECK_THROWS_WITH(model::meta_router_from_string("global"),
                     "unknown meta_router 'global' (known: none, causal, batch_mean)");
 }

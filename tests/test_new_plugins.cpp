@@ -66,12 +66,16 @@ TEST_CASE("fourier equals LN(x + Re(DFT2(x))) per sequence length, padding exact
 }
 
 TEST_CASE("a non-causal operator is refused for language modelling, accepted for classification", "[model][fourier]") {
-  auto options =
-      ModelOptions().vocab_size(30).d_model(8).n_heads(2).layers({"fourier", "fourier|attn"}).router("topk_entropy");
-  CHECK_THROWS_WITH(ChiarModel(test::plugins(), options),
+  auto options = model::ModelOptions()
+                     .vocab_size(30)
+                     .d_model(8)
+                     .n_heads(2)
+                     .layers({"fourier", "fourier|attn"})
+                     .router("topk_entropy");
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), options),
                     "layer 1: operator 'fourier' does not support causal language modelling (it reads future tokens)");
   options.head(TaskHead::Classifier).n_classes(3);
-  ChiarModel model(test::plugins(), options);
+  model::ChiarModel model(test::plugins(), options);
   auto tokens = at::randint(30, {2, 9}, at::TensorOptions().dtype(at::kLong));
   CHECK(model.forward(tokens, test::padding_mask(9, {0, 4})).logits.sizes() == at::IntArrayRef({2, 3}));
 }
@@ -113,9 +117,9 @@ TEST_CASE("topk_entropy is causal for language modelling and close to its share"
   CHECK(at::equal(router->route(x, changed, ctx).choice.narrow(1, 0, 100), r.choice.narrow(1, 0, 100)));
   CHECK(r.choice.to(at::kDouble).mean().item<double>() == Approx(0.25).margin(0.05));
   // A whole causal model with it stays causal.
-  ChiarModel model(
+  model::ChiarModel model(
       test::plugins(),
-      ModelOptions().vocab_size(40).d_model(8).n_heads(2).layers({"dct|attn", "attn"}).router("topk_entropy"));
+      model::ModelOptions().vocab_size(40).d_model(8).n_heads(2).layers({"dct|attn", "attn"}).router("topk_entropy"));
   model.to(at::kDouble);
   model.eval();
   at::NoGradGuard g;

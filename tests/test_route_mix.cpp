@@ -1,4 +1,4 @@
-// chiar::blend_outputs and chiar::choose_outputs (a routed layer's dense
+// chiar::model::blend_outputs and choose_outputs (a routed layer's dense
 // combination of its operators' outputs) against the same values and
 // gradients written out per token in float64 loops.
 #include <ATen/ATen.h>
@@ -95,7 +95,7 @@ TEST_CASE("blend_outputs: the weighted sum and its gradients, per token", "[rout
     INFO(dtype);
     const auto c = make_case(dtype, 1);
     const auto w = c.logits.softmax(-1);
-    check(c, w, blend_outputs(c.outputs, w), /*chosen=*/false, tol);
+    check(c, w, model::blend_outputs(c.outputs, w), /*chosen=*/false, tol);
   }
 }
 
@@ -103,8 +103,8 @@ TEST_CASE("blend_outputs and choose_outputs take strided outputs", "[route_mix]"
   const auto c = make_case(at::kDouble, 5, /*strided=*/true);
   REQUIRE_FALSE(c.outputs[0].is_contiguous());
   const auto w = c.logits.softmax(-1);
-  check(c, w, blend_outputs(c.outputs, w), /*chosen=*/false, 1e-14);
-  check(c, w, choose_outputs(c.outputs, c.choice, w), /*chosen=*/true, 1e-14);
+  check(c, w, model::blend_outputs(c.outputs, w), /*chosen=*/false, 1e-14);
+  check(c, w, model::choose_outputs(c.outputs, c.choice, w), /*chosen=*/true, 1e-14);
 }
 
 TEST_CASE("choose_outputs: exactly the chosen output; straight-through gradients", "[route_mix]") {
@@ -112,7 +112,7 @@ TEST_CASE("choose_outputs: exactly the chosen output; straight-through gradients
     INFO(dtype);
     const auto c = make_case(dtype, 2);
     const auto w = c.logits.softmax(-1);
-    const auto y = choose_outputs(c.outputs, c.choice, w);
+    const auto y = model::choose_outputs(c.outputs, c.choice, w);
     // Bit for bit: the value is a copy, not 1.0 * y.
     const auto stacked = at::stack(c.outputs, -1).detach();
     CHECK(at::equal(y.detach(),
@@ -121,7 +121,7 @@ TEST_CASE("choose_outputs: exactly the chosen output; straight-through gradients
   }
   // Without weights (hard routing): gradients reach the chosen outputs only.
   const auto c = make_case(at::kDouble, 3);
-  const auto y = choose_outputs(c.outputs, c.choice, at::Tensor());
+  const auto y = model::choose_outputs(c.outputs, c.choice, at::Tensor());
   const auto grads = torch::autograd::grad({(y * c.probe).sum()}, c.outputs);
   const auto e = reference(c, c.logits.softmax(-1), true);
   for (int64_t k = 0; k < kK; ++k)
@@ -137,7 +137,7 @@ TEST_CASE("route mixing: second derivatives match the tensor-op formulation", "[
       const auto w = c.logits.softmax(-1);
       at::Tensor y;
       if (fused) {
-        y = chosen ? choose_outputs(c.outputs, c.choice, w) : blend_outputs(c.outputs, w);
+        y = chosen ? model::choose_outputs(c.outputs, c.choice, w) : model::blend_outputs(c.outputs, w);
       } else if (chosen) {
         const auto stacked = at::stack(c.outputs, -1);
         y = stacked.gather(-1, c.choice.unsqueeze(-1).unsqueeze(-1).expand({kB, kT, kD, 1})).squeeze(-1) +

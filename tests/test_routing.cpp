@@ -29,13 +29,13 @@ std::shared_ptr<Router> make_router(const std::string& name, std::vector<std::st
   return r;
 }
 
-std::shared_ptr<MixingLayer> make_layer(const std::vector<std::string>& names, const std::string& router,
-                                        const Params& router_params, int64_t d, bool float64) {
+std::shared_ptr<model::MixingLayer> make_layer(const std::vector<std::string>& names, const std::string& router,
+                                               const Params& router_params, int64_t d, bool float64) {
   std::vector<std::shared_ptr<Operator>> ops;
   for (const auto& n : names)
     ops.push_back(test::make_op(
         n, d, 2, n == "rbf" ? Params().set("features", int64_t{16}).set("chunk", int64_t{4}) : Params(), float64));
-  return std::make_shared<MixingLayer>(1, names, ops, make_router(router, names, d, router_params, float64));
+  return std::make_shared<model::MixingLayer>(1, names, ops, make_router(router, names, d, router_params, float64));
 }
 
 // Thresholds that send the given shares of x's tokens to each operator.
@@ -74,11 +74,11 @@ TEST_CASE("sparse routed execution equals dense at every routing share", "[routi
           INFO("ops " << names.size() << ", float64 " << float64 << ", causal " << causal << ", shares[0] " << shares[0]
                       << ", shares[last] " << shares.back());
           auto layer = make_layer(names, "threshold", Params().set("tau", taus_for(x, shares)), 16, float64);
-          layer->set_execution(Execution::Dense);
-          LayerRouting dense_routing;
+          layer->set_execution(model::Execution::Dense);
+          model::LayerRouting dense_routing;
           auto dense = layer->forward(x, ctx, &dense_routing);
-          layer->set_execution(Execution::Sparse);
-          LayerRouting sparse_routing;
+          layer->set_execution(model::Execution::Sparse);
+          model::LayerRouting sparse_routing;
           auto sparse = layer->forward(x, ctx, &sparse_routing);
           CHECK_FALSE(dense_routing.sparse);
           CHECK(sparse_routing.sparse);
@@ -121,10 +121,10 @@ TEST_CASE("sparse routed execution equals dense on a CUDA device, forward and ba
         INFO("ops " << names.size() << ", causal " << causal << ", shares[last] " << shares.back());
         auto layer = make_layer(names, "threshold", Params().set("tau", taus_for(x, shares)), 16, false);
         layer->to(at::kCUDA);
-        LayerRouting routing[2];
+        model::LayerRouting routing[2];
         at::Tensor out[2], grad[2];
         for (int sparse : {0, 1}) {
-          layer->set_execution(sparse ? Execution::Sparse : Execution::Dense);
+          layer->set_execution(sparse ? model::Execution::Sparse : model::Execution::Dense);
           auto input = x.to(cuda).requires_grad_(true);
           out[sparse] = layer->forward(input, ctx, &routing[sparse]);
           (out[sparse] * probe).sum().backward();
@@ -154,7 +154,7 @@ TEST_CASE("threshold routing on a CUDA device decides as on the CPU, ties within
     auto layer = make_layer(names, "threshold", Params().set("tau", tau), 16, false);
     for (const bool grad : {true, false}) {
       INFO("ops " << names.size() << ", gradient " << grad);
-      LayerRouting cpu, gpu;
+      model::LayerRouting cpu, gpu;
       {
         at::AutoGradMode mode(grad);
         layer->to(at::kCPU);
@@ -201,16 +201,16 @@ TEST_CASE("sparse execution: one operator for every token, and a choice out of r
     INFO("every token to " << names[static_cast<size_t>(pick)]);
     std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false),
                                                test::make_op("attention", 16, 2, {}, false)};
-    MixingLayer layer(0, names, ops, std::make_shared<FixedRouter>(pick));
-    layer.set_execution(Execution::Sparse);
+    model::MixingLayer layer(0, names, ops, std::make_shared<FixedRouter>(pick));
+    layer.set_execution(model::Execution::Sparse);
     CHECK(rel_error(layer.forward(x, ctx), ops[static_cast<size_t>(pick)]->forward(x, ctx)) < 1e-6);
   }
   std::vector<std::shared_ptr<Operator>> ops{test::make_op("dct", 16, 2, {}, false),
                                              test::make_op("attention", 16, 2, {}, false)};
-  MixingLayer bad(0, names, ops, std::make_shared<FixedRouter>(2));
-  bad.set_execution(Execution::Sparse);
+  model::MixingLayer bad(0, names, ops, std::make_shared<FixedRouter>(2));
+  bad.set_execution(model::Execution::Sparse);
   CHECK_THROWS_WITH(bad.forward(x, ctx), "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
-  bad.set_execution(Execution::Dense);
+  bad.set_execution(model::Execution::Dense);
   CHECK_THROWS_WITH(bad.forward(x, ctx), "layer 1: the router chose an operator outside 0..1 for 14 of 14 tokens");
 }
 
@@ -220,7 +220,7 @@ TEST_CASE("sparse execution trains the operators it ran (threshold routing)", "[
   auto probe = at::randn({2, 7, 8}, kF64);
   auto layer = make_layer({"dct", "attention"}, "threshold", Params().set("tau", taus_for(x, {0.5, 0.5})), 8, true);
   layer->train();
-  layer->set_execution(Execution::Sparse);
+  layer->set_execution(model::Execution::Sparse);
   std::vector<at::Tensor> inputs{x};
   for (auto& p : layer->parameters()) inputs.push_back(p);
   OpContext ctx;
@@ -291,7 +291,7 @@ TEST_CASE("STE: forward is exactly the chosen output, the gate gets the softmax 
     OpContext ctx;
     ctx.causal = true;
     auto x = at::randn({3, 9, 8}, kF64);
-    LayerRouting routing;
+    model::LayerRouting routing;
     auto y = layer->forward(x, ctx, &routing);
     CHECK_FALSE(routing.sparse);  // the gate is training: dense
 
@@ -315,7 +315,7 @@ TEST_CASE("STE: forward is exactly the chosen output, the gate gets the softmax 
     // At evaluation (no gate gradient) the same router executes sparsely.
     layer->eval();
     at::NoGradGuard no_grad;
-    LayerRouting eval_routing;
+    model::LayerRouting eval_routing;
     auto y_eval = layer->forward(x, ctx, &eval_routing);
     CHECK(eval_routing.sparse);
     CHECK(rel_error(y_eval, chosen) < 1e-12);
@@ -328,7 +328,7 @@ TEST_CASE("soft routing blends every operator by softmax(Linear([x, H]))", "[rou
   OpContext ctx;
   ctx.causal = true;
   auto x = at::randn({2, 6, 8}, kF64);
-  LayerRouting routing;
+  model::LayerRouting routing;
   auto y = layer->forward(x, ctx, &routing);
   CHECK_FALSE(routing.sparse);
   // By hand: H from the float64 reference, logits from the gate's weights,
@@ -343,7 +343,7 @@ TEST_CASE("soft routing blends every operator by softmax(Linear([x, H]))", "[rou
   for (int64_t k = 0; k < 3; ++k) expected += p.select(-1, k).unsqueeze(-1) * layer->operators()[k]->forward(x, ctx);
   CHECK(rel_error(y, expected) < 1e-12);
   CHECK(rel_error(routing.weights, p) < 1e-12);
-  layer->set_execution(Execution::Sparse);
+  layer->set_execution(model::Execution::Sparse);
   CHECK_THROWS_WITH(layer->forward(x, ctx), "layer 2: soft routing blends every operator and cannot execute sparsely");
 }
 

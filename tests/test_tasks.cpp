@@ -180,7 +180,7 @@ TEST_CASE("a padded task batch gives the classifier the same output as each exam
   TempDir d("imdb-pad");
   write_imdb(d);
   auto task = make_task("imdb", Params().set("path", std::string("imdb")).set("max_len", int64_t{64}), d.path());
-  auto options = ModelOptions()
+  auto options = model::ModelOptions()
                      .vocab_size(task->vocab_size())
                      .d_model(16)
                      .n_heads(2)
@@ -189,7 +189,7 @@ TEST_CASE("a padded task batch gives the classifier the same output as each exam
                      .head(TaskHead::Classifier)
                      .n_classes(2)
                      .seed(4);
-  ChiarModel model(test::plugins(), options);
+  model::ChiarModel model(test::plugins(), options);
   model.eval();
   at::NoGradGuard g;
   auto b = task->eval_batch("test", 0, 6);

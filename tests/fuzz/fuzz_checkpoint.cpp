@@ -88,7 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string bytes;
   try {
     bytes = chiar::engine::read_verified(path, record.bytes, record.checksum);
-  } catch (const chiar::CorruptCheckpoint&) {
+  } catch (const chiar::engine::CorruptCheckpoint&) {
     return 0;
   }
   if (bytes != file || record.bytes != static_cast<int64_t>(bytes.size()) ||

@@ -19,7 +19,21 @@ while IFS= read -r hit; do
   fail "public header includes a private one: $hit"
 done < <(grep -rnE '^#include "' "$src/harness/include/chiar" | grep -vE '#include "chiar/' | sed "s|^$src/||")
 
-# 3. The core library exports no application symbol.
+# 3. Application code declares in a namespace of its own folder's (chiar::model,
+#    chiar::engine, chiar::report, chiar::cli, chiar::bench): a `namespace
+#    chiar {` block there may only forward-declare the SDK's classes.
+app_dirs=(model engine report cli bench)
+while IFS= read -r hit; do
+  fail "application code declares in namespace chiar (use its folder's namespace): $hit"
+done < <(for d in "${app_dirs[@]}"; do
+           find "$src/harness/src/$d" -name '*.h' -o -name '*.cpp' -o -name '*.cu'
+         done | xargs awk '/^namespace chiar \{/ {inside = 1; next}
+                            inside && /^\}/ {inside = 0; next}
+                            inside && !/^(class|struct) [A-Za-z_]+;$/ && !/^[[:space:]]*$/ {print FILENAME ":" FNR ": " $0}' |
+         sed "s|^$src/||")
+
+# 4. The core library exports no application symbol: nothing of those namespaces.
+app_namespaces=$(IFS='|'; echo "${app_dirs[*]}")
 core=$build/libchiar_core.so
 if [ ! -f "$core" ]; then
   fail "$core is missing"
@@ -27,10 +41,10 @@ else
   while IFS= read -r sym; do
     fail "libchiar_core.so exports an application symbol: $sym"
   done < <(nm -D --defined-only "$core" | c++filt |
-           grep -E 'chiar::(engine|report|cli|bench)::|chiar::(ChiarModel|MixingLayer|FeedForward)\b' | head -20)
+           grep -E "chiar::($app_namespaces)::" | head -20)
 fi
 
-# 4. The installed tree holds exactly the public headers and no application library.
+# 5. The installed tree holds exactly the public headers and no application library.
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/chiar-sdk-install.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT
 if ! cmake --install "$build" --prefix "$prefix" >"$prefix.log" 2>&1; then
@@ -51,4 +65,4 @@ if [ "$failures" -gt 0 ]; then
   echo "$failures boundary check(s) failed"
   exit 1
 fi
-echo "SDK boundary: private headers export nothing, public headers are self-contained, libchiar_core.so exports no application symbol, the install holds the public headers only"
+echo "SDK boundary: private headers export nothing, application code declares in its own namespaces, public headers are self-contained, libchiar_core.so exports no application symbol, the install holds the public headers only"

@@ -52,7 +52,7 @@ std::vector<std::string> stretch(const std::vector<std::string>& plan, int64_t l
 
 // The model's parameters, once it is on the device (built on the CPU under
 // its seed, so every device starts from the same weights).
-std::vector<at::Tensor> parameters_on(ChiarModel& model, const at::Device& device) {
+std::vector<at::Tensor> parameters_on(model::ChiarModel& model, const at::Device& device) {
   if (!device.is_cpu()) model.to(device);
   return model.parameters();
 }
@@ -60,7 +60,7 @@ std::vector<at::Tensor> parameters_on(ChiarModel& model, const at::Device& devic
 // One variant under test: its model, optimiser and the step it times.
 class Variant {
  public:
-  Variant(const PluginRegistry& registry, const ModelOptions& options, const at::Tensor& tokens, bool bf16)
+  Variant(const PluginRegistry& registry, const model::ModelOptions& options, const at::Tensor& tokens, bool bf16)
       : model_(registry, options),
         opt_(parameters_on(model_, tokens.device()), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95})),
         bf16_(bf16) {
@@ -113,10 +113,10 @@ class Variant {
   }
 
  private:
-  ChiarModel model_;
+  model::ChiarModel model_;
   FusedAdamW opt_;
   bool bf16_;
-  ModelOutput last_;
+  model::ModelOutput last_;
 };
 
 // The device's matrix-product rate in the training precision: one n^3
@@ -230,8 +230,8 @@ Synthetic synthetic_batch(const TrainBenchOptions& o) {
 }
 
 // Every variant's model from the same seed, in the benchmark's shape.
-ModelOptions options_for(const engine::RunSpec& run, const TrainBenchOptions& o) {
-  ModelOptions mo = run.model;
+model::ModelOptions options_for(const engine::RunSpec& run, const TrainBenchOptions& o) {
+  model::ModelOptions mo = run.model;
   mo.vocab_size(o.vocab).d_model(o.d_model).n_heads(o.heads).layers(stretch(run.model.layers(), o.layers)).seed(0);
   if (o.classes > 0)
     mo.head(TaskHead::Classifier).n_classes(o.classes);

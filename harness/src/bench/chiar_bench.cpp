@@ -421,7 +421,7 @@ const RoutedPair& routed_pair() {
 // plus the router's entropy transform. Checks sparse == dense first; an empty
 // layer means it failed.
 struct RoutedCase {
-  std::shared_ptr<MixingLayer> layer;
+  std::shared_ptr<model::MixingLayer> layer;
   at::Tensor x;  // (4, T, d)
   double flop_ratio = 0;
 };
@@ -439,7 +439,7 @@ RoutedCase routed_case(benchmark::State& state, bool sparse, at::Device device =
   const RoutedPair& pair = routed_pair();
   rs.operators = {pair.cheap, pair.global};
   rs.params.set("tau", tau);
-  auto layer = std::make_shared<MixingLayer>(
+  auto layer = std::make_shared<model::MixingLayer>(
       1, rs.operators, std::vector<std::shared_ptr<Operator>>{make(pair.cheap, d), make(pair.global, d)},
       registry().make_router(pair.router, rs));
   layer->to(device);
@@ -447,16 +447,16 @@ RoutedCase routed_case(benchmark::State& state, bool sparse, at::Device device =
   OpContext ctx;
   ctx.causal = true;
   at::NoGradGuard g;
-  layer->set_execution(Execution::Dense);
+  layer->set_execution(model::Execution::Dense);
   const auto dense = layer->forward(c.x, ctx);
-  layer->set_execution(Execution::Sparse);
+  layer->set_execution(model::Execution::Sparse);
   const double err = rel_error(layer->forward(c.x, ctx), dense);
   if (err > 1e-5) {
     state.SkipWithError(("sparse disagrees with dense: " + std::to_string(err)).c_str());
     return c;
   }
-  layer->set_execution(sparse ? Execution::Sparse : Execution::Dense);
-  LayerRouting routing;
+  layer->set_execution(sparse ? model::Execution::Sparse : model::Execution::Dense);
+  model::LayerRouting routing;
   layer->forward(c.x, ctx, &routing);
   const auto& ops = layer->operators();
   double executed = static_cast<double>(kBatch * 2 * T * d * d);  // entropy: one d x d transform per token
@@ -624,9 +624,9 @@ void BM_cuda_routed_train(benchmark::State& state) {
   };
   // Checked first: the sparse training step gives the dense one's output
   // and gradients (a parameter no token reached has none in either).
-  c.layer->set_execution(Execution::Dense);
+  c.layer->set_execution(model::Execution::Dense);
   const auto dense = step();
-  c.layer->set_execution(Execution::Sparse);
+  c.layer->set_execution(model::Execution::Sparse);
   const auto sparse = step();
   for (size_t i = 0; i < dense.size(); ++i) {
     const bool same =

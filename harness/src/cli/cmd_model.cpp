@@ -12,8 +12,8 @@
 namespace chiar::cli {
 namespace {
 
-OperatorParams parse_operator_set(const std::vector<std::string>& assignments) {
-  OperatorParams out;
+model::OperatorParams parse_operator_set(const std::vector<std::string>& assignments) {
+  model::OperatorParams out;
   for (const auto& a : assignments) {
     const auto dot = a.find('.');
     const auto eq = a.find('=');
@@ -34,7 +34,7 @@ int run_model(const Global& g, const ModelArgs& a) {
   registry.load_default(g.plugin_dirs);
   if (a.head != "lm" && a.head != "classifier")
     throw UserError("--head: expected 'lm' or 'classifier', found '" + a.head + "'");
-  ModelOptions options;
+  model::ModelOptions options;
   options.vocab_size(a.vocab)
       .d_model(a.d_model)
       .n_heads(a.heads)
@@ -43,10 +43,10 @@ int run_model(const Global& g, const ModelArgs& a) {
       .router(a.router)
       .router_params(Params::from_assignments(a.router_set))
       .operator_params(parse_operator_set(a.operator_set))
-      .meta_router(meta_router_from_string(a.meta_router))
+      .meta_router(model::meta_router_from_string(a.meta_router))
       .layers(a.layers)
       .seed(a.seed);
-  ChiarModel model(registry, options);
+  model::ChiarModel model(registry, options);
   std::cout << model.describe() << "\n";
   std::cout << "parameters: " << model.parameter_count() << "\n";
   if (a.batch <= 0 || a.seq <= 0) return 0;

@@ -52,7 +52,7 @@ void check_plugin_names_of(const engine::Matrix& matrix, const PluginRegistry& r
     bool routed = false;
     try {
       for (const auto& layer : r.model.layers()) {
-        const auto names = split_layer_spec(layer);
+        const auto names = model::split_layer_spec(layer);
         for (const auto& name : names) registry.canonical("operator", name);
         routed = routed || names.size() > 1;
       }
@@ -86,7 +86,7 @@ void check_declared(const PluginRegistry& registry, const std::string& kind, con
 // declarations, before any of them is made.
 void check_declared_layer_options_of(const engine::Matrix& matrix, const PluginRegistry& registry) {
   for (const auto& r : matrix.runs) {
-    const ModelOptions& o = r.model;
+    const model::ModelOptions& o = r.model;
     const std::string at_variant = matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "'";
     check_declared(registry, "router", o.router(), o.router_params(), [&](const std::string& key) {
       std::string at = matrix.origin_of(r, "router." + key);  // a --set router.KEY
@@ -103,7 +103,7 @@ void check_declared_layer_options_of(const engine::Matrix& matrix, const PluginR
 
 // What the operators and routers of a model read from their options, as a
 // key: models alike in it are checked once.
-std::string layer_plugins_key(const ModelOptions& o) {
+std::string layer_plugins_key(const model::ModelOptions& o) {
   std::string key = std::to_string(o.d_model()) + "/" + std::to_string(o.n_heads()) + "\n" + o.router() + "(" +
                     o.router_params().describe() + ")";
   for (const auto& layer : o.layers()) key += "\n" + layer;
@@ -135,15 +135,15 @@ std::string router_problem_origin(const engine::Matrix& matrix, const engine::Ru
 // refusal named where the option was set.
 void check_layer_plugins(const engine::Matrix& matrix, const PluginRegistry& registry, const engine::RunSpec& r,
                          size_t layer, const std::string& at_variant) {
-  LayerOperators made;
+  model::LayerOperators made;
   try {
-    made = make_layer_operators(registry, r.model, layer);
+    made = model::make_layer_operators(registry, r.model, layer);
   } catch (const UserError& e) {
     throw UserError(origin_or(matrix, r, "model.operators", at_variant) + ": " + e.what());
   }
   if (made.names.size() < 2) return;
   try {
-    make_layer_router(registry, r.model, layer, made.names);
+    model::make_layer_router(registry, r.model, layer, made.names);
   } catch (const UserError& e) {
     throw UserError(router_problem_origin(matrix, r, e.what(), at_variant) + ": " + e.what());
   }
@@ -157,8 +157,8 @@ void check_layer_plugins(const engine::Matrix& matrix, const PluginRegistry& reg
 void check_layer_plugins_of(const engine::Matrix& matrix, const PluginRegistry& registry) {
   std::vector<std::string> checked;
   for (const auto& r : matrix.runs) {
-    const ModelOptions& o = r.model;
-    if (!model_shape_problem(o).empty()) continue;  // the model's own check names it
+    const model::ModelOptions& o = r.model;
+    if (!model::model_shape_problem(o).empty()) continue;  // the model's own check names it
     const std::string key = layer_plugins_key(o);
     if (std::find(checked.begin(), checked.end(), key) != checked.end()) continue;
     checked.push_back(key);

@@ -121,7 +121,7 @@ Tasks load_tasks_and_check_models(const Matrix& matrix, const PluginRegistry& re
     const std::string at =
         matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "' on task '" + r.task + "'";
     try {
-      ChiarModel probe(registry, model_options_for(r, *tasks[key]));
+      model::ChiarModel probe(registry, model_options_for(r, *tasks[key]));
     } catch (const UserError& e) {
       throw UserError(at + ": " + e.what());
     } catch (const std::exception& e) {
@@ -191,7 +191,7 @@ RunSpec prepare_run(Session& s, const RunSpec& run) {
   s.prov.device = describe_device(spec.train.device);
   s.prov.threads = spec.train.threads > 0 ? static_cast<int>(spec.train.threads) : s.runtime.threads;
   const Task& task = s.task_of(spec);
-  const ModelOptions mo = model_options_for(spec, task);
+  const model::ModelOptions mo = model_options_for(spec, task);
   s.prov.allocator = configure_allocator(estimate_activation_bytes(
       spec.train.batch_size, task.seq_len(), mo.d_model(), static_cast<int64_t>(mo.layers().size()),
       mo.ffn_mult() * mo.d_model(), mo.head() == TaskHead::LanguageModel ? mo.vocab_size() : 0));

@@ -12,7 +12,7 @@
 #include "chiar/spectral.h"
 #include "route_mix.h"
 
-namespace chiar {
+namespace chiar::model {
 
 const char* to_string(Execution e) {
   switch (e) {
@@ -167,4 +167,4 @@ std::string MixingLayer::describe() const {
   return out;
 }
 
-}  // namespace chiar
+}  // namespace chiar::model

@@ -8,7 +8,7 @@
 #include "chiar/operator.h"
 #include "chiar/router.h"
 
-namespace chiar {
+namespace chiar::model {
 
 // How a routed layer executes its decision.
 enum class Execution {
@@ -62,4 +62,4 @@ class MixingLayer : public torch::nn::Module {
   Execution execution_ = Execution::Auto;
 };
 
-}  // namespace chiar
+}  // namespace chiar::model

@@ -14,7 +14,7 @@
 #include "chiar/linear.h"
 #include "chiar/registry.h"
 
-namespace chiar {
+namespace chiar::model {
 
 const char* to_string(TaskHead h) { return h == TaskHead::LanguageModel ? "language-model" : "classifier"; }
 
@@ -300,4 +300,4 @@ std::string ChiarModel::describe() const {
   return out.str();
 }
 
-}  // namespace chiar
+}  // namespace chiar::model

@@ -17,8 +17,12 @@
 #include "mixing_layer.h"
 
 namespace chiar {
-
 class PluginRegistry;
+}
+
+// The model the harness assembles from plugins: application code, not part
+// of the plugin SDK (harness/include/chiar).
+namespace chiar::model {
 
 // "language-model" or "classifier", as descriptions print it.
 const char* to_string(TaskHead h);
@@ -176,4 +180,4 @@ std::shared_ptr<Router> make_layer_router(const PluginRegistry& registry, const 
 //   model: d_model (64) must be a positive multiple of n_heads (5)
 std::string model_shape_problem(const ModelOptions& options);
 
-}  // namespace chiar
+}  // namespace chiar::model

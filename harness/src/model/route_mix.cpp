@@ -7,7 +7,7 @@
 #include "chiar/kernels.h"
 #include "core/row_passes.h"
 
-namespace chiar {
+namespace chiar::model {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -210,4 +210,4 @@ at::Tensor choose_outputs(const std::vector<at::Tensor>& outputs, const at::Tens
   return MixFunction::apply(at::TensorList(outputs), weights.defined() ? weights : none, choice);
 }
 
-}  // namespace chiar
+}  // namespace chiar::model

@@ -12,7 +12,7 @@
 
 #include <vector>
 
-namespace chiar {
+namespace chiar::model {
 
 //   outputs  K x (B, T, d), one dtype and device
 //   weights  (B, T, K) in the outputs' dtype
@@ -27,4 +27,4 @@ at::Tensor blend_outputs(const std::vector<at::Tensor>& outputs, const at::Tenso
 // zero elsewhere.
 at::Tensor choose_outputs(const std::vector<at::Tensor>& outputs, const at::Tensor& choice, const at::Tensor& weights);
 
-}  // namespace chiar
+}  // namespace chiar::model

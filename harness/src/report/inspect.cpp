@@ -48,7 +48,7 @@ std::string newest_recorded(engine::ResultsReader& store, const std::string& has
     try {
       engine::read_verified(c.file, c.bytes, c.checksum);
       return c.file;
-    } catch (const CorruptCheckpoint& e) {
+    } catch (const engine::CorruptCheckpoint& e) {
       std::cerr << "warning: " << e.what() << "; trying an older checkpoint\n";
     }
   }
@@ -71,7 +71,7 @@ void verify_named_checkpoint(const std::string& file) {
     if (const auto record = engine::recorded_checkpoint(db, file)) {
       try {
         engine::read_verified(file, record->bytes, record->checksum);
-      } catch (const CorruptCheckpoint& e) {
+      } catch (const engine::CorruptCheckpoint& e) {
         throw UserError(e.what());
       }
       return;
@@ -103,7 +103,7 @@ Inspector::Inspector(const PluginRegistry& registry, const InspectOptions& o) {
   ts.data_root = o.data_root;
   ts.cache_dir = o.cache_dir;
   task_ = registry.make_task(spec_.task_config.plugin, ts);
-  model_ = std::make_shared<ChiarModel>(registry, engine::model_options_for(spec_, *task_));
+  model_ = std::make_shared<model::ChiarModel>(registry, engine::model_options_for(spec_, *task_));
   if (named_checkpoint) verify_named_checkpoint(checkpoint_);
   try {
     torch::serialize::InputArchive archive;

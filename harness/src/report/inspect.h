@@ -60,7 +60,7 @@ class Inspector {
 
   engine::RunSpec spec_;
   std::shared_ptr<Task> task_;
-  std::shared_ptr<ChiarModel> model_;
+  std::shared_ptr<model::ChiarModel> model_;
   std::string checkpoint_;
 };
 

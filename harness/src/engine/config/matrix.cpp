@@ -410,10 +410,10 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere, const ValueOr
   // Refused here as well as where the model is built, so that --dry-run and
   // `chiar slurm` refuse it before anything is listed or submitted.
   if (spec.model.layers().empty())
-    throw UserError(at_variant + missing_layers_message("`chiar plugins` lists the operators"));
-  if (const std::string m = missing_router_message(spec.model, "`chiar plugins` lists the routers"); !m.empty())
+    throw UserError(at_variant + model::missing_layers_message("`chiar plugins` lists the operators"));
+  if (const std::string m = model::missing_router_message(spec.model, "`chiar plugins` lists the routers"); !m.empty())
     throw UserError(at_variant + m);
-  if (const std::string m = model_shape_problem(spec.model); !m.empty()) {
+  if (const std::string m = model::model_shape_problem(spec.model); !m.empty()) {
     // Named at the heads where they were set, else at the width, else the variant.
     std::string origin = origin_of("model.n_heads");
     if (origin.empty()) origin = origin_of("model.d_model");

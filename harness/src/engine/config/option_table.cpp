@@ -65,10 +65,10 @@ struct Codec<Params> {
 
 // operators = { NAME = { option = value, ... }, ... }
 template <>
-struct Codec<OperatorParams> {
+struct Codec<model::OperatorParams> {
   static constexpr OptionKind kind = OptionKind::Table;
-  static OperatorParams read(const toml::node& n, const std::string& path, const Locate& where) {
-    OperatorParams out;
+  static model::OperatorParams read(const toml::node& n, const std::string& path, const Locate& where) {
+    model::OperatorParams out;
     const std::string prefix = path.substr(path.find('.') + 1) + ".";
     for (const auto& [name, table] : *n.as_table()) {
       const std::string key = prefix + std::string(name.str());
@@ -77,7 +77,7 @@ struct Codec<OperatorParams> {
     }
     return out;
   }
-  static void write(toml::table& t, const std::string& key, const OperatorParams& ops) {
+  static void write(toml::table& t, const std::string& key, const model::OperatorParams& ops) {
     toml::table all;
     for (const auto& [name, p] : ops) Codec<Params>::write(all, name, p);
     t.insert_or_assign(key, all);
@@ -98,11 +98,13 @@ struct NamedCodec {
   static void write(toml::table& t, const std::string& key, E v) { t.insert_or_assign(key, std::string(ToString(v))); }
 };
 template <>
-struct Codec<MetaRouterKind> : NamedCodec<MetaRouterKind, to_string, meta_router_from_string> {};
+struct Codec<model::MetaRouterKind>
+    : NamedCodec<model::MetaRouterKind, model::to_string, model::meta_router_from_string> {};
 template <>
-struct Codec<Execution> : NamedCodec<Execution, to_string, execution_from_string> {};
+struct Codec<model::Execution> : NamedCodec<model::Execution, model::to_string, model::execution_from_string> {};
 template <>
-struct Codec<NormPlacement> : NamedCodec<NormPlacement, to_string, norm_placement_from_string> {};
+struct Codec<model::NormPlacement>
+    : NamedCodec<model::NormPlacement, model::to_string, model::norm_placement_from_string> {};
 
 template <class O, class T>
 OptionField<O> field(const char* key, T O::*member, const char* doc, std::function<std::string(const T&)> check = {}) {
@@ -180,8 +182,8 @@ void put_value(toml::table& t, const std::string& key, const Params::Value& v) {
 // Table order is the order `chiar options` lists them in. The keys and their
 // default values are part of every run's hash: renaming a key or changing a
 // default changes the hashes of runs that did not set it.
-const std::vector<OptionField<ModelOptions>>& model_option_fields() {
-  using M = ModelOptions;
+const std::vector<OptionField<model::ModelOptions>>& model_option_fields() {
+  using M = model::ModelOptions;
   static const std::vector<OptionField<M>> fields = {
       field("d_model", &M::d_model_, "width of the residual stream"),
       field("n_heads", &M::n_heads_, "attention heads (d_model must be a multiple)"),

@@ -53,7 +53,7 @@ struct OptionField {
   std::function<std::string(const Options&)> check;
 };
 
-const std::vector<OptionField<ModelOptions>>& model_option_fields();
+const std::vector<OptionField<model::ModelOptions>>& model_option_fields();
 const std::vector<OptionField<TrainOptions>>& train_option_fields();
 
 // Every field's key, in table order.

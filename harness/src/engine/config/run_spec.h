@@ -41,7 +41,7 @@ struct RunSpec {
   int64_t seed = 0;
   std::vector<std::pair<std::string, std::string>> sweep;  // axis, value
   std::vector<std::string> swept;  // the option paths the sweep axes set ("train.lr"): where values came from
-  ModelOptions model;              // vocabulary, head and classes come from the task at run time
+  model::ModelOptions model;       // vocabulary, head and classes come from the task at run time
   TaskConfig task_config;
   TrainOptions train;
   std::string canonical;      // the resolved spec as JSON, keys sorted

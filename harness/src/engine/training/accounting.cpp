@@ -43,7 +43,7 @@ void account_plain_layer(Accounting& a, int64_t li, const Operator& op, const st
 // A routed layer: each operator's FLOPs on the positions routed to it (as
 // routed, and as executed: dense where the layer ran dense), its shares of
 // the real tokens, the router's own cost and the entropies' histogram.
-void account_routed_layer(Accounting& a, int64_t li, const MixingLayer& layer, const LayerRouting& r,
+void account_routed_layer(Accounting& a, int64_t li, const model::MixingLayer& layer, const model::LayerRouting& r,
                           const at::Tensor& valid, int64_t T, int64_t d, bool causal) {
   const auto& ops = layer.operators();
   const auto& names = layer.operator_names();
@@ -87,7 +87,7 @@ void account_routed_layer(Accounting& a, int64_t li, const MixingLayer& layer, c
 
 }  // namespace
 
-Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Tensor& valid, int64_t T) {
+Accounting account(const model::ChiarModel& model, const model::ModelOutput& out, const at::Tensor& valid, int64_t T) {
   Accounting a;
   const auto& o = model.options();
   const int64_t d = o.d_model();

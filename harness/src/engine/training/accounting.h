@@ -33,6 +33,6 @@ std::vector<std::vector<std::vector<int64_t>>> positions_by_operator(const at::T
 // FFN, router and head rows, and the reference code's own formula: forward
 // FLOPs of the operators whose traits count attention FLOPs only, a fixed 50%
 // share in routed layers.
-Accounting account(const ChiarModel& model, const ModelOutput& out, const at::Tensor& valid, int64_t T);
+Accounting account(const model::ChiarModel& model, const model::ModelOutput& out, const at::Tensor& valid, int64_t T);
 
 }  // namespace chiar::engine

@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace chiar {
+namespace chiar::engine {
 
 // A checkpoint file that is missing, or whose size or checksum differs from
 // what the store recorded. what() names the file and what is wrong with it:
@@ -24,8 +24,6 @@ class CorruptCheckpoint : public std::runtime_error {
  public:
   explicit CorruptCheckpoint(const std::string& message) : std::runtime_error(message) {}
 };
-
-namespace engine {
 
 // "crc32:%08x" of the bytes (zlib's CRC-32).
 std::string crc32_of(const std::string& bytes);
@@ -47,5 +45,4 @@ void write_file_durably(const std::string& path, const std::string& bytes);
 // chiar::EnvironmentError ("<path>: cannot read the checkpoint: <strerror>").
 std::string read_verified(const std::string& path, int64_t bytes, const std::string& checksum);
 
-}  // namespace engine
-}  // namespace chiar
+}  // namespace chiar::engine

@@ -62,7 +62,7 @@ void add_class_metrics(std::map<std::string, double>& metrics, double loss_sum, 
 // batches' values before, and the host reads them once, after the last
 // batch: on a GPU a batch no longer waits for the one before it to be read
 // back (the routing's own waits inside the forward remain).
-EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
+EvalResult evaluate(model::ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
                     int64_t batch_size, bool bf16, const at::Device& device, const std::atomic<bool>* stop) {
   at::NoGradGuard no_grad;
   const bool was_training = model.is_training();
@@ -84,7 +84,7 @@ EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& spli
     check_batch_targets(host, lm ? task.vocab_size() : task.n_classes(), lm,
                         "split '" + split + "' batch " + std::to_string(i));
     const Batch b = batch_on(host, device);
-    ModelOutput out;
+    model::ModelOutput out;
     {
       const autocast::Bf16Scope cast(bf16, device);
       // A language model's loss through the fused head (no (B, T, V) logits;

@@ -31,7 +31,7 @@ struct EvaluationStopped {};
 // token_ppl (and on the whole split word_ppl, bits_per_byte) for a language
 // model; accuracy, loss, accuracy_class_k, examples, majority_rate for a
 // classifier; full_split 1 or 0.
-EvalResult evaluate(ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
+EvalResult evaluate(model::ChiarModel& model, const Task& task, const std::string& split, int64_t max_batches,
                     int64_t batch_size, bool bf16, const at::Device& device, const std::atomic<bool>* stop);
 
 // Higher is better: accuracy, or minus the mean NLL per token.

@@ -55,7 +55,7 @@ double peak_rss_mb() {
 // Loss of a batch: mean token cross-entropy over the real tokens (language
 // model, from the hidden states through the fused head: out has no logits)
 // or example cross-entropy (classifier), plus the routers' regularisers.
-at::Tensor loss_of(const ChiarModel& model, const ModelOutput& out, const Batch& b, TaskHead head) {
+at::Tensor loss_of(const model::ChiarModel& model, const model::ModelOutput& out, const Batch& b, TaskHead head) {
   at::Tensor loss;
   if (head == TaskHead::LanguageModel) {
     at::Tensor weights;  // (B, T) valid / #valid, or undefined for the mean
@@ -114,7 +114,7 @@ std::string json_list(const std::vector<double>& v) {
   return s.str();
 }
 
-std::string thresholds_json(const ChiarModel& model) {
+std::string thresholds_json(const model::ChiarModel& model) {
   std::string out = "{";
   for (const auto& layer : model.mixing_layers())
     if (layer->routed()) {
@@ -154,7 +154,7 @@ void set_generator_state(at::Device device, const at::Tensor& state) {
 
 // `validated`: false when a stop cut this step's validation short; the
 // resuming process validates the step before it trains on.
-std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, const at::Device& device, int64_t step,
+std::string state_bytes(model::ChiarModel& model, torch::optim::AdamW& opt, const at::Device& device, int64_t step,
                         double best, bool has_best, double train_seconds, bool validated) {
   torch::serialize::OutputArchive archive;
   model.save(archive);
@@ -176,12 +176,12 @@ std::string state_bytes(ChiarModel& model, torch::optim::AdamW& opt, const at::D
 // The model, moved to the device before an optimiser holds its parameters.
 // It is built on the CPU under its seed, so its initial weights do not
 // depend on the device.
-ChiarModel& on_device(ChiarModel& model, const at::Device& device) {
+model::ChiarModel& on_device(model::ChiarModel& model, const at::Device& device) {
   if (!device.is_cpu()) model.to(device);
   return model;
 }
 
-std::vector<torch::optim::OptimizerParamGroup> param_groups(ChiarModel& model, const TrainOptions& t) {
+std::vector<torch::optim::OptimizerParamGroup> param_groups(model::ChiarModel& model, const TrainOptions& t) {
   std::vector<at::Tensor> decay, no_decay;
   for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -214,7 +214,7 @@ struct Run {
   const TrainOptions& t;
   const bool bf16;
   const at::Device device;  // the model's, its optimiser state's and each batch's
-  ChiarModel model;
+  model::ChiarModel model;
   FusedAdamW optimizer;
   const std::string dir;        // the checkpoint folder
   ProcessGroup* const group;    // data-parallel ranks; null for one process
@@ -417,7 +417,7 @@ std::string resumable_state(Run& run) {
 // in the precision the run trains in: under bf16 the router sees entropies
 // of bf16 coefficients, and thresholds from fp32 ones would give other shares.
 // Returns what calibrated them (JSON), or "" when there were none.
-std::string calibrate_routers(ChiarModel& model, const Task& task, const RunSpec& spec, const at::Device& device,
+std::string calibrate_routers(model::ChiarModel& model, const Task& task, const RunSpec& spec, const at::Device& device,
                               bool bf16) {
   const TrainOptions& t = spec.train;
   std::vector<at::Tensor> tokens, valid;
@@ -465,8 +465,8 @@ struct StepLoss {
 // batch's loss, times the number of ranks, so that the mean of the ranks'
 // gradients is the whole batch's gradient. The routers' regularisers are
 // taken over the slice (their mean over ranks stands for the batch's).
-at::Tensor slice_loss_of(const ChiarModel& model, const ModelOutput& out, const Batch& slice, const Batch& whole,
-                         TaskHead head, int ranks) {
+at::Tensor slice_loss_of(const model::ChiarModel& model, const model::ModelOutput& out, const Batch& slice,
+                         const Batch& whole, TaskHead head, int ranks) {
   at::Tensor loss;
   if (head == TaskHead::LanguageModel) {
     const double scale = static_cast<double>(ranks) / static_cast<double>(std::max<int64_t>(real_tokens(whole), 1));
@@ -799,8 +799,8 @@ LossReads loss_reads_for(const at::Device& device) {
 
 void check_loss_reads_setting() { loss_reads_for(at::Device(at::kCPU)); }
 
-ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
-  ModelOptions o = spec.model;
+model::ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
+  model::ModelOptions o = spec.model;
   o.vocab_size(task.vocab_size());
   o.head(task.head());
   if (task.head() == TaskHead::Classifier) o.n_classes(task.n_classes());

@@ -79,6 +79,6 @@ LossReads loss_reads_for(const at::Device& device);
 void check_loss_reads_setting();
 
 // The model a run trains, built from its spec and its task.
-ModelOptions model_options_for(const RunSpec& spec, const Task& task);
+model::ModelOptions model_options_for(const RunSpec& spec, const Task& task);
 
 }  // namespace chiar::engine
