@@ -17,6 +17,7 @@
 #include <boost/filesystem.hpp>
 #include <toml++/toml.h>
 
+#include "chiar/conformance.h"
 #include "chiar/error.h"
 #include "engine/runtime/device.h"
 #include "engine/runtime/queue_mark.h"
@@ -120,7 +121,7 @@ TEST_CASE("device: the CPU bf16 probe predicts how a longer bf16 product sums", 
   const auto a = at::ones({4, 4096}, at::kBFloat16), b = at::ones({4096, 4}, at::kBFloat16);
   const float sum = at::mm(a, b)[0][0].item<float>();
   INFO("4096 products of ones summed to " << sum);
-  if (engine::cpu_bf16_sums_in_fp32())
+  if (chiar::cpu_bf16_sums_in_fp32())
     CHECK(sum == 4096.f);
   else
     CHECK(sum < 4096.f);

@@ -28,6 +28,7 @@
 #include "engine/runtime/device.h"
 #include "engine/store/sqlite.h"
 #include "engine/store/store.h"
+#include "chiar/conformance.h"
 #include "chiar/error.h"
 #include "chiar/linear.h"
 #include "chiar/random.h"
@@ -825,7 +826,7 @@ TEST_CASE("run: bf16 autocast trains to finite metrics close to fp32", "[engine]
   REQUIRE(bf_run.status == 0);
   // Warned where this CPU's bf16 products sum in bf16, and only there.
   CHECK((bf_run.output.find("warning: precision \"bf16\" on this CPU") != std::string::npos) ==
-        !engine::cpu_bf16_sums_in_fp32());
+        !chiar::cpu_bf16_sums_in_fp32());
   REQUIRE(test::run_chiar(run_args(d, "fp.db", only)).status == 0);
   const auto q = "SELECT main_metric FROM results";
   engine::Database bf_db(d.path() + "/bf.db"), fp_db(d.path() + "/fp.db");

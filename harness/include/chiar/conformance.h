@@ -42,8 +42,17 @@ struct CHIAR_API OperatorCase {
 // The standard cases for an operator with `traits`: T 1, 7, 128 at (d, heads)
 // (16, 2), (64, 4), (256, 4), and T 1024 at (64, 4); each in a plain
 // context, a causal one (traits.causal) and a padded one (traits.padded,
-// T > 2); fp32 and bf16; on the CPU, and on CUDA when `cuda`.
+// T > 2); fp32 and bf16; on the CPU, and on CUDA when `cuda`. The CPU's
+// bf16 cases only where cpu_bf16_sums_in_fp32(): their bounds below assume
+// products that sum in fp32.
 CHIAR_API std::vector<OperatorCase> operator_cases(const OperatorTraits& traits, bool cuda);
+
+// Whether libtorch's bf16 matrix products on the CPU sum in fp32, probed
+// once: some CPU kernels sum in bf16 (Debian's libtorch 1.13 without
+// AVX-512: 512 products of ones give 256; a bf16 product of inner size K
+// then loses about K u^2 / 3 of NMSE, 1.3e-3 at K 1024, measured), which
+// costs a bf16 run most of its precision in every long sum.
+CHIAR_API bool cpu_bf16_sums_in_fp32();
 
 // The normalised mean squared error, ||got - ref||^2 / ||ref||^2, a case may
 // reach: bf16 keeps 8 bits of mantissa (unit roundoff u = 2^-8), so an

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "chiar/conformance.h"
 #include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar_build_info.h"
@@ -182,16 +183,6 @@ void check_batch_targets(const Batch& host, int64_t top, bool vocabulary, const 
 
 void configure_device(const at::Device& device) {
   if (device.is_cuda()) at::globalContext().setAllowTF32CuBLAS(false);
-}
-
-bool cpu_bf16_sums_in_fp32() {
-  static const bool exact = [] {
-    const at::NoGradGuard no_grad;
-    // b not transposed: the layout that sums in bf16 where any does.
-    const auto a = at::ones({4, 512}, at::kBFloat16), b = at::ones({512, 4}, at::kBFloat16);
-    return at::mm(a, b).eq(512).all().item<bool>();
-  }();
-  return exact;
 }
 
 std::string cpu_bf16_instructions() {

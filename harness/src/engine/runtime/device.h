@@ -73,12 +73,6 @@ at::Device torch_device(const std::string& resolved);
 // fp32's error. Nothing on the CPU.
 void configure_device(const at::Device& device);
 
-// Whether libtorch's bf16 matrix products on the CPU sum in fp32, probed
-// once: some CPU kernels sum in bf16 (Debian's libtorch 1.13 without
-// AVX-512: 512 products of ones give 256), which costs a bf16 run most of
-// its precision in every long sum.
-bool cpu_bf16_sums_in_fp32();
-
 // The CPU's bf16 instructions as the kernel lists them in /proc/cpuinfo
 // ("avx512_bf16", "amx_bf16"), comma-separated; empty when it has none:
 // libtorch then converts bf16 to fp32 around every product, and a bf16 run
