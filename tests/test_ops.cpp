@@ -31,32 +31,21 @@ std::function<std::shared_ptr<Operator>(int64_t, int64_t)> maker(const PluginReg
 // The one case family held to a looser bound (see its use).
 constexpr const char* kRbfSingleTokenBf16 = "^rbf T=1 .* bf16 ";
 
-const char* given_filter() {
+std::regex case_filter() {
   const char* given = std::getenv("CHIAR_OPS_FILTER");
-  return given && *given ? given : nullptr;
+  return std::regex(given && *given ? given : ".*");
 }
 
-std::regex case_filter() { return std::regex(given_filter() ? given_filter() : ".*"); }
-
-// Without a filter every test case runs cases; a filter may select one
-// dtype's cases only, and the other dtype's test case then says so.
-void check_ran(int ran) {
-  if (given_filter() && ran == 0)
-    WARN("CHIAR_OPS_FILTER selects no case of this dtype");
-  else
-    CHECK(ran > 0);
-}
-
-// Runs every case of every operator of `registry` in the dtype given (bf16
-// or fp32) that the filter passes; returns how many ran.
-int check_matrix(const PluginRegistry& registry, bool cuda, bool bf16) {
+// Runs every case of every operator of `registry` that the filter passes;
+// returns how many ran.
+int check_matrix(const PluginRegistry& registry, bool cuda) {
   const std::regex filter = case_filter();
   int ran = 0;
   for (const auto& e : registry.entries()) {
     if (e.kind != "operator") continue;
     const auto make = maker(registry, e.name);
     for (const auto& c : operator_cases(make(16, 2)->traits(), cuda)) {
-      if (c.cuda != cuda || c.bf16 != bf16) continue;
+      if (c.cuda != cuda) continue;
       const std::string label = e.name + " " + c.name();
       if (!std::regex_search(label, filter)) continue;
       ++ran;
@@ -81,19 +70,16 @@ int check_matrix(const PluginRegistry& registry, bool cuda, bool bf16) {
 
 }  // namespace
 
-TEST_CASE("operator matrix: every operator x shapes x contexts in fp32 on the CPU, against float64", "[ops]") {
-  check_ran(check_matrix(test::plugins(), false, false));
-}
-
-TEST_CASE("operator matrix: every operator x shapes x contexts in bf16 on the CPU, against float64", "[ops]") {
-  // The bounds assume products that sum in fp32 (chiar/conformance.h). Where
-  // libtorch's CPU bf16 products sum in bf16 (1.13 without AVX-512) a sum of
-  // K terms loses about K u^2 / 3 of NMSE (u = 2^-9): 1.3e-3 at K = 1024,
-  // measured, so T = 1024's gradients cross the bound on the library's
-  // account, not the operators'.
+TEST_CASE("operator matrix: every operator x shapes x contexts x fp32/bf16 on the CPU, against float64", "[ops]") {
+  const int ran = check_matrix(test::plugins(), false);
+  INFO("CHIAR_OPS_FILTER matched no case");
+  CHECK(ran > 0);
+  // operator_cases leaves the CPU's bf16 cases out where libtorch's CPU bf16
+  // products sum in bf16 (1.13 without AVX-512: a sum of K terms then loses
+  // about K u^2 / 3 of NMSE, u = 2^-9; 1.3e-3 at K = 1024, measured), since
+  // their bounds assume fp32 sums: say so rather than pass.
   if (!cpu_bf16_sums_in_fp32())
-    CHIAR_SKIP("[ops]", "libtorch's bf16 products on this CPU sum in bf16; the bf16 cases need fp32 sums");
-  check_ran(check_matrix(test::plugins(), false, true));
+    CHIAR_SKIP("[ops]", "bf16 cases: libtorch's bf16 products on this CPU sum in bf16; the fp32 cases ran");
 }
 
 TEST_CASE("operator matrix: the standard cases", "[ops]") {
@@ -133,5 +119,5 @@ TEST_CASE("operator matrix: a case catches an operator whose fp32 path is off wh
 // Hidden, as every CUDA test: the same matrix on the first CUDA device.
 TEST_CASE("operator matrix on a CUDA device, against float64 on the CPU", "[.cuda]") {
   REQUIRE(torch::cuda::is_available());
-  CHECK(check_matrix(test::plugins(), true, false) + check_matrix(test::plugins(), true, true) > 0);
+  CHECK(check_matrix(test::plugins(), true) > 0);
 }
