@@ -163,6 +163,18 @@ train.clip = [0.5, 1]
   for (const auto& [index, hash] : pinned) CHECK(pre.runs[index].hash != hash);
   CHECK(pre.runs[0].canonical.find("\"norm\"") != std::string::npos);
   CHECK(m.runs[0].canonical.find("\"norm\"") == std::string::npos);
+  // train.decay_embeddings: true, the behaviour before it existed, is left
+  // out of the hash; false is in it.
+  engine::MatrixOptions decayed = o, spared = o;
+  decayed.set.back() = "train.decay_embeddings=true";
+  spared.set.back() = "train.decay_embeddings=false";
+  const auto with_true = engine::load_matrix(d.path() + "/pinned.toml", decayed);
+  const auto with_false = engine::load_matrix(d.path() + "/pinned.toml", spared);
+  for (const auto& [index, hash] : pinned) {
+    CHECK(with_true.runs[index].hash == hash);
+    CHECK(with_false.runs[index].hash != hash);
+  }
+  CHECK(with_false.runs[0].train.decay_embeddings == false);
   // The shipped quickstart's first run, as the store behind reports/quickstart.* holds it.
   const auto quickstart = engine::load_matrix(CHIAR_SOURCE_DIR "/configs/quickstart.toml");
   REQUIRE(!quickstart.runs.empty());

@@ -130,6 +130,8 @@ class ChiarModel : public torch::nn::Module {
   const std::vector<std::shared_ptr<MixingLayer>>& mixing_layers() const { return mixing_; }
   int64_t parameter_count() const;
   std::string describe() const;  // one line
+  // (V, d) the token embedding, which is also a language model's head.
+  const at::Tensor& embedding_weight() const { return embed_->weight; }
 
  private:
   at::Tensor pool(const at::Tensor& h, const at::Tensor& valid) const;  // (B,T,d) -> (B,d)

@@ -423,7 +423,12 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere, const ValueOr
   // The device, like the thread count on the command line, says where a
   // run trains, not what it is: outside the hash.
   toml::table hashed = run;
-  if (toml::table* train = hashed["train"].as_table()) train->erase("device");
+  if (toml::table* train = hashed["train"].as_table()) {
+    train->erase("device");
+    // Every run stored before train.decay_embeddings existed decayed them.
+    if (train->get("decay_embeddings") && train->get("decay_embeddings")->value_or(false))
+      train->erase("decay_embeddings");
+  }
   // Every run stored before model.norm existed was post-norm: leaving "post"
   // out keeps their hashes, so such a store still finds (and resumes) them.
   if (toml::table* model = hashed["model"].as_table())

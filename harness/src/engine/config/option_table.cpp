@@ -20,6 +20,13 @@ struct Codec<int64_t> {
 };
 
 template <>
+struct Codec<bool> {
+  static constexpr OptionKind kind = OptionKind::Bool;
+  static bool read(const toml::node& n, const std::string&, const Locate&) { return n.as_boolean()->get(); }
+  static void write(toml::table& t, const std::string& key, bool v) { t.insert_or_assign(key, v); }
+};
+
+template <>
 struct Codec<double> {
   static constexpr OptionKind kind = OptionKind::Number;
   static double read(const toml::node& n, const std::string&, const Locate&) {
@@ -215,6 +222,9 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
       field("min_lr_ratio", &T::min_lr_ratio, "the cosine schedule decays to lr * min_lr_ratio"),
       field("warmup", &T::warmup, "linear warm-up steps"),
       field("weight_decay", &T::weight_decay, "AdamW weight decay, on matrices only"),
+      field("decay_embeddings", &T::decay_embeddings,
+            "whether weight decay applies to the token embedding (tied with the LM head) as to the other matrices; "
+            "true, the default, is left out of run hashes, so runs stored before this option existed keep theirs"),
       field("beta1", &T::beta1, "AdamW beta1", {unit_interval}),
       field("beta2", &T::beta2, "AdamW beta2", {unit_interval}),
       field("clip", &T::clip, "global gradient-norm clip; 0 = off"),
@@ -250,7 +260,9 @@ namespace {
 std::string default_text(const toml::table& defaults, const std::string& key) {
   const toml::node& n = *defaults.get(key);
   std::ostringstream text;
-  if (n.is_integer()) {
+  if (n.is_boolean()) {
+    text << (n.as_boolean()->get() ? "true" : "false");
+  } else if (n.is_integer()) {
     text << n.as_integer()->get();
   } else if (n.is_floating_point()) {
     text << n.as_floating_point()->get();  // shortest of 6 significant digits: 0.95, not 0.9499...

@@ -34,6 +34,7 @@
 #include "engine/training/durable_file.h"
 #include "engine/training/evaluation.h"
 #include "engine/training/gradient_clipping.h"
+#include "engine/training/param_groups.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
 #include "chiar/metrics.h"
@@ -179,18 +180,6 @@ std::string state_bytes(model::ChiarModel& model, torch::optim::AdamW& opt, cons
 model::ChiarModel& on_device(model::ChiarModel& model, const at::Device& device) {
   if (!device.is_cpu()) model.to(device);
   return model;
-}
-
-std::vector<torch::optim::OptimizerParamGroup> param_groups(model::ChiarModel& model, const TrainOptions& t) {
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay,
-                      std::make_unique<torch::optim::AdamWOptions>(
-                          torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(t.weight_decay)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(0.0)));
-  return groups;
 }
 
 // One run in training: its model and optimiser, and what its phases share.
