@@ -6,19 +6,11 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <iostream>
 #include <optional>
-#include <set>
 #include <sstream>
-
-#include <boost/filesystem.hpp>
 
 #include "core/autocast_compat.h"
 #include "model/model.h"
@@ -31,10 +23,11 @@
 #include "engine/runtime/runtime.h"
 #include "engine/training/accounting.h"
 #include "engine/training/checkpoint_dir.h"
-#include "engine/training/durable_file.h"
 #include "engine/training/evaluation.h"
 #include "engine/training/gradient_clipping.h"
 #include "engine/training/param_groups.h"
+#include "engine/training/run_checkpoints.h"
+#include "engine/training/training_state.h"
 #include "chiar/adamw.h"
 #include "chiar/error.h"
 #include "chiar/metrics.h"
@@ -42,7 +35,6 @@
 namespace chiar::engine {
 namespace {
 
-namespace fs = boost::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -126,54 +118,6 @@ std::string thresholds_json(const model::ChiarModel& model) {
   return out + "}";
 }
 
-// The bytes of a serialised archive: written to a file by write_durably,
-// never by libtorch's file writer, which throws from a destructor (and so
-// aborts the process) when the disk fills.
-std::string archive_bytes(torch::serialize::OutputArchive& archive) {
-  std::string bytes;
-  archive.save_to([&bytes](const void* data, size_t n) {
-    bytes.append(static_cast<const char*>(data), n);
-    return n;
-  });
-  return bytes;
-}
-
-// The state of a device's default generator (the CPU's, or a GPU's, from
-// which dropout on that device draws), read and set under its lock. A state
-// is a CPU byte tensor whatever the checkpoint's mapping.
-at::Tensor generator_state(at::Device device) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_generator_state(at::Device device, const at::Tensor& state) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state.cpu());
-}
-
-// `validated`: false when a stop cut this step's validation short; the
-// resuming process validates the step before it trains on.
-std::string state_bytes(model::ChiarModel& model, torch::optim::AdamW& opt, const at::Device& device, int64_t step,
-                        double best, bool has_best, double train_seconds, bool validated) {
-  torch::serialize::OutputArchive archive;
-  model.save(archive);
-  torch::serialize::OutputArchive optimizer;
-  opt.save(optimizer);
-  archive.write("optimizer", optimizer);
-  archive.write("step", at::tensor(step));
-  archive.write("best", at::tensor(best, at::TensorOptions().dtype(at::kDouble)));
-  archive.write("has_best", at::tensor(static_cast<int64_t>(has_best)));
-  archive.write("train_seconds", at::tensor(train_seconds, at::TensorOptions().dtype(at::kDouble)));
-  if (!validated) archive.write("unvalidated", at::tensor(int64_t{1}));
-  archive.write("rng", generator_state(at::kCPU));
-  // Dropout on a GPU draws from the device's own generator: without its
-  // state a resumed run would draw other masks than an uninterrupted one.
-  if (device.is_cuda()) archive.write("cuda_rng", generator_state(device));
-  return archive_bytes(archive);
-}
-
 // The model, moved to the device before an optimiser holds its parameters.
 // It is built on the CPU under its seed, so its initial weights do not
 // depend on the device.
@@ -183,8 +127,9 @@ model::ChiarModel& on_device(model::ChiarModel& model, const at::Device& device)
 }
 
 // One run in training: its model and optimiser, and what its phases share.
-// The optimiser is a member, not a reference, so that its step stays a
-// direct call.
+// The checkpoint files have their own keeper (run_checkpoints.h), and what a
+// checkpoint resumes from its own type (training_state.h). The optimiser is
+// a member, not a reference, so that its step stays a direct call.
 struct Run {
   Run(const RunSpec& s, const TrainContext& c)
       : spec(s),
@@ -194,9 +139,10 @@ struct Run {
         device(torch_device(c.device)),
         model(c.registry, model_options_for(s, c.task)),
         optimizer(param_groups(on_device(model, device), s.train)),
-        dir(c.checkpoint_dir),
         group(c.group),
-        writer(c.store != nullptr) {}
+        writer(c.store != nullptr) {
+    if (writer) checkpoints.emplace(*c.store, s.hash, c.checkpoint_dir, c.tag);
+  }
 
   const RunSpec& spec;
   const TrainContext& ctx;
@@ -205,202 +151,25 @@ struct Run {
   const at::Device device;  // the model's, its optimiser state's and each batch's
   model::ChiarModel model;
   FusedAdamW optimizer;
-  const std::string dir;        // the checkpoint folder
-  ProcessGroup* const group;    // data-parallel ranks; null for one process
-  const bool writer;            // records the store and checkpoints (rank 0, or the only process)
-  int64_t start = 0;            // the first step this process trains
-  double best = -INFINITY;      // the best validation score so far
-  bool has_best = false;        // whether a best-<step>.pt holds it
-  bool validate_first = false;  // the resumed step's validation was cut short
-  double prior_seconds = 0;     // training seconds of earlier processes
+  ProcessGroup* const group;                  // data-parallel ranks; null for one process
+  const bool writer;                          // records the store and checkpoints (rank 0, or the only process)
+  std::optional<RunCheckpoints> checkpoints;  // the writer's
+  // Where this process began (its step is the first it trains, its seconds
+  // those of earlier processes), and the best validation score as it goes.
+  ResumePoint point;
   Clock::time_point started;
   std::vector<double> step_ms, step_tps;
   Overhead overhead;
+
+  // Where training stands after step `done`, for a checkpoint.
+  ResumePoint at_step(int64_t done, bool validated) const {
+    ResumePoint p = point;
+    p.step = done;
+    p.validate_first = !validated;
+    p.train_seconds = point.train_seconds + seconds_since(started);
+    return p;
+  }
 };
-
-// ---- Checkpoint files ----
-// A run's folder holds spec.toml, state-<step>.pt (model, optimiser, step,
-// best score, training seconds, RNG: all a resumption needs) and
-// best-<step>.pt (the best-validation model as of that step). A file counts
-// only once the store records it, after it is complete and in place; the
-// newest two states are kept, so a corrupt newest one has a good previous one.
-
-constexpr const char* kState = "state";
-constexpr const char* kBest = "best";
-constexpr size_t kStatesKept = 2;
-
-std::string checkpoint_path(const std::string& dir, const char* kind, int64_t step) {
-  return dir + "/" + kind + "-" + std::to_string(step) + ".pt";
-}
-
-// One line about the run's checkpoints on the console, under its tag.
-void say(const Run& run, const std::string& line) {
-  std::cout << (run.ctx.tag.empty() ? "" : run.ctx.tag + ": ") << line << "\n" << std::flush;
-}
-
-// Forgets a checkpoint, then removes its file: a record never names a
-// missing file because of us. A file left behind has no record and goes at
-// the next start (remove_unrecorded_files).
-void discard(Run& run, const CheckpointRecord& c) {
-  run.ctx.store->forget_checkpoint(run.spec.hash, c.kind, c.step);
-  boost::system::error_code ignored;
-  fs::remove(c.file, ignored);
-}
-
-// Keeps the newest two states and every best model one of them or the live
-// run may still need: the newest two, those newer than the oldest kept
-// state, and the one in force at that state.
-void prune_checkpoints(Run& run) {
-  Store& store = *run.ctx.store;
-  const auto states = store.checkpoints(run.spec.hash, kState);
-  for (size_t i = kStatesKept; i < states.size(); ++i) discard(run, states[i]);
-  const int64_t oldest_kept_state = states.empty() ? 0 : states[std::min(states.size(), kStatesKept) - 1].step;
-  const auto bests = store.checkpoints(run.spec.hash, kBest);
-  bool in_force_seen = false;
-  for (size_t i = 0; i < bests.size(); ++i) {
-    const bool newer = bests[i].step > oldest_kept_state;
-    const bool in_force = !newer && !in_force_seen;
-    in_force_seen |= !newer;
-    if (i >= 2 && !newer && !in_force) discard(run, bests[i]);
-  }
-}
-
-// Writes a checkpoint durably, then records it, then drops superseded ones.
-void write_checkpoint(Run& run, const char* kind, int64_t step, const std::string& bytes) {
-  const std::string file = checkpoint_path(run.dir, kind, step);
-  write_durably(file, bytes);
-  failpoint("checkpoint.renamed");
-  run.ctx.store->record_checkpoint(run.spec.hash,
-                                   {kind, step, file, static_cast<int64_t>(bytes.size()), crc32_of(bytes)});
-  prune_checkpoints(run);
-}
-
-// The newest recorded checkpoint of a kind whose file verifies, as
-// (step, bytes); step -1 when none does. Each corrupt one is forgotten and
-// reported in a line that ends with what is used instead: `instead(k)` for a
-// good one of step k, `none` otherwise.
-std::pair<int64_t, std::string> newest_verified(Run& run, const char* kind,
-                                                const std::function<std::string(int64_t)>& instead,
-                                                const std::string& none) {
-  std::vector<std::string> corrupt;
-  std::pair<int64_t, std::string> found{-1, {}};
-  for (const auto& c : run.ctx.store->checkpoints(run.spec.hash, kind)) {
-    try {
-      found = {c.step, read_verified(c.file, c.bytes, c.checksum)};
-      break;
-    } catch (const CorruptCheckpoint& e) {
-      corrupt.push_back(e.what());
-      discard(run, c);
-    }
-  }
-  for (const auto& what : corrupt) say(run, what + "; " + (found.first >= 0 ? instead(found.first) : none));
-  return found;
-}
-
-// A run begun before checkpoints were checksummed (a store of schema 4)
-// left state.pt and best.pt. They are adopted as recorded checkpoints of the
-// state's step, trusted unverified (they were renamed into place whole, but
-// carry no checksum); an unreadable one means starting over.
-void adopt_legacy_checkpoints(Run& run) {
-  const std::string state_file = run.dir + "/state.pt", best_file = run.dir + "/best.pt";
-  if (!fs::exists(state_file) || !run.ctx.store->checkpoints(run.spec.hash, kState).empty()) return;
-  auto read_file = [](const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(in)), {});
-    if (in.bad()) throw EnvironmentError(file + ": cannot read the checkpoint: " + std::strerror(errno));
-    return bytes;
-  };
-  const std::string state = read_file(state_file);
-  int64_t step = -1;
-  try {
-    torch::serialize::InputArchive archive;
-    archive.load_from(state.data(), state.size(), at::Device(at::kCPU));
-    at::Tensor v;
-    archive.read("step", v);
-    step = v.item<int64_t>();
-  } catch (const std::exception& e) {
-    // Memory running out says nothing about the file: keep it, stop the run.
-    if (is_out_of_memory(e)) throw;
-    // libtorch's archive reader throws c10::Errors, and plain runtime_errors
-    // on some damage (tests/fuzz/crashes/checkpoint/libtorch_type_parser_runtime_error).
-    say(run, state_file + ": unreadable checkpoint (" + message_of(e) + "); starting over");
-    return;  // the file goes with the other unrecorded ones
-  }
-  say(run,
-      state_file + " predates checksummed checkpoints; resuming from its step " + std::to_string(step) + " unverified");
-  // The best model first: recording the state prunes bests by its step.
-  if (fs::exists(best_file)) write_checkpoint(run, kBest, step, read_file(best_file));
-  write_checkpoint(run, kState, step, state);
-}
-
-// Drops what a resumption from `step` will write again: best models newer
-// than it (and states, when starting over after corrupt ones).
-void forget_checkpoints_after(Run& run, int64_t step) {
-  for (const char* kind : {kState, kBest})
-    for (const auto& c : run.ctx.store->checkpoints(run.spec.hash, kind))
-      if (c.step > step) discard(run, c);
-}
-
-// Removes checkpoint files no record vouches for: a crash between a rename
-// and its record, a temporary file of a crash mid-write, legacy files.
-void remove_unrecorded_files(Run& run) {
-  std::set<std::string> recorded;
-  for (const char* kind : {kState, kBest})
-    for (const auto& c : run.ctx.store->checkpoints(run.spec.hash, kind))
-      recorded.insert(fs::path(c.file).filename().string());
-  boost::system::error_code ec;
-  std::vector<fs::path> unrecorded;
-  for (fs::directory_iterator it(run.dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::string ext = it->path().extension().string();
-    if ((ext == ".pt" || ext == ".tmp") && !recorded.count(name)) unrecorded.push_back(it->path());
-  }
-  for (const auto& file : unrecorded) fs::remove(file, ec);
-}
-
-// Resumes from a state checkpoint's bytes: model, optimiser, step, best
-// score, training seconds and the RNG, so that the run goes on exactly as if
-// never stopped.
-void restore(Run& run, const std::string& bytes) {
-  // Storages map to the run's device, wherever the file was written: a
-  // checkpoint written on a GPU resumes on the CPU and the other way round.
-  torch::serialize::InputArchive archive;
-  archive.load_from(bytes.data(), bytes.size(), run.device);
-  run.model.load(archive);
-  torch::serialize::InputArchive opt_archive;
-  archive.read("optimizer", opt_archive);
-  run.optimizer.load(opt_archive);
-  auto read = [&](const char* key) {
-    at::Tensor v;  // a fresh tensor per read: read() swaps in the stored storage
-    archive.read(key, v);
-    return v;
-  };
-  run.start = read("step").item<int64_t>();
-  run.best = read("best").item<double>();
-  run.has_best = read("has_best").item<int64_t>() != 0;
-  run.prior_seconds = read("train_seconds").item<double>();
-  at::Tensor unvalidated;  // written only when a stop cut the step's validation short
-  run.validate_first = archive.try_read("unvalidated", unvalidated);
-  set_generator_state(at::kCPU, read("rng"));
-  // A GPU checkpoint resumed on the CPU has no use for the device's state; a
-  // CPU checkpoint resumed on a GPU has none, and its dropout masks go on
-  // from the device generator's seed instead.
-  at::Tensor cuda_rng;
-  if (run.device.is_cuda() && archive.try_read("cuda_rng", cuda_rng)) set_generator_state(run.device, cuda_rng);
-}
-
-// Finds where the run goes on: the bytes of the newest state checkpoint
-// that verifies, or "" when none does (it starts over). Records and files
-// from beyond that point, and files without a record, are removed.
-std::string resumable_state(Run& run) {
-  adopt_legacy_checkpoints(run);
-  const auto state = newest_verified(
-      run, kState, [](int64_t step) { return "resuming from step " + std::to_string(step) + " instead"; },
-      "starting over");
-  forget_checkpoints_after(run, std::max<int64_t>(state.first, 0));
-  remove_unrecorded_files(run);
-  return state.first < 0 ? std::string() : state.second;
-}
 
 // Calibrates data-derived router settings on the first training batches,
 // in the precision the run trains in: under bf16 the router sees entropies
@@ -558,7 +327,7 @@ void report_step(Run& run, int64_t done, double loss, double lr) {
 void save_best(Run& run, int64_t step) {
   torch::serialize::OutputArchive archive;
   run.model.save(archive);
-  write_checkpoint(run, kBest, step, archive_bytes(archive));
+  run.checkpoints->write(RunCheckpoints::kBest, step, archive_bytes(archive));
 }
 
 // What may stop the run's evaluations between batches: the stop flag in a
@@ -581,18 +350,17 @@ void validate(Run& run, int64_t done) {
     run.ctx.store->add_metrics(run.spec.hash, done, "valid", "current", e.metrics);
     record_accounting(*run.ctx.store, run.spec.hash, done, e.accounting);
   });
-  if (score(e.metrics) > run.best) {
-    run.best = score(e.metrics);
-    run.has_best = true;
+  if (score(e.metrics) > run.point.best) {
+    run.point.best = score(e.metrics);
+    run.point.has_best = true;
     timed(run.overhead.checkpoints, [&] { save_best(run, done); });
   }
 }
 
 void save_checkpoint(Run& run, int64_t done, bool validated = true) {
   timed(run.overhead.checkpoints, [&] {
-    write_checkpoint(run, kState, done,
-                     state_bytes(run.model, run.optimizer, run.device, done, run.best, run.has_best,
-                                 run.prior_seconds + seconds_since(run.started), validated));
+    run.checkpoints->write(RunCheckpoints::kState, done,
+                           state_bytes(run.model, run.optimizer, run.device, run.at_step(done, validated)));
   });
 }
 
@@ -640,7 +408,7 @@ bool checkpoints(const TrainOptions& t, int64_t done) { return done % t.checkpoi
 // nothing is kept of a step that diverged.
 bool read_before_update(const TrainOptions& t, int64_t done) { return validates(t, done) || checkpoints(t, done); }
 
-// Trains from run.start to the last step; stops early on divergence, or
+// Trains from run.point.step to the last step; stops early on divergence, or
 // after a checkpoint when a stop is requested.
 //
 // Reading a step's loss waits for the device to finish the step. Read
@@ -712,7 +480,7 @@ void train_steps(Run& run, TrainResult& result) {
   const bool late = !run.group && loss_reads_for(run.device) == LossReads::Late;
   std::optional<QueuedStep> queued;
   Clock::time_point last_done{};
-  for (int64_t step = run.start; step < t.steps; ++step) {
+  for (int64_t step = run.point.step; step < t.steps; ++step) {
     const auto began = Clock::now();
     const int64_t done = step + 1;
     const double lr = learning_rate(t, step);
@@ -745,7 +513,7 @@ void train_steps(Run& run, TrainResult& result) {
 
 void summarise_training(const Run& run, RunSummary& summary) {
   summary.trained_steps = !run.step_ms.empty();
-  summary.train_seconds = run.prior_seconds + seconds_since(run.started);
+  summary.train_seconds = run.point.train_seconds + seconds_since(run.started);
   summary.step_ms = median(run.step_ms);
   summary.train_tokens_per_s = median(run.step_tps);
   summary.tau = thresholds_json(run.model);
@@ -760,9 +528,10 @@ void score_test_split(Run& run, RunSummary& summary) {
       evaluate(run.model, run.ctx.task, "test", 0, t.eval_batch_size, run.bf16, run.device, interruption(run));
   run.ctx.store->add_metrics(run.spec.hash, t.steps, "test", "last", last.metrics);
   summary.eval_tokens_per_s = last.tokens_per_s;
-  if (run.has_best) {
-    const auto best = newest_verified(
-        run, kBest, [](int64_t step) { return "scoring the best model of step " + std::to_string(step) + " instead"; },
+  if (run.point.has_best) {
+    const auto best = run.checkpoints->newest_verified(
+        RunCheckpoints::kBest,
+        [](int64_t step) { return "scoring the best model of step " + std::to_string(step) + " instead"; },
         "scoring the last model instead");
     if (best.first >= 0) {
       torch::serialize::InputArchive archive;
@@ -801,10 +570,10 @@ model::ModelOptions model_options_for(const RunSpec& spec, const Task& task) {
 // checkpoint and sends its bytes, so every rank resumes from the same one,
 // and then every rank takes rank 0's parameters and buffers (thresholds).
 void start_or_resume(Run& run, TrainResult& result) {
-  std::string state = run.writer ? resumable_state(run) : std::string();
+  std::string state = run.writer ? run.checkpoints->resumable_state() : std::string();
   if (run.group) state = run.group->broadcast_string(state);
   if (!state.empty())
-    restore(run, state);
+    run.point = restore_state(run.model, run.optimizer, run.device, state);
   else
     result.summary.calibration = calibrate_routers(run.model, run.ctx.task, run.spec, run.device, run.bf16);
   if (!run.group) return;
@@ -819,7 +588,7 @@ void start_or_resume(Run& run, TrainResult& result) {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_current_seed(static_cast<uint64_t>(run.spec.seed) * 1000003u +
-                         static_cast<uint64_t>(run.group->rank()) * 7919u + static_cast<uint64_t>(run.start));
+                         static_cast<uint64_t>(run.group->rank()) * 7919u + static_cast<uint64_t>(run.point.step));
   }
 }
 
@@ -843,13 +612,13 @@ TrainResult train_run(const RunSpec& spec, const TrainContext& ctx) {
   run.model.train();
 
   run.started = Clock::now();
-  if (run.validate_first && run.writer) {
+  if (run.point.validate_first && run.writer) {
     try {
-      validate(run, run.start);
+      validate(run, run.point.step);
     } catch (const EvaluationStopped&) {
       result.outcome = RunStatus::Interrupted;
-      result.resumption =
-          "stopped while validating step " + std::to_string(run.start) + " again; a rerun validates it and goes on";
+      result.resumption = "stopped while validating step " + std::to_string(run.point.step) +
+                          " again; a rerun validates it and goes on";
     }
   }
   if (result.outcome == RunStatus::Done) train_steps(run, result);
