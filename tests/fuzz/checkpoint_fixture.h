@@ -1,5 +1,5 @@
 #pragma once
-// A state checkpoint laid out as engine/training/trainer.cpp save_state writes one
+// A state checkpoint laid out as engine/training/training_state.cpp state_bytes writes one
 // (tiny model, AdamW, step, best, has_best, train_seconds, rng), for the
 // checkpoint fuzz target and its seed writer. Deterministic: the same bytes
 // on every call in every process.
