@@ -21,6 +21,9 @@ slow core type, set OPENBLAS_CORETYPE (this script warns when it is unset).
 
   python3 tools/peer/peer_train.py imdb ../shared/data/imdb/aclImdb_labelled.tar.gz \
       --tokenizer bytes --max-len 512 --steps 500 --batch 16 --lr 2e-3 --warmup 50 --seeds 0 1 2
+  python3 tools/peer/peer_train.py lm ../shared/data/wikitext-2 --train-file wiki.valid.tokens \
+      --valid-fraction 0.1 --min-count 2 --max-len 128 --dropout 0.1 --steps 400 --batch 32 \
+      --lr 1e-3 --warmup 40 --seeds 0 1 2 --chiar-db results/repro.db --chiar-runs 'baseline/wikitext2/*'
 """
 import argparse
 import math
@@ -96,13 +99,26 @@ def pad_batch(seqs, max_len, pad):
     return x, x != pad
 
 
-def read_lm(folder, files, min_count):
+def read_lm(folder, files, min_count, train_file=None, valid_fraction=0.0):
     """Word-level WikiText-layout splits with <eos> per line; words seen fewer
-    than min_count times in training become <unk> (the harness's word tokenizer)."""
-    text = {}
+    than min_count times in training become <unk> (the harness's word tokenizer).
+    As the harness's wikitext task: train_file replaces the train split's file,
+    and valid_fraction > 0 keeps the last fraction of its lines for validation
+    (the test split is always its own file)."""
+    lines = {}
     for split in ("train", "valid", "test"):
-        with open(os.path.join(folder, files.format(split=split)), encoding="utf-8") as fh:
-            text[split] = [w for line in fh for w in line.split() + ["<eos>"]]  # blank lines too, as WikiText counts
+        name = train_file if split == "train" and train_file else files.format(split=split)
+        if split == "valid" and valid_fraction > 0:
+            continue
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            lines[split] = fh.read().split("\n")
+            if lines[split] and lines[split][-1] == "":
+                lines[split].pop()  # the newline ending the last line starts no line
+    if valid_fraction > 0:
+        n_valid = int(valid_fraction * len(lines["train"]) + 0.5)
+        lines["train"], lines["valid"] = lines["train"][:-n_valid], lines["train"][-n_valid:]
+    text = {split: [w for line in ls for w in line.split() + ["<eos>"]]  # blank lines too, as WikiText counts
+            for split, ls in lines.items()}
     counts = {}
     for w in text["train"]:
         counts[w] = counts.get(w, 0) + 1
@@ -125,9 +141,10 @@ def rotate(x, base=10000.0):
 
 
 class Block(nn.Module):
-    def __init__(self, d, heads, post_ln, rope):
+    def __init__(self, d, heads, post_ln, rope, dropout):
         super().__init__()
         self.heads, self.post_ln, self.rope = heads, post_ln, rope
+        self.drop = nn.Dropout(dropout)  # on the FFN's output, as the harness's FeedForward
         self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
@@ -146,7 +163,7 @@ class Block(nn.Module):
         return self.out(o.transpose(1, 2).reshape(B, T, d))
 
     def forward(self, x, valid, causal):
-        ffn = lambda h: self.down(F.gelu(self.up(h)))
+        ffn = lambda h: self.drop(self.down(F.gelu(self.up(h))))
         if self.post_ln:  # y = LN(x + f(x)), the harness's blocks
             x = self.norm1(x + self.attend(x, valid, causal))
             return self.norm2(x + ffn(x))
@@ -161,7 +178,9 @@ class Peer(nn.Module):
         if args.harness_embed_init:
             nn.init.normal_(self.embed.weight, 0.0, 0.02)
         self.pos = None if args.harness_rope else nn.Parameter(torch.randn(max_len, d) * 0.02)
-        self.blocks = nn.ModuleList(Block(d, heads, args.harness_post_ln, args.harness_rope) for _ in range(layers))
+        self.drop = nn.Dropout(args.dropout)  # after the embedding, as the harness's
+        self.blocks = nn.ModuleList(Block(d, heads, args.harness_post_ln, args.harness_rope, args.dropout)
+                                    for _ in range(layers))
         self.final = nn.Identity() if args.harness_post_ln else nn.LayerNorm(d)
         self.classes = classes
         if classes:
@@ -175,6 +194,7 @@ class Peer(nn.Module):
         h = self.embed(x)                                                                  # (B, T, d)
         if self.pos is not None:
             h = h + self.pos[: x.size(1)]
+        h = self.drop(h)
         for block in self.blocks:
             h = block(h, valid if self.classes else None, causal=not self.classes)
         h = self.final(h)
@@ -257,7 +277,8 @@ def run_imdb(args, seed, log):
 
 
 def run_lm(args, seed, log):
-    vocab, ids = read_lm(args.data, args.files, args.min_count)
+    vocab, ids = read_lm(args.data, args.files, args.min_count, args.train_file, args.valid_fraction)
+    log(f"vocabulary {vocab}, {ids['train'].numel()} training tokens, {ids['test'].numel()} test tokens")
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     model = Peer(vocab, args.d_model, args.heads, args.layers, args.max_len, 0, args)
@@ -300,11 +321,15 @@ def main():
     p.add_argument("--spm-model", help="sentencepiece .model (the harness caches its own as spm-*.model)")
     p.add_argument("--files", default="wiki.{split}.tokens")
     p.add_argument("--min-count", type=int, default=1)
+    p.add_argument("--train-file", help="lm: the file the train split reads instead (the harness's train_file)")
+    p.add_argument("--valid-fraction", type=float, default=0.0,
+                   help="lm: the train file's last fraction of lines validates (the harness's valid_fraction)")
     p.add_argument("--max-len", type=int, default=512, help="tokens per review, or the LM window")
     p.add_argument("--test-size", type=int, default=0)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.0, help="after the embedding and on each FFN's output")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
