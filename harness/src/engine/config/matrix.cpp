@@ -420,19 +420,12 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere, const ValueOr
     throw UserError((origin.empty() ? at_variant : origin + ": ") + m);
   }
   std::ostringstream json, text;
-  // The device, like the thread count on the command line, says where a
-  // run trains, not what it is: outside the hash.
+  // The keys the option tables leave out of hashes: train.device (where a
+  // run trains, like the thread count on the command line) and old defaults
+  // at the values every run stored before their options existed had.
   toml::table hashed = run;
-  if (toml::table* train = hashed["train"].as_table()) {
-    train->erase("device");
-    // Every run stored before train.decay_embeddings existed decayed them.
-    if (train->get("decay_embeddings") && train->get("decay_embeddings")->value_or(false))
-      train->erase("decay_embeddings");
-  }
-  // Every run stored before model.norm existed was post-norm: leaving "post"
-  // out keeps their hashes, so such a store still finds (and resumes) them.
-  if (toml::table* model = hashed["model"].as_table())
-    if (model->get("norm") && model->get("norm")->value_or(std::string()) == "post") model->erase("norm");
+  erase_unhashed(hashed, "model", spec.model, model_option_fields());
+  erase_unhashed(hashed, "train", spec.train, train_option_fields());
   json << toml::json_formatter{hashed};
   text << toml::toml_formatter{run};
   spec.canonical = json.str();

@@ -127,6 +127,50 @@ OptionField<O> field(const char* key, T O::*member, const char* doc, std::functi
   return f;
 }
 
+// A default as a matrix would write it: 0.001, "fp32", ["a", "b|c"], {}.
+std::string default_text(const toml::table& defaults, const std::string& key) {
+  const toml::node& n = *defaults.get(key);
+  std::ostringstream text;
+  if (n.is_boolean()) {
+    text << (n.as_boolean()->get() ? "true" : "false");
+  } else if (n.is_integer()) {
+    text << n.as_integer()->get();
+  } else if (n.is_floating_point()) {
+    text << n.as_floating_point()->get();  // shortest of 6 significant digits: 0.95, not 0.9499...
+    if (text.str().find_first_of(".e") == std::string::npos) text << ".0";
+  } else if (n.is_string()) {
+    text << '"' << n.as_string()->get() << '"';
+  } else if (n.is_array()) {
+    text << '[';
+    for (size_t i = 0; i < n.as_array()->size(); ++i)
+      text << (i ? ", " : "") << '"' << n.as_array()->get(i)->value_or(std::string()) << '"';
+    text << ']';
+  } else if (n.is_table()) {
+    text << (n.as_table()->empty() ? "{}" : "{ ... }");
+  }
+  return text.str();
+}
+
+// The field, left out of run hashes where its member is `old`: the value every
+// run stored before the option existed computed with.
+template <class O, class T>
+OptionField<O> unhashed_at(OptionField<O> f, T O::*member, T old) {
+  toml::table as_written;
+  Codec<T>::write(as_written, f.key, old);
+  f.unhashed_note = "`" + default_text(as_written, f.key) +
+                    "` is left out of run hashes, so runs stored before this option existed keep theirs";
+  f.unhashed = [member, old = std::move(old)](const O& o) { return o.*member == old; };
+  return f;
+}
+
+// The field, never part of a run's hash: it says where a run trains.
+template <class O>
+OptionField<O> never_hashed(OptionField<O> f) {
+  f.unhashed_note = "recorded with the run, not part of its hash";
+  f.unhashed = [](const O&) { return true; };
+  return f;
+}
+
 std::function<std::string(const int64_t&)> at_least(int64_t low) {
   return [low](const int64_t& v) { return v >= low ? "" : "must be at least " + std::to_string(low); };
 }
@@ -204,10 +248,10 @@ const std::vector<OptionField<model::ModelOptions>>& model_option_fields() {
       field("meta_router", &M::meta_router_,
             "task-level gate on layer 1: none, causal (no look-ahead) or batch_mean (the reference's)"),
       field("execution", &M::execution_, "routed layers: auto (sparse where the choice is hard), dense or sparse"),
-      field("norm", &M::norm_,
-            "where each sub-layer's LayerNorm sits: pre, x + f(LN x); post, LN(x + f(x)) (the paper's; left out of "
-            "run hashes, so runs stored before this option existed keep theirs); auto, pre for classification and "
-            "post for language modelling"),
+      unhashed_at(field("norm", &M::norm_,
+                        "where each sub-layer's LayerNorm sits: pre, x + f(LN x); post, LN(x + f(x)) (the paper's); "
+                        "auto, pre for classification and post for language modelling"),
+                  &M::norm_, model::NormPlacement::Post),
   };
   return fields;
 }
@@ -222,9 +266,10 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
       field("min_lr_ratio", &T::min_lr_ratio, "the cosine schedule decays to lr * min_lr_ratio"),
       field("warmup", &T::warmup, "linear warm-up steps"),
       field("weight_decay", &T::weight_decay, "AdamW weight decay, on matrices only"),
-      field("decay_embeddings", &T::decay_embeddings,
-            "whether weight decay applies to the token embedding (tied with the LM head) as to the other matrices; "
-            "true, the default, is left out of run hashes, so runs stored before this option existed keep theirs"),
+      unhashed_at(field("decay_embeddings", &T::decay_embeddings,
+                        "whether weight decay applies to the token embedding (tied with the LM head) as to the "
+                        "other matrices"),
+                  &T::decay_embeddings, true),
       field("beta1", &T::beta1, "AdamW beta1", {unit_interval}),
       field("beta2", &T::beta2, "AdamW beta2", {unit_interval}),
       field("clip", &T::clip, "global gradient-norm clip; 0 = off"),
@@ -239,10 +284,10 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
             "auto (bf16 on a GPU, fp32 on the CPU; resolved before the run is hashed), fp32, or bf16 (autocast, fp32 "
             "master weights)",
             {precision_name}),
-      field("device", &T::device,
-            "auto (the first GPU in a build with -DCHIAR_CUDA_TRAINING=ON and a CUDA libtorch, else the CPU), cpu, "
-            "cuda or cuda:N; recorded with the run, not part of its hash",
-            {device_name_problem}),
+      never_hashed(field("device", &T::device,
+                         "auto (the first GPU in a build with -DCHIAR_CUDA_TRAINING=ON and a CUDA libtorch, else the "
+                         "CPU), cpu, cuda or cuda:N",
+                         {device_name_problem})),
       field("fail_loss_above", &T::fail_loss_above, "testing aid: a loss above this counts as divergence; 0 = off"),
   };
   return fields;
@@ -256,30 +301,6 @@ std::string markdown_cell(const std::string& text) {
 
 namespace {
 
-// A default as a matrix would write it: 0.001, "fp32", ["a", "b|c"], {}.
-std::string default_text(const toml::table& defaults, const std::string& key) {
-  const toml::node& n = *defaults.get(key);
-  std::ostringstream text;
-  if (n.is_boolean()) {
-    text << (n.as_boolean()->get() ? "true" : "false");
-  } else if (n.is_integer()) {
-    text << n.as_integer()->get();
-  } else if (n.is_floating_point()) {
-    text << n.as_floating_point()->get();  // shortest of 6 significant digits: 0.95, not 0.9499...
-    if (text.str().find_first_of(".e") == std::string::npos) text << ".0";
-  } else if (n.is_string()) {
-    text << '"' << n.as_string()->get() << '"';
-  } else if (n.is_array()) {
-    text << '[';
-    for (size_t i = 0; i < n.as_array()->size(); ++i)
-      text << (i ? ", " : "") << '"' << n.as_array()->get(i)->value_or(std::string()) << '"';
-    text << ']';
-  } else if (n.is_table()) {
-    text << (n.as_table()->empty() ? "{}" : "{ ... }");
-  }
-  return text.str();
-}
-
 template <class Options>
 void reference_table(std::ostringstream& out, const std::string& section,
                      const std::vector<OptionField<Options>>& fields) {
@@ -287,7 +308,7 @@ void reference_table(std::ostringstream& out, const std::string& section,
   out << "| `" << section << ".KEY` | kind | default | meaning |\n|---|---|---|---|\n";
   for (const auto& f : fields)
     out << "| `" << f.key << "` | " << kind_name(f.kind) << " | `" << markdown_cell(default_text(defaults, f.key))
-        << "` | " << markdown_cell(f.doc) << " |\n";
+        << "` | " << markdown_cell(f.unhashed_note.empty() ? f.doc : f.doc + "; " + f.unhashed_note) << " |\n";
 }
 
 }  // namespace

@@ -51,6 +51,13 @@ struct OptionField {
   std::function<void(const Options&, toml::table&)> write;
   // What is wrong with the member's value ("must be at least 1"), or "".
   std::function<std::string(const Options&)> check;
+  // True where the member's value stays out of the run's hash; empty: always
+  // hashed. Either always (a key that says where a run trains, not what it
+  // is) or at the one value every run stored before the option existed
+  // computed with, so that those runs keep their hashes.
+  std::function<bool(const Options&)> unhashed;
+  // What `chiar options` says of that ("left out of run hashes at ..."), or "".
+  std::string unhashed_note;
 };
 
 const std::vector<OptionField<model::ModelOptions>>& model_option_fields();
@@ -71,6 +78,16 @@ toml::table option_defaults(const std::vector<OptionField<Options>>& fields) {
   toml::table t;
   for (const auto& f : fields) f.write(defaults, t);
   return t;
+}
+
+// Removes from run[section] the keys whose values stay out of the run's hash.
+template <class Options>
+void erase_unhashed(toml::table& run, const std::string& section, const Options& o,
+                    const std::vector<OptionField<Options>>& fields) {
+  toml::table* t = run[section].as_table();
+  if (!t) return;
+  for (const auto& f : fields)
+    if (f.unhashed && f.unhashed(o)) t->erase(f.key);
 }
 
 // Options from a resolved table, which holds every field's key with a value of

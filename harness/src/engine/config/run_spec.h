@@ -22,7 +22,7 @@ struct TrainOptions {
   double min_lr_ratio = 0.1;
   int64_t warmup = 20;
   double weight_decay = 0.1;
-  bool decay_embeddings = true;  // true is left out of run hashes (matrix.cpp)
+  bool decay_embeddings = true;  // true is left out of run hashes (option_table.cpp)
   double beta1 = 0.9, beta2 = 0.95;
   double clip = 1.0;
   int64_t eval_every = 100;
