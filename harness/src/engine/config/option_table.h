@@ -56,7 +56,8 @@ struct OptionField {
   // is) or at the one value every run stored before the option existed
   // computed with, so that those runs keep their hashes.
   std::function<bool(const Options&)> unhashed;
-  // What `chiar options` says of that ("left out of run hashes at ..."), or "".
+  // What `chiar options` says of that ("`\"post\"` is left out of run
+  // hashes, ..."), or "".
   std::string unhashed_note;
 };
 
