@@ -151,10 +151,11 @@ std::string default_text(const toml::table& defaults, const std::string& key) {
   return text.str();
 }
 
-// The field, left out of run hashes where its member is `old`: the value every
+// A field left out of run hashes where its member is `old`: the value every
 // run stored before the option existed computed with.
 template <class O, class T>
-OptionField<O> unhashed_at(OptionField<O> f, T O::*member, T old) {
+OptionField<O> field_unhashed_at(const char* key, T O::*member, T old, const char* doc) {
+  OptionField<O> f = field(key, member, doc);
   toml::table as_written;
   Codec<T>::write(as_written, f.key, old);
   f.unhashed_note = "`" + default_text(as_written, f.key) +
@@ -248,10 +249,9 @@ const std::vector<OptionField<model::ModelOptions>>& model_option_fields() {
       field("meta_router", &M::meta_router_,
             "task-level gate on layer 1: none, causal (no look-ahead) or batch_mean (the reference's)"),
       field("execution", &M::execution_, "routed layers: auto (sparse where the choice is hard), dense or sparse"),
-      unhashed_at(field("norm", &M::norm_,
+      field_unhashed_at("norm", &M::norm_, model::NormPlacement::Post,
                         "where each sub-layer's LayerNorm sits: pre, x + f(LN x); post, LN(x + f(x)) (the paper's); "
                         "auto, pre for classification and post for language modelling"),
-                  &M::norm_, model::NormPlacement::Post),
   };
   return fields;
 }
@@ -266,10 +266,9 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
       field("min_lr_ratio", &T::min_lr_ratio, "the cosine schedule decays to lr * min_lr_ratio"),
       field("warmup", &T::warmup, "linear warm-up steps"),
       field("weight_decay", &T::weight_decay, "AdamW weight decay, on matrices only"),
-      unhashed_at(field("decay_embeddings", &T::decay_embeddings,
+      field_unhashed_at("decay_embeddings", &T::decay_embeddings, true,
                         "whether weight decay applies to the token embedding (tied with the LM head) as to the "
                         "other matrices"),
-                  &T::decay_embeddings, true),
       field("beta1", &T::beta1, "AdamW beta1", {unit_interval}),
       field("beta2", &T::beta2, "AdamW beta2", {unit_interval}),
       field("clip", &T::clip, "global gradient-norm clip; 0 = off"),
