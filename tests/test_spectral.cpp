@@ -215,16 +215,35 @@ TEST_CASE("spectral entropy in training: the row kernel forward and the closed-f
 
 TEST_CASE("calibrate_thresholds reaches the target shares", "[spectral][router]") {
   auto h = at::arange(0, 1001, at::TensorOptions().dtype(at::kDouble)) / 1000.0;  // 0, 0.001, ..., 1
+  // The quantiles fall on sample values (0.33, 0.67, 0.5): each threshold moves
+  // halfway to the neighbour on the side whose share is nearer the target.
   auto tau = calibrate_thresholds(h, {0.33, 0.34, 0.33});
   REQUIRE(tau.size() == 2);
-  CHECK(tau[0] == Approx(0.33));
-  CHECK(tau[1] == Approx(0.67));
-  CHECK(calibrate_thresholds(h, {0.5, 0.5})[0] == Approx(0.5));
+  CHECK(tau[0] == Approx(0.3295));  // 330 of 1001 below it: 32.97%, against 33.07% above 0.33
+  CHECK(tau[1] == Approx(0.6705));  // 671 of 1001: 67.03%
+  const double median = calibrate_thresholds(h, {0.5, 0.5})[0];
+  CHECK((median == Approx(0.4995) || median == Approx(0.5005)));
   CHECK(calibrate_thresholds(h, {1.0, 0.0})[0] == Approx(1.0));
+  // Between two distinct order statistics the quantile interpolates, as numpy's.
+  CHECK(calibrate_thresholds(at::tensor({0.0, 1.0, 2.0, 3.0}, at::kDouble), {0.5, 0.5})[0] == Approx(1.5));
   CHECK_THROWS_WITH(calibrate_thresholds(h, {0.5, 0.6}), "threshold calibration: shares must sum to 1, found 1.100000");
   CHECK_THROWS_WITH(calibrate_thresholds(h, {1.0}), "threshold calibration: need at least 2 shares, found 1");
   CHECK_THROWS_WITH(calibrate_thresholds(at::empty({0}), {0.5, 0.5}),
                     "threshold calibration: the entropy sample is empty");
+}
+
+TEST_CASE("calibrate_thresholds keeps a cluster of equal entropies on one side", "[spectral][router]") {
+  // Tokens of one type: one entropy in exact arithmetic, a few fp32 ulps
+  // apart in fact (1e-7 here), ten of sixteen; the median falls among them.
+  std::vector<double> values = {0.1, 0.2, 0.3, 0.4};
+  for (int k = 0; k < 10; ++k) values.push_back(0.7 + 1e-7 * k);
+  values.insert(values.end(), {0.9, 0.95});
+  const auto h = at::tensor(values, at::kDouble);
+  const double tau = calibrate_thresholds(h, {0.5, 0.5})[0];
+  // Cheap side with the cluster: 14 of 16 (87.5%); without: 4 of 16 (25%),
+  // nearer 50%; so the threshold sits halfway between 0.4 and the cluster.
+  CHECK(tau == Approx(0.55));
+  CHECK((h > tau).sum().item<int64_t>() == 12);
 }
 
 TEST_CASE("read_vectors parses lines and names the bad line", "[spectral][cli]") {

@@ -274,6 +274,34 @@ at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c) {
 
 at::Tensor spectral_entropy(const at::Tensor& x, DctImpl impl) { return spectral_entropy_from_coeffs(dct2(x, impl)); }
 
+namespace {
+
+// A threshold moved out of a cluster of entropies. Tokens of one type have
+// one entropy in exact arithmetic when the layers below mix no tokens (a DCT
+// layer first), but fp32 gives them values a few ulps apart, by their place
+// in the batch tensor. A quantile inside such a cluster would route the type
+// by those ulps, so by the batch's shape: its padding, or a rank's half of
+// the batch (the data-parallel test's routed ListOps run routed otherwise in
+// two processes than in one). The cluster goes wholly to the side that keeps
+// the share nearer its target, ties to the cheaper side (as H > tau sends
+// exactly equal values); the threshold sits halfway to the neighbouring value.
+double off_cluster(const at::TensorAccessor<double, 1>& sorted, int64_t n, double tau, double target_share) {
+  constexpr double kTolerance = 1e-5;  // fp32 entropies in [0, 1]: an ulp is at most 6e-8
+  int64_t first = 0;
+  while (first < n && sorted[first] < tau - kTolerance) ++first;
+  if (first == n || sorted[first] > tau + kTolerance) return tau;  // no value near the threshold
+  int64_t last = first;                                            // the cluster: neighbours closer than the tolerance
+  while (last + 1 < n && sorted[last + 1] - sorted[last] <= kTolerance) ++last;
+  while (first > 0 && sorted[first] - sorted[first - 1] <= kTolerance) --first;
+  const double share_cheap = static_cast<double>(last + 1) / static_cast<double>(n);
+  const double share_dear = static_cast<double>(first) / static_cast<double>(n);
+  const bool cheap = std::abs(share_cheap - target_share) <= std::abs(share_dear - target_share);
+  if (cheap) return last + 1 < n ? 0.5 * (sorted[last] + sorted[last + 1]) : sorted[last] + kTolerance;
+  return first > 0 ? 0.5 * (sorted[first - 1] + sorted[first]) : sorted[first] - kTolerance;
+}
+
+}  // namespace
+
 std::vector<double> calibrate_thresholds(const at::Tensor& h, const std::vector<double>& shares) {
   if (shares.size() < 2)
     throw UserError("threshold calibration: need at least 2 shares, found " + std::to_string(shares.size()));
@@ -299,7 +327,7 @@ std::vector<double> calibrate_thresholds(const at::Tensor& h, const std::vector<
     const auto lo = static_cast<int64_t>(std::floor(pos));
     const int64_t hi = std::min(lo + 1, n - 1);
     const double frac = pos - static_cast<double>(lo);
-    out.push_back(values[lo] + frac * (values[hi] - values[lo]));
+    out.push_back(off_cluster(values, n, values[lo] + frac * (values[hi] - values[lo]), cumulative));
   }
   return out;
 }
