@@ -282,17 +282,22 @@ namespace {
 // in the batch tensor. A quantile inside such a cluster would route the type
 // by those ulps, so by the batch's shape: its padding, or a rank's half of
 // the batch (the data-parallel test's routed ListOps run routed otherwise in
-// two processes than in one). The cluster goes wholly to the side that keeps
-// the share nearer its target, ties to the cheaper side (as H > tau sends
-// exactly equal values); the threshold sits halfway to the neighbouring value.
-double off_cluster(const at::TensorAccessor<double, 1>& sorted, int64_t n, double tau, double target_share) {
+// two processes than in one). The cluster is every value within the
+// tolerance of the sample value nearest tau, not a chain of close
+// neighbours, so a dense sample cannot grow it. It goes wholly to the side
+// that keeps the share nearer its target, ties to the cheaper side (as
+// H > tau sends exactly equal values); the threshold sits halfway to the
+// neighbouring value. sorted[lo] <= tau <= sorted[hi], hi <= lo + 1.
+double off_cluster(const at::TensorAccessor<double, 1>& sorted, int64_t lo, int64_t hi, double tau,
+                   double target_share) {
   constexpr double kTolerance = 1e-5;  // fp32 entropies in [0, 1]: an ulp is at most 6e-8
-  int64_t first = 0;
-  while (first < n && sorted[first] < tau - kTolerance) ++first;
-  if (first == n || sorted[first] > tau + kTolerance) return tau;  // no value near the threshold
-  int64_t last = first;                                            // the cluster: neighbours closer than the tolerance
-  while (last + 1 < n && sorted[last + 1] - sorted[last] <= kTolerance) ++last;
-  while (first > 0 && sorted[first] - sorted[first - 1] <= kTolerance) --first;
+  const int64_t n = sorted.size(0);
+  const int64_t nearest = tau - sorted[lo] <= sorted[hi] - tau ? lo : hi;
+  const double anchor = sorted[nearest];
+  if (std::abs(tau - anchor) > kTolerance) return tau;  // no value near the threshold
+  int64_t first = nearest, last = nearest;
+  while (first > 0 && sorted[first - 1] >= anchor - kTolerance) --first;
+  while (last + 1 < n && sorted[last + 1] <= anchor + kTolerance) ++last;
   const double share_cheap = static_cast<double>(last + 1) / static_cast<double>(n);
   const double share_dear = static_cast<double>(first) / static_cast<double>(n);
   const bool cheap = std::abs(share_cheap - target_share) <= std::abs(share_dear - target_share);
@@ -327,7 +332,7 @@ std::vector<double> calibrate_thresholds(const at::Tensor& h, const std::vector<
     const auto lo = static_cast<int64_t>(std::floor(pos));
     const int64_t hi = std::min(lo + 1, n - 1);
     const double frac = pos - static_cast<double>(lo);
-    out.push_back(off_cluster(values, n, values[lo] + frac * (values[hi] - values[lo]), cumulative));
+    out.push_back(off_cluster(values, lo, hi, values[lo] + frac * (values[hi] - values[lo]), cumulative));
   }
   return out;
 }
