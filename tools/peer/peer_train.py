@@ -267,12 +267,17 @@ def run_imdb(args, seed, log):
         return F.cross_entropy(model(x, valid), y)
 
     train(model, batch_at, args, log)
-    correct = 0
+    correct, rows = 0, []
     with torch.no_grad():
         for s in range(0, len(test_set), 64):
             chunk = test_set[s:s + 64]
             x, valid = pad_batch([c[0] for c in chunk], args.max_len, enc.pad)
-            correct += (model(x, valid).argmax(-1) == torch.tensor([c[1] for c in chunk])).sum().item()
+            logits = model(x, valid)                                                       # (B, 2)
+            correct += (logits.argmax(-1) == torch.tensor([c[1] for c in chunk])).sum().item()
+            rows += [(s + i, c[1], int(l.argmax()), float(l[1] - l[0])) for i, (c, l) in enumerate(zip(chunk, logits))]
+    if args.predictions:  # one line per test review, to compare models review by review
+        with open(args.predictions, "a") as fh:
+            fh.writelines(f"{seed},{i},{y},{p},{margin:.6g}\n" for i, y, p, margin in rows)
     return "test accuracy", 100.0 * correct / len(test_set)
 
 
@@ -348,6 +353,7 @@ def main():
         p.add_argument(f"--harness-{flag}", action="store_true", help=f"the harness's choice: {what}")
     p.add_argument("--zero-bias", action="store_true", help="start every Linear's bias at 0 (PyTorch: uniform)")
     p.add_argument("--harness", action="store_true", help="every --harness-* choice at once")
+    p.add_argument("--predictions", help="imdb: append seed,review,label,prediction,logit margin per test review")
     p.add_argument("--chiar-db", help="a chiar store: print its test metric for --chiar-runs next to this one")
     p.add_argument("--chiar-runs", default="baseline/*")
     args = p.parse_args()
