@@ -80,6 +80,7 @@ std::string make_store(const TempDir& d) {
     sum.params = 1000;
     sum.train_tokens_per_s = r.variant == "baseline" ? 100 : 150;
     sum.eval_tokens_per_s = 300;
+    sum.train_seconds = 360;
     sum.tau = "{}";
     if (r.task == "wikitext103") {
       // baseline perplexity 60, 62, 64; DCT+Attn 30, 32, 34; hard 40..; soft 50..
@@ -320,6 +321,8 @@ TEST_CASE("report files: Markdown with charts beside it, HTML that renders offli
                        "| chiar_hard/listops_flat/seed=0 | diverged | diverged at step 7: loss nan at step 7 |"));
   CHECK_THAT(text, Catch::Matchers::Contains("](fixture-pareto-wikitext103.svg)"));
   CHECK_THAT(text, Catch::Matchers::Contains("Provenance: harness commit abc123"));
+  // 16 finished runs of 6 minutes; the failed and the diverged run do not count.
+  CHECK_THAT(text, Catch::Matchers::Contains("; 1.60 h of training over 16 finished runs (each run's training loop"));
   std::ifstream html_in(files.html);
   const std::string html((std::istreambuf_iterator<char>(html_in)), {});
   CHECK(html.find("http://") == html.find("http://www.w3.org"));  // only SVG namespaces, no fetches

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <iomanip>
 #include <fstream>
 #include <sstream>
 
@@ -269,12 +270,24 @@ void write_problems(Pages& p, const Summary& s) {
   p.html << "</table>\n";
 }
 
+// What the finished runs cost, from the store (the span of dates above it
+// includes the time between sittings).
+std::string training_time(const Provenance& p) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2) << p.training_hours << " h of training over " << p.finished_runs
+      << (p.finished_runs == 1 ? " finished run" : " finished runs")
+      << " (each run's training loop with its validations, summed; test scoring and work lost to interruptions "
+         "not counted)";
+  return out.str();
+}
+
 void write_provenance(Pages& pages, const Provenance& p) {
   const bool one_commit = p.commits.find("; ") == std::string::npos;
   const std::string footer = (one_commit ? "harness commit " : "harness commits ") + p.commits + "; libtorch " +
                              p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " + p.threads +
                              "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus + "); devices " +
-                             p.devices + "; runs from " + p.first + " to " + p.last + "; matrix " + p.matrices + ".";
+                             p.devices + "; runs from " + p.first + " to " + p.last + "; " + training_time(p) +
+                             "; matrix " + p.matrices + ".";
   pages.md << "\n---\n\nProvenance: " << footer << "\n";
   pages.html << "<footer>Provenance: " << html_escape(footer) << "</footer>\n</body></html>\n";
 }

@@ -217,6 +217,8 @@ StoreProvenance ResultsReader::provenance() {
   p.matrices = joined("matrix");
   auto dates = query("SELECT MIN(started_at), MAX(finished_at) FROM runs");
   if (dates->step()) p.first = dates->text(0), p.last = dates->text(1);
+  auto cost = query("SELECT COUNT(*), COALESCE(SUM(train_seconds), 0) FROM runs WHERE status = 'done'");
+  if (cost->step()) p.finished_runs = cost->integer(0), p.training_hours = cost->real(1) / 3600;
   return p;
 }
 

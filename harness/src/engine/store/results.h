@@ -73,6 +73,12 @@ struct LayerHistogram {
 // Where a store's runs came from, each field one line of the report's footer.
 struct StoreProvenance {
   std::string commits, torch, blas, gemm, threads, hosts, cpus, devices, allocators, first, last, matrices;
+  // The machine time the finished runs took, summed run by run: their
+  // training loops with the validations inside them. A store filled over
+  // several sittings spans more wall time than it cost (first..last), so a
+  // budget is read from this sum.
+  int64_t finished_runs = 0;
+  double training_hours = 0;
 };
 
 // A run found by id, name or hash, for `chiar inspect`.
