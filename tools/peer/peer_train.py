@@ -273,8 +273,9 @@ def run_imdb(args, seed, log):
             chunk = test_set[s:s + 64]
             x, valid = pad_batch([c[0] for c in chunk], args.max_len, enc.pad)
             logits = model(x, valid)                                                       # (B, 2)
-            correct += (logits.argmax(-1) == torch.tensor([c[1] for c in chunk])).sum().item()
-            rows += [(s + i, c[1], int(l.argmax()), float(l[1] - l[0])) for i, (c, l) in enumerate(zip(chunk, logits))]
+            pred = logits.argmax(-1)                                                       # (B,)
+            correct += (pred == torch.tensor([c[1] for c in chunk])).sum().item()
+            rows += [(s + i, c[1], int(p), float(l[1] - l[0])) for i, (c, p, l) in enumerate(zip(chunk, pred, logits))]
     if args.predictions:  # one line per test review, to compare models review by review
         with open(args.predictions, "a") as fh:
             fh.writelines(f"{seed},{i},{y},{p},{margin:.6g}\n" for i, y, p, margin in rows)
