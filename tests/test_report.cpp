@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -102,6 +103,25 @@ std::string make_store(const TempDir& d) {
                     5e9);
     if (r.variant == "chiar_hard")
       store.add_routing(r.hash, 10, 1, {{"dct", 0.6}, {"rbf", 0.02}, {"attention", 0.38}}, std::vector<int64_t>(20, 1));
+    store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
+  }
+  return db;
+}
+
+// A store of three seeds each of `baseline` and `fast` on the LM task `lm`:
+// `record` writes a claimed run's metrics and returns its summary.
+std::string make_lm_store(const TempDir& d, const std::string& name,
+                          const std::function<engine::RunSummary(engine::Store&, const engine::RunSpec&)>& record) {
+  const std::string db = d.path() + "/" + name + ".db";
+  engine::Store store(db);
+  std::vector<engine::RunSpec> runs;
+  for (const char* v : {"baseline", "fast"})
+    for (int seed = 0; seed < 3; ++seed) runs.push_back(spec(v, "lm", seed));
+  store.register_runs(runs);
+  for (const auto& r : runs) {
+    store.claim(r, engine::Provenance{});
+    engine::RunSummary sum = record(store, r);
+    sum.tau = "{}";
     store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
   }
   return db;
@@ -215,30 +235,20 @@ TEST_CASE("quality at equal training time: read off each run's learning curve", 
   // validation scores the whole split (5,000 tokens, not 1,000) and is left
   // out of its curve. T* = min(3 s, 4 s) = 3 s, where baseline's curve ends.
   TempDir d("equal-time");
-  const std::string db = d.path() + "/equal.db";
-  {
-    engine::Store store(db);
-    std::vector<engine::RunSpec> runs;
-    for (const char* v : {"baseline", "fast"})
-      for (int seed = 0; seed < 3; ++seed) runs.push_back(spec(v, "lm", seed));
-    store.register_runs(runs);
-    for (const auto& r : runs) {
-      store.claim(r, engine::Provenance{});
-      const double s = static_cast<double>(r.seed);
-      const bool fast = r.variant == "fast";
-      const std::vector<std::pair<int64_t, double>> curve =
-          fast ? std::vector<std::pair<int64_t, double>>{{20, 110}, {40, 90}, {80, 70}}
-               : std::vector<std::pair<int64_t, double>>{{10, 100}, {20, 80}, {30, 70}};
-      for (const auto& [step, ppl] : curve)
-        store.add_metrics(r.hash, step, "valid", "current", {{"token_ppl", ppl + s}, {"tokens", 1000}});
-      store.add_metrics(r.hash, fast ? 100 : 40, "valid", "current", {{"token_ppl", 50.0}, {"tokens", 5000}});
-      store.add_metrics(r.hash, fast ? 100 : 40, "test", "best", {{"token_ppl", 60.0}});
-      engine::RunSummary sum;
-      sum.step_ms = fast ? 50 : 100;
-      sum.tau = "{}";
-      store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
-    }
-  }
+  const std::string db = make_lm_store(d, "equal", [](engine::Store& store, const engine::RunSpec& r) {
+    const double s = static_cast<double>(r.seed);
+    const bool fast = r.variant == "fast";
+    const std::vector<std::pair<int64_t, double>> curve =
+        fast ? std::vector<std::pair<int64_t, double>>{{20, 110}, {40, 90}, {80, 70}}
+             : std::vector<std::pair<int64_t, double>>{{10, 100}, {20, 80}, {30, 70}};
+    for (const auto& [step, ppl] : curve)
+      store.add_metrics(r.hash, step, "valid", "current", {{"token_ppl", ppl + s}, {"tokens", 1000}});
+    store.add_metrics(r.hash, fast ? 100 : 40, "valid", "current", {{"token_ppl", 50.0}, {"tokens", 5000}});
+    store.add_metrics(r.hash, fast ? 100 : 40, "test", "best", {{"token_ppl", 60.0}});
+    engine::RunSummary sum;
+    sum.step_ms = fast ? 50 : 100;
+    return sum;
+  });
   const auto tables = report::equal_time_tables(summary_of(db));
   REQUIRE(tables.size() == 1);
   const auto& e = tables[0];
@@ -256,6 +266,62 @@ TEST_CASE("quality at equal training time: read off each run's learning curve", 
   const std::string text = test::read_text(files.markdown);
   CHECK_THAT(text, Catch::Matchers::Contains("### lm at equal training time\n\nValidation quality after the same 3.0 s "
                                              "of training, when baseline's curve ends"));
+}
+
+TEST_CASE("report speeds: a run timed under other load is named and left out of speeds, not of metrics", "[report]") {
+  // baseline's seed 2 took 5x the step time of seed 0 (another job shared the
+  // cores) and scored the test split 10x slower; fast's seed 1 trained at
+  // its siblings' speed but scored 3x slower. Every perplexity counts.
+  TempDir d("disturbed");
+  const std::string db = make_lm_store(d, "disturbed", [](engine::Store& store, const engine::RunSpec& r) {
+    const bool fast = r.variant == "fast", slowed = !fast && r.seed == 2;
+    for (int64_t step : {10, 20, 30})
+      store.add_metrics(r.hash, step, "valid", "current",
+                        {{"token_ppl", 100.0 - static_cast<double>(step) + (fast ? 10 : 0)}, {"tokens", 1000}});
+    store.add_metrics(r.hash, 30, "test", "best", {{"token_ppl", 70.0 + static_cast<double>(r.seed)}});
+    engine::RunSummary sum;
+    sum.step_ms = fast ? 50 : slowed ? 500 : r.seed == 0 ? 100 : 120;
+    sum.train_tokens_per_s = fast ? 2000 : slowed ? 200 : 1000;
+    sum.eval_tokens_per_s = slowed || (fast && r.seed == 1) ? (fast ? 1000 : 300) : 3000;
+    return sum;
+  });
+  const auto s = summary_of(db);
+  REQUIRE(s.tasks.size() == 1);
+  const auto& base = s.tasks[0].variants[0];
+  const auto& fast = s.tasks[0].variants[1];
+  REQUIRE(base.disturbed.size() == 1);
+  CHECK(base.disturbed[0]->seed == 2);
+  CHECK(base.metric.at("token_ppl").mean == Approx(71.0));  // 70, 71, 72: every seed
+  CHECK(base.train_tps.n == 2);
+  CHECK(base.train_tps.mean == Approx(1000));
+  CHECK(base.eval_tps.n == 2);
+  CHECK(base.eval_tps.mean == Approx(3000));
+  CHECK(base.step_ms == Approx(110));  // the median of 100 and 120
+  CHECK(fast.disturbed.empty());
+  REQUIRE(fast.disturbed_eval.size() == 1);
+  CHECK(fast.disturbed_eval[0]->seed == 1);
+  CHECK(fast.train_tps.n == 3);
+  CHECK(fast.eval_tps.n == 2);
+  const auto tables = report::task_tables(s, "baseline");
+  CHECK(tables[0].second.header[8] == "speed-up");
+  CHECK(tables[0].second.rows[1][8] == "2.00×");  // 2000 / 1000, not 2000 / 733
+  // At equal time every baseline run keeps its variant's 110 ms clock: its
+  // curve ends at 3.3 s, fast's at 1.5 s (T*), where baseline reads
+  // 90 - 10 * 0.4 / 1.1 (between 90 at 1.1 s and 80 at 2.2 s).
+  const auto equal = report::equal_time_tables(s);
+  REQUIRE(equal.size() == 1);
+  CHECK(equal[0].seconds == Approx(1.5));
+  CHECK(equal[0].limited_by == "fast");
+  CHECK(equal[0].table.rows[0] ==
+        std::vector<std::string>{"baseline", "3", "86.36 ± 0.00", "14", "70.00 ± 0.00", "3.3"});
+  const auto files = report::write_report(db, d.path() + "/out/disturbed", "baseline", kClaims, test::plugins());
+  const std::string note =
+      "Training speeds leave out 1 run whose median step time was over 2× that of the fastest seed of the same "
+      "variant on this task, most likely because other work shared the machine: baseline seed 2 (5.0×). Evaluation "
+      "speeds leave out 2 runs whose test scoring ran over 2× slower than the fastest seed's of the same variant: "
+      "baseline seed 2 (10.0×), fast seed 1 (3.0×). Test metrics count every run.";
+  CHECK_THAT(test::read_text(files.markdown), Catch::Matchers::Contains(note));
+  CHECK_THAT(test::read_text(files.html), Catch::Matchers::Contains(note));
 }
 
 TEST_CASE("report claims: the paper's claims on the fixture; no task dropped, no verdict from identical seeds",

@@ -9,15 +9,15 @@
 namespace chiar::report {
 namespace {
 
-// Seconds of training a run had done at `step`.
-double seconds_at(const RunRow& r, int64_t step) { return static_cast<double>(step) * r.step_ms / 1e3; }
+// Seconds of training a run of `v` had done at `step`, on its variant's clock.
+double seconds_at(const VariantSummary& v, int64_t step) { return static_cast<double>(step) * v.step_ms / 1e3; }
 
 // The run's validation metric after `seconds` of training, interpolated
 // between the validations around it; NaN before its first validation.
-double value_at(const RunRow& r, double seconds) {
+double value_at(const VariantSummary& v, const RunRow& r, double seconds) {
   double prev_t = 0, prev_v = NAN;
   for (const auto& [step, value] : r.valid_curve) {
-    const double t = seconds_at(r, step);
+    const double t = seconds_at(v, step);
     if (t >= seconds) {
       if (t == seconds) return value;
       return std::isnan(prev_v) ? NAN : prev_v + (value - prev_v) * (seconds - prev_t) / (t - prev_t);
@@ -34,9 +34,10 @@ double value_at(const RunRow& r, double seconds) {
 double curve_end(const VariantSummary& v) {
   double sum = 0;
   int n = 0;
+  if (v.step_ms <= 0) return NAN;
   for (const RunRow* r : v.runs)
-    if (!r->valid_curve.empty() && r->step_ms > 0) {
-      sum += seconds_at(*r, r->valid_curve.rbegin()->first);
+    if (!r->valid_curve.empty()) {
+      sum += seconds_at(v, r->valid_curve.rbegin()->first);
       ++n;
     }
   return n ? sum / n : NAN;
@@ -77,12 +78,12 @@ std::vector<EqualTimeTable> equal_time_tables(const Summary& s) {
     for (const auto& v : t.variants) {
       std::vector<double> at, steps, last, seconds;
       for (const RunRow* r : v.runs) {
-        if (r->valid_curve.empty() || r->step_ms <= 0) continue;
-        const double value = value_at(*r, e.seconds);
+        if (r->valid_curve.empty() || v.step_ms <= 0) continue;
+        const double value = value_at(v, *r, e.seconds);
         if (!std::isnan(value)) at.push_back(value);
-        steps.push_back(std::min(e.seconds * 1e3 / r->step_ms, static_cast<double>(r->valid_curve.rbegin()->first)));
+        steps.push_back(std::min(e.seconds * 1e3 / v.step_ms, static_cast<double>(r->valid_curve.rbegin()->first)));
         last.push_back(r->valid_curve.rbegin()->second);
-        seconds.push_back(seconds_at(*r, r->valid_curve.rbegin()->first));
+        seconds.push_back(seconds_at(v, r->valid_curve.rbegin()->first));
       }
       if (last.empty()) continue;
       e.table.rows.push_back({v.variant, std::to_string(last.size()), at.empty() ? "" : stat_cell(at, scale, 2),

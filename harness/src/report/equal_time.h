@@ -21,8 +21,11 @@ struct EqualTimeTable {
 // Per task with at least two variants that have learning curves: T* is the
 // shortest of the variants' mean times to their last comparable validation
 // (RunRow::valid_curve), a run's time at a validation being its step times
-// its median step time (evaluation and checkpoints excluded; time spent on
-// them is the same work for every variant). Each run's metric at T* is read
+// its variant's step time, VariantSummary::step_ms (evaluation and
+// checkpoints excluded; time spent on them is the same work for every
+// variant). A variant's runs do the same work per step, so one clock serves
+// them all; a run's own would carry whatever else the machine ran while it
+// trained (kDisturbedStepRatio). Each run's metric at T* is read
 // off its curve by linear interpolation between validations; a run with no
 // validation at or before T* gives none, and one whose curve ends before T*
 // gives its last value.

@@ -68,8 +68,9 @@ void write_intro(Pages& p, const std::string& title, const std::string& db, cons
   p.md << "# " << title << "\n\nGenerated " << today() << " from `" << db << "` by `chiar report`. "
        << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation "
           "over seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence: as "
-          "executed, and as a sparse execution needs them. Best value per column in **bold**; reductions and "
-          "speed-ups are against `"
+          "executed, and as a sparse execution needs them. Speeds are means over seeds, leaving out runs timed "
+          "under other load (named under their task's table). Best value per column in **bold**; "
+          "reductions and speed-ups are against `"
        << baseline << "`.\n\n";
   p.html
       << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << html_escape(title)
@@ -84,8 +85,9 @@ void write_intro(Pages& p, const std::string& title, const std::string& db, cons
       << "</code> by <code>chiar report</code>. "
       << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation over "
          "seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence, as executed "
-         "and as a sparse execution needs them. Best value per column in bold; reductions and speed-ups are against "
-         "<code>"
+         "and as a sparse execution needs them. Speeds are means over seeds, leaving out runs timed under other "
+         "load (named under their task's table). Best value per column in bold; reductions and speed-ups are "
+         "against <code>"
       << html_escape(baseline) << "</code>.</p>\n";
 }
 
@@ -118,17 +120,49 @@ void write_grid(Pages& p, const Summary& s, const Table& table) {
   p.md << "\n";
 }
 
-void write_table(Pages& p, const Summary& s, const std::string& task, const Table& table) {
-  p.md << "## " << task << "\n\n";
-  p.html << "<h2>" << html_escape(task) << "</h2>\n";
+// The runs of the task whose speeds its table leaves out, if any, and why.
+std::string disturbed_note(const TaskSummary& t) {
+  std::string train, eval;
+  size_t n_train = 0, n_eval = 0;
+  for (const auto& v : t.variants) {
+    for (const RunRow* r : v.disturbed)
+      train += (n_train++ ? ", " : "") + v.variant + " seed " + std::to_string(r->seed) + " (" +
+               fixed(r->step_ms / v.fastest_step_ms, 1) + "×)";
+    for (const RunRow* r : v.disturbed_eval)
+      eval += (n_eval++ ? ", " : "") + v.variant + " seed " + std::to_string(r->seed) + " (" +
+              fixed(v.fastest_eval_tps / r->eval_tps, 1) + "×)";
+  }
+  const auto runs = [](size_t n) { return std::to_string(n) + (n == 1 ? " run" : " runs"); };
+  const std::string ratio = fixed(kDisturbedStepRatio, 0) + "×";
+  std::string note;
+  if (n_train)
+    note += "Training speeds leave out " + runs(n_train) + " whose median step time was over " + ratio +
+            " that of the fastest seed of the same variant on this task, most likely because other work shared the "
+            "machine: " +
+            train + ". ";
+  if (n_eval)
+    note += "Evaluation speeds leave out " + runs(n_eval) + " whose test scoring ran over " + ratio +
+            " slower than the fastest seed's of the same variant: " + eval + ". ";
+  if (!note.empty()) note += "Test metrics count every run.";
+  return note;
+}
+
+void write_table(Pages& p, const Summary& s, const TaskSummary& t, const Table& table) {
+  p.md << "## " << t.task << "\n\n";
+  p.html << "<h2>" << html_escape(t.task) << "</h2>\n";
   write_grid(p, s, table);
+  const std::string note = disturbed_note(t);
+  if (note.empty()) return;
+  p.md << note << "\n\n";
+  p.html << "<p>" << html_escape(note) << "</p>\n";
 }
 
 void write_equal_time(Pages& p, const Summary& s, const EqualTimeTable& e) {
   const std::string text =
       "Validation quality after the same " + fixed(e.seconds, 1) + " s of training, when " + e.limited_by +
       "'s curve ends (its mean time to its last comparable validation). A run's training time at a validation is its "
-      "step times its median step time; values are interpolated between validations, mean ± standard deviation over "
+      "step number times its variant's step time (the median of the variant's seeds' median step times, leaving out "
+      "runs slowed by other load); values are interpolated between validations, mean ± standard deviation over "
       "seeds.";
   p.md << "### " << e.task << " at equal training time\n\n" << text << "\n\n";
   p.html << "<h3>" << html_escape(e.task) << " at equal training time</h3>\n<p>" << html_escape(text) << "</p>\n";
@@ -422,8 +456,9 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
 
   Pages pages;
   write_intro(pages, "Results: " + s.provenance.matrices, source.empty() ? db : source, baseline);
-  for (const auto& [task, table] : tables) {
-    write_table(pages, s, task, table);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const auto& [task, table] = tables[i];
+    write_table(pages, s, s.tasks[i], table);
     for (const auto& e : equal_time)
       if (e.task == task) write_equal_time(pages, s, e);
     write_task_charts(pages, charts, dir, task);

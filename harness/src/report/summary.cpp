@@ -82,16 +82,28 @@ VariantSummary summarize_variant(const std::string& variant, std::vector<const R
   VariantSummary v;
   v.variant = variant;
   v.runs = std::move(runs);
+  for (const RunRow* r : v.runs) {
+    if (r->step_ms > 0 && (v.fastest_step_ms == 0 || r->step_ms < v.fastest_step_ms)) v.fastest_step_ms = r->step_ms;
+    v.fastest_eval_tps = std::max(v.fastest_eval_tps, r->eval_tps);
+  }
   std::map<std::string, std::vector<double>> metrics;
-  std::vector<double> attn, attn_sp, total, total_sp, ttps, etps, gpu_alloc, gpu_reserved;
+  std::vector<double> attn, attn_sp, total, total_sp, ttps, etps, step_ms, gpu_alloc, gpu_reserved;
   for (const RunRow* r : v.runs) {
     for (const auto& [k, val] : r->test_best) metrics[k].push_back(val);
     attn.push_back(r->attn_fwd / 1e9);
     attn_sp.push_back(r->attn_fwd_sparse / 1e9);
     total.push_back(r->total_fwd / 1e9);
     total_sp.push_back(r->total_fwd_sparse / 1e9);
-    ttps.push_back(r->train_tps);
-    etps.push_back(r->eval_tps);
+    if (v.fastest_step_ms > 0 && r->step_ms > kDisturbedStepRatio * v.fastest_step_ms) {
+      v.disturbed.push_back(r);
+    } else {
+      ttps.push_back(r->train_tps);
+      if (r->step_ms > 0) step_ms.push_back(r->step_ms);
+    }
+    if (r->eval_tps * kDisturbedStepRatio < v.fastest_eval_tps)
+      v.disturbed_eval.push_back(r);
+    else
+      etps.push_back(r->eval_tps);
     if (r->gpu_allocated_mb >= 0) {
       gpu_alloc.push_back(r->gpu_allocated_mb);
       gpu_reserved.push_back(r->gpu_reserved_mb);
@@ -105,6 +117,11 @@ VariantSummary summarize_variant(const std::string& variant, std::vector<const R
   v.total_sparse_gflops = stat_of(total_sp);
   v.train_tps = stat_of(ttps);
   v.eval_tps = stat_of(etps);
+  if (!step_ms.empty()) {
+    std::sort(step_ms.begin(), step_ms.end());
+    const size_t mid = step_ms.size() / 2;
+    v.step_ms = step_ms.size() % 2 ? step_ms[mid] : (step_ms[mid - 1] + step_ms[mid]) / 2;
+  }
   v.gpu_allocated_mb = stat_of(gpu_alloc);
   v.gpu_reserved_mb = stat_of(gpu_reserved);
   return v;

@@ -55,11 +55,28 @@ struct RunRow : engine::StoredRun {
   std::map<int64_t, double> valid_curve;
 };
 
+// A finished run's speed was taken under other load when its median step
+// time is over this many times the fastest one's among its variant's runs on
+// the task (or its evaluation tokens/s under the fastest's divided by it: the
+// test scoring is timed apart from training). Those runs do the same work
+// per step (routing moves a few percent of it), so their speeds differ by
+// what else the machine ran: in the reproduction's store
+// (results/repro.db), by up to about 1.5x between runs nothing was known to
+// disturb, and by 3.4-7.8x for the three that trained beside another job.
+constexpr double kDisturbedStepRatio = 2.0;
+
 struct VariantSummary {
   std::string variant;
   std::vector<const RunRow*> runs;     // finished ("done") runs
-  std::map<std::string, Stat> metric;  // test, best checkpoint
-  Stat attn_gflops, attn_sparse_gflops, total_gflops, total_sparse_gflops, train_tps, eval_tps;
+  std::map<std::string, Stat> metric;  // test, best checkpoint: every finished run
+  Stat attn_gflops, attn_sparse_gflops, total_gflops, total_sparse_gflops;
+  // Speeds leave out the runs timed under other load (kDisturbedStepRatio),
+  // training and evaluation each by its own timing; their metrics count.
+  std::vector<const RunRow*> disturbed, disturbed_eval;
+  Stat train_tps, eval_tps;
+  double step_ms = 0;          // median of the undisturbed runs' median step times; 0: none recorded one
+  double fastest_step_ms = 0;  // the shortest of its runs' median step times
+  double fastest_eval_tps = 0;
   Stat gpu_allocated_mb, gpu_reserved_mb;  // over the runs that trained on a GPU (n = 0: none did)
   int64_t params = 0;
 };
