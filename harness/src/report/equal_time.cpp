@@ -76,14 +76,16 @@ std::vector<EqualTimeTable> equal_time_tables(const Summary& s) {
                       "training s to its curve's end"};
     std::vector<double> at_equal_means;
     for (const auto& v : t.variants) {
+      if (v.step_ms <= 0) continue;  // no clock: no curve in time
       std::vector<double> at, steps, last, seconds;
       for (const RunRow* r : v.runs) {
-        if (r->valid_curve.empty() || v.step_ms <= 0) continue;
+        if (r->valid_curve.empty()) continue;
+        const auto& [end_step, end_value] = *r->valid_curve.rbegin();
         const double value = value_at(v, *r, e.seconds);
         if (!std::isnan(value)) at.push_back(value);
-        steps.push_back(std::min(e.seconds * 1e3 / v.step_ms, static_cast<double>(r->valid_curve.rbegin()->first)));
-        last.push_back(r->valid_curve.rbegin()->second);
-        seconds.push_back(seconds_at(v, r->valid_curve.rbegin()->first));
+        steps.push_back(std::min(e.seconds * 1e3 / v.step_ms, static_cast<double>(end_step)));
+        last.push_back(end_value);
+        seconds.push_back(seconds_at(v, end_step));
       }
       if (last.empty()) continue;
       e.table.rows.push_back({v.variant, std::to_string(last.size()), at.empty() ? "" : stat_cell(at, scale, 2),
