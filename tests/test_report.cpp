@@ -109,9 +109,11 @@ std::string make_store(const TempDir& d) {
 }
 
 // A store of three seeds each of `baseline` and `fast` on the LM task `lm`:
-// `record` writes a claimed run's metrics and returns its summary.
+// `record` writes a claimed run's metrics and returns its summary;
+// `machine`, when given, says what each run was claimed on.
 std::string make_lm_store(const TempDir& d, const std::string& name,
-                          const std::function<engine::RunSummary(engine::Store&, const engine::RunSpec&)>& record) {
+                          const std::function<engine::RunSummary(engine::Store&, const engine::RunSpec&)>& record,
+                          const std::function<engine::Provenance(const engine::RunSpec&)>& machine = {}) {
   const std::string db = d.path() + "/" + name + ".db";
   engine::Store store(db);
   std::vector<engine::RunSpec> runs;
@@ -119,7 +121,7 @@ std::string make_lm_store(const TempDir& d, const std::string& name,
     for (int seed = 0; seed < 3; ++seed) runs.push_back(spec(v, "lm", seed));
   store.register_runs(runs);
   for (const auto& r : runs) {
-    store.claim(r, engine::Provenance{});
+    store.claim(r, machine ? machine(r) : engine::Provenance{});
     engine::RunSummary sum = record(store, r);
     sum.tau = "{}";
     store.finish(r.hash, engine::RunStatus::Done, "", -1, sum);
@@ -322,6 +324,70 @@ TEST_CASE("report speeds: a run timed under other load is named and left out of 
       "baseline seed 2 (10.0×), fast seed 1 (3.0×). Test metrics count every run.";
   CHECK_THAT(test::read_text(files.markdown), Catch::Matchers::Contains(note));
   CHECK_THAT(test::read_text(files.html), Catch::Matchers::Contains(note));
+}
+
+TEST_CASE("report speeds: runs timed on other hardware are named and left out of speeds, not of metrics", "[report]") {
+  // A store filled over two sittings on two machines: baseline's seed 2 and
+  // fast's seed 2 ran on a CPU with wider vector units, 2.5x as fast. Within
+  // the machine most runs used, nothing was disturbed; compared across the
+  // two, baseline's seeds 0 and 1 would look slowed by other load.
+  TempDir d("machines");
+  const auto second_sitting = [](const engine::RunSpec& r) { return r.seed == 2; };
+  const std::string db = make_lm_store(
+      d, "machines",
+      [&](engine::Store& store, const engine::RunSpec& r) {
+        const bool fast = r.variant == "fast";
+        for (int64_t step : {10, 20, 30})
+          store.add_metrics(r.hash, step, "valid", "current", {{"token_ppl", 100.0 - static_cast<double>(step)}});
+        store.add_metrics(r.hash, 30, "test", "best", {{"token_ppl", 70.0 + static_cast<double>(r.seed)}});
+        engine::RunSummary sum;
+        const double scale = second_sitting(r) ? 2.5 : 1.0;
+        sum.step_ms = (fast ? 50 : r.seed == 0 ? 100 : 120) / scale;
+        sum.train_tokens_per_s = (fast ? 2000 : 1000) * scale;
+        sum.eval_tokens_per_s = 3000 * scale;
+        return sum;
+      },
+      [&](const engine::RunSpec& r) {
+        engine::Provenance p;
+        p.device = "cpu";
+        p.cpu = "AMD EPYC";
+        p.threads = 2;
+        p.gemm = second_sitting(r) ? "onednn: oneDNN 2.6.3 sgemm, ISA avx512_core_bf16"
+                                   : "onednn: oneDNN 2.6.3 sgemm, ISA avx2";
+        return p;
+      });
+  const auto s = summary_of(db);
+  CHECK(s.timing_setup == "cpu, AMD EPYC, 2 threads, 1 process, onednn: oneDNN 2.6.3 sgemm, ISA avx2");
+  CHECK(s.runs_on_timing_setup == 4);
+  CHECK(s.finished_runs == 6);
+  REQUIRE(s.tasks.size() == 1);
+  const auto& base = s.tasks[0].variants[0];
+  const auto& fast = s.tasks[0].variants[1];
+  for (const auto* v : {&base, &fast}) {
+    REQUIRE(v->other_setup.size() == 1);
+    CHECK(v->other_setup[0]->seed == 2);
+    CHECK(v->disturbed.empty());
+    CHECK(v->disturbed_eval.empty());
+    CHECK(v->train_tps.n == 2);
+    CHECK(v->eval_tps.mean == Approx(3000));
+    CHECK(v->metric.at("token_ppl").n == 3);  // 70, 71, 72: every seed
+  }
+  CHECK(base.train_tps.mean == Approx(1000));
+  CHECK(base.step_ms == Approx(110));  // the median of 100 and 120, not of 40, 100 and 120
+  CHECK(base.fastest_step_ms == Approx(100));
+  const auto tables = report::task_tables(s, "baseline");
+  CHECK(tables[0].second.rows[1][8] == "2.00×");
+  const auto files = report::write_report(db, d.path() + "/out/machines", "baseline", kClaims, test::plugins());
+  const std::string note =
+      "Speeds leave out 2 runs timed on other hardware than the rest: baseline seed 2, fast seed 2 (cpu, AMD EPYC, "
+      "2 threads, 1 process, onednn: oneDNN 2.6.3 sgemm, ISA avx512_core_bf16). Test metrics count every run.";
+  const std::string footer =
+      "speeds timed on cpu, AMD EPYC, 2 threads, 1 process, onednn: oneDNN 2.6.3 sgemm, ISA avx2 (4 of 6 finished "
+      "runs)";
+  for (const auto& file : {files.markdown, files.html}) {
+    CHECK_THAT(test::read_text(file), Catch::Matchers::Contains(note));
+    CHECK_THAT(test::read_text(file), Catch::Matchers::Contains(footer));
+  }
 }
 
 TEST_CASE("report claims: the paper's claims on the fixture; no task dropped, no verdict from identical seeds",

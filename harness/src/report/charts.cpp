@@ -373,7 +373,7 @@ void speedup_chart(const ChartSite& site, const std::string& baseline) {
   site.render(name, script.str(),
               {"Speed-up against FLOP reduction", name,
                "Points on the dashed line turn FLOP savings into equal wall-clock savings; below it, savings are lost "
-               "to overheads."});
+               "to overheads. Speeds are the tables' means, which leave out runs timed under other load."});
 }
 
 // The .dat/.gp files are gnuplot's inputs, not report content.

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <functional>
 #include <iomanip>
+#include <map>
 #include <fstream>
 #include <sstream>
 
@@ -68,8 +69,9 @@ void write_intro(Pages& p, const std::string& title, const std::string& db, cons
   p.md << "# " << title << "\n\nGenerated " << today() << " from `" << db << "` by `chiar report`. "
        << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation "
           "over seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence: as "
-          "executed, and as a sparse execution needs them. Speeds are means over seeds, leaving out runs timed "
-          "under other load (named under their task's table). Best value per column in **bold**; "
+          "executed, and as a sparse execution needs them. Speeds are means over the seeds timed on the hardware most "
+          "runs used (named at the end), leaving out runs timed under other load or on other hardware (named under "
+          "their task's table). Best value per column in **bold**; "
           "reductions and speed-ups are against `"
        << baseline << "`.\n\n";
   p.html
@@ -85,8 +87,9 @@ void write_intro(Pages& p, const std::string& title, const std::string& db, cons
       << "</code> by <code>chiar report</code>. "
       << "Metrics are on the test split, scored with the best-validation checkpoint; mean ± standard deviation over "
          "seeds, with a 95% confidence interval from 3 seeds on. GFLOPs are forward FLOPs per sequence, as executed "
-         "and as a sparse execution needs them. Speeds are means over seeds, leaving out runs timed under other "
-         "load (named under their task's table). Best value per column in bold; reductions and speed-ups are "
+         "and as a sparse execution needs them. Speeds are means over the seeds timed on the hardware most runs used "
+         "(named at the end), leaving out runs timed under other load or on other hardware (named under their task's "
+         "table). Best value per column in bold; reductions and speed-ups are "
          "against <code>"
       << html_escape(baseline) << "</code>.</p>\n";
 }
@@ -121,10 +124,16 @@ void write_grid(Pages& p, const Summary& s, const Table& table) {
 }
 
 // The runs of the task whose speeds its table leaves out, if any, and why.
-std::string disturbed_note(const TaskSummary& t) {
+std::string speed_note(const TaskSummary& t) {
   std::string train, eval;
-  size_t n_train = 0, n_eval = 0;
+  size_t n_train = 0, n_eval = 0, n_other = 0;
+  std::map<std::string, std::string> other;  // timing setup -> its runs
   for (const auto& v : t.variants) {
+    for (const RunRow* r : v.other_setup) {
+      std::string& runs = other[r->timing_setup.empty() ? "hardware not recorded" : r->timing_setup];
+      runs += (runs.empty() ? "" : ", ") + v.variant + " seed " + std::to_string(r->seed);
+      ++n_other;
+    }
     for (const RunRow* r : v.disturbed)
       train += (n_train++ ? ", " : "") + v.variant + " seed " + std::to_string(r->seed) + " (" +
                fixed(r->step_ms / v.fastest_step_ms, 1) + "×)";
@@ -135,6 +144,15 @@ std::string disturbed_note(const TaskSummary& t) {
   const auto runs = [](size_t n) { return std::to_string(n) + (n == 1 ? " run" : " runs"); };
   const std::string ratio = fixed(kDisturbedStepRatio, 0) + "×";
   std::string note;
+  if (n_other) {
+    note += "Speeds leave out " + runs(n_other) + " timed on other hardware than the rest: ";
+    bool first = true;
+    for (const auto& [setup, listed] : other) {
+      note += (first ? "" : "; ") + listed + " (" + setup + ")";
+      first = false;
+    }
+    note += ". ";
+  }
   if (n_train)
     note += "Training speeds leave out " + runs(n_train) + " whose median step time was over " + ratio +
             " that of the fastest seed of the same variant on this task, most likely because other work shared the "
@@ -151,7 +169,7 @@ void write_table(Pages& p, const Summary& s, const TaskSummary& t, const Table& 
   p.md << "## " << t.task << "\n\n";
   p.html << "<h2>" << html_escape(t.task) << "</h2>\n";
   write_grid(p, s, table);
-  const std::string note = disturbed_note(t);
+  const std::string note = speed_note(t);
   if (note.empty()) return;
   p.md << note << "\n\n";
   p.html << "<p>" << html_escape(note) << "</p>\n";
@@ -161,8 +179,8 @@ void write_equal_time(Pages& p, const Summary& s, const EqualTimeTable& e) {
   const std::string text =
       "Validation quality after the same " + fixed(e.seconds, 1) + " s of training, when " + e.limited_by +
       "'s curve ends (its mean time to its last comparable validation). A run's training time at a validation is its "
-      "step number times its variant's step time (the median of the variant's seeds' median step times, leaving out "
-      "runs slowed by other load); values are interpolated between validations, mean ± standard deviation over "
+      "step number times its variant's step time (the median of the variant's seeds' median step times, as the "
+      "table's speeds take them); values are interpolated between validations, mean ± standard deviation over "
       "seeds.";
   p.md << "### " << e.task << " at equal training time\n\n" << text << "\n\n";
   p.html << "<h3>" << html_escape(e.task) << " at equal training time</h3>\n<p>" << html_escape(text) << "</p>\n";
@@ -315,13 +333,21 @@ std::string training_time(const Provenance& p) {
   return out.str();
 }
 
-void write_provenance(Pages& pages, const Provenance& p) {
+// The hardware the report's speeds were timed on.
+std::string timing(const Summary& s) {
+  if (s.timing_setup.empty()) return "";
+  return "; speeds timed on " + s.timing_setup + " (" + std::to_string(s.runs_on_timing_setup) + " of " +
+         std::to_string(s.finished_runs) + " finished runs)";
+}
+
+void write_provenance(Pages& pages, const Summary& s) {
+  const Provenance& p = s.provenance;
   const bool one_commit = p.commits.find("; ") == std::string::npos;
   const std::string footer = (one_commit ? "harness commit " : "harness commits ") + p.commits + "; libtorch " +
                              p.torch + "; BLAS " + p.blas + "; products on " + p.gemm + "; threads " + p.threads +
                              "; allocator " + p.allocators + "; hosts " + p.hosts + " (" + p.cpus + "); devices " +
-                             p.devices + "; runs from " + p.first + " to " + p.last + "; " + training_time(p) +
-                             "; matrix " + p.matrices + ".";
+                             p.devices + timing(s) + "; runs from " + p.first + " to " + p.last + "; " +
+                             training_time(p) + "; matrix " + p.matrices + ".";
   pages.md << "\n---\n\nProvenance: " << footer << "\n";
   pages.html << "<footer>Provenance: " << html_escape(footer) << "</footer>\n</body></html>\n";
 }
@@ -466,7 +492,7 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   write_other_charts(pages, charts, dir, tables);
   write_claims(pages, claims);
   write_problems(pages, s);
-  write_provenance(pages, s.provenance);
+  write_provenance(pages, s);
 
   ReportFiles files{out + ".md", out + ".html", out + "-claims.csv", out + "-claims.json", {}};
   // A full disk or a read-only folder is the environment's failure (exit 3), not a report.

@@ -78,11 +78,14 @@ void read_records(engine::ResultsReader& store, const OperatorCatalog& operators
 
 // One variant's finished runs on one task, summarised: each statistic over
 // its seeds.
-VariantSummary summarize_variant(const std::string& variant, std::vector<const RunRow*> runs) {
+VariantSummary summarize_variant(const std::string& variant, std::vector<const RunRow*> runs,
+                                 const std::string& timing_setup) {
   VariantSummary v;
   v.variant = variant;
   v.runs = std::move(runs);
+  const auto timed_here = [&](const RunRow* r) { return r->timing_setup == timing_setup; };
   for (const RunRow* r : v.runs) {
+    if (!timed_here(r)) continue;
     if (r->step_ms > 0 && (v.fastest_step_ms == 0 || r->step_ms < v.fastest_step_ms)) v.fastest_step_ms = r->step_ms;
     v.fastest_eval_tps = std::max(v.fastest_eval_tps, r->eval_tps);
   }
@@ -94,16 +97,20 @@ VariantSummary summarize_variant(const std::string& variant, std::vector<const R
     attn_sp.push_back(r->attn_fwd_sparse / 1e9);
     total.push_back(r->total_fwd / 1e9);
     total_sp.push_back(r->total_fwd_sparse / 1e9);
-    if (v.fastest_step_ms > 0 && r->step_ms > kDisturbedStepRatio * v.fastest_step_ms) {
-      v.disturbed.push_back(r);
+    if (!timed_here(r)) {
+      v.other_setup.push_back(r);
     } else {
-      ttps.push_back(r->train_tps);
-      if (r->step_ms > 0) step_ms.push_back(r->step_ms);
+      if (v.fastest_step_ms > 0 && r->step_ms > kDisturbedStepRatio * v.fastest_step_ms) {
+        v.disturbed.push_back(r);
+      } else {
+        ttps.push_back(r->train_tps);
+        if (r->step_ms > 0) step_ms.push_back(r->step_ms);
+      }
+      if (r->eval_tps * kDisturbedStepRatio < v.fastest_eval_tps)
+        v.disturbed_eval.push_back(r);
+      else
+        etps.push_back(r->eval_tps);
     }
-    if (r->eval_tps * kDisturbedStepRatio < v.fastest_eval_tps)
-      v.disturbed_eval.push_back(r);
-    else
-      etps.push_back(r->eval_tps);
     if (r->gpu_allocated_mb >= 0) {
       gpu_alloc.push_back(r->gpu_allocated_mb);
       gpu_reserved.push_back(r->gpu_reserved_mb);
@@ -127,6 +134,22 @@ VariantSummary summarize_variant(const std::string& variant, std::vector<const R
   return v;
 }
 
+// The hardware most finished runs were timed on, and how many that is.
+void choose_timing_setup(Summary& s) {
+  std::map<std::string, int64_t> runs_on;  // setup -> finished runs
+  std::vector<std::string> order;          // setups in run order
+  for (const auto& r : s.runs) {
+    if (r.status != engine::RunStatus::Done) continue;
+    ++s.finished_runs;
+    if (runs_on[r.timing_setup]++ == 0) order.push_back(r.timing_setup);
+  }
+  for (const auto& setup : order)
+    if (runs_on[setup] > s.runs_on_timing_setup) {
+      s.timing_setup = setup;
+      s.runs_on_timing_setup = runs_on[setup];
+    }
+}
+
 // The tasks in the order runs first name them, each with its variants in
 // s.variant_order. One pass over the runs groups them (a sweep has
 // thousands of variants).
@@ -148,7 +171,7 @@ std::vector<TaskSummary> summarize_tasks(const Summary& s) {
     for (const auto& variant : s.variant_order) {
       const auto runs = finished.find({task, variant});
       if (runs == finished.end()) continue;
-      t.variants.push_back(summarize_variant(variant, runs->second));
+      t.variants.push_back(summarize_variant(variant, runs->second, s.timing_setup));
       for (const RunRow* r : runs->second)
         if (r->test_best.count("token_ppl")) t.language_model = true;
     }
@@ -176,6 +199,7 @@ Summary summarize(const std::string& file, const OperatorCatalog& operators) {
     if (seen_variants.insert(r.variant).second) s.variant_order.push_back(r.variant);
     if (r.status != engine::RunStatus::Done) s.problems.push_back(&r);
   }
+  choose_timing_setup(s);
   s.tasks = summarize_tasks(s);
   s.provenance = store.provenance();
   return s;

@@ -70,12 +70,14 @@ struct VariantSummary {
   std::vector<const RunRow*> runs;     // finished ("done") runs
   std::map<std::string, Stat> metric;  // test, best checkpoint: every finished run
   Stat attn_gflops, attn_sparse_gflops, total_gflops, total_sparse_gflops;
-  // Speeds leave out the runs timed under other load (kDisturbedStepRatio),
-  // training and evaluation each by its own timing; their metrics count.
-  std::vector<const RunRow*> disturbed, disturbed_eval;
+  // Speeds come from the runs timed on the store's timing setup alone
+  // (Summary::timing_setup; the others are other_setup), and of those leave
+  // out the runs timed under other load (kDisturbedStepRatio), training and
+  // evaluation each by its own timing. Every run's metrics count.
+  std::vector<const RunRow*> other_setup, disturbed, disturbed_eval;
   Stat train_tps, eval_tps;
   double step_ms = 0;          // median of the undisturbed runs' median step times; 0: none recorded one
-  double fastest_step_ms = 0;  // the shortest of its runs' median step times
+  double fastest_step_ms = 0;  // the shortest of its runs' median step times on the timing setup
   double fastest_eval_tps = 0;
   Stat gpu_allocated_mb, gpu_reserved_mb;  // over the runs that trained on a GPU (n = 0: none did)
   int64_t params = 0;
@@ -95,6 +97,13 @@ struct Summary {
   std::vector<RunRow> runs;
   std::vector<TaskSummary> tasks;
   std::vector<const RunRow*> problems;  // failed, diverged, interrupted, never finished
+  // The hardware that timed the most finished runs (the first such in run
+  // order on a tie): speeds, speed-ups and the equal-time clock come from its
+  // runs alone, since a store filled over several sittings may span machines
+  // whose speeds differ by more than any variant does. "" when no run recorded
+  // one (then every run's speed counts).
+  std::string timing_setup;
+  int64_t runs_on_timing_setup = 0, finished_runs = 0;
   Provenance provenance;
   std::vector<std::string> variant_order;  // fixes colours across charts
   OperatorCatalog operators;

@@ -38,7 +38,9 @@ std::vector<StoredRun> ResultsReader::runs() {
       "COALESCE(params, 0), COALESCE(train_tokens_per_s, 0), COALESCE(eval_tokens_per_s, 0), COALESCE(tau, ''), " +
       column("task_family", "''") + ", COALESCE(step_ms, 0), " + column("peak_gpu_allocated_mb", "-1") + ", " +
       column("peak_gpu_reserved_mb", "-1") +
-      ", COALESCE(git_commit, ''), COALESCE(git_dirty, 0), COALESCE(gemm, '') FROM runs ORDER BY id");
+      ", COALESCE(git_commit, ''), COALESCE(git_dirty, 0), COALESCE(gemm, ''), COALESCE(device, ''), "
+      "COALESCE(cpu, ''), COALESCE(threads, 0), " +
+      column("processes", "1") + " FROM runs ORDER BY id");
   std::vector<StoredRun> out;
   while (q->step()) {
     StoredRun r;
@@ -60,7 +62,11 @@ std::vector<StoredRun> ResultsReader::runs() {
     r.gpu_reserved_mb = q->real(15);
     r.commit = q->text(16);
     r.dirty = q->integer(17) != 0;
-    r.gemm = q->text(18).substr(0, q->text(18).find(':'));  // "onednn: oneDNN 2.6.3 sgemm; ..." -> "onednn"
+    const std::string gemm = q->text(18);
+    r.gemm = gemm.substr(0, gemm.find(':'));  // "onednn: oneDNN 2.6.3 sgemm; ..." -> "onednn"
+    if (!q->text(19).empty() || !q->text(20).empty())
+      r.timing_setup = q->text(19) + ", " + q->text(20) + ", " + std::to_string(q->integer(21)) + " threads, " +
+                       std::to_string(q->integer(22)) + (q->integer(22) == 1 ? " process, " : " processes, ") + gemm;
     out.push_back(std::move(r));
   }
   return out;

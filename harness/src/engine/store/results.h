@@ -39,6 +39,11 @@ struct StoredRun {
   // products ("onednn", "blas"; "" when not recorded).
   std::string commit, gemm;
   bool dirty = false;
+  // The hardware its speeds were taken on, as the run recorded it: device,
+  // CPU, threads, processes and the product kernels ("cpu, AMD EPYC, 2
+  // threads, 1 process, onednn: oneDNN 2.6.3 sgemm, ISA avx2"). Two runs'
+  // speeds compare only when these match; "" when none was recorded.
+  std::string timing_setup;
 };
 
 // One operator's FLOPs per sequence at a run's last FLOP record, summed
