@@ -762,8 +762,10 @@ TEST_CASE("provenance guard: a row whose runs come from several code states gets
   }
   const auto csv = test::run_chiar({"export", db, "--csv"});
   CHECK_THAT(csv.output, Catch::Matchers::StartsWith("run,status,metric,value,attn_gflops,total_gflops,train_tok_s,"
-                                                     "eval_tok_s,params,overhead_%,commit,clean_tree\n"));
-  CHECK_THAT(csv.output, Catch::Matchers::Contains(",aaaaaaaaaaaaaaaa,true\n"));
+                                                     "eval_tok_s,params,overhead_%,commit,clean_tree,products\n"));
+  CHECK_THAT(csv.output, Catch::Matchers::Contains(",aaaaaaaaaaaaaaaa,true,onednn: oneDNN 2.6.3 sgemm\n"));
+  CHECK_THAT(csv.output, Catch::Matchers::Contains(",aaaaaaaaaaaaaaaa,true,blas: OpenBLAS 0.3.21\n"));
   const auto json = test::run_chiar({"export", db, "--json"});
-  CHECK_THAT(json.output, Catch::Matchers::Contains("\"commit\": \"aaaaaaaaaaaaaaaa\", \"clean_tree\": true}"));
+  CHECK_THAT(json.output, Catch::Matchers::Contains("\"commit\": \"aaaaaaaaaaaaaaaa\", \"clean_tree\": true, "
+                                                    "\"products\": \"blas: OpenBLAS 0.3.21\"}"));
 }

@@ -286,7 +286,7 @@ struct ResultColumnSpec {
 };
 constexpr std::string_view kAttentionCell = "";
 
-constexpr std::array<ResultColumnSpec, 12> kResultColumns{{
+constexpr std::array<ResultColumnSpec, 13> kResultColumns{{
     {"run", "res.name", CellFormat::Text},
     {"status", "res.status", CellFormat::Text},
     {"metric", "COALESCE(res.metric_name, '')", CellFormat::Text},
@@ -301,6 +301,9 @@ constexpr std::array<ResultColumnSpec, 12> kResultColumns{{
     // clean when its binary was built (true/false; empty where not recorded).
     {"commit", "runs.git_commit", CellFormat::Text},
     {"clean_tree", "CASE runs.git_dirty WHEN 0 THEN 'true' WHEN 1 THEN 'false' END", CellFormat::Text},
+    // The library and kernels that ran its products ("onednn: oneDNN 2.6.3
+    // sgemm, ISA avx2"): the speeds of two runs compare only when it matches.
+    {"products", "runs.gemm", CellFormat::Text},
 }};
 
 // JSON writes a column as a number when its cells are numbers: every
