@@ -388,6 +388,21 @@ TEST_CASE("report speeds: runs timed on other hardware are named and left out of
     CHECK_THAT(test::read_text(file), Catch::Matchers::Contains(note));
     CHECK_THAT(test::read_text(file), Catch::Matchers::Contains(footer));
   }
+  // fast's other two seeds on a third setup: three setups of 2 runs each,
+  // the tie goes to the first in run order (baseline's seed 0), and fast,
+  // with no run timed there, has no speed at all: blank cells, not 0.
+  engine::Database(db).exec("UPDATE runs SET gemm = 'blas: OpenBLAS 0.3.21' WHERE variant = 'fast' AND seed < 2");
+  const auto tied = summary_of(db);
+  CHECK(tied.timing_setup == s.timing_setup);
+  CHECK(tied.runs_on_timing_setup == 2);
+  const auto& unclocked = tied.tasks[0].variants[1];
+  CHECK(unclocked.other_setup.size() == 3);
+  CHECK(unclocked.train_tps.n == 0);
+  CHECK(unclocked.step_ms == 0);
+  const auto row = report::task_tables(tied, "baseline")[0].second.rows[1];
+  CHECK(row[7] == "");  // train tok/s
+  CHECK(row[8] == "");  // speed-up
+  CHECK(row[9] == "");  // eval tok/s
 }
 
 TEST_CASE("report claims: the paper's claims on the fixture; no task dropped, no verdict from identical seeds",

@@ -414,9 +414,14 @@ RankedRow variant_row(const VariantSummary& v, const VariantSummary* base, const
   const bool has_base = base && base->attn_gflops.mean > 0;
   r.add(has_base && &v != base ? fixed(100.0 * (v.attn_gflops.mean / base->attn_gflops.mean - 1.0), 1) + "%" : "");
   r.add(fixed(v.total_gflops.mean, 5) + " / " + fixed(v.total_sparse_gflops.mean, 5), v.total_gflops.mean, true);
-  r.add(fixed(v.train_tps.mean, 0), v.train_tps.mean);
-  r.add(base && &v != base && base->train_tps.mean > 0 ? fixed(v.train_tps.mean / base->train_tps.mean, 2) + "×" : "");
-  r.add(fixed(v.eval_tps.mean, 0), v.eval_tps.mean);
+  // A variant none of whose runs on the task was timed on the report's
+  // timing setup has no speed here: blank, not 0.
+  const bool trained = v.train_tps.n > 0, scored = v.eval_tps.n > 0;
+  r.add(trained ? fixed(v.train_tps.mean, 0) : "", trained ? v.train_tps.mean : NAN);
+  r.add(trained && base && &v != base && base->train_tps.n > 0 && base->train_tps.mean > 0
+            ? fixed(v.train_tps.mean / base->train_tps.mean, 2) + "×"
+            : "");
+  r.add(scored ? fixed(v.eval_tps.mean, 0) : "", scored ? v.eval_tps.mean : NAN);
   r.add(std::to_string(v.params));
   if (on_gpu) {
     const bool has = v.gpu_allocated_mb.n > 0;
