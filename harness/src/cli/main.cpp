@@ -347,6 +347,15 @@ int dispatch(Args& a, const Commands& c) {
   return 0;
 }
 
+// The one line a failing command ends with, written in one piece: the ranks
+// of a data-parallel run share stderr and may fail together, and a line
+// written a part at a time interleaves with another rank's.
+void print_error(const std::string& message) {
+  const std::string line = "chiar: " + message + "\n";
+  std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+  std::cerr.flush();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -379,7 +388,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "chiar: " << e.what() << "\n";
+    print_error(e.what());
     return 2;
   }
 
@@ -389,18 +398,18 @@ int main(int argc, char** argv) {
   try {
     return dispatch(a, c);
   } catch (const chiar::UserError& e) {
-    std::cerr << "chiar: " << e.what() << "\n";
+    print_error(e.what());
     return 2;
   } catch (const chiar::EnvironmentError& e) {
-    std::cerr << "chiar: " << e.what() << "\n";
+    print_error(e.what());
     return 3;
   } catch (const std::exception& e) {
     // Memory running out is the machine failing under a correct request.
     if (chiar::is_out_of_memory(e)) {
-      std::cerr << "chiar: out of memory: " << chiar::out_of_memory_message(e) << "\n";
+      print_error("out of memory: " + chiar::out_of_memory_message(e));
       return 3;
     }
-    std::cerr << "chiar: " << chiar::message_of(e) << "\n";
+    print_error(chiar::message_of(e));
     return 1;
   }
 }
