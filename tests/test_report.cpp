@@ -359,7 +359,7 @@ TEST_CASE("report speeds: runs timed on other hardware are named and left out of
   const auto s = summary_of(db);
   CHECK(s.timing_setup == "cpu, AMD EPYC, 2 threads, 1 process, onednn: oneDNN 2.6.3 sgemm, ISA avx2");
   CHECK(s.runs_on_timing_setup == 4);
-  CHECK(s.finished_runs == 6);
+  CHECK(s.provenance.finished_runs == 6);
   REQUIRE(s.tasks.size() == 1);
   const auto& base = s.tasks[0].variants[0];
   const auto& fast = s.tasks[0].variants[1];

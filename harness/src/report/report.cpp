@@ -337,7 +337,7 @@ std::string training_time(const Provenance& p) {
 std::string timing(const Summary& s) {
   if (s.timing_setup.empty()) return "";
   return "; speeds timed on " + s.timing_setup + " (" + std::to_string(s.runs_on_timing_setup) + " of " +
-         std::to_string(s.finished_runs) + " finished runs)";
+         std::to_string(s.provenance.finished_runs) + " finished runs)";
 }
 
 void write_provenance(Pages& pages, const Summary& s) {
@@ -418,7 +418,7 @@ RankedRow variant_row(const VariantSummary& v, const VariantSummary* base, const
   // timing setup has no speed here: blank, not 0.
   const bool trained = v.train_tps.n > 0, scored = v.eval_tps.n > 0;
   r.add(trained ? fixed(v.train_tps.mean, 0) : "", trained ? v.train_tps.mean : NAN);
-  r.add(trained && base && &v != base && base->train_tps.n > 0 && base->train_tps.mean > 0
+  r.add(trained && base && &v != base && base->train_tps.mean > 0
             ? fixed(v.train_tps.mean / base->train_tps.mean, 2) + "×"
             : "");
   r.add(scored ? fixed(v.eval_tps.mean, 0) : "", scored ? v.eval_tps.mean : NAN);

@@ -140,7 +140,6 @@ void choose_timing_setup(Summary& s) {
   std::vector<std::string> order;          // setups in run order
   for (const auto& r : s.runs) {
     if (r.status != engine::RunStatus::Done) continue;
-    ++s.finished_runs;
     if (runs_on[r.timing_setup]++ == 0) order.push_back(r.timing_setup);
   }
   for (const auto& setup : order)

@@ -103,7 +103,7 @@ struct Summary {
   // whose speeds differ by more than any variant does. "" when no run recorded
   // one (then every run's speed counts).
   std::string timing_setup;
-  int64_t runs_on_timing_setup = 0, finished_runs = 0;
+  int64_t runs_on_timing_setup = 0;  // of provenance.finished_runs
   Provenance provenance;
   std::vector<std::string> variant_order;  // fixes colours across charts
   OperatorCatalog operators;

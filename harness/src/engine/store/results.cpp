@@ -62,11 +62,12 @@ std::vector<StoredRun> ResultsReader::runs() {
     r.gpu_reserved_mb = q->real(15);
     r.commit = q->text(16);
     r.dirty = q->integer(17) != 0;
-    const std::string gemm = q->text(18);
+    const std::string gemm = q->text(18), device = q->text(19), cpu = q->text(20);
+    const int64_t processes = q->integer(22);
     r.gemm = gemm.substr(0, gemm.find(':'));  // "onednn: oneDNN 2.6.3 sgemm; ..." -> "onednn"
-    if (!q->text(19).empty() || !q->text(20).empty())
-      r.timing_setup = q->text(19) + ", " + q->text(20) + ", " + std::to_string(q->integer(21)) + " threads, " +
-                       std::to_string(q->integer(22)) + (q->integer(22) == 1 ? " process, " : " processes, ") + gemm;
+    if (!device.empty() || !cpu.empty())
+      r.timing_setup = device + ", " + cpu + ", " + std::to_string(q->integer(21)) + " threads, " +
+                       std::to_string(processes) + (processes == 1 ? " process, " : " processes, ") + gemm;
     out.push_back(std::move(r));
   }
   return out;
