@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -117,7 +118,7 @@ TEST_CASE("linear follows in-place and replaced weights (the kept transposed cop
   }
 }
 
-TEST_CASE("linear leaves float64 and autocast products to libtorch whatever the library", "[linear]") {
+TEST_CASE("linear leaves float64 to libtorch whatever the library", "[linear]") {
   for (const auto backend : test::gemm_backends()) {
     test::BackendScope scope(backend);
     INFO("backend " << to_string(backend));
@@ -125,19 +126,88 @@ TEST_CASE("linear leaves float64 and autocast products to libtorch whatever the 
     auto x = at::randn({4, 6, 8}, at::kDouble), w = at::randn({5, 8}, at::kDouble), b = at::randn({5}, at::kDouble);
     auto a = at::randn({4, 6, 5}, at::kDouble);
     CHECK(rel_error(linear(x, w, b, a), reference_linear(x, w, b, a)) < 1e-14);
-    {
-      // Under CPU autocast the product runs in bf16 as libtorch defines it;
-      // an fp32 addend keeps the sum in fp32.
-      chiar::autocast::set_cpu(true, at::kBFloat16);
-      auto xf = x.to(at::kFloat), wf = w.to(at::kFloat), bf = b.to(at::kFloat), af = a.to(at::kFloat);
-      auto y = linear(xf, wf, bf, af);
-      auto expected = at::linear(xf, wf, bf) + af;
-      chiar::autocast::set_cpu(false);
-      at::autocast::clear_cache();
-      CHECK(y.scalar_type() == at::kFloat);
-      CHECK(rel_error(y, expected) == 0);
-    }
   }
+}
+
+namespace {
+
+// bf16 autocast on the CPU for a scope, its weight cache cleared after.
+struct CpuBf16Autocast {
+  CpuBf16Autocast() { chiar::autocast::set_cpu(true, at::kBFloat16); }
+  ~CpuBf16Autocast() {
+    chiar::autocast::set_cpu(false);
+    at::autocast::clear_cache();
+  }
+};
+
+at::Tensor rounded(const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kDouble); }
+
+}  // namespace
+
+// Where oneDNN has bf16 kernels, linear() under CPU bf16 autocast rounds its
+// operands to bf16 and sums their products in fp32 into an fp32 output, and
+// its gradients likewise (the incoming gradient rounded to bf16). The
+// float64 reference takes the same rounded operands, so only fp32 sums err:
+// within 1e-5 relative at these sizes. Against the unrounded operands the
+// output is within bf16's rounding of the two factors: each is off by at
+// most 2^-9 relative (8-bit mantissa, round to nearest), a product by at most
+// about 2^-8, and a sum of products with random signs by that much of the
+// sum of their magnitudes; 2^-6 of the output's norm bounds it here. Elsewhere
+// (no native bf16) the product is libtorch's autocast linear, exactly.
+TEST_CASE("linear under bf16 autocast: bf16 operands summed in fp32, fp32 output and gradients", "[linear][bf16]") {
+  INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (libtorch's autocast path)"));
+  at::manual_seed(12);
+  for (const bool bf16_input : {false, true}) {
+    INFO("input " << (bf16_input ? "bf16" : "fp32"));
+    auto x = at::randn({3, 7, 40});
+    if (bf16_input) x = x.to(at::kBFloat16);
+    x.requires_grad_(true);
+    auto w = at::randn({24, 40}).requires_grad_(true), b = at::randn({24}).requires_grad_(true);
+    auto a = at::randn({3, 7, 24}).requires_grad_(true);
+    const auto gy = at::randn({3, 7, 24});
+    at::Tensor y;
+    {
+      CpuBf16Autocast cast;
+      y = linear(x, w, b, a);
+    }
+    y.backward(gy);
+    if (!gemm_bf16_native()) {
+      CpuBf16Autocast cast;
+      const auto expected = at::linear(x.detach(), w.detach(), b.detach()) + a.detach();
+      CHECK(rel_error(y.detach(), expected) == 0);
+      continue;
+    }
+    CHECK(y.scalar_type() == at::kFloat);
+    const auto xr = rounded(x.detach()), wr = rounded(w.detach());
+    CHECK(rel_error(y.detach(), reference_linear(xr, wr, b.detach(), a.detach())) < 1e-5);
+    CHECK(rel_error(y.detach(), reference_linear(x.detach(), w.detach(), b.detach(), a.detach())) <
+          std::ldexp(1.0, -6));
+    const auto gyr = rounded(gy).reshape({-1, 24});  // (M, n)
+    CHECK(x.grad().scalar_type() == x.scalar_type());
+    CHECK(rel_error(x.grad().to(at::kDouble).reshape({-1, 40}), at::mm(gyr, wr)) < (bf16_input ? 1e-2 : 1e-5));
+    CHECK(rel_error(w.grad(), at::mm(gyr.t(), xr.reshape({-1, 40}))) < 1e-5);
+    CHECK(rel_error(b.grad(), gy.reshape({-1, 24}).sum(0)) < 1e-6);
+    CHECK(at::equal(a.grad(), gy));
+  }
+}
+
+TEST_CASE("linear under bf16 autocast follows in-place weight changes and copes with empty batches", "[linear][bf16]") {
+  if (!gemm_bf16_native()) {
+    INFO("no native bf16 here: libtorch's autocast path, which keeps no weight copies");
+  }
+  at::manual_seed(13);
+  auto w = at::randn({6, 8});
+  const auto x = at::randn({5, 8});
+  CpuBf16Autocast cast;
+  const auto before = chiar::linear(x, w);
+  {
+    at::NoGradGuard no_grad;
+    w.mul_(2);  // as an optimiser steps: the version counter moves
+  }
+  const auto after = chiar::linear(x, w);
+  CHECK(rel_error(after.to(at::kFloat), 2 * before.to(at::kFloat)) < 1e-6);
+  const auto none = chiar::linear(at::randn({0, 8}), w);
+  CHECK(none.sizes() == at::IntArrayRef({0, 6}));
 }
 
 TEST_CASE("gemm_into handles transposed operands, accumulation and empty sums", "[linear]") {

@@ -373,7 +373,7 @@ TEST_CASE("attention's fused core gives NaN exactly where the unfused core does"
   }
 }
 
-TEST_CASE("attention under bf16 autocast leaves the fused core and stays close to fp32",
+TEST_CASE("attention under bf16 autocast stays close to fp32, whole and by rows",
           "[operator][attention][bf16]") {
   auto op = make_op("attention", 16, 2, Params().set("block", int64_t{4}), /*float64=*/false, 25);
   at::manual_seed(26);
@@ -387,8 +387,9 @@ TEST_CASE("attention under bf16 autocast leaves the fused core and stays close t
     auto input = x.clone().requires_grad_(true);
     at::Tensor got, got_rows;
     {
-      // The residual stream stays fp32 while the projections run in bf16:
-      // the fused core and its RoPE must not see those bf16 tensors.
+      // The residual stream stays fp32 while the projections' operands are
+      // bf16 (their outputs bf16 where libtorch runs them): the fused core
+      // and its RoPE take them widened to fp32.
       chiar::autocast::set_cpu(true, at::kBFloat16);
       at::autocast::increment_nesting();
       got = op->forward(input, ctx);

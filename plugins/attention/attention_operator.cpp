@@ -21,9 +21,10 @@
 //   chunked  batched products in chunks of at most chunk_mib of weights,
 //            long sequences recomputing the weights in backward instead of
 //            storing them (recompute_mib)
-//   auto     (default) fused in fp32 on the CPU; elsewhere (float64, bf16
-//            autocast, fp16, other devices) sdpa where the build has it,
-//            else chunked.
+//   auto     (default) fused in fp32 on the CPU (bf16 autocast's
+//            projections widened to fp32 for it where the build has no
+//            sdpa); elsewhere (float64, fp16, other devices) sdpa where the
+//            build has it, else chunked.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
@@ -174,10 +175,10 @@ class AttentionOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    const auto in = norm_.input(x);                                      // (B, T, d)
-    auto q = queries(project(q_, in).view({B, T, heads_, dh_}), {}, T);  // (B, h, T, dh)
-    auto [kt, v] = keys_values(in);                                      // (B, h, dh, T), (B, h, T, dh)
-    at::Tensor o;                                                        // (B, h, T, dh)
+    const auto in = norm_.input(x);                                                // (B, T, d)
+    auto q = queries(for_core(project(q_, in)).view({B, T, heads_, dh_}), {}, T);  // (B, h, T, dh)
+    auto [kt, v] = keys_values(in);                                                // (B, h, dh, T), (B, h, T, dh)
+    at::Tensor o;                                                                  // (B, h, T, dh)
     if (fuses(q)) {
       chiar::count_host_kernel();
       o = chiar_attention::fused_attention(q, kt, v, {}, ctx.valid, ctx.causal ? block_ : 0);
@@ -224,7 +225,7 @@ class AttentionOperator final : public Operator {
     auto [kt, v] = keys_values(in);                                                     // (G, h, dh, T), (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
     const auto q_in = norm_.pre() ? in.reshape({-1, d_}).index_select(0, g.group * T + t) : xr;  // (N, d)
-    auto q = queries(project(q_, q_in).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
+    auto q = queries(for_core(project(q_, q_in)).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
     const bool recompute = recompute_for(T, ctx.causal);
     const bool fused = fuses(q);
@@ -456,11 +457,23 @@ class AttentionOperator final : public Operator {
 
   // The fused core takes fp32 on the CPU (unless the kernel policy asks for
   // libtorch compositions, chiar/kernels.h); other dtypes (float64 in the
-  // tests' references, bf16 under autocast) and devices go to SDPA or the
-  // chunked core.
+  // tests' references, bf16 that for_core left as it is) and devices go to
+  // SDPA or the chunked core.
   static bool fp32_cpu(const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.device().is_cpu(); }
   bool fuses(const at::Tensor& q) const {
     return (core_ == Core::Auto || core_ == Core::Fused) && chiar::host_kernels_enabled() && fp32_cpu(q);
+  }
+  // A projection as the core takes it. Under bf16 autocast on the CPU the
+  // projections come out in bf16; where the fused core is the choice (fused,
+  // or auto without SDPA) they are widened to fp32 once, (B, T, d) each, so
+  // that RoPE and the core run fused rather than as autocast's chunked bf16
+  // products and their fp32 softmax passes (bench-train --compare-precision
+  // fp32,bf16; docs/performance.md, 'bf16 autocast').
+  at::Tensor for_core(const at::Tensor& projection) const {
+    const bool fused_choice = core_ == Core::Fused || (core_ == Core::Auto && !chiar_attention::kHasSdpa);
+    const bool widen = fused_choice && projection.scalar_type() == at::kBFloat16 && projection.device().is_cpu() &&
+                       chiar::host_kernels_enabled();
+    return widen ? projection.to(at::kFloat) : projection;
   }
   bool sdpa_for(const at::Tensor& q) const {
     return core_ == Core::Sdpa || (core_ == Core::Auto && chiar_attention::kHasSdpa && !fuses(q));
@@ -489,10 +502,10 @@ class AttentionOperator final : public Operator {
     const int64_t G = x.size(0), T = x.size(1);
     // unbind, not select: backward stacks the two gradients once instead of
     // filling a zero tensor of both for each.
-    const auto parts = project(kv_, x).view({G, T, 2, heads_, dh_}).unbind(2);  // (G, T, h, dh) each
+    const auto parts = for_core(project(kv_, x)).view({G, T, 2, heads_, dh_}).unbind(2);  // (G, T, h, dh) each
     auto v = parts[1].transpose(1, 2);
     // The projection's dtype decides, not x's: under autocast x is fp32 and
-    // the projection bf16.
+    // the projection may be bf16.
     if (rope_ && fuses(parts[0])) {
       const auto& [cos, sin] = rope_table(T, parts[0]);
       return {chiar_attention::rotary(parts[0], cos, sin, {}, 1.0, /*keys_transposed=*/true), v};

@@ -6,9 +6,9 @@
 // statistics (two floats per query) instead of keeping them: the memory is
 // that of q, k, v and the output, whatever the sequence length.
 //
-// fp32 on the CPU only (the operator sends other dtypes, and autocast's
-// bf16, to its unfused path); the products run on chiar::sgemm, so on the
-// process's GEMM library.
+// fp32 on the CPU only (the operator widens autocast's bf16 projections to
+// fp32 for it and sends other dtypes to its unfused path); the products run
+// on chiar::sgemm, so on the process's GEMM library.
 #include <ATen/core/Tensor.h>
 
 namespace chiar_attention {

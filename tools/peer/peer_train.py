@@ -26,6 +26,7 @@ slow core type, set OPENBLAS_CORETYPE (this script warns when it is unset).
       --lr 1e-3 --warmup 40 --seeds 0 1 2 --chiar-db results/repro.db --chiar-runs 'baseline/wikitext2/*'
 """
 import argparse
+import ctypes
 import math
 import os
 import random
@@ -319,6 +320,25 @@ def chiar_metrics(db, run_glob):
     return [r for r in rows if fnmatch.fnmatch(r[0], run_glob)]
 
 
+def keep_freed_memory():
+    """glibc's malloc serves blocks above 32 MiB (attention scores, logits)
+    with mmap and unmaps them on free, so every step page-faults them in
+    afresh; on the virtual machines here that made a byte-level IMDB step
+    several times slower (mostly system time). The harness keeps freed memory
+    in the process for the same reason (docs/performance.md, 'Allocator');
+    the peer does the same, so neither side pays it. MALLOC_MMAP_MAX_ /
+    MALLOC_TRIM_THRESHOLD_ in the environment, if set, win."""
+    if "MALLOC_MMAP_MAX_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # not glibc: nothing to set
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    libc.mallopt(M_MMAP_MAX, 0)
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", choices=["imdb", "lm"])
@@ -367,6 +387,7 @@ def main():
     if "OPENBLAS_CORETYPE" not in os.environ:
         print("peer: OPENBLAS_CORETYPE is unset; on some CPUs OpenBLAS then runs its products ~5x slower "
               "(e.g. export OPENBLAS_CORETYPE=Haswell)", file=sys.stderr)
+    keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     choices = [k[len("harness_"):] for k, v in vars(args).items() if k.startswith("harness_") and v]

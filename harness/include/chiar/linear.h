@@ -48,9 +48,14 @@ CHIAR_API GemmBackend gemm_backend();
 // (k > n) and oneDNN, a row-major copy of W^T is kept per weight and redone
 // when the weight's version counter, storage or shape changes: change weights
 // in place (under NoGradGuard, as optimisers do) or replace them, not through
-// .data(), whose writes libtorch does not count. Products that are not fp32 on
-// the CPU, and all products under autocast, take libtorch's path whatever the
-// backend, so mixed precision behaves as libtorch defines it.
+// .data(), whose writes libtorch does not count. Under bf16 autocast on a CPU
+// where oneDNN has bf16 kernels (gemm_bf16_native), x (fp32 or bf16) and W
+// are rounded to bf16 (W once per change of the weight, as above), their
+// products summed in fp32, and the output is fp32, bias and addend added in
+// fp32; backward rounds the incoming gradient to bf16 and sums the weight's
+// gradient in fp32 (differentiable again under create_graph, in fp32). Other
+// products that are not fp32 on the CPU, and other autocast, take libtorch's
+// path whatever the backend.
 CHIAR_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
                             const at::Tensor& addend = {});
 

@@ -348,6 +348,37 @@ void BM_product_bf16(benchmark::State& state, bool ours) {
       benchmark::Counter(2.0 * static_cast<double>(M * K * N) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The language model head's loss on the CPU, forward and backward (the fused
+// head computes both in one pass), at the anchor model's shapes (N 2048
+// rows, d 256, vocabulary 8192), in fp32 or under bf16 autocast, with
+// `rows` rows per block (0: the default, as many as 256 MiB of logits hold).
+// The loss is checked first against float64 logits and libtorch's
+// cross-entropy: within fp32 sums, or bf16's rounding of the operands.
+void BM_lm_head(benchmark::State& state, bool bf16) {
+  const int64_t N = state.range(0), d = state.range(1), V = state.range(2), rows = state.range(3);
+  at::manual_seed(0);
+  auto hidden = at::randn({N, d}).requires_grad_(true);           // (N, d)
+  auto weight = (at::randn({V, d}) * 0.05).requires_grad_(true);  // (V, d)
+  const auto targets = at::randint(V, {N}, at::kLong);            // (N,)
+  const auto loss_of = [&] {
+    const autocast::Bf16Scope cast(bf16, hidden.device());
+    return linear_cross_entropy(hidden, weight, targets, {}, rows);
+  };
+  const double expected = at::cross_entropy_loss(at::matmul(f64(hidden), f64(weight).t()), targets).item<double>();
+  const double loss = loss_of().item<double>();
+  if (std::abs(loss - expected) > (bf16 ? 1e-2 : 1e-5) * std::abs(expected)) {
+    state.SkipWithError(("loss " + std::to_string(loss) + " against float64's " + std::to_string(expected)).c_str());
+    return;
+  }
+  for (auto _ : state) {
+    hidden.mutable_grad() = at::Tensor();
+    weight.mutable_grad() = at::Tensor();
+    loss_of().backward();
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(3 * 2.0 * static_cast<double>(N * d * V) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // Attention's batched products at the anchor shapes (B 8, 4 heads, dh 64, a
 // query block of 128 against e keys): which 0, scores q k^T; which 1, the
 // weighted values p v.
@@ -876,6 +907,12 @@ void register_products() {
     for (int64_t e : {128, 512, 2048})
       for (int64_t which : {0, 1}) bb->Args({e, which});
     bb->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  for (const bool bf16 : {false, true}) {
+    auto* h = benchmark::RegisterBenchmark(bf16 ? "lm_head/bf16" : "lm_head/fp32",
+                                           [bf16](benchmark::State& s) { BM_lm_head(s, bf16); });
+    for (int64_t rows : {0, 64, 128, 256, 512}) h->Args({2048, 256, 8192, rows});
+    h->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   for (const bool ours : {true, false}) {
     auto* pr = benchmark::RegisterBenchmark(ours ? "product_bf16/gemm_bf16" : "product_bf16/libtorch",

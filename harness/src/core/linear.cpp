@@ -132,29 +132,35 @@ void gemm_checked(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float
     at::addmm_out(c, c, a, b, beta, 1.0);
 }
 
-// Row-major copies of W^T for weights whose product x W^T reads W in the
-// slow layout: with k > n (the FFN's down projection, 1024 -> 256) oneDNN
-// runs x W^T well below the rate of x (W^T as its own row-major matrix)
-// (chiar_bench: product/onednn/2048/1024/256/0; docs/performance.md, 'GEMM
-// libraries'). One copy per weight, refreshed when the weight changes (its
-// version counter, storage or shape), so training copies each such weight
-// once per step (1 MB for the anchor FFN) and inference never again.
-class TransposedWeights {
+// Copies derived from a weight, kept per weight and refreshed when it
+// changes (its version counter, storage or shape), so that training makes
+// each once per step and inference never again. Two kinds:
+// - row-major copies of W^T for weights whose product x W^T reads W in the
+//   slow layout: with k > n (the FFN's down projection, 1024 -> 256) oneDNN
+//   runs x W^T well below the rate of x (W^T as its own row-major matrix)
+//   (chiar_bench: product/onednn/2048/1024/256/0; docs/performance.md, 'GEMM
+//   libraries'); 1 MB for the anchor FFN;
+// - bf16 copies of W for the bf16 products under autocast (linear_bf16),
+//   which forward and backward both read.
+class WeightCopies {
  public:
-  // weight (n, k) contiguous -> (k, n) contiguous
+  using Derive = at::Tensor (*)(const at::Tensor&);
+  explicit WeightCopies(Derive derive) : derive_(derive) {}
+
+  // weight (n, k) contiguous -> derive(weight)
   at::Tensor get(const at::Tensor& weight) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto* impl = weight.unsafeGetTensorImpl();
     auto it = entries_.find(impl);
     if (it != entries_.end() && !it->second.owner.expired() && it->second.version == weight._version() &&
-        it->second.data == weight.data_ptr() && it->second.t.sizes() == weight.t().sizes())
-      return it->second.t;
+        it->second.data == weight.data_ptr() && it->second.sizes == weight.sizes())
+      return it->second.copy;
     for (auto e = entries_.begin(); e != entries_.end();) e = e->second.owner.expired() ? entries_.erase(e) : ++e;
     at::NoGradGuard no_grad;
     Entry entry{c10::weak_intrusive_ptr<c10::TensorImpl>(weight.getIntrusivePtr()), weight._version(),
-                weight.data_ptr(), weight.t().contiguous()};
+                weight.data_ptr(), weight.sizes().vec(), derive_(weight)};
     entries_.insert_or_assign(impl, entry);
-    return entry.t;
+    return entry.copy;
   }
 
  private:
@@ -162,14 +168,21 @@ class TransposedWeights {
     c10::weak_intrusive_ptr<c10::TensorImpl> owner;
     int64_t version;
     const void* data;
-    at::Tensor t;  // (k, n)
+    std::vector<int64_t> sizes;
+    at::Tensor copy;
   };
+  Derive derive_;
   std::mutex mutex_;
   std::unordered_map<const c10::TensorImpl*, Entry> entries_;
 };
 
-TransposedWeights& transposed_weights() {
-  static auto* cache = new TransposedWeights();  // never destroyed: weights may outlive static destruction
+// Never destroyed: weights may outlive static destruction.
+WeightCopies& transposed_weights() {
+  static auto* cache = new WeightCopies([](const at::Tensor& w) { return w.t().contiguous(); });  // (k, n)
+  return *cache;
+}
+WeightCopies& bf16_weights() {
+  static auto* cache = new WeightCopies([](const at::Tensor& w) { return w.to(at::kBFloat16).contiguous(); });
   return *cache;
 }
 
@@ -236,6 +249,96 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (ctx->needs_input_grad(0)) gx = chiar::linear(gy, weight.t()).view(x.sizes());  // (M, k) = gy W
     if (ctx->needs_input_grad(1)) gw = chiar::linear(gy.t(), x.reshape({-1, k}).t());  // (n, k) = gy^T x
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = gy.sum(0);
+    if (ctx->saved_data["addend"].toBool() && ctx->needs_input_grad(3)) ga = grads[0];
+    return {gx, gw, gb, ga, at::Tensor(), at::Tensor()};
+  }
+};
+
+// Under bf16 autocast on a CPU with bf16 kernels: bf16 operands, products
+// summed in fp32 (gemm_bf16), output fp32. Autocast's own linear rounds the
+// output to bf16, which the residual stream, LayerNorm, GELU and attention's
+// fused core then widen again, and rounds the weight's gradient to bf16
+// before it reaches the fp32 master weight; this keeps both in fp32 and
+// saves those casts (bench-train --compare-precision fp32,bf16).
+bool takes_bf16_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
+  if (autocast::enabled_dtype(at::kCPU) != at::kBFloat16 || !host_kernels_enabled() || !gemm_bf16_native())
+    return false;
+  const auto float_or_bf16 = [](const at::Tensor& t) {
+    return !t.defined() || (t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16));
+  };
+  return x.defined() && weight.defined() && x.dim() >= 1 && weight.dim() == 2 && float_or_bf16(x) && fp32_cpu(weight) &&
+         fp32_cpu(bias) && float_or_bf16(addend);
+}
+
+// c (m, n) fp32 contiguous = a (m, k) op(b) + beta c, a and b bf16
+// contiguous; op(b) is b^T for b (n, k), else b (k, n).
+void bf16_product(const at::Tensor& a, const at::Tensor& b, bool b_transposed, float beta, at::Tensor& c) {
+  const int64_t m = a.size(0), k = a.size(1), n = c.size(1);
+  gemm_bf16(false, b_transposed, m, n, k, 1.f, a.data_ptr<c10::BFloat16>(), k, b.data_ptr<c10::BFloat16>(), b.size(1),
+            beta, c.data_ptr<float>(), n);
+}
+
+at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
+
+struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction> {
+  // x (..., k) fp32 or bf16, weight (n, k) fp32, bias (n) fp32, addend
+  // (..., n) fp32 or bf16 (or empty with the flags false) -> (..., n) fp32.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias_or_empty, const at::Tensor& addend_or_empty, bool has_bias,
+                            bool has_addend) {
+    const int64_t k = x.size(-1), n = weight.size(0);
+    const auto xb = as_bf16(x.reshape({-1, k}));  // (M, k)
+    const int64_t M = xb.size(0);
+    at::Tensor y;  // (M, n) fp32: the product accumulates onto bias and addend
+    if (has_addend) {
+      const auto a2 = addend_or_empty.reshape({-1, n}).to(at::kFloat);
+      y = (has_bias ? at::add(a2, bias_or_empty) : a2.clone()).contiguous();
+    } else if (has_bias) {
+      (y = at::empty({M, n}, weight.options())).copy_(bias_or_empty.expand({M, n}));
+    } else {
+      y = at::empty({M, n}, weight.options());
+    }
+    if (M > 0)
+      bf16_product(xb, bf16_weights().get(weight.contiguous()), /*b_transposed=*/true,
+                   has_bias || has_addend ? 1.f : 0.f, y);
+    ctx->save_for_backward({xb, weight});
+    ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["bias"] = has_bias;
+    ctx->saved_data["addend"] = has_addend;
+    return y.view(with_last(x.sizes(), n));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& xb = saved[0];      // (M, k) bf16
+    const auto& weight = saved[1];  // (n, k) fp32
+    const int64_t M = xb.size(0), k = xb.size(1), n = weight.size(0);
+    const auto x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_type"].toInt());
+    const auto gy = grads[0].reshape({-1, n});  // (M, n)
+    at::Tensor gx, gw, gb, ga;
+    if (torch::autograd::GradMode::is_enabled()) {
+      // create_graph: differentiable products of the saved (rounded) input
+      // and the fp32 weight, so that a gradient of the gradient exists.
+      const auto x2 = xb.to(at::kFloat);
+      if (ctx->needs_input_grad(0)) gx = at::mm(gy.to(at::kFloat), weight).view(x_sizes).to(x_type);
+      if (ctx->needs_input_grad(1)) gw = at::mm(gy.to(at::kFloat).t(), x2);
+    } else {
+      const auto gyb = as_bf16(gy);  // (M, n)
+      if (ctx->needs_input_grad(0)) {
+        gx = at::empty({M, k}, weight.options());  // gy W
+        if (M > 0) bf16_product(gyb, bf16_weights().get(weight.contiguous()), /*b_transposed=*/false, 0.f, gx);
+        gx = gx.view(x_sizes).to(x_type);
+      }
+      if (ctx->needs_input_grad(1)) {
+        gw = at::empty({n, k}, weight.options());  // gy^T x, summed over the M rows in fp32
+        gemm_bf16(true, false, n, k, M, 1.f, gyb.data_ptr<c10::BFloat16>(), n, xb.data_ptr<c10::BFloat16>(), k, 0.f,
+                  gw.data_ptr<float>(), k);
+      }
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = gy.to(at::kFloat).sum(0);
     if (ctx->saved_data["addend"].toBool() && ctx->needs_input_grad(3)) ga = grads[0];
     return {gx, gw, gb, ga, at::Tensor(), at::Tensor()};
   }
@@ -370,6 +473,18 @@ at::Tensor batch_matmul(const at::Tensor& a, const at::Tensor& b) {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
   RECORD_FUNCTION("chiar::linear", std::vector<c10::IValue>({x, weight}));
+  if (takes_bf16_path(x, weight, bias, addend)) {
+    TORCH_CHECK(x.size(-1) == weight.size(1), "linear: input ", x.sizes(), " and weight ", weight.sizes(),
+                " do not match");
+    TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ", bias.sizes(),
+                " does not match weight ", weight.sizes());
+    TORCH_CHECK(!addend.defined() || addend.sizes() == at::IntArrayRef(with_last(x.sizes(), weight.size(0))),
+                "linear: addend ", addend.sizes(), " does not match the output's shape");
+    count_host_kernel();
+    const auto none = at::empty({0}, weight.options());
+    return Bf16LinearFunction::apply(x, weight, bias.defined() ? bias : none, addend.defined() ? addend : none,
+                                     bias.defined(), addend.defined());
+  }
   if (!takes_fast_path(x, weight, bias, addend)) {
     // libtorch's path. The addend rides in addmm when nothing differs in type
     // (under autocast addmm would run in bf16 and drag an fp32 addend down).
