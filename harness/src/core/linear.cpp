@@ -219,6 +219,16 @@ std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
   return out;
 }
 
+// The shapes the harness's own paths rely on (libtorch's path checks its own).
+void check_shapes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
+  TORCH_CHECK(x.size(-1) == weight.size(1), "linear: input ", x.sizes(), " and weight ", weight.sizes(),
+              " do not match");
+  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ", bias.sizes(),
+              " does not match weight ", weight.sizes());
+  TORCH_CHECK(!addend.defined() || addend.sizes() == at::IntArrayRef(with_last(x.sizes(), weight.size(0))),
+              "linear: addend ", addend.sizes(), " does not match the output's shape");
+}
+
 // libtorch 1.13's Function::apply cannot take undefined tensors, so an absent
 // bias or addend travels as an empty tensor beside a flag saying so.
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
@@ -474,12 +484,7 @@ at::Tensor batch_matmul(const at::Tensor& a, const at::Tensor& b) {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
   RECORD_FUNCTION("chiar::linear", std::vector<c10::IValue>({x, weight}));
   if (takes_bf16_path(x, weight, bias, addend)) {
-    TORCH_CHECK(x.size(-1) == weight.size(1), "linear: input ", x.sizes(), " and weight ", weight.sizes(),
-                " do not match");
-    TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ", bias.sizes(),
-                " does not match weight ", weight.sizes());
-    TORCH_CHECK(!addend.defined() || addend.sizes() == at::IntArrayRef(with_last(x.sizes(), weight.size(0))),
-                "linear: addend ", addend.sizes(), " does not match the output's shape");
+    check_shapes(x, weight, bias, addend);
     count_host_kernel();
     const auto none = at::empty({0}, weight.options());
     return Bf16LinearFunction::apply(x, weight, bias.defined() ? bias : none, addend.defined() ? addend : none,
@@ -500,12 +505,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     return addend.defined() ? y + addend : y;
   }
   count_host_kernel();
-  TORCH_CHECK(x.size(-1) == weight.size(1), "linear: input ", x.sizes(), " and weight ", weight.sizes(),
-              " do not match");
-  TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ", bias.sizes(),
-              " does not match weight ", weight.sizes());
-  TORCH_CHECK(!addend.defined() || addend.sizes() == at::IntArrayRef(with_last(x.sizes(), weight.size(0))),
-              "linear: addend ", addend.sizes(), " does not match the output's shape");
+  check_shapes(x, weight, bias, addend);
   const bool grad = torch::autograd::GradMode::is_enabled() &&
                     (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()) ||
                      (addend.defined() && addend.requires_grad()));
