@@ -191,6 +191,32 @@ TEST_CASE("linear under bf16 autocast: bf16 operands summed in fp32, fp32 output
   }
 }
 
+// A gradient of the gradient under bf16 autocast: the first gradient, taken
+// with create_graph (inside the autocast scope, as a user might), is an fp32
+// product of x rounded to bf16 and the weight, so f = sum((d/dW sum(y^2))^2)
+// must reach x both through y and through the weight's gradient. Against
+// float64 of the unrounded values: bf16's rounding of x and W, about 2^-8 per
+// factor, bounds the error at 2^-5 here; the direct path through the weight's
+// gradient carries about half of x's gradient, so losing it fails by far.
+TEST_CASE("gradients of gradients through linear under bf16 autocast reach x and W", "[linear][bf16][grad]") {
+  at::manual_seed(14);
+  const auto x0 = at::randn({3, 5, 6}), w0 = at::randn({4, 6}), b0 = at::randn({4});
+  const auto f = [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool ours) {
+    auto y = ours ? chiar::linear(x, w, b) : at::linear(x, w, b);  // (3, 5, 4)
+    auto gw = torch::autograd::grad({y.square().sum()}, {w}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    return gw.square().sum();
+  };
+  auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  {
+    CpuBf16Autocast cast;
+    f(x, w, b0, true).backward();
+  }
+  auto x64 = x0.to(at::kDouble).requires_grad_(true), w64 = w0.to(at::kDouble).requires_grad_(true);
+  f(x64, w64, b0.to(at::kDouble), false).backward();
+  CHECK(rel_error(x.grad(), x64.grad()) < std::ldexp(1.0, -5));
+  CHECK(rel_error(w.grad(), w64.grad()) < std::ldexp(1.0, -5));
+}
+
 TEST_CASE("linear under bf16 autocast follows in-place weight changes and copes with empty batches", "[linear][bf16]") {
   if (!gemm_bf16_native()) {
     INFO("no native bf16 here: libtorch's autocast path, which keeps no weight copies");

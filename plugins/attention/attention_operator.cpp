@@ -463,12 +463,15 @@ class AttentionOperator final : public Operator {
   bool fuses(const at::Tensor& q) const {
     return (core_ == Core::Auto || core_ == Core::Fused) && chiar::host_kernels_enabled() && fp32_cpu(q);
   }
-  // A projection as the core takes it. Under bf16 autocast on the CPU the
-  // projections come out in bf16; where the fused core is the choice (fused,
-  // or auto without SDPA) they are widened to fp32 once, (B, T, d) each, so
-  // that RoPE and the core run fused rather than as autocast's chunked bf16
-  // products and their fp32 softmax passes (bench-train --compare-precision
-  // fp32,bf16; docs/performance.md, 'bf16 autocast').
+  // A projection as the core takes it. Under bf16 autocast on a CPU whose
+  // oneDNN has bf16 kernels, chiar::linear already returns fp32; elsewhere
+  // the projections come out in bf16, and where the fused core is the choice
+  // (fused, or auto without SDPA) they are widened to fp32 once, (B, T, d)
+  // each, so that RoPE and the core run fused rather than as autocast's
+  // chunked bf16 products and their fp32 softmax passes (bench-train
+  // --variants-file configs/attention_cores.toml; docs/performance.md, 'bf16
+  // autocast'). So under auto in a build with SDPA, bf16 attention runs the
+  // fused core on CPUs with native bf16 kernels and SDPA on others.
   at::Tensor for_core(const at::Tensor& projection) const {
     const bool fused_choice = core_ == Core::Fused || (core_ == Core::Auto && !chiar_attention::kHasSdpa);
     const bool widen = fused_choice && projection.scalar_type() == at::kBFloat16 && projection.device().is_cpu() &&

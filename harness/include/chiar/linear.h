@@ -53,9 +53,11 @@ CHIAR_API GemmBackend gemm_backend();
 // are rounded to bf16 (W once per change of the weight, as above), their
 // products summed in fp32, and the output is fp32, bias and addend added in
 // fp32; backward rounds the incoming gradient to bf16 and sums the weight's
-// gradient in fp32 (differentiable again under create_graph, in fp32). Other
-// products that are not fp32 on the CPU, and other autocast, take libtorch's
-// path whatever the backend.
+// gradient in fp32 (differentiable again under create_graph, in fp32). That
+// path runs oneDNN's bf16 kernels whatever the backend, on the process's
+// threads: like gemm_bf16, do not call linear() inside at::parallel_for (call
+// sgemm per tile there). Other products that are not fp32 on the CPU, and
+// other autocast, take libtorch's path whatever the backend.
 CHIAR_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
                             const at::Tensor& addend = {});
 

@@ -140,8 +140,11 @@ void gemm_checked(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float
 //   runs x W^T well below the rate of x (W^T as its own row-major matrix)
 //   (chiar_bench: product/onednn/2048/1024/256/0; docs/performance.md, 'GEMM
 //   libraries'); 1 MB for the anchor FFN;
-// - bf16 copies of W for the bf16 products under autocast (linear_bf16),
-//   which forward and backward both read.
+// - bf16 copies of W for the bf16 products under autocast
+//   (Bf16LinearFunction), which forward and backward both read.
+// The storage is compared by identity, not address: set_data (Module::to, a
+// checkpoint read onto another device) keeps the version counter, and a new
+// storage may land where a freed one was.
 class WeightCopies {
  public:
   using Derive = at::Tensor (*)(const at::Tensor&);
@@ -153,12 +156,17 @@ class WeightCopies {
     auto* impl = weight.unsafeGetTensorImpl();
     auto it = entries_.find(impl);
     if (it != entries_.end() && !it->second.owner.expired() && it->second.version == weight._version() &&
+        it->second.storage._unsafe_get_target() == weight.storage().unsafeGetStorageImpl() &&
         it->second.data == weight.data_ptr() && it->second.sizes == weight.sizes())
       return it->second.copy;
     for (auto e = entries_.begin(); e != entries_.end();) e = e->second.owner.expired() ? entries_.erase(e) : ++e;
     at::NoGradGuard no_grad;
-    Entry entry{c10::weak_intrusive_ptr<c10::TensorImpl>(weight.getIntrusivePtr()), weight._version(),
-                weight.data_ptr(), weight.sizes().vec(), derive_(weight)};
+    Entry entry{c10::weak_intrusive_ptr<c10::TensorImpl>(weight.getIntrusivePtr()),
+                weight.storage().getWeakStorageImpl(),
+                weight._version(),
+                weight.data_ptr(),
+                weight.sizes().vec(),
+                derive_(weight)};
     entries_.insert_or_assign(impl, entry);
     return entry.copy;
   }
@@ -166,6 +174,7 @@ class WeightCopies {
  private:
   struct Entry {
     c10::weak_intrusive_ptr<c10::TensorImpl> owner;
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // held: its address cannot be reused meanwhile
     int64_t version;
     const void* data;
     std::vector<int64_t> sizes;
@@ -311,7 +320,9 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
     if (M > 0)
       bf16_product(xb, bf16_weights().get(weight.contiguous()), /*b_transposed=*/true,
                    has_bias || has_addend ? 1.f : 0.f, y);
-    ctx->save_for_backward({xb, weight});
+    // x itself for a gradient of the gradient (create_graph), the rounded
+    // copy for the weight's gradient.
+    ctx->save_for_backward({x, xb, weight});
     ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["bias"] = has_bias;
@@ -322,17 +333,21 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto& xb = saved[0];      // (M, k) bf16
-    const auto& weight = saved[1];  // (n, k) fp32
+    const auto& x = saved[0];       // (..., k) fp32 or bf16
+    const auto& xb = saved[1];      // (M, k) bf16
+    const auto& weight = saved[2];  // (n, k) fp32
     const int64_t M = xb.size(0), k = xb.size(1), n = weight.size(0);
     const auto x_sizes = ctx->saved_data["x_sizes"].toIntVector();
     const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_type"].toInt());
     const auto gy = grads[0].reshape({-1, n});  // (M, n)
     at::Tensor gx, gw, gb, ga;
     if (torch::autograd::GradMode::is_enabled()) {
-      // create_graph: differentiable products of the saved (rounded) input
-      // and the fp32 weight, so that a gradient of the gradient exists.
-      const auto x2 = xb.to(at::kFloat);
+      // create_graph: differentiable fp32 products of x (rounded as forward
+      // rounded it: the rounding passes gradients through) and the weight,
+      // so that a gradient of the gradient reaches both. Autocast off: a
+      // backward called inside its scope would run these in bf16.
+      const c10::impl::ExcludeDispatchKeyGuard fp32(c10::autocast_dispatch_keyset);
+      const auto x2 = x.reshape({-1, k}).to(at::kBFloat16).to(at::kFloat);  // (M, k)
       if (ctx->needs_input_grad(0)) gx = at::mm(gy.to(at::kFloat), weight).view(x_sizes).to(x_type);
       if (ctx->needs_input_grad(1)) gw = at::mm(gy.to(at::kFloat).t(), x2);
     } else {
