@@ -373,8 +373,7 @@ TEST_CASE("attention's fused core gives NaN exactly where the unfused core does"
   }
 }
 
-TEST_CASE("attention under bf16 autocast stays close to fp32, whole and by rows",
-          "[operator][attention][bf16]") {
+TEST_CASE("attention under bf16 autocast stays close to fp32, whole and by rows", "[operator][attention][bf16]") {
   auto op = make_op("attention", 16, 2, Params().set("block", int64_t{4}), /*float64=*/false, 25);
   at::manual_seed(26);
   auto x = at::randn({2, 11, 16});
