@@ -203,21 +203,28 @@ at::Tensor weight_transposed(const at::Tensor& weight, int64_t rows) {
   return weight.t();
 }
 
+// A product's output (rows, n), contiguous in `options`, holding bias +
+// addend2 (either may be undefined) for the product to accumulate onto (beta
+// 1): one pass over the output fewer than adding them afterwards; empty when
+// neither is given.
+at::Tensor output_onto(int64_t rows, int64_t n, const at::Tensor& bias, const at::Tensor& addend2,
+                       const at::TensorOptions& options) {
+  if (addend2.defined()) {
+    const auto a2 = addend2.to(options.dtype());
+    return (bias.defined() ? at::add(a2, bias) : a2.clone()).contiguous();
+  }
+  auto y = at::empty({rows, n}, options);
+  // copy_ of the broadcast row, not expand().contiguous(), which was many
+  // times slower (docs/performance.md, 'GEMM libraries').
+  if (bias.defined()) y.copy_(bias.expand({rows, n}));
+  return y;
+}
+
 // y (M, n) = x2 (M, k) W^T + bias + addend2, no autograd.
 at::Tensor forward_product(const at::Tensor& x2, const at::Tensor& weight, const at::Tensor& bias,
                            const at::Tensor& addend2) {
-  const int64_t rows = x2.size(0), n = weight.size(0);
-  at::Tensor y;  // (M, n)
-  // The product accumulates onto bias and addend (beta 1): one pass over the
-  // output fewer than adding them afterwards.
-  if (addend2.defined())
-    y = (bias.defined() ? at::add(addend2, bias) : addend2.clone()).contiguous();
-  else if (bias.defined())
-    // copy_ of the broadcast row, not expand().contiguous(), which was many
-    // times slower (docs/performance.md, 'GEMM libraries').
-    (y = at::empty({rows, n}, x2.options())).copy_(bias.expand({rows, n}));
-  else
-    y = at::empty({rows, n}, x2.options());
+  const int64_t rows = x2.size(0);
+  at::Tensor y = output_onto(rows, weight.size(0), bias, addend2, x2.options());  // (M, n)
   gemm_checked(y, x2, weight_transposed(weight, rows), (addend2.defined() || bias.defined()) ? 1.f : 0.f);
   return y;
 }
@@ -308,23 +315,15 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
     const int64_t k = x.size(-1), n = weight.size(0);
     const auto xb = as_bf16(x.reshape({-1, k}));  // (M, k)
     const int64_t M = xb.size(0);
-    at::Tensor y;  // (M, n) fp32: the product accumulates onto bias and addend
-    if (has_addend) {
-      const auto a2 = addend_or_empty.reshape({-1, n}).to(at::kFloat);
-      y = (has_bias ? at::add(a2, bias_or_empty) : a2.clone()).contiguous();
-    } else if (has_bias) {
-      (y = at::empty({M, n}, weight.options())).copy_(bias_or_empty.expand({M, n}));
-    } else {
-      y = at::empty({M, n}, weight.options());
-    }
+    at::Tensor y =
+        output_onto(M, n, has_bias ? bias_or_empty : at::Tensor(),
+                    has_addend ? addend_or_empty.reshape({-1, n}) : at::Tensor(), weight.options());  // (M, n)
     if (M > 0)
       bf16_product(xb, bf16_weights().get(weight.contiguous()), /*b_transposed=*/true,
                    has_bias || has_addend ? 1.f : 0.f, y);
     // x itself for a gradient of the gradient (create_graph), the rounded
     // copy for the weight's gradient.
     ctx->save_for_backward({x, xb, weight});
-    ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["bias"] = has_bias;
     ctx->saved_data["addend"] = has_addend;
     return y.view(with_last(x.sizes(), n));
@@ -337,8 +336,6 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
     const auto& xb = saved[1];      // (M, k) bf16
     const auto& weight = saved[2];  // (n, k) fp32
     const int64_t M = xb.size(0), k = xb.size(1), n = weight.size(0);
-    const auto x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_type"].toInt());
     const auto gy = grads[0].reshape({-1, n});  // (M, n)
     at::Tensor gx, gw, gb, ga;
     if (torch::autograd::GradMode::is_enabled()) {
@@ -348,14 +345,14 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
       // backward called inside its scope would run these in bf16.
       const c10::impl::ExcludeDispatchKeyGuard fp32(c10::autocast_dispatch_keyset);
       const auto x2 = x.reshape({-1, k}).to(at::kBFloat16).to(at::kFloat);  // (M, k)
-      if (ctx->needs_input_grad(0)) gx = at::mm(gy.to(at::kFloat), weight).view(x_sizes).to(x_type);
+      if (ctx->needs_input_grad(0)) gx = at::mm(gy.to(at::kFloat), weight).view(x.sizes()).to(x.scalar_type());
       if (ctx->needs_input_grad(1)) gw = at::mm(gy.to(at::kFloat).t(), x2);
     } else {
       const auto gyb = as_bf16(gy);  // (M, n)
       if (ctx->needs_input_grad(0)) {
         gx = at::empty({M, k}, weight.options());  // gy W
         if (M > 0) bf16_product(gyb, bf16_weights().get(weight.contiguous()), /*b_transposed=*/false, 0.f, gx);
-        gx = gx.view(x_sizes).to(x_type);
+        gx = gx.view(x.sizes()).to(x.scalar_type());
       }
       if (ctx->needs_input_grad(1)) {
         gw = at::empty({n, k}, weight.options());  // gy^T x, summed over the M rows in fp32
