@@ -175,6 +175,18 @@ train.clip = [0.5, 1]
     CHECK(with_false.runs[index].hash != hash);
   }
   CHECK(with_false.runs[0].train.decay_embeddings == false);
+  // model.embed_std: 0.02, the draw before it existed, is left out of the
+  // hash; another value is in it.
+  engine::MatrixOptions small_draw = o, unit_draw = o;
+  small_draw.set.back() = "model.embed_std=0.02";
+  unit_draw.set.back() = "model.embed_std=1.0";
+  const auto with_small = engine::load_matrix(d.path() + "/pinned.toml", small_draw);
+  const auto with_unit = engine::load_matrix(d.path() + "/pinned.toml", unit_draw);
+  for (const auto& [index, hash] : pinned) {
+    CHECK(with_small.runs[index].hash == hash);
+    CHECK(with_unit.runs[index].hash != hash);
+  }
+  CHECK(with_unit.runs[0].model.embed_std() == 1.0);
   // The shipped quickstart's first run, as the store behind reports/quickstart.* holds it.
   const auto quickstart = engine::load_matrix(CHIAR_SOURCE_DIR "/configs/quickstart.toml");
   REQUIRE(!quickstart.runs.empty());
@@ -355,6 +367,7 @@ TEST_CASE("matrix: a refused value is reported at the key that set it", "[engine
   // base/lm takes the task's lr; base/flat the variant's, which is refused.
   CHECK_THROWS_WITH(load("[variants.base.train]\nlr = -1.0\n[tasks.lm.train]\nlr = 0.01\n"),
                     bad + ":3:6: key 'variants.base.train.lr': must be positive");
+  CHECK_THROWS_WITH(load("[model]\nembed_std = 0.0\n"), bad + ":3:13: key 'model.embed_std': must be positive");
   CHECK_THROWS_WITH(load("[tasks.flat.train]\nbeta1 = 1.5\n"),
                     bad + ":3:9: key 'tasks.flat.train.beta1': must lie in [0, 1)");
   CHECK_THROWS_WITH(

@@ -169,7 +169,7 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options) : o
   const bool pre_norm = uses_pre_norm(o);
   embed_ = register_module("embed", torch::nn::Embedding(o.vocab_size(), o.d_model()));
   torch::NoGradGuard no_grad;
-  embed_->weight.normal_(0.0, 0.02);
+  embed_->weight.normal_(0.0, o.embed_std());
   embed_drop_ = register_module("embed_drop", torch::nn::Dropout(o.dropout()));
 
   for (size_t i = 0; i < o.layers().size(); ++i) {

@@ -76,6 +76,9 @@ struct ModelOptions {
   CHIAR_OPTION(MetaRouterKind, meta_router) = MetaRouterKind::None;
   CHIAR_OPTION(Execution, execution) = Execution::Auto;
   CHIAR_OPTION(NormPlacement, norm) = NormPlacement::Auto;
+  // The token embedding starts as N(0, embed_std^2); a language model's head
+  // is the same matrix (tied), so this also sets its first logits' size.
+  CHIAR_OPTION(double, embed_std) = 0.02;
   CHIAR_OPTION(uint64_t, seed) = 0;  // parameter init and fixed random state
 };
 #undef CHIAR_OPTION

@@ -154,8 +154,9 @@ std::string default_text(const toml::table& defaults, const std::string& key) {
 // A field left out of run hashes where its member is `old`: the value every
 // run stored before the option existed computed with.
 template <class O, class T>
-OptionField<O> field_unhashed_at(const char* key, T O::*member, T old, const char* doc) {
-  OptionField<O> f = field(key, member, doc);
+OptionField<O> field_unhashed_at(const char* key, T O::*member, T old, const char* doc,
+                                 std::function<std::string(const T&)> check = {}) {
+  OptionField<O> f = field(key, member, doc, std::move(check));
   toml::table as_written;
   Codec<T>::write(as_written, f.key, old);
   f.unhashed_note = "`" + default_text(as_written, f.key) +
@@ -252,6 +253,10 @@ const std::vector<OptionField<model::ModelOptions>>& model_option_fields() {
       field_unhashed_at("norm", &M::norm_, model::NormPlacement::Post,
                         "where each sub-layer's LayerNorm sits: pre, x + f(LN x); post, LN(x + f(x)) (the paper's); "
                         "auto, pre for classification and post for language modelling"),
+      field_unhashed_at("embed_std", &M::embed_std_, 0.02,
+                        "standard deviation of the token embedding's initial normal draw (a language model's head "
+                        "too: the two are tied)",
+                        {positive}),
   };
   return fields;
 }
