@@ -160,9 +160,9 @@ TEST_CASE("parameter count, description and seeding", "[model]") {
   CHECK(at::equal(routed.forward(x).logits, again.forward(x).logits));
   // The embedding's draw: N(0, 0.02^2) unless model.embed_std says otherwise
   // (V d = 800 values: the sample deviation is within 10% of the target).
-  CHECK(baseline.embedding_weight().std().item<double>() == Catch::Approx(0.02).epsilon(0.1));
+  CHECK(baseline.embedding_weight().std().item<double>() == Approx(0.02).epsilon(0.1));
   model::ChiarModel unit(test::plugins(), small({"attn", "attn"}).embed_std(1.0));
-  CHECK(unit.embedding_weight().std().item<double>() == Catch::Approx(1.0).epsilon(0.1));
+  CHECK(unit.embedding_weight().std().item<double>() == Approx(1.0).epsilon(0.1));
 }
 
 TEST_CASE("lm_loss through the fused head equals the loss from the logits, value and every gradient",

@@ -405,6 +405,8 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere, const ValueOr
   } catch (const RefusedValue& e) {
     throw refused(e.path(), e.what());
   }
+  if (const OptionProblem bad = check_options(spec.model, model_option_fields(), "model"); !bad.path.empty())
+    throw refused(bad.path, bad.what);
   if (const OptionProblem bad = check_options(spec.train, train_option_fields(), "train"); !bad.path.empty())
     throw refused(bad.path, bad.what);
   // Refused here as well as where the model is built, so that --dry-run and
