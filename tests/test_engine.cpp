@@ -163,30 +163,26 @@ train.clip = [0.5, 1]
   for (const auto& [index, hash] : pinned) CHECK(pre.runs[index].hash != hash);
   CHECK(pre.runs[0].canonical.find("\"norm\"") != std::string::npos);
   CHECK(m.runs[0].canonical.find("\"norm\"") == std::string::npos);
-  // train.decay_embeddings: true, the behaviour before it existed, is left
-  // out of the hash; false is in it.
-  engine::MatrixOptions decayed = o, spared = o;
-  decayed.set.back() = "train.decay_embeddings=true";
-  spared.set.back() = "train.decay_embeddings=false";
-  const auto with_true = engine::load_matrix(d.path() + "/pinned.toml", decayed);
-  const auto with_false = engine::load_matrix(d.path() + "/pinned.toml", spared);
-  for (const auto& [index, hash] : pinned) {
-    CHECK(with_true.runs[index].hash == hash);
-    CHECK(with_false.runs[index].hash != hash);
+  // Options added after runs were stored: the value every earlier run
+  // computed with is left out of the hash, so those runs keep theirs; any
+  // other value is in it.
+  const auto with_setting = [&](const std::string& setting) {
+    engine::MatrixOptions with = o;
+    with.set.back() = setting;
+    return engine::load_matrix(d.path() + "/pinned.toml", with);
+  };
+  for (const auto& [old_value, new_value] :
+       std::vector<std::pair<std::string, std::string>>{{"train.decay_embeddings=true", "train.decay_embeddings=false"},
+                                                        {"model.embed_std=0.02", "model.embed_std=1.0"}}) {
+    INFO(old_value << " against " << new_value);
+    const auto kept = with_setting(old_value), moved = with_setting(new_value);
+    for (const auto& [index, hash] : pinned) {
+      CHECK(kept.runs[index].hash == hash);
+      CHECK(moved.runs[index].hash != hash);
+    }
   }
-  CHECK(with_false.runs[0].train.decay_embeddings == false);
-  // model.embed_std: 0.02, the draw before it existed, is left out of the
-  // hash; another value is in it.
-  engine::MatrixOptions small_draw = o, unit_draw = o;
-  small_draw.set.back() = "model.embed_std=0.02";
-  unit_draw.set.back() = "model.embed_std=1.0";
-  const auto with_small = engine::load_matrix(d.path() + "/pinned.toml", small_draw);
-  const auto with_unit = engine::load_matrix(d.path() + "/pinned.toml", unit_draw);
-  for (const auto& [index, hash] : pinned) {
-    CHECK(with_small.runs[index].hash == hash);
-    CHECK(with_unit.runs[index].hash != hash);
-  }
-  CHECK(with_unit.runs[0].model.embed_std() == 1.0);
+  CHECK(with_setting("train.decay_embeddings=false").runs[0].train.decay_embeddings == false);
+  CHECK(with_setting("model.embed_std=1.0").runs[0].model.embed_std() == 1.0);
   // The shipped quickstart's first run, as the store behind reports/quickstart.* holds it.
   const auto quickstart = engine::load_matrix(CHIAR_SOURCE_DIR "/configs/quickstart.toml");
   REQUIRE(!quickstart.runs.empty());
