@@ -1,4 +1,5 @@
 #include <ATen/ATen.h>
+#include <cmath>
 #include <catch2/catch.hpp>
 #include <torch/utils.h>
 
@@ -221,6 +222,9 @@ TEST_CASE("model options are checked with clear messages", "[model][errors]") {
   CHECK_NOTHROW(model::ChiarModel(test::plugins(), small({"dct", "attn"}, "")));  // nothing routed, nothing to name
   CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"attn"}).n_heads(3)),
                     "model: d_model (16) must be a positive multiple of n_heads (3)");
+  for (const double bad : {0.0, -0.02, std::nan("")})
+    CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"attn"}).embed_std(bad)),
+                      "model: embed_std must be positive");
   CHECK_THROWS_WITH(model::meta_router_from_string("global"),
                     "unknown meta_router 'global' (known: none, causal, batch_mean)");
 }

@@ -161,6 +161,8 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options) : o
     throw UserError(m);
   if (const std::string m = model_shape_problem(o); !m.empty()) throw UserError(m);
   if (o.vocab_size() < 1) throw UserError("model: vocab_size must be positive");
+  // The matrix loader refuses it at its key first; this covers C++ callers.
+  if (!(o.embed_std() > 0)) throw UserError("model: embed_std must be positive");
   if (o.head() == TaskHead::Classifier && o.n_classes() < 2)
     throw UserError("model: a classifier needs n_classes >= 2");
   torch::manual_seed(o.seed());
