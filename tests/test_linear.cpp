@@ -16,6 +16,7 @@
 #include "engine/runtime/runtime.h"
 #include "chiar/error.h"
 #include "chiar/linear.h"
+#include "chiar/row_kernels.h"
 #include "support/fixtures.h"
 #include "support/skip.h"
 
@@ -312,7 +313,8 @@ TEST_CASE("gemm_bf16: bf16 operands summed in fp32, on oneDNN's kernels and wide
                         const c10::BFloat16*, int64_t, float, float*, int64_t);
   INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (both runs widen)"));
   for (const auto& [name, gemm] :
-       {std::make_pair("gemm_bf16", Gemm{gemm_bf16}), std::make_pair("gemm_bf16_widened", Gemm{gemm_bf16_widened})}) {
+       {std::make_pair("gemm_bf16", Gemm{gemm_bf16}), std::make_pair("gemm_bf16_widened", Gemm{gemm_bf16_widened}),
+        std::make_pair("gemm_bf16_tile", Gemm{gemm_bf16_tile})}) {
     INFO(name);
     at::manual_seed(9);
     // (m, n, k): odd sizes, and one with the anchor's width and a long sum.
@@ -345,6 +347,61 @@ TEST_CASE("gemm_bf16: bf16 operands summed in fp32, on oneDNN's kernels and wide
               c.data_ptr<float>(), 2);
     CHECK(at::equal(c, at::zeros({4, 2})));
   }
+}
+
+TEST_CASE("gemm_bf16_tile: many tiles side by side inside at::parallel_for, each on its own thread's primitives",
+          "[linear][bf16]") {
+  INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (the tiles widen)"));
+  at::manual_seed(10);
+  // 24 products of three shapes (a tile's scores, its output, a gradient
+  // summed onto), as attention's fused core makes them per (tile, head).
+  const std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> shapes{
+      {32, 48, 16, false}, {32, 16, 48, false}, {16, 48, 32, true}};
+  std::vector<at::Tensor> as, bs, cs, want;
+  for (int i = 0; i < 24; ++i) {
+    const auto [m, n, k, ta] = shapes[static_cast<size_t>(i % 3)];
+    as.push_back(at::randn({ta ? k : m, ta ? m : k}).to(at::kBFloat16));
+    bs.push_back(at::randn({k, n}).to(at::kBFloat16));
+    cs.push_back(at::randn({m, n}));
+    const auto a = ta ? as.back().t() : as.back();
+    want.push_back(at::mm(a.to(at::kDouble), bs.back().to(at::kDouble)) + (ta ? 1.0 : 0.0) * cs.back().to(at::kDouble));
+  }
+  at::parallel_for(0, 24, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto [m, n, k, ta] = shapes[static_cast<size_t>(i % 3)];
+      auto& c = cs[static_cast<size_t>(i)];
+      gemm_bf16_tile(ta, false, m, n, k, 1.f, as[static_cast<size_t>(i)].data_ptr<c10::BFloat16>(), ta ? m : k,
+                     bs[static_cast<size_t>(i)].data_ptr<c10::BFloat16>(), n, ta ? 1.f : 0.f, c.data_ptr<float>(), n);
+    }
+  });
+  for (size_t i = 0; i < cs.size(); ++i) {
+    INFO("product " << i);
+    CHECK(rel_error(cs[i], want[i]) < 1e-5);
+  }
+}
+
+TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even, NaN kept", "[linear][bf16]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // 1 + 2^-8 lies halfway between 1 and the next bf16 (1 + 2^-7): ties to
+  // even give 1; 1 + 3 * 2^-8 lies halfway above 1 + 2^-7, odd: up to 1 + 2^-6.
+  std::vector<float> values{0.f,      -0.f,     1.f,   1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, 1.f + 0x1p-9f,
+                            -2.5e-3f, inf,      -inf,  nan,           3.4e38f,           1e-40f,
+                            65504.f,  -1.f / 3, 1e30f, -7.123f,       0x1.fffffep127f};
+  at::manual_seed(11);
+  const auto random = at::randn({1000}) * 100;
+  for (int64_t i = 0; i < random.numel(); ++i) values.push_back(random[i].item<float>());
+  std::vector<uint16_t> got(values.size());
+  round_to_bf16(values.data(), got.data(), static_cast<int64_t>(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    INFO("value " << values[i]);
+    const c10::BFloat16 want(values[i]);
+    if (std::isnan(values[i]))
+      CHECK(std::isnan(static_cast<float>(c10::BFloat16(got[i], c10::BFloat16::from_bits()))));
+    else
+      CHECK(got[i] == want.x);
+  }
+  CHECK(got[3] == c10::BFloat16(1.f).x);
+  CHECK(static_cast<float>(c10::BFloat16(got[4], c10::BFloat16::from_bits())) == 1.f + 0x1p-6f);
 }
 
 TEST_CASE("batch_matmul matches float64 products over batches of views, forward and backward", "[linear]") {

@@ -6,6 +6,7 @@
 
 #include "core/autocast_compat.h"
 #include "chiar/error.h"
+#include "chiar/linear.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
 #include "support/fixtures.h"
@@ -259,6 +260,13 @@ void check_against_f64(const std::string& name, const Params& params, const Para
       }
 }
 
+// Relative errors allowed under bf16 autocast, whose products keep 8 bits
+// of mantissa: a few 1e-3 per value. RBF's gradients pass through the
+// kernel normaliser's division, which amplifies them (6.3e-2 at most in the
+// CPU case below; 0.14 before its phases were kept in fp32).
+constexpr double kBf16OutTol = 3e-2;
+double bf16_grad_tol(const std::string& op) { return op == "rbf" ? 0.1 : 6e-2; }
+
 // Attention's `core` in fp32 on the CPU, or another dtype and device (as),
 // against the float64 chunked core on the CPU.
 void check_core(const std::string& core, int64_t T, int64_t block, at::TensorOptions as = at::kFloat,
@@ -277,6 +285,19 @@ TEST_CASE("attention's fused fp32 core matches the float64 definition, forward a
   for (const auto& [T, block] :
        std::vector<std::pair<int64_t, int64_t>>{{11, 3}, {11, 4}, {300, 256}, {300, 1000}, {1100, 2048}})
     check_core("fused", T, block);
+}
+
+TEST_CASE("attention's fused core under bf16 autocast: bf16 products summed in fp32, across tiles and blocks",
+          "[operator][attention][fused][bf16]") {
+  INFO("oneDNN's bf16 kernels here: " << (chiar::gemm_bf16_native() ? "yes (bf16 tile products)" : "no (fp32 core)"));
+  // The shapes of the fp32 case above: several causal blocks, blocks cut
+  // into tiles of 128 rows, and backward's tiles of 64 rows. q, k, v and each
+  // tile's weights and scores' gradient are rounded to bf16 (8 significant
+  // bits: a relative error of at most 2^-8 per operand), so the bounds are
+  // bf16's (kBf16OutTol), not fp32's.
+  for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 4}, {300, 256}, {1100, 2048}})
+    check_against_f64("attention", Params().set("block", block).set("core", std::string("fused")),
+                      chunked().set("block", block), T, at::kFloat, true, kBf16OutTol, bf16_grad_tol("attention"));
 }
 
 TEST_CASE("attention's chunked and SDPA cores in fp32 match the float64 definition, forward and backward",
@@ -302,13 +323,6 @@ TEST_CASE("attention on a CUDA device matches the float64 definition on the CPU"
     check_core("auto", T, block, cuda.dtype(at::kBFloat16), 3e-2, 6e-2);
   }
 }
-
-// Relative errors allowed under bf16 autocast, whose products keep 8 bits
-// of mantissa: a few 1e-3 per value. RBF's gradients pass through the
-// kernel normaliser's division, which amplifies them (6.3e-2 at most in the
-// CPU case below; 0.14 before its phases were kept in fp32).
-constexpr double kBf16OutTol = 3e-2;
-double bf16_grad_tol(const std::string& op) { return op == "rbf" ? 0.1 : 6e-2; }
 
 // The same comparison on the CPU: fp32 paths (the fused and row kernels
 // among them) and bf16 autocast, which CPU training may ask for.

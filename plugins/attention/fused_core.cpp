@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "chiar/linear.h"
@@ -21,23 +22,50 @@ constexpr float kMasked = std::numeric_limits<float>::lowest();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // A (G, h, rows, cols) operand read (or written) as one row-major matrix per
-// (g, head).
+// (g, head), of fp32 or of bf16 (T: float or c10::BFloat16).
+template <class T>
 struct Matrices {
-  float* data;
+  T* data;
   int64_t s0, s1, ld;  // strides of g, head and a row, in elements
-  float* at(int64_t g, int64_t head) const { return data + g * s0 + head * s1; }
-  float* row(int64_t g, int64_t head, int64_t r) const { return at(g, head) + r * ld; }
+  T* at(int64_t g, int64_t head) const { return data + g * s0 + head * s1; }
+  T* row(int64_t g, int64_t head, int64_t r) const { return at(g, head) + r * ld; }
 };
 
 // Unit last stride and rows that do not overlap, or a contiguous copy.
 at::Tensor readable(const at::Tensor& t) { return t.stride(3) == 1 && t.stride(2) >= t.size(3) ? t : t.contiguous(); }
 
-Matrices matrices(const at::Tensor& t) { return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)}; }
+template <class T>
+Matrices<T> matrices(const at::Tensor& t) {
+  return {t.data_ptr<T>(), t.stride(0), t.stride(1), t.stride(2)};
+}
 
-// What every tile needs to know, shared by forward and backward.
+// C = op(A) op(B) + beta C, C fp32, for one tile on the calling thread: fp32
+// operands on the process's GEMM library, or bf16 operands summed in fp32.
+void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+             int64_t ldb, float beta, float* c, int64_t ldc) {
+  chiar::sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
+}
+void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda,
+             const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  chiar::gemm_bf16_tile(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
+}
+
+// A tile's fp32 weights or scores' gradient (n floats) as the next product's
+// operand: itself in fp32; in bf16, rounded into this thread's buffer.
+const float* as_operand(const float* tile, size_t, const float*) { return tile; }
+const c10::BFloat16* as_operand(const float* tile, size_t n, const c10::BFloat16*) {
+  thread_local std::vector<c10::BFloat16> rounded;
+  if (rounded.size() < n) rounded.resize(n);
+  chiar::round_to_bf16(tile, reinterpret_cast<uint16_t*>(rounded.data()), static_cast<int64_t>(n));
+  return rounded.data();
+}
+
+// What every tile needs to know, shared by forward and backward. T is the
+// products' operand type: q, kt and v are T, scores and their softmax fp32.
+template <class T>
 struct Problem {
   int64_t G, GK, heads, m, dh, L, block;  // G query batches, GK key batches (equal unless segmented)
-  Matrices q, kt, v;
+  Matrices<T> q, kt, v;
   const int64_t* qpos = nullptr;  // (G or 1, m), or none
   int64_t qpos_stride = 0;        // m when positions differ per sequence, else 0
   const bool* valid = nullptr;    // (GK, L), or none
@@ -63,9 +91,9 @@ struct Problem {
         dh(q_.size(3)),
         L(kt_.size(3)),
         block(block_),
-        q(matrices(q_)),
-        kt(matrices(kt_)),
-        v(matrices(v_)) {
+        q(matrices<T>(q_)),
+        kt(matrices<T>(kt_)),
+        v(matrices<T>(v_)) {
     if (qpos_.numel() > 0) {
       qpos = qpos_.data_ptr<int64_t>();
       qpos_stride = qpos_.size(0) == G && G > 1 ? m : 0;
@@ -110,8 +138,7 @@ struct Problem {
 
   // Scores of one tile into s (rows x keys, leading dimension keys), masked.
   void scores(int64_t head, const Tile& t, float* s) const {
-    chiar::sgemm(false, false, t.rows, t.keys, dh, 1.f, q.row(t.qg, head, t.r0), q.ld, kt.at(t.kg, head), kt.ld, 0.f, s,
-                 t.keys);
+    product(false, false, t.rows, t.keys, dh, q.row(t.qg, head, t.r0), q.ld, kt.at(t.kg, head), kt.ld, 0.f, s, t.keys);
     const bool* ok = valid ? valid + t.kg * L : nullptr;
     for (int64_t i = 0; i < t.rows; ++i) {
       float* row = s + i * t.keys;
@@ -168,7 +195,8 @@ float* scratch(size_t floats) {
 
 // o (G, h, m, dh) and, per query, the maximum score and the log of the sum
 // of exp(score - maximum): stats (2, G, h, m).
-void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
+template <class T>
+void forward_tiles(const Problem<T>& p, const Matrices<float>& o, float* stats) {
   const int64_t per_seq = p.heads * p.m;
   float* log_sums = stats + p.G * per_seq;
   const auto tile_cost = [&](int64_t task) {
@@ -198,8 +226,9 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
       stats[first + i] = top;
       log_sums[first + i] = std::log(sum);
     }
-    chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, s, t.keys, p.v.at(t.kg, head), p.v.ld, 0.f,
-                 o.row(t.qg, head, t.r0), o.ld);
+    const size_t area = static_cast<size_t>(t.rows * t.keys);
+    product(false, false, t.rows, p.dh, t.keys, as_operand(s, area, p.v.data), t.keys, p.v.at(t.kg, head), p.v.ld, 0.f,
+            o.row(t.qg, head, t.r0), o.ld);
   });
 }
 
@@ -211,8 +240,10 @@ void forward_tiles(const Problem& p, const Matrices& o, float* stats) {
 // attention_core/fused/fwd+bwd/*). dq (G, h, m, dh), dkt (GK, h, dh, L) and
 // dvt (GK, h, dh, L) contiguous. One task per (key batch, head), so that the
 // tiles adding into its keys' and values' gradients run one after another.
-void backward_tiles(const Problem& p, const Matrices& o, const float* stats, const Matrices& dout, const float* k,
-                    const float* vt, float* dq, float* dkt, float* dvt) {
+// dout fp32 for the softmax's backward, dout_op (T) for the products.
+template <class T>
+void backward_tiles(const Problem<T>& p, const Matrices<float>& o, const float* stats, const Matrices<float>& dout,
+                    const Matrices<T>& dout_op, const T* k, const T* vt, float* dq, float* dkt, float* dvt) {
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
   std::vector<double> batch_cost(static_cast<size_t>(p.GK), 0.0);  // score elements per key batch
@@ -220,10 +251,10 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
   const auto task_cost = [&](int64_t task) { return batch_cost[static_cast<size_t>(task / p.heads)]; };
   run_balanced(p.GK * p.heads, task_cost, [&](int64_t task) {
     const int64_t kg = task / p.heads, head = task % p.heads;
-    const float* k_gh = k + task * p.L * p.dh;    // (L, dh)
-    const float* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
-    float* dkt_gh = dkt + task * p.dh * p.L;      // (dh, L)
-    float* dvt_gh = dvt + task * p.dh * p.L;      // (dh, L)
+    const T* k_gh = k + task * p.L * p.dh;    // (L, dh)
+    const T* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
+    float* dkt_gh = dkt + task * p.dh * p.L;  // (dh, L)
+    float* dvt_gh = dvt + task * p.dh * p.L;  // (dh, L)
     std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
     std::fill(dvt_gh, dvt_gh + p.dh * p.L, 0.f);
     for (const size_t index : p.tiles_of[static_cast<size_t>(kg)]) {
@@ -241,36 +272,63 @@ void backward_tiles(const Problem& p, const Matrices& o, const float* stats, con
           chiar::exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
       }
       const float* dout_t = dout.row(t.qg, head, t.r0);  // (rows, dh), leading dimension dout.ld
+      const T* dout_op_t = dout_op.row(t.qg, head, t.r0);
       // dvt[:, :keys] += dout^T weights
-      chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, dout_t, dout.ld, weights, t.keys, 1.f, dvt_gh, p.L);
+      product(true, false, p.dh, t.keys, t.rows, dout_op_t, dout_op.ld, as_operand(weights, area, k), t.keys, 1.f,
+              dvt_gh, p.L);
       // d weights = dout vt[:, :keys], then through the softmax
-      chiar::sgemm(false, false, t.rows, t.keys, p.dh, 1.f, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
-      for (int64_t i = 0; i < t.rows; ++i)
-        chiar::softmax_backward_row(weights + i * t.keys, grad + i * t.keys, t.keys,
-                                    chiar::dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh));
+      product(false, false, t.rows, t.keys, p.dh, dout_op_t, dout_op.ld, vt_gh, p.L, 0.f, grad, t.keys);
+      for (int64_t i = 0; i < t.rows; ++i) {
+        float* w_row = weights + i * t.keys;
+        float* g_row = grad + i * t.keys;
+        // delta = sum_j p_j dp_j, which dout . o equals. In bf16 the d
+        // weights come from rounded operands and dout . o does not match
+        // them (a query with one key would get a gradient that should be
+        // 0), so the row's own sum, in fp32.
+        const float delta = std::is_same_v<T, float>
+                                ? chiar::dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh)
+                                : chiar::dot(w_row, g_row, t.keys);
+        chiar::softmax_backward_row(w_row, g_row, t.keys, delta);
+      }
       // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
-      chiar::sgemm(false, false, t.rows, p.dh, t.keys, 1.f, grad, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
-      chiar::sgemm(true, false, p.dh, t.keys, t.rows, 1.f, p.q.row(t.qg, head, t.r0), p.q.ld, grad, t.keys, 1.f, dkt_gh,
-                   p.L);
+      const T* grad_op = as_operand(grad, area, k);
+      product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
+      product(true, false, p.dh, t.keys, t.rows, p.q.row(t.qg, head, t.r0), p.q.ld, grad_op, t.keys, 1.f, dkt_gh, p.L);
     }
   });
 }
 
+// A contiguous bf16 copy of t, in one pass.
+at::Tensor bf16_copy(const at::Tensor& t) {
+  return t.to(at::kBFloat16, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+}
+
+// bf16: the products take q, kt, v, the tiles' weights and gradients rounded
+// to bf16 and sum in fp32 (chiar::cpu_bf16_products, decided at forward and
+// kept for backward); scores, softmax, statistics and outputs stay fp32.
 struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kt,
                             const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid,
-                            const at::Tensor& segments, int64_t block) {
-    const Problem p(q, kt, v, qpos, valid, segments, block, /*arrays=*/1);
+                            const at::Tensor& segments, int64_t block, bool bf16) {
+    // The operands as the products read them: bf16 copies (the same strides)
+    // or q, kt and v themselves.
+    const auto qo = bf16 ? bf16_copy(q) : q, kto = bf16 ? bf16_copy(kt) : kt, vo = bf16 ? bf16_copy(v) : v;
     // Stored as (G, m, h, dh): the heads side by side per query, so that the
     // caller's (G, m, h * dh) for the output projection is a view, not a copy.
-    auto o = at::empty({p.G, p.m, p.heads, p.dh}, q.options()).transpose(1, 2);  // (G, h, m, dh)
-    auto stats = at::empty({2, p.G, p.heads, p.m}, q.options());
-    forward_tiles(p, matrices(o), stats.data_ptr<float>());
-    ctx->save_for_backward({q, kt, v, o, stats});
+    auto o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);  // (G, h, m, dh)
+    auto stats = at::empty({2, q.size(0), q.size(1), q.size(2)}, q.options());
+    if (bf16)
+      forward_tiles(Problem<c10::BFloat16>(qo, kto, vo, qpos, valid, segments, block, /*arrays=*/1), matrices<float>(o),
+                    stats.data_ptr<float>());
+    else
+      forward_tiles(Problem<float>(qo, kto, vo, qpos, valid, segments, block, /*arrays=*/1), matrices<float>(o),
+                    stats.data_ptr<float>());
+    ctx->save_for_backward({qo, kto, vo, o, stats});
     ctx->saved_data["qpos"] = qpos;
     ctx->saved_data["valid"] = valid;
     ctx->saved_data["segments"] = segments;
     ctx->saved_data["block"] = block;
+    ctx->saved_data["bf16"] = bf16;
     return o;
   }
 
@@ -278,17 +336,28 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &kt = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4];
-    const Problem p(q, kt, v, ctx->saved_data["qpos"].toTensor(), ctx->saved_data["valid"].toTensor(),
-                    ctx->saved_data["segments"].toTensor(), ctx->saved_data["block"].toInt(), /*arrays=*/2);
-    auto dout = readable(grads[0]);
-    const auto k = kt.transpose(2, 3).contiguous();  // (GK, h, L, dh)
-    const auto vt = v.transpose(2, 3).contiguous();  // (GK, h, dh, L)
-    auto dq = at::empty({p.G, p.heads, p.m, p.dh}, q.options());
-    auto dkt = at::empty({p.GK, p.heads, p.dh, p.L}, kt.options());
-    auto dvt = at::empty({p.GK, p.heads, p.dh, p.L}, v.options());
-    backward_tiles(p, matrices(o), stats.data_ptr<float>(), matrices(dout), k.data_ptr<float>(), vt.data_ptr<float>(),
-                   dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
-    return {dq, dkt, dvt.transpose(2, 3), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto dout = readable(grads[0]);
+    const auto qpos = ctx->saved_data["qpos"].toTensor(), valid = ctx->saved_data["valid"].toTensor(),
+               segments = ctx->saved_data["segments"].toTensor();
+    const int64_t block = ctx->saved_data["block"].toInt();
+    const auto f32 = o.options();
+    auto dq = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, f32);       // (G, h, m, dh)
+    auto dkt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, f32);  // (GK, h, dh, L)
+    auto dvt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, f32);  // (GK, h, dh, L)
+    const auto k = kt.transpose(2, 3).contiguous();                               // (GK, h, L, dh)
+    const auto vt = v.transpose(2, 3).contiguous();                               // (GK, h, dh, L)
+    if (ctx->saved_data["bf16"].toBool()) {
+      const auto dout_op = bf16_copy(dout);
+      backward_tiles(Problem<c10::BFloat16>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), matrices<float>(o),
+                     stats.data_ptr<float>(), matrices<float>(dout), matrices<c10::BFloat16>(dout_op),
+                     k.data_ptr<c10::BFloat16>(), vt.data_ptr<c10::BFloat16>(), dq.data_ptr<float>(),
+                     dkt.data_ptr<float>(), dvt.data_ptr<float>());
+    } else {
+      backward_tiles(Problem<float>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), matrices<float>(o),
+                     stats.data_ptr<float>(), matrices<float>(dout), matrices<float>(dout), k.data_ptr<float>(),
+                     vt.data_ptr<float>(), dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
+    }
+    return {dq, dkt, dvt.transpose(2, 3), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -326,7 +395,8 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::
       "fused_attention: positions ", qpos.sizes(), " do not match queries ", q.sizes());
   const Masks m =
       masks("fused_attention", qpos, qpos.defined() && qpos.dim() > 0 ? qpos.size(0) : 1, valid, q.size(0), kt.size(3));
-  return FusedAttention::apply(readable(q), readable(kt), readable(v), m.positions, m.keys, m.none, block);
+  return FusedAttention::apply(readable(q), readable(kt), readable(v), m.positions, m.keys, m.none, block,
+                               chiar::cpu_bf16_products());
 }
 
 at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
@@ -353,8 +423,8 @@ at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const
   const Masks m = masks("fused_attention_rows", qpos, 1, valid, kt.size(0), kt.size(3));
   // One query batch of N rows: (1, h, N, dh), its rows read in place.
   auto o = FusedAttention::apply(readable(q.transpose(0, 1).unsqueeze(0)), readable(kt), readable(v), m.positions,
-                                 m.keys, seg, 0);  // (1, h, N, dh) stored (1, N, h, dh)
-  return o.squeeze(0).transpose(0, 1);             // (N, h, dh), contiguous
+                                 m.keys, seg, 0, chiar::cpu_bf16_products());  // (1, h, N, dh) stored (1, N, h, dh)
+  return o.squeeze(0).transpose(0, 1);                                         // (N, h, dh), contiguous
 }
 
 }  // namespace chiar_attention

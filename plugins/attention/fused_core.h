@@ -6,9 +6,14 @@
 // statistics (two floats per query) instead of keeping them: the memory is
 // that of q, k, v and the output, whatever the sequence length.
 //
-// fp32 on the CPU only (the operator widens autocast's bf16 projections to
-// fp32 for it and sends other dtypes to its unfused path); the products run
-// on chiar::sgemm, so on the process's GEMM library.
+// fp32 inputs on the CPU only (the operator widens autocast's bf16
+// projections to fp32 for it and sends other dtypes to its unfused path).
+// The products run on chiar::sgemm, so on the process's GEMM library; under
+// bf16 autocast on a CPU with oneDNN's bf16 kernels (chiar::cpu_bf16_products,
+// asked at forward and kept for backward) they take q, k, v, each tile's
+// weights and its scores' gradient rounded to bf16 and sum in fp32
+// (chiar::gemm_bf16_tile), while scores, softmax, the row statistics and
+// every output and gradient stay fp32.
 #include <ATen/core/Tensor.h>
 
 namespace chiar_attention {

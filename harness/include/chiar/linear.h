@@ -98,12 +98,25 @@ CHIAR_API void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 CHIAR_API void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                          const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c,
                          int64_t ldc);
+// The same for one tile of a kernel that tiles its own work: on the calling
+// thread alone, so it may run inside at::parallel_for (attention's fused
+// core calls it per tile, as it calls sgemm in fp32). Primitives and their
+// scratch are kept per thread.
+CHIAR_API void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                              const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,
+                              float* c, int64_t ldc);
 // The widening path on its own, for tests on machines with the kernels.
 CHIAR_API void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                  const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,
                                  float* c, int64_t ldc);
 // Whether gemm_bf16 runs on oneDNN's bf16 kernels here; probed once.
 CHIAR_API bool gemm_bf16_native();
+// Whether this thread's products on the CPU run now as bf16 operands summed
+// in fp32 (gemm_bf16): bf16 autocast on the CPU, oneDNN's bf16 kernels
+// (gemm_bf16_native) and the harness's kernels enabled (chiar/kernels.h).
+// linear() asks it; so do kernels with products of their own, which must
+// remember the answer for backward (autograd runs it outside autocast).
+CHIAR_API bool cpu_bf16_products();
 
 // c = a b + beta c on the current backend, for 2-D fp32 CPU tensors; a and b
 // may be transposed views. c must be contiguous. What the GEMM probes time.

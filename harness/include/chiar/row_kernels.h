@@ -42,4 +42,9 @@ CHIAR_API void softmax_backward_row(const float* p, float* ds, int64_t n, float 
 // sum_j a[j] b[j]
 CHIAR_API float dot(const float* a, const float* b, int64_t n);
 
+// out[j] = the bf16 nearest in[j] (ties to even; NaN stays NaN), as bits:
+// c10::BFloat16's rounding, in vector lanes. A tile's fp32 weights or
+// gradient become the next bf16 product's operand.
+CHIAR_API void round_to_bf16(const float* in, uint16_t* out, int64_t n);
+
 }  // namespace chiar

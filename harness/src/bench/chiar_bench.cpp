@@ -172,7 +172,10 @@ void register_operator_matrix() {
 // core against libtorch's SDPA (builds with libtorch 2.1 or newer) and the
 // chunked batched products, the same weights for each. Checked against the
 // chunked core in float64, with op's weights, before timing.
-void BM_attention_core(benchmark::State& state, const std::string& name, const std::string& core, bool backward) {
+// bf16: under bf16 autocast (the products' operands bf16, sums fp32),
+// checked to bf16's bound instead.
+void BM_attention_core(benchmark::State& state, const std::string& name, const std::string& core, bool backward,
+                       bool bf16) {
   const int64_t T = state.range(0), d = state.range(1);
   const auto params = Params().set("core", core);
   at::manual_seed(0);
@@ -187,14 +190,20 @@ void BM_attention_core(benchmark::State& state, const std::string& name, const s
     auto to = reference->parameters();
     for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
     reference->to(at::kDouble);
-    const double err = rel_error(op->forward(x, ctx).to(at::kDouble), reference->forward(x.to(at::kDouble), ctx));
-    if (err > 1e-4) {
+    at::Tensor out;
+    {
+      autocast::Bf16Scope scope(bf16, x.device());
+      out = op->forward(x, ctx);
+    }
+    const double err = rel_error(out.to(at::kDouble), reference->forward(x.to(at::kDouble), ctx));
+    if (err > (bf16 ? 3e-2 : 1e-4)) {
       state.SkipWithError(("core " + core + " disagrees with float64: " + std::to_string(err)).c_str());
       return;
     }
   }
   if (backward) x.requires_grad_(true);
   for (auto _ : state) {
+    autocast::Bf16Scope scope(bf16, x.device());
     if (backward) {
       op->forward(x, ctx).sum().backward();
       benchmark::DoNotOptimize(x.grad().data_ptr());
@@ -830,11 +839,18 @@ void register_cores(const std::vector<std::string>& operators) {
     std::vector<std::string> cores;
     for (const char* core : {"fused", "chunked", "sdpa"})
       if (with_core(core)) cores.push_back(core);
-    for (const auto& core : cores)
+    // The fused core again under bf16 autocast where oneDNN has bf16 kernels
+    // (its bf16 tile products); "fused_bf16" beside "fused" in one run.
+    std::vector<std::pair<std::string, bool>> runs;
+    for (const auto& core : cores) runs.emplace_back(core, false);
+    if (gemm_bf16_native() && with_core("fused")) runs.emplace_back("fused", true);
+    for (const auto& [core, bf16] : runs)
       for (bool backward : {false, true}) {
         auto* b = benchmark::RegisterBenchmark(
-            (op + "_core/" + core + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
-            [op, core, backward](benchmark::State& s) { BM_attention_core(s, op, core, backward); });
+            (op + "_core/" + core + (bf16 ? "_bf16" : "") + (backward ? "/fwd+bwd" : "/fwd")).c_str(),
+            [op, core = core, bf16 = bf16, backward](benchmark::State& s) {
+              BM_attention_core(s, op, core, backward, bf16);
+            });
         for (int64_t T : {128, 512, 2048}) b->Args({T, 256});
         b->Unit(benchmark::kMillisecond)->UseRealTime();
       }

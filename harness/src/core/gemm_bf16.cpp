@@ -2,10 +2,13 @@
 // shape, or the widening fallback.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
-#include <string>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <unordered_map>
+#include <vector>
 
 #include "chiar/linear.h"
 #include "chiar_build_info.h"
@@ -26,23 +29,33 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// A matmul primitive for one shape: op(A) and op(B) described by strides,
-// so transposed operands are read in place; alpha as an output scale, beta
-// as a sum post-op.
-dnnl::matmul::primitive_desc describe_matmul(const Shape& s) {
+// The memory descriptors of a shape: op(A) and op(B) described by strides,
+// so transposed operands are read in place.
+struct Descs {
+  dnnl::memory::desc a, b, c;
+};
+Descs descs_of(const Shape& s) {
   const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
   using dt = dnnl::memory::data_type;
-  const dnnl::memory::desc a_md({m, k}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
-  const dnnl::memory::desc b_md({k, n}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
-  const dnnl::memory::desc c_md({m, n}, dt::f32, dnnl::memory::dims{ldc, 1});
+  return {{{m, k}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1}},
+          {{k, n}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1}},
+          {{m, n}, dt::f32, dnnl::memory::dims{ldc, 1}}};
+}
+
+// A matmul primitive for one shape: alpha as an output scale, beta as a sum
+// post-op; the scratchpad oneDNN's own, or the caller's (user_scratchpad).
+dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpad = false) {
+  const auto alpha = std::get<8>(s), beta = std::get<9>(s);
+  const Descs d = descs_of(s);
   dnnl::primitive_attr attr;
+  if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});
   if (beta != 0.f) {
     dnnl::post_ops ops;
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), attr, cpu_engine());
 }
 
 // The primitives made so far, by shape; a step's shapes repeat, so a run
@@ -59,19 +72,47 @@ dnnl::matmul& matmul_for(const Shape& s) {
   return it->second;
 }
 
-void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
-  auto& prim = matmul_for(s);
-  const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
-  using dt = dnnl::memory::data_type;
+void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, const c10::BFloat16* a,
+             const c10::BFloat16* b, float* c, const dnnl::memory* scratch = nullptr) {
   auto& engine = cpu_engine();
-  const dnnl::memory a_mem({{m, k}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1}}, engine,
-                           const_cast<c10::BFloat16*>(a));
-  const dnnl::memory b_mem({{k, n}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1}}, engine,
-                           const_cast<c10::BFloat16*>(b));
-  const dnnl::memory c_mem({{m, n}, dt::f32, dnnl::memory::dims{ldc, 1}}, engine, c);
-  dnnl::stream stream(engine);
-  prim.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  const Descs d = descs_of(s);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, {d.a, engine, const_cast<c10::BFloat16*>(a)}},
+                                             {DNNL_ARG_WEIGHTS, {d.b, engine, const_cast<c10::BFloat16*>(b)}},
+                                             {DNNL_ARG_DST, {d.c, engine, c}}};
+  if (scratch) args.emplace(DNNL_ARG_SCRATCHPAD, *scratch);
+  prim.execute(stream, args);
   stream.wait();
+}
+
+void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
+  dnnl::stream stream(cpu_engine());
+  execute(matmul_for(s), stream, s, a, b, c);
+}
+
+// A tile's product on the calling thread (gemm_bf16_tile): primitives made
+// on this thread and kept in its own map, run with this thread's scratch.
+// oneDNN's own scratchpad may serve neither one primitive on two threads at
+// once nor one made on another thread.
+struct TileMatmul {
+  dnnl::matmul primitive;
+  size_t scratch_bytes;
+};
+
+void onednn_gemm_tile(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
+  thread_local std::map<Shape, TileMatmul> made;
+  auto it = made.find(s);
+  if (it == made.end()) {
+    if (made.size() >= 512) made.clear();  // shapes that never repeat (a sweep): start over
+    const auto pd = describe_matmul(s, /*user_scratchpad=*/true);
+    it = made.emplace(s, TileMatmul{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first;
+  }
+  thread_local std::vector<uint8_t> scratch;
+  if (scratch.size() < std::max<size_t>(1, it->second.scratch_bytes))
+    scratch.resize(std::max<size_t>(1, it->second.scratch_bytes));
+  const dnnl::memory scratch_mem({{static_cast<int64_t>(scratch.size())}, dnnl::memory::data_type::u8, {1}},
+                                 cpu_engine(), scratch.data());
+  thread_local dnnl::stream stream(cpu_engine());
+  execute(it->second.primitive, stream, s, a, b, c, &scratch_mem);
 }
 #endif
 
@@ -108,6 +149,29 @@ bool gemm_bf16_native() {
 #else
   return false;
 #endif
+}
+
+void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
+                    int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+#if CHIAR_HAVE_ONEDNN
+  if (k > 0 && gemm_bf16_native()) {
+    onednn_gemm_tile(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta}, a, b, c);
+    return;
+  }
+#endif
+  // Widened into this thread's buffers (no tensors: this may run inside
+  // at::parallel_for), then sgemm on the calling thread.
+  thread_local std::vector<float> wa, wb;
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  wa.resize(static_cast<size_t>(a_rows * a_cols));
+  wb.resize(static_cast<size_t>(b_rows * b_cols));
+  for (int64_t i = 0; i < a_rows; ++i)
+    for (int64_t j = 0; j < a_cols; ++j) wa[static_cast<size_t>(i * a_cols + j)] = static_cast<float>(a[i * lda + j]);
+  for (int64_t i = 0; i < b_rows; ++i)
+    for (int64_t j = 0; j < b_cols; ++j) wb[static_cast<size_t>(i * b_cols + j)] = static_cast<float>(b[i * ldb + j]);
+  sgemm(trans_a, trans_b, m, n, k, alpha, wa.data(), std::max<int64_t>(1, a_cols), wb.data(),
+        std::max<int64_t>(1, b_cols), beta, c, ldc);
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,

@@ -287,8 +287,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 // before it reaches the fp32 master weight; this keeps both in fp32 and
 // saves those casts (bench-train --compare-precision fp32,bf16).
 bool takes_bf16_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
-  if (autocast::enabled_dtype(at::kCPU) != at::kBFloat16 || !host_kernels_enabled() || !gemm_bf16_native())
-    return false;
+  if (!cpu_bf16_products()) return false;
   const auto float_or_bf16 = [](const at::Tensor& t) {
     return !t.defined() || (t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16));
   };
@@ -405,6 +404,10 @@ struct MatmulFunction : public torch::autograd::Function<MatmulFunction> {
 };
 
 }  // namespace
+
+bool cpu_bf16_products() {
+  return autocast::enabled_dtype(at::kCPU) == at::kBFloat16 && host_kernels_enabled() && gemm_bf16_native();
+}
 
 const char* to_string(GemmBackend backend) { return backend == GemmBackend::OneDnn ? "onednn" : "blas"; }
 

@@ -1,5 +1,6 @@
 #include "chiar/row_kernels.h"
 
+#include <cstring>
 #include <limits>
 
 #include "exp_kernel.h"
@@ -44,6 +45,16 @@ CHIAR_ROW_KERNEL float dot(const float* a, const float* b, int64_t n) {
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) sum += a[j] * b[j];
   return sum;
+}
+
+CHIAR_ROW_KERNEL void round_to_bf16(const float* __restrict in, uint16_t* __restrict out, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, in + j, sizeof bits);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    out[j] = in[j] != in[j] ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
+  }
 }
 
 }  // namespace chiar
