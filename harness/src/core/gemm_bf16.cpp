@@ -118,19 +118,22 @@ void onednn_gemm_tile(const Shape& s, const c10::BFloat16* a, const c10::BFloat1
 
 }  // namespace
 
-// Both operands to fp32 (exactly), then sgemm.
+// Both operands to fp32 (exactly) into this thread's buffers, then sgemm:
+// no tensors, so a tile inside at::parallel_for may take it too.
 void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
                        int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  thread_local std::vector<float> wa, wb;
   // The stored matrices: (m, k) or (k, m) for A, (k, n) or (n, k) for B.
-  const auto wa = at::from_blob(const_cast<c10::BFloat16*>(a), {trans_a ? k : m, trans_a ? m : k}, {lda, 1}, bf16)
-                      .to(at::kFloat)
-                      .contiguous();
-  const auto wb = at::from_blob(const_cast<c10::BFloat16*>(b), {trans_b ? n : k, trans_b ? k : n}, {ldb, 1}, bf16)
-                      .to(at::kFloat)
-                      .contiguous();
-  sgemm(trans_a, trans_b, m, n, k, alpha, wa.data_ptr<float>(), wa.size(1), wb.data_ptr<float>(), wb.size(1), beta, c,
-        ldc);
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const auto widen = [](const c10::BFloat16* from, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& to) {
+    to.resize(static_cast<size_t>(std::max<int64_t>(1, rows * cols)));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) to[static_cast<size_t>(i * cols + j)] = static_cast<float>(from[i * ld + j]);
+  };
+  widen(a, a_rows, a_cols, lda, wa);
+  widen(b, b_rows, b_cols, ldb, wb);
+  sgemm(trans_a, trans_b, m, n, k, alpha, wa.data(), std::max<int64_t>(1, a_cols), wb.data(),
+        std::max<int64_t>(1, b_cols), beta, c, ldc);
 }
 
 bool gemm_bf16_native() {
@@ -160,18 +163,7 @@ void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     return;
   }
 #endif
-  // Widened into this thread's buffers (no tensors: this may run inside
-  // at::parallel_for), then sgemm on the calling thread.
-  thread_local std::vector<float> wa, wb;
-  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  wa.resize(static_cast<size_t>(a_rows * a_cols));
-  wb.resize(static_cast<size_t>(b_rows * b_cols));
-  for (int64_t i = 0; i < a_rows; ++i)
-    for (int64_t j = 0; j < a_cols; ++j) wa[static_cast<size_t>(i * a_cols + j)] = static_cast<float>(a[i * lda + j]);
-  for (int64_t i = 0; i < b_rows; ++i)
-    for (int64_t j = 0; j < b_cols; ++j) wb[static_cast<size_t>(i * b_cols + j)] = static_cast<float>(b[i * ldb + j]);
-  sgemm(trans_a, trans_b, m, n, k, alpha, wa.data(), std::max<int64_t>(1, a_cols), wb.data(),
-        std::max<int64_t>(1, b_cols), beta, c, ldc);
+  gemm_bf16_widened(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
