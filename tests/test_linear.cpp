@@ -343,8 +343,8 @@ TEST_CASE("gemm_bf16: bf16 operands summed in fp32, on oneDNN's kernels and wide
     gemm(false, false, 4, 2, 3, 1.f, a.data_ptr<c10::BFloat16>(), 3, b.data_ptr<c10::BFloat16>(), 2, 0.f,
          c.data_ptr<float>(), 2);
     CHECK(rel_error(c, at::mm(a.to(at::kDouble), b.to(at::kDouble))) < 1e-6);
-    gemm_bf16(false, false, 4, 2, 0, 1.f, a.data_ptr<c10::BFloat16>(), 3, b.data_ptr<c10::BFloat16>(), 2, 0.f,
-              c.data_ptr<float>(), 2);
+    gemm(false, false, 4, 2, 0, 1.f, a.data_ptr<c10::BFloat16>(), 3, b.data_ptr<c10::BFloat16>(), 2, 0.f,
+         c.data_ptr<float>(), 2);
     CHECK(at::equal(c, at::zeros({4, 2})));
   }
 }
@@ -366,6 +366,7 @@ TEST_CASE("gemm_bf16_tile: many tiles side by side inside at::parallel_for, each
     const auto a = ta ? as.back().t() : as.back();
     want.push_back(at::mm(a.to(at::kDouble), bs.back().to(at::kDouble)) + (ta ? 1.0 : 0.0) * cs.back().to(at::kDouble));
   }
+  const uint64_t tiles_before = gemm_bf16_tile_count();
   at::parallel_for(0, 24, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const auto [m, n, k, ta] = shapes[static_cast<size_t>(i % 3)];
@@ -378,6 +379,7 @@ TEST_CASE("gemm_bf16_tile: many tiles side by side inside at::parallel_for, each
     INFO("product " << i);
     CHECK(rel_error(cs[i], want[i]) < 1e-5);
   }
+  CHECK(gemm_bf16_tile_count() - tiles_before == (gemm_bf16_native() ? 24u : 0u));
 }
 
 TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even, NaN kept", "[linear][bf16]") {

@@ -295,9 +295,18 @@ TEST_CASE("attention's fused core under bf16 autocast: bf16 products summed in f
   // tile's weights and scores' gradient are rounded to bf16 (8 significant
   // bits: a relative error of at most 2^-8 per operand), so the bounds are
   // bf16's (kBf16OutTol), not fp32's.
+  const uint64_t tiles_before = chiar::gemm_bf16_tile_count();
+  check_core("fused", 11, 4);  // fp32: no bf16 tile
+  CHECK(chiar::gemm_bf16_tile_count() == tiles_before);
   for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 4}, {300, 256}, {1100, 2048}})
     check_against_f64("attention", Params().set("block", block).set("core", std::string("fused")),
                       chunked().set("block", block), T, at::kFloat, true, kBf16OutTol, bf16_grad_tol("attention"));
+  // The bf16 tiles ran (forward and backward, whole and by rows), or none
+  // where the kernels are missing.
+  if (chiar::gemm_bf16_native())
+    CHECK(chiar::gemm_bf16_tile_count() > tiles_before);
+  else
+    CHECK(chiar::gemm_bf16_tile_count() == tiles_before);
 }
 
 TEST_CASE("attention's chunked and SDPA cores in fp32 match the float64 definition, forward and backward",

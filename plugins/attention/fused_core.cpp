@@ -310,8 +310,8 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kt,
                             const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid,
                             const at::Tensor& segments, int64_t block, bool bf16) {
-    // The operands as the products read them: bf16 copies (the same strides)
-    // or q, kt and v themselves.
+    // The operands as the products read them: contiguous bf16 copies, or q,
+    // kt and v themselves.
     const auto qo = bf16 ? bf16_copy(q) : q, kto = bf16 ? bf16_copy(kt) : kt, vo = bf16 ? bf16_copy(v) : v;
     // Stored as (G, m, h, dh): the heads side by side per query, so that the
     // caller's (G, m, h * dh) for the output projection is a view, not a copy.

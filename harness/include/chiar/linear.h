@@ -105,8 +105,11 @@ CHIAR_API void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
 CHIAR_API void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                               const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,
                               float* c, int64_t ldc);
-// The widening path on its own (on the calling thread and its buffers), for
-// tests on machines with the kernels.
+// Tile products gemm_bf16_tile ran on oneDNN's bf16 kernels since the
+// process started: the tests check that attention's fused core took them
+// under bf16 autocast, and did not in fp32.
+CHIAR_API uint64_t gemm_bf16_tile_count();
+// The widening path on its own, for tests on machines with the kernels.
 CHIAR_API void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                  const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,
                                  float* c, int64_t ldc);

@@ -202,15 +202,19 @@ void BM_attention_core(benchmark::State& state, const std::string& name, const s
     }
   }
   if (backward) x.requires_grad_(true);
-  for (auto _ : state) {
+  // Forward under the autocast scope, backward after it, as training runs them.
+  const auto forward = [&] {
     autocast::Bf16Scope scope(bf16, x.device());
+    return op->forward(x, ctx);
+  };
+  for (auto _ : state) {
     if (backward) {
-      op->forward(x, ctx).sum().backward();
+      forward().sum().backward();
       benchmark::DoNotOptimize(x.grad().data_ptr());
       x.mutable_grad() = at::Tensor();
     } else {
       at::NoGradGuard g;
-      benchmark::DoNotOptimize(op->forward(x, ctx).data_ptr());
+      benchmark::DoNotOptimize(forward().data_ptr());
     }
   }
   state.counters["tokens/s"] =

@@ -2,7 +2,10 @@
 // shape, or the widening fallback.
 #include <ATen/ATen.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -20,6 +23,9 @@
 namespace chiar {
 
 namespace {
+
+// Tile products run on oneDNN's bf16 kernels (gemm_bf16_tile_count).
+std::atomic<uint64_t> g_native_tiles{0};
 
 #if CHIAR_HAVE_ONEDNN
 using Shape = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
@@ -90,9 +96,14 @@ void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b,
 }
 
 // A tile's product on the calling thread (gemm_bf16_tile): primitives made
-// on this thread and kept in its own map, run with this thread's scratch.
-// oneDNN's own scratchpad may serve neither one primitive on two threads at
-// once nor one made on another thread.
+// on this thread and kept in its own map, each run with this thread's
+// scratch. The user scratchpad is what lets tiles run side by side: oneDNN's
+// own (library mode) may not serve one primitive on two threads at once, nor
+// one made on another thread, and its primitive cache hands threads the same
+// kernels anyway. A new shape costs a primitive (about 0.4 ms here); a
+// routed layer's segments bring new row and key counts (bench-train's
+// chiar_dct_attn under bf16: 180 shapes in its first 13 steps, then about 2
+// a step), so the map keeps thousands before it starts over.
 struct TileMatmul {
   dnnl::matmul primitive;
   size_t scratch_bytes;
@@ -102,7 +113,7 @@ void onednn_gemm_tile(const Shape& s, const c10::BFloat16* a, const c10::BFloat1
   thread_local std::map<Shape, TileMatmul> made;
   auto it = made.find(s);
   if (it == made.end()) {
-    if (made.size() >= 512) made.clear();  // shapes that never repeat (a sweep): start over
+    if (made.size() >= 4096) made.clear();  // shapes that never repeat (a sweep): start over
     const auto pd = describe_matmul(s, /*user_scratchpad=*/true);
     it = made.emplace(s, TileMatmul{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first;
   }
@@ -113,28 +124,36 @@ void onednn_gemm_tile(const Shape& s, const c10::BFloat16* a, const c10::BFloat1
                                  cpu_engine(), scratch.data());
   thread_local dnnl::stream stream(cpu_engine());
   execute(it->second.primitive, stream, s, a, b, c, &scratch_mem);
+  g_native_tiles.fetch_add(1, std::memory_order_relaxed);
 }
 #endif
 
 }  // namespace
 
-// Both operands to fp32 (exactly) into this thread's buffers, then sgemm:
-// no tensors, so a tile inside at::parallel_for may take it too.
+// Both operands to fp32 (exactly), then sgemm. Plain buffers, not tensors,
+// so that a tile inside at::parallel_for may take it too (the conversion's
+// parallel_for then runs on the calling thread alone); freed on return,
+// since the fused head's operands run to hundreds of MiB.
 void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
                        int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  thread_local std::vector<float> wa, wb;
   // The stored matrices: (m, k) or (k, m) for A, (k, n) or (n, k) for B.
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  const auto widen = [](const c10::BFloat16* from, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& to) {
-    to.resize(static_cast<size_t>(std::max<int64_t>(1, rows * cols)));
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) to[static_cast<size_t>(i * cols + j)] = static_cast<float>(from[i * ld + j]);
+  const auto widen = [](const c10::BFloat16* from, int64_t rows, int64_t cols, int64_t ld) {
+    std::vector<float> to(static_cast<size_t>(std::max<int64_t>(1, rows * cols)));
+    at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, cols)),
+                     [&](int64_t begin, int64_t end) {
+                       for (int64_t i = begin; i < end; ++i)
+                         for (int64_t j = 0; j < cols; ++j)
+                           to[static_cast<size_t>(i * cols + j)] = static_cast<float>(from[i * ld + j]);
+                     });
+    return to;
   };
-  widen(a, a_rows, a_cols, lda, wa);
-  widen(b, b_rows, b_cols, ldb, wb);
+  const auto wa = widen(a, a_rows, a_cols, lda), wb = widen(b, b_rows, b_cols, ldb);
   sgemm(trans_a, trans_b, m, n, k, alpha, wa.data(), std::max<int64_t>(1, a_cols), wb.data(),
         std::max<int64_t>(1, b_cols), beta, c, ldc);
 }
+
+uint64_t gemm_bf16_tile_count() { return g_native_tiles.load(std::memory_order_relaxed); }
 
 bool gemm_bf16_native() {
 #if CHIAR_HAVE_ONEDNN
