@@ -77,10 +77,7 @@ void fused_head_blocks(const In* h, const In* w, int64_t N, int64_t d, int64_t V
             row[target[r]] -= wr;
           }
         }
-        if (!fp32 && want_grads) {
-          auto* out = reinterpret_cast<c10::BFloat16*>(rounded.data_ptr()) + i * V;
-          for (int64_t j = 0; j < V; ++j) out[j] = c10::BFloat16(row[j]);
-        }
+        if (!fp32 && want_grads) round_to_bf16(row, reinterpret_cast<uint16_t*>(rounded.data_ptr()) + i * V, V);
       }
     });
     if (want_grads) {

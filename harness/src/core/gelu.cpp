@@ -87,7 +87,7 @@ float* widened(const c10::BFloat16* in, int64_t n, std::vector<float>& row) {
   return row.data();
 }
 void round_into(const float* in, c10::BFloat16* out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] = c10::BFloat16(in[j]);
+  round_to_bf16(in, reinterpret_cast<uint16_t*>(out), n);
 }
 
 // u, out (rows, n) contiguous (out may be u), bias (n) contiguous.
