@@ -314,11 +314,14 @@ TEST_CASE("gemm_bf16: bf16 operands summed in fp32, on oneDNN's kernels and wide
   INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (both runs widen)"));
   for (const auto& [name, gemm] :
        {std::make_pair("gemm_bf16", Gemm{gemm_bf16}), std::make_pair("gemm_bf16_widened", Gemm{gemm_bf16_widened}),
-        std::make_pair("gemm_bf16_tile", Gemm{gemm_bf16_tile})}) {
+        std::make_pair("gemm_bf16_tile", Gemm{gemm_bf16_tile}),
+        std::make_pair("gemm_bf16_any_size", Gemm{gemm_bf16_any_size})}) {
     INFO(name);
     at::manual_seed(9);
-    // (m, n, k): odd sizes, and one with the anchor's width and a long sum.
-    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 6, 5}, {33, 300, 256}})
+    // (m, n, k): odd sizes, one with the anchor's width and a long sum, and
+    // one of multiples of 32 (gemm_bf16 makes it a primitive of its own).
+    for (const auto& [m, n, k] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 6, 5}, {33, 300, 256}, {64, 96, 32}})
       for (bool ta : {false, true})
         for (bool tb : {false, true}) {
           INFO(m << "x" << n << "x" << k << ", transposed a " << ta << ", b " << tb);
@@ -327,15 +330,19 @@ TEST_CASE("gemm_bf16: bf16 operands summed in fp32, on oneDNN's kernels and wide
           const auto a_store = at::randn({ta ? k : m, lda}).to(at::kBFloat16);
           const auto b_store = at::randn({tb ? n : k, ldb}).to(at::kBFloat16);
           const auto a = a_store.narrow(1, 0, ta ? m : k), b = b_store.narrow(1, 0, tb ? k : n);
-          auto c_store = at::randn({m, ldc});
-          const auto c0 = c_store.narrow(1, 0, n).to(at::kDouble);
-          const auto tail = c_store.narrow(1, n, 4).clone();
-          gemm(ta, tb, m, n, k, 1.5f, a_store.data_ptr<c10::BFloat16>(), lda, b_store.data_ptr<c10::BFloat16>(), ldb,
-               0.25f, c_store.data_ptr<float>(), ldc);
           const auto A = (ta ? a.t() : a).to(at::kDouble), B = (tb ? b.t() : b).to(at::kDouble);
-          // Products of bf16 values are exact in fp32: only the fp32 sums err.
-          CHECK(rel_error(c_store.narrow(1, 0, n), 1.5 * at::mm(A, B) + 0.25 * c0) < 1e-5);
-          CHECK(at::equal(c_store.narrow(1, n, 4), tail));  // beyond n: untouched
+          // Twice: a primitive made on the first run, kept for the second.
+          for (int run = 1; run <= 2; ++run) {
+            INFO("run " << run);
+            auto c_store = at::randn({m, ldc});
+            const auto c0 = c_store.narrow(1, 0, n).to(at::kDouble);
+            const auto tail = c_store.narrow(1, n, 4).clone();
+            gemm(ta, tb, m, n, k, 1.5f, a_store.data_ptr<c10::BFloat16>(), lda, b_store.data_ptr<c10::BFloat16>(), ldb,
+                 0.25f, c_store.data_ptr<float>(), ldc);
+            // Products of bf16 values are exact in fp32: only the fp32 sums err.
+            CHECK(rel_error(c_store.narrow(1, 0, n), 1.5 * at::mm(A, B) + 0.25 * c0) < 1e-5);
+            CHECK(at::equal(c_store.narrow(1, n, 4), tail));  // beyond n: untouched
+          }
         }
     // beta 0 ignores NaN in C; an empty sum scales C by beta.
     const auto a = at::randn({4, 3}).to(at::kBFloat16), b = at::randn({3, 2}).to(at::kBFloat16);
@@ -355,8 +362,10 @@ TEST_CASE("gemm_bf16_tile: many tiles side by side inside at::parallel_for, each
   at::manual_seed(10);
   // 24 products of three shapes (a tile's scores, its output, a gradient
   // summed onto), as attention's fused core makes them per (tile, head).
+  // Shapes of multiples of 32 get primitives of their own, the others their
+  // layout's for any size: both run side by side.
   const std::vector<std::tuple<int64_t, int64_t, int64_t, bool>> shapes{
-      {32, 48, 16, false}, {32, 16, 48, false}, {16, 48, 32, true}};
+      {32, 48, 16, false}, {32, 64, 32, false}, {16, 48, 32, true}};
   std::vector<at::Tensor> as, bs, cs, want;
   for (int i = 0; i < 24; ++i) {
     const auto [m, n, k, ta] = shapes[static_cast<size_t>(i % 3)];
@@ -380,6 +389,42 @@ TEST_CASE("gemm_bf16_tile: many tiles side by side inside at::parallel_for, each
     CHECK(rel_error(cs[i], want[i]) < 1e-5);
   }
   CHECK(gemm_bf16_tile_count() - tiles_before == (gemm_bf16_native() ? 24u : 0u));
+}
+
+TEST_CASE("gemm_bf16: row counts that change every call make no primitive each; a model's own shapes get theirs",
+          "[linear][bf16]") {
+  const bool native = gemm_bf16_native();
+  INFO("oneDNN's bf16 kernels here: " << (native ? "yes" : "no (gemm_bf16 widens to sgemm: no primitives)"));
+  at::manual_seed(11);
+  // A projection (rows, 64) x (64, 64)^T: rows a routed segment's, new
+  // every step, or a whole batch's.
+  const auto w = at::randn({64, 64}).to(at::kBFloat16);  // (n, k)
+  const auto product = [&](int64_t rows, decltype(gemm_bf16) gemm) {
+    const auto x = at::randn({rows, 64}).to(at::kBFloat16);  // (rows, k)
+    auto y = at::empty({rows, 64});                          // (rows, n)
+    gemm(false, true, rows, 64, 64, 1.f, x.data_ptr<c10::BFloat16>(), 64, w.data_ptr<c10::BFloat16>(), 64, 0.f,
+         y.data_ptr<float>(), 64);
+    CHECK(rel_error(y, at::mm(x.to(at::kDouble), w.to(at::kDouble).t())) < 1e-5);
+    return y;
+  };
+  const auto before = gemm_bf16_primitives_made();
+  for (int64_t rows = 1025; rows < 1056; ++rows) {
+    INFO(rows << " rows");
+    // The path is the shape's alone: the layout's primitive for any size,
+    // the same bits as gemm_bf16_any_size gives (the same seed, so the same x).
+    at::manual_seed(rows);
+    const auto y = product(rows, gemm_bf16);
+    at::manual_seed(rows);
+    CHECK(at::equal(y, product(rows, gemm_bf16_any_size)));
+  }
+  const auto varying = gemm_bf16_primitives_made();
+  CHECK(varying.for_shape == before.for_shape);
+  // One for the layout (none if an earlier case made it; none widening).
+  CHECK(varying.for_any_size - before.for_any_size <= (native ? 1u : 0u));
+  for (int step = 0; step < 5; ++step) product(768, gemm_bf16);
+  const auto own = gemm_bf16_primitives_made();
+  CHECK(own.for_shape - varying.for_shape == (native ? 1u : 0u));
+  CHECK(own.for_any_size == varying.for_any_size);
 }
 
 TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even, NaN kept", "[linear][bf16]") {

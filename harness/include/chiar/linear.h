@@ -89,8 +89,9 @@ CHIAR_API void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 // C = alpha op(A) op(B) + beta C for bf16 operands summed in fp32, into
 // fp32: what a bf16 step wants where a sum must not round to bf16 (a loss's
 // logits, a weight gradient summed over blocks of rows). oneDNN's public
-// interface has sgemm but no bf16 gemm, so this runs its matmul primitive,
-// one per shape, made on first use and kept. Without oneDNN, or where it has
+// interface has sgemm but no bf16 gemm, so this runs its matmul primitives,
+// made on first use and kept: one per shape whose sizes are multiples of 32,
+// one per layout for any other (gemm_bf16_primitives_made). Without oneDNN, or where it has
 // only its reference bf16 loop for this CPU, the operands are widened to fp32
 // for sgemm: the same products (a product of bf16 values is exact in fp32),
 // slower. Arguments as sgemm's, A and B bf16; called from one thread (it
@@ -109,6 +110,21 @@ CHIAR_API void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, 
 // process started: the tests check that attention's fused core took them
 // under bf16 autocast, and did not in fp32.
 CHIAR_API uint64_t gemm_bf16_tile_count();
+// oneDNN matmul primitives gemm_bf16 and gemm_bf16_tile have made since the
+// process started: for one shape (one whose sizes are all multiples of 32),
+// and for any size of a layout (every other shape's, made once per layout),
+// so that row counts that change every step make no primitive each.
+struct GemmBf16Primitives {
+  uint64_t for_shape = 0;
+  uint64_t for_any_size = 0;
+};
+CHIAR_API GemmBf16Primitives gemm_bf16_primitives_made();
+// gemm_bf16 on its layout's primitive for any size whatever the shape
+// (oneDNN's jit gemm, where gemm_bf16 may take one made for the shape), for
+// tests and benchmarks; widened as gemm_bf16 where there are no kernels.
+CHIAR_API void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                  const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,
+                                  float* c, int64_t ldc);
 // The widening path on its own, for tests on machines with the kernels.
 CHIAR_API void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                  const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,

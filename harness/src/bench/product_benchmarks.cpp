@@ -59,13 +59,19 @@ void BM_product(benchmark::State& state, GemmBackend backend) {
   time_product(state, backend, run, expected, 2.0 * static_cast<double>(M * K * N));
 }
 
-// The same products on bf16 operands, two ways: gemm_bf16 (oneDNN's matmul,
-// sums and output in fp32: what the bf16 LM head runs) and libtorch's bf16
-// at::mm (output rounded to bf16: what autocast runs for every other
-// product). Each is checked first against float64 products of the same bf16
-// values: within fp32 sums for gemm_bf16, within bf16's rounding of the
-// output (2^-8) for libtorch.
-void BM_product_bf16(benchmark::State& state, bool ours) {
+// The same products on bf16 operands, three ways: gemm_bf16 (oneDNN's
+// matmul, sums and output in fp32: what linear() and the LM head run under
+// bf16 autocast; after the first runs, on a primitive made for the shape),
+// gemm_bf16_any_size (the same on the primitive made for any size, which a
+// shape's first runs take) and libtorch's bf16 at::mm (output rounded to
+// bf16: what autocast runs without the harness's kernels). Each is checked
+// first against float64 products of the same bf16 values: within fp32 sums
+// for ours, within bf16's rounding of the output (2^-8) for libtorch.
+enum class Bf16Product { GemmBf16, AnySize, Libtorch };
+
+void BM_product_bf16(benchmark::State& state, Bf16Product way) {
+  const bool ours = way != Bf16Product::Libtorch;
+  const auto gemm = way == Bf16Product::AnySize ? gemm_bf16_any_size : gemm_bf16;
   const int64_t M = state.range(0), K = state.range(1), N = state.range(2), layout = state.range(3);
   at::manual_seed(0);
   const auto bf16 = [](const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); };
@@ -78,9 +84,9 @@ void BM_product_bf16(benchmark::State& state, bool ours) {
   float* cp = c.data_ptr<float>();
   const auto run = [&]() -> at::Tensor {
     if (!ours) return layout == 0 ? at::mm(x, w.t()) : layout == 1 ? at::mm(gy, w) : at::mm(gy.t(), x);
-    if (layout == 0) gemm_bf16(false, true, M, N, K, 1.f, xp, K, wp, K, 0.f, cp, N);
-    if (layout == 1) gemm_bf16(false, false, M, K, N, 1.f, gp, N, wp, K, 0.f, cp, K);
-    if (layout == 2) gemm_bf16(true, false, N, K, M, 1.f, gp, N, xp, K, 0.f, cp, K);
+    if (layout == 0) gemm(false, true, M, N, K, 1.f, xp, K, wp, K, 0.f, cp, N);
+    if (layout == 1) gemm(false, false, M, K, N, 1.f, gp, N, wp, K, 0.f, cp, K);
+    if (layout == 2) gemm(true, false, N, K, M, 1.f, gp, N, xp, K, 0.f, cp, K);
     return c;
   };
   const auto expected = layout == 0   ? at::matmul(f64(x), f64(w).t())
@@ -171,9 +177,10 @@ void register_products() {
     for (int64_t rows : {0, 64, 128, 256, 512}) h->Args({2048, 256, 8192, rows});
     h->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  for (const bool ours : {true, false}) {
-    auto* pr = benchmark::RegisterBenchmark(ours ? "product_bf16/gemm_bf16" : "product_bf16/libtorch",
-                                            [ours](benchmark::State& s) { BM_product_bf16(s, ours); });
+  for (const auto& [way, name] : {std::make_pair(Bf16Product::GemmBf16, "product_bf16/gemm_bf16"),
+                                  std::make_pair(Bf16Product::AnySize, "product_bf16/any_size"),
+                                  std::make_pair(Bf16Product::Libtorch, "product_bf16/libtorch")}) {
+    auto* pr = benchmark::RegisterBenchmark(name, [way = way](benchmark::State& s) { BM_product_bf16(s, way); });
     with_anchor_products(pr);
   }
 }

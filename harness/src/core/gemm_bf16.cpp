@@ -36,23 +36,26 @@ dnnl::engine& cpu_engine() {
 }
 
 // The memory descriptors of a shape: op(A) and op(B) described by strides,
-// so transposed operands are read in place.
+// so transposed operands are read in place; with any_size, m, n and k are
+// left to execution (the strides stay).
 struct Descs {
   dnnl::memory::desc a, b, c;
 };
-Descs descs_of(const Shape& s) {
-  const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
+Descs descs_of(const Shape& s, bool any_size = false) {
+  auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
+  if (any_size) m = n = k = DNNL_RUNTIME_DIM_VAL;
   using dt = dnnl::memory::data_type;
   return {{{m, k}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1}},
           {{k, n}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1}},
           {{m, n}, dt::f32, dnnl::memory::dims{ldc, 1}}};
 }
 
-// A matmul primitive for one shape: alpha as an output scale, beta as a sum
-// post-op; the scratchpad oneDNN's own, or the caller's (user_scratchpad).
-dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpad = false) {
+// A matmul primitive for one shape, or for any size of its layout: alpha as
+// an output scale, beta as a sum post-op; the scratchpad oneDNN's own, or
+// the caller's (user_scratchpad).
+dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpad = false, bool any_size = false) {
   const auto alpha = std::get<8>(s), beta = std::get<9>(s);
-  const Descs d = descs_of(s);
+  const Descs d = descs_of(s, any_size);
   dnnl::primitive_attr attr;
   if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});
@@ -64,19 +67,68 @@ dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpa
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), attr, cpu_engine());
 }
 
-// The primitives made so far, by shape; a step's shapes repeat, so a run
-// holds a few dozen.
-dnnl::matmul& matmul_for(const Shape& s) {
-  static std::mutex mutex;
-  static std::map<Shape, dnnl::matmul> made;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = made.find(s);
-  if (it == made.end()) {
-    if (made.size() >= 512) made.clear();  // shapes that never repeat (a sweep): start over
-    it = made.emplace(s, dnnl::matmul(describe_matmul(s))).first;
+std::atomic<uint64_t> g_made_for_shape{0}, g_made_for_any_size{0};
+
+struct MadeMatmul {
+  dnnl::matmul primitive;
+  size_t scratch_bytes;  // what it needs of a user scratchpad
+};
+
+// The primitives one scope keeps: the process's for gemm_bf16, a thread's
+// for gemm_bf16_tile. A primitive made for one shape (oneDNN's brgemm
+// kernels, specialised to its sizes) costs 0.3-5 ms to make; one made for
+// any size of a layout (transposes, leading dimensions, alpha, beta; oneDNN's
+// jit gemm) serves every shape of that layout at about the same rate
+// (chiar_bench: product_bf16/any_size/* against product_bf16/gemm_bf16/*;
+// in a whole step neither is faster than the machine's noise: bench-train
+// --precision bf16 with every product on it, docs/performance.md).
+// A model's own shapes repeat every step, but a routed layer's row counts
+// and the tiles at its segments' ends change every step, and made a new
+// primitive each: 12-14 a step for DCT+Attn at d 128 (DNNL_VERBOSE=2, steps
+// 20-60 of configs/bf16_quality.toml's run), 10-20 ms of a step. So a shape
+// whose sizes are all multiples of 32 (a model's widths, its batch's rows,
+// whole tiles) gets a primitive of its own, and any other runs on its
+// layout's. The choice depends on the shape alone, never on what ran before
+// in the process: a resumed run, or a shard run again elsewhere, sums in the
+// same order as one that ran through (their metrics are compared bit for bit).
+class MatmulCache {
+ public:
+  explicit MatmulCache(bool user_scratchpad) : user_scratchpad_(user_scratchpad) {}
+
+  const MadeMatmul& get(const Shape& s) {
+    const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
+    if (m % 32 != 0 || n % 32 != 0 || k % 32 != 0) return for_any_size(s);
+    auto it = for_shape_.find(s);
+    if (it == for_shape_.end()) {
+      if (for_shape_.size() >= 4096) for_shape_.clear();  // shapes that never repeat (a sweep): start over
+      g_made_for_shape.fetch_add(1, std::memory_order_relaxed);
+      it = for_shape_.emplace(s, make(s, /*any_size=*/false)).first;
+    }
+    return it->second;
   }
-  return it->second;
-}
+
+  // The primitive for any size of s's layout.
+  const MadeMatmul& for_any_size(const Shape& s) {
+    Shape layout = s;
+    std::get<2>(layout) = std::get<3>(layout) = std::get<4>(layout) = 0;
+    auto it = for_any_size_.find(layout);
+    if (it == for_any_size_.end()) {
+      g_made_for_any_size.fetch_add(1, std::memory_order_relaxed);
+      it = for_any_size_.emplace(layout, make(s, /*any_size=*/true)).first;
+    }
+    return it->second;
+  }
+
+ private:
+  MadeMatmul make(const Shape& s, bool any_size) const {
+    const auto pd = describe_matmul(s, user_scratchpad_, any_size);
+    return {dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+  }
+
+  bool user_scratchpad_;
+  std::map<Shape, MadeMatmul> for_shape_;
+  std::map<Shape, MadeMatmul> for_any_size_;
+};
 
 void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, const c10::BFloat16* a,
              const c10::BFloat16* b, float* c, const dnnl::memory* scratch = nullptr) {
@@ -90,40 +142,34 @@ void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, con
   stream.wait();
 }
 
-void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
+// any_size: always the layout's primitive for any size (gemm_bf16_any_size).
+void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c, bool any_size = false) {
+  static std::mutex mutex;
+  static MatmulCache made(/*user_scratchpad=*/false);
+  dnnl::matmul primitive;  // a handle: held here, it outlives the cache's clearing
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    primitive = (any_size ? made.for_any_size(s) : made.get(s)).primitive;
+  }
   dnnl::stream stream(cpu_engine());
-  execute(matmul_for(s), stream, s, a, b, c);
+  execute(primitive, stream, s, a, b, c);
 }
 
 // A tile's product on the calling thread (gemm_bf16_tile): primitives made
-// on this thread and kept in its own map, each run with this thread's
+// on this thread and kept in its own cache, each run with this thread's
 // scratch. The user scratchpad is what lets tiles run side by side: oneDNN's
 // own (library mode) may not serve one primitive on two threads at once, nor
 // one made on another thread, and its primitive cache hands threads the same
-// kernels anyway. A new shape costs a primitive (about 0.4 ms here); a
-// routed layer's segments bring new row and key counts (bench-train's
-// chiar_dct_attn under bf16: 180 shapes in its first 13 steps, then about 2
-// a step), so the map keeps thousands before it starts over.
-struct TileMatmul {
-  dnnl::matmul primitive;
-  size_t scratch_bytes;
-};
-
+// kernels anyway.
 void onednn_gemm_tile(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
-  thread_local std::map<Shape, TileMatmul> made;
-  auto it = made.find(s);
-  if (it == made.end()) {
-    if (made.size() >= 4096) made.clear();  // shapes that never repeat (a sweep): start over
-    const auto pd = describe_matmul(s, /*user_scratchpad=*/true);
-    it = made.emplace(s, TileMatmul{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first;
-  }
+  thread_local MatmulCache made(/*user_scratchpad=*/true);
+  const MadeMatmul& m = made.get(s);
   thread_local std::vector<uint8_t> scratch;
-  if (scratch.size() < std::max<size_t>(1, it->second.scratch_bytes))
-    scratch.resize(std::max<size_t>(1, it->second.scratch_bytes));
+  if (scratch.size() < std::max<size_t>(1, m.scratch_bytes)) scratch.resize(std::max<size_t>(1, m.scratch_bytes));
   const dnnl::memory scratch_mem({{static_cast<int64_t>(scratch.size())}, dnnl::memory::data_type::u8, {1}},
                                  cpu_engine(), scratch.data());
   thread_local dnnl::stream stream(cpu_engine());
-  execute(it->second.primitive, stream, s, a, b, c, &scratch_mem);
+  execute(m.primitive, stream, s, a, b, c, &scratch_mem);
   g_native_tiles.fetch_add(1, std::memory_order_relaxed);
 }
 #endif
@@ -155,6 +201,14 @@ void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 
 uint64_t gemm_bf16_tile_count() { return g_native_tiles.load(std::memory_order_relaxed); }
 
+GemmBf16Primitives gemm_bf16_primitives_made() {
+#if CHIAR_HAVE_ONEDNN
+  return {g_made_for_shape.load(std::memory_order_relaxed), g_made_for_any_size.load(std::memory_order_relaxed)};
+#else
+  return {};
+#endif
+}
+
 bool gemm_bf16_native() {
 #if CHIAR_HAVE_ONEDNN
   static const bool native = [] {
@@ -185,8 +239,11 @@ void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   gemm_bf16_widened(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
-               int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+namespace {
+
+void gemm_bf16_on(bool any_size, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {  // an empty sum: C = beta C
     for (int64_t i = 0; i < m; ++i)
@@ -195,11 +252,26 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   }
 #if CHIAR_HAVE_ONEDNN
   if (gemm_bf16_native()) {
-    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta}, a, b, c);
+    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta}, a, b, c, any_size);
     return;
   }
+#else
+  (void)any_size;
 #endif
   gemm_bf16_widened(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
+               int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_bf16_on(false, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c,
+                        int64_t ldc) {
+  gemm_bf16_on(true, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace chiar
