@@ -61,10 +61,10 @@ void BM_product(benchmark::State& state, GemmBackend backend) {
 
 // The same products on bf16 operands, three ways: gemm_bf16 (oneDNN's
 // matmul, sums and output in fp32: what linear() and the LM head run under
-// bf16 autocast; after the first runs, on a primitive made for the shape),
-// gemm_bf16_any_size (the same on the primitive made for any size, which a
-// shape's first runs take) and libtorch's bf16 at::mm (output rounded to
-// bf16: what autocast runs without the harness's kernels). Each is checked
+// bf16 autocast; at these sizes, multiples of 32, on a primitive made for
+// the shape), gemm_bf16_any_size (the same on the primitive made for any
+// size, which shapes of other sizes take) and libtorch's bf16 at::mm (output
+// rounded to bf16: what autocast runs without the harness's kernels). Each is checked
 // first against float64 products of the same bf16 values: within fp32 sums
 // for ours, within bf16's rounding of the output (2^-8) for libtorch.
 enum class Bf16Product { GemmBf16, AnySize, Libtorch };

@@ -1,5 +1,5 @@
-// gemm_bf16 (chiar/linear.h): oneDNN's bf16 matmul primitives, one per
-// shape, or the widening fallback.
+// gemm_bf16 (chiar/linear.h): oneDNN's bf16 matmul primitives, made for a
+// shape or for any size of a layout, or the widening fallback.
 #include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
@@ -89,15 +89,17 @@ struct MadeMatmul {
 // whose sizes are all multiples of 32 (a model's widths, its batch's rows,
 // whole tiles) gets a primitive of its own, and any other runs on its
 // layout's. The choice depends on the shape alone, never on what ran before
-// in the process: a resumed run, or a shard run again elsewhere, sums in the
-// same order as one that ran through (their metrics are compared bit for bit).
+// in the process: a resumed run, or a shard run again on the same CPU with
+// the same threads, sums in the same order as one that ran through (their
+// metrics are compared bit for bit). Where oneDNN would run a shape of any
+// size on its reference loop, every shape gets its own primitive.
 class MatmulCache {
  public:
   explicit MatmulCache(bool user_scratchpad) : user_scratchpad_(user_scratchpad) {}
 
   const MadeMatmul& get(const Shape& s) {
     const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
-    if (m % 32 != 0 || n % 32 != 0 || k % 32 != 0) return for_any_size(s);
+    if ((m % 32 != 0 || n % 32 != 0 || k % 32 != 0) && any_size_native()) return for_any_size(s);
     auto it = for_shape_.find(s);
     if (it == for_shape_.end()) {
       if (for_shape_.size() >= 4096) for_shape_.clear();  // shapes that never repeat (a sweep): start over
@@ -113,6 +115,8 @@ class MatmulCache {
     std::get<2>(layout) = std::get<3>(layout) = std::get<4>(layout) = 0;
     auto it = for_any_size_.find(layout);
     if (it == for_any_size_.end()) {
+      // Leading dimensions are part of a layout, and a tile's are its key count.
+      if (for_any_size_.size() >= 4096) for_any_size_.clear();
       g_made_for_any_size.fetch_add(1, std::memory_order_relaxed);
       it = for_any_size_.emplace(layout, make(s, /*any_size=*/true)).first;
     }
@@ -120,6 +124,21 @@ class MatmulCache {
   }
 
  private:
+  // Whether oneDNN runs a primitive of any size on a kernel of its own, not
+  // its reference loop; probed once.
+  static bool any_size_native() {
+    static const bool native = [] {
+      try {
+        const Shape probe{false, true, 64, 64, 64, 64, 64, 64, 1.f, 1.f};
+        return std::string(describe_matmul(probe, false, /*any_size=*/true).impl_info_str()).find("ref") ==
+               std::string::npos;
+      } catch (const dnnl::error&) {
+        return false;
+      }
+    }();
+    return native;
+  }
+
   MadeMatmul make(const Shape& s, bool any_size) const {
     const auto pd = describe_matmul(s, user_scratchpad_, any_size);
     return {dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
