@@ -67,6 +67,18 @@ dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpa
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), attr, cpu_engine());
 }
 
+// Whether oneDNN runs a bf16 product, made for a shape or for any size, on
+// a kernel of its own: "ref" is its reference loop, slower than widening to
+// sgemm. Probed once per kind by the callers.
+bool has_kernel(bool any_size) {
+  try {
+    const Shape probe{false, false, 64, 64, 64, 64, 64, 64, 1.f, 0.f};
+    return std::string(describe_matmul(probe, false, any_size).impl_info_str()).find("ref") == std::string::npos;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 std::atomic<uint64_t> g_made_for_shape{0}, g_made_for_any_size{0};
 
 struct MadeMatmul {
@@ -99,7 +111,8 @@ class MatmulCache {
 
   const MadeMatmul& get(const Shape& s) {
     const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
-    if ((m % 32 != 0 || n % 32 != 0 || k % 32 != 0) && any_size_native()) return for_any_size(s);
+    static const bool any_size_native = has_kernel(/*any_size=*/true);
+    if ((m % 32 != 0 || n % 32 != 0 || k % 32 != 0) && any_size_native) return for_any_size(s);
     auto it = for_shape_.find(s);
     if (it == for_shape_.end()) {
       if (for_shape_.size() >= 4096) for_shape_.clear();  // shapes that never repeat (a sweep): start over
@@ -124,21 +137,6 @@ class MatmulCache {
   }
 
  private:
-  // Whether oneDNN runs a primitive of any size on a kernel of its own, not
-  // its reference loop; probed once.
-  static bool any_size_native() {
-    static const bool native = [] {
-      try {
-        const Shape probe{false, true, 64, 64, 64, 64, 64, 64, 1.f, 1.f};
-        return std::string(describe_matmul(probe, false, /*any_size=*/true).impl_info_str()).find("ref") ==
-               std::string::npos;
-      } catch (const dnnl::error&) {
-        return false;
-      }
-    }();
-    return native;
-  }
-
   MadeMatmul make(const Shape& s, bool any_size) const {
     const auto pd = describe_matmul(s, user_scratchpad_, any_size);
     return {dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
@@ -230,16 +228,7 @@ GemmBf16Primitives gemm_bf16_primitives_made() {
 
 bool gemm_bf16_native() {
 #if CHIAR_HAVE_ONEDNN
-  static const bool native = [] {
-    try {
-      // oneDNN reports the kernel it chose; "ref" is its reference loop,
-      // slower than widening to sgemm.
-      const auto pd = describe_matmul(Shape{false, false, 64, 64, 64, 64, 64, 64, 1.f, 0.f});
-      return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
+  static const bool native = has_kernel(/*any_size=*/false);
   return native;
 #else
   return false;
