@@ -431,6 +431,50 @@ TEST_CASE("gemm_bf16: row counts that change every call make no primitive each; 
   CHECK(own.for_any_size == varying.for_any_size);
 }
 
+TEST_CASE("gemm_bf16_packed_b: a weight packed once gives gemm_bf16's products; sizes it cannot pack read B as stored",
+          "[linear][bf16]") {
+  const bool native = gemm_bf16_native();
+  INFO("oneDNN's bf16 kernels here: " << (native ? "yes" : "no (nothing is packed; products widen)"));
+  at::manual_seed(12);
+  // w (n_out, k_in) read as forward's op(B) = w^T and as backward's op(B) = w,
+  // at widths of multiples of 32 (packed) and not (read as stored); rows
+  // of multiples of 32 (a primitive of the shape's own, reading the packed
+  // copy) and not (the layout's for any size, reading w).
+  for (const auto& [n_out, k_in] : std::vector<std::pair<int64_t, int64_t>>{{96, 64}, {64, 160}, {48, 40}})
+    for (const bool forward : {true, false}) {
+      const int64_t n = forward ? n_out : k_in, k = forward ? k_in : n_out;  // op(B) (k, n)
+      const auto w = at::randn({n_out, k_in}).to(at::kBFloat16);
+      const auto* wp = w.data_ptr<c10::BFloat16>();
+      const auto packed = gemm_bf16_pack_b(/*trans_b=*/forward, n, k, wp, k_in);
+      INFO("w " << n_out << "x" << k_in << (forward ? ", x w^T" : ", gy w"));
+      CHECK(packed.defined() == (native && n % 32 == 0 && k % 32 == 0));
+      if (packed.defined()) CHECK(packed.sizes() == at::IntArrayRef{k, n});
+      const auto B = forward ? w.to(at::kDouble).t() : w.to(at::kDouble);  // (k, n)
+      for (const int64_t m : {64, 50}) {
+        INFO(m << " rows");
+        const auto a = at::randn({m, k}).to(at::kBFloat16);  // (m, k)
+        auto c = at::randn({m, n}), plain = c.clone();       // (m, n)
+        const auto c0 = c.to(at::kDouble);
+        gemm_bf16_packed_b(false, forward, m, n, k, 1.5f, a.data_ptr<c10::BFloat16>(), k, wp, k_in, packed, 0.5f,
+                           c.data_ptr<float>(), n);
+        gemm_bf16(false, forward, m, n, k, 1.5f, a.data_ptr<c10::BFloat16>(), k, wp, k_in, 0.5f,
+                  plain.data_ptr<float>(), n);
+        const auto want = 1.5 * at::mm(a.to(at::kDouble), B) + 0.5 * c0;
+        CHECK(rel_error(c, want) < 1e-5);  // products of bf16 values are exact in fp32: only the sums err
+        CHECK(rel_error(c, plain.to(at::kDouble)) < 1e-6);
+      }
+    }
+  // A packed copy made for another op(B) is not read, even one whose padded
+  // layout is as large (n 32 and 64 both fill one block of 64 columns).
+  const auto w = at::randn({64, 64}).to(at::kBFloat16);
+  const auto other = gemm_bf16_pack_b(true, 32, 64, w.data_ptr<c10::BFloat16>(), 64);
+  const auto a = at::randn({32, 64}).to(at::kBFloat16);
+  auto c = at::empty({32, 64});
+  gemm_bf16_packed_b(false, true, 32, 64, 64, 1.f, a.data_ptr<c10::BFloat16>(), 64, w.data_ptr<c10::BFloat16>(), 64,
+                     other, 0.f, c.data_ptr<float>(), 64);
+  CHECK(rel_error(c, at::mm(a.to(at::kDouble), w.to(at::kDouble).t())) < 1e-5);
+}
+
 TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even, NaN kept", "[linear][bf16]") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   // 1 + 2^-8 lies halfway between 1 and the next bf16 (1 + 2^-7): ties to

@@ -125,6 +125,22 @@ CHIAR_API GemmBf16Primitives gemm_bf16_primitives_made();
 CHIAR_API void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                   const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,
                                   float* c, int64_t ldc);
+// A bf16 op(B) (k, n), stored as gemm_bf16 reads it (trans_b, ldb), copied
+// into the layout oneDNN's kernels read B in, so that a product reading the
+// same B many times (a weight, until the optimiser changes it) skips the
+// packing each call does: 1.15-1.27x on the anchor model's weight products
+// (chiar_bench product_bf16/packed_b/* against product_bf16/gemm_bf16/*).
+// The result is opaque: its sizes are op(B)'s (k, n), its storage the
+// packed layout. Undefined where gemm_bf16 would not use it: no oneDNN bf16
+// kernels, or n or k not a multiple of 32.
+CHIAR_API at::Tensor gemm_bf16_pack_b(bool trans_b, int64_t n, int64_t k, const c10::BFloat16* b, int64_t ldb);
+// gemm_bf16 given B packed too (gemm_bf16_pack_b of the same B, or
+// undefined): a shape with a primitive of its own reads the packed copy
+// where its sizes are this op(B)'s, any other reads B as stored. The same
+// arguments and threads as gemm_bf16.
+CHIAR_API void gemm_bf16_packed_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                                  const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
+                                  const at::Tensor& packed_b, float beta, float* c, int64_t ldc);
 // The widening path on its own, for tests on machines with the kernels.
 CHIAR_API void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                  const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,

@@ -59,15 +59,18 @@ void BM_product(benchmark::State& state, GemmBackend backend) {
   time_product(state, backend, run, expected, 2.0 * static_cast<double>(M * K * N));
 }
 
-// The same products on bf16 operands, three ways: gemm_bf16 (oneDNN's
-// matmul, sums and output in fp32: what linear() and the LM head run under
-// bf16 autocast; at these sizes, multiples of 32, on a primitive made for
-// the shape), gemm_bf16_any_size (the same on the primitive made for any
-// size, which shapes of other sizes take) and libtorch's bf16 at::mm (output
-// rounded to bf16: what autocast runs without the harness's kernels). Each is checked
-// first against float64 products of the same bf16 values: within fp32 sums
-// for ours, within bf16's rounding of the output (2^-8) for libtorch.
-enum class Bf16Product { GemmBf16, AnySize, Libtorch };
+// The same products on bf16 operands, four ways: gemm_bf16 (oneDNN's
+// matmul, sums and output in fp32; at these sizes, multiples of 32, on a
+// primitive made for the shape), gemm_bf16_packed_b (the same given the
+// weight packed once, outside the timing: what linear() and the LM head run
+// under bf16 autocast for the two products that read a weight, layouts 0
+// and 1; layout 2 reads activations and packs nothing), gemm_bf16_any_size
+// (on the primitive made for any size, which shapes of other sizes take)
+// and libtorch's bf16 at::mm (output rounded to bf16: what autocast runs
+// without the harness's kernels). Each is checked first against float64
+// products of the same bf16 values: within fp32 sums for ours, within
+// bf16's rounding of the output (2^-8) for libtorch.
+enum class Bf16Product { GemmBf16, PackedB, AnySize, Libtorch };
 
 void BM_product_bf16(benchmark::State& state, Bf16Product way) {
   const bool ours = way != Bf16Product::Libtorch;
@@ -82,10 +85,20 @@ void BM_product_bf16(benchmark::State& state, Bf16Product way) {
   const auto* wp = w.data_ptr<c10::BFloat16>();
   const auto* gp = gy.data_ptr<c10::BFloat16>();
   float* cp = c.data_ptr<float>();
+  // w (N, K) as layout 0 reads it (op(B) = w^T) or layout 1 (op(B) = w).
+  const at::Tensor packed = way != Bf16Product::PackedB || layout == 2 ? at::Tensor()
+                            : layout == 0                              ? gemm_bf16_pack_b(true, N, K, wp, K)
+                                                                       : gemm_bf16_pack_b(false, K, N, wp, K);
   const auto run = [&]() -> at::Tensor {
     if (!ours) return layout == 0 ? at::mm(x, w.t()) : layout == 1 ? at::mm(gy, w) : at::mm(gy.t(), x);
-    if (layout == 0) gemm(false, true, M, N, K, 1.f, xp, K, wp, K, 0.f, cp, N);
-    if (layout == 1) gemm(false, false, M, K, N, 1.f, gp, N, wp, K, 0.f, cp, K);
+    if (way == Bf16Product::PackedB && layout == 0)
+      gemm_bf16_packed_b(false, true, M, N, K, 1.f, xp, K, wp, K, packed, 0.f, cp, N);
+    else if (way == Bf16Product::PackedB && layout == 1)
+      gemm_bf16_packed_b(false, false, M, K, N, 1.f, gp, N, wp, K, packed, 0.f, cp, K);
+    else if (layout == 0)
+      gemm(false, true, M, N, K, 1.f, xp, K, wp, K, 0.f, cp, N);
+    else if (layout == 1)
+      gemm(false, false, M, K, N, 1.f, gp, N, wp, K, 0.f, cp, K);
     if (layout == 2) gemm(true, false, N, K, M, 1.f, gp, N, xp, K, 0.f, cp, K);
     return c;
   };
@@ -178,6 +191,7 @@ void register_products() {
     h->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   for (const auto& [way, name] : {std::make_pair(Bf16Product::GemmBf16, "product_bf16/gemm_bf16"),
+                                  std::make_pair(Bf16Product::PackedB, "product_bf16/packed_b"),
                                   std::make_pair(Bf16Product::AnySize, "product_bf16/any_size"),
                                   std::make_pair(Bf16Product::Libtorch, "product_bf16/libtorch")}) {
     auto* pr = benchmark::RegisterBenchmark(name, [way = way](benchmark::State& s) { BM_product_bf16(s, way); });

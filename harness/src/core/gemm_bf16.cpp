@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "chiar/linear.h"
@@ -52,10 +53,13 @@ Descs descs_of(const Shape& s, bool any_size = false) {
 
 // A matmul primitive for one shape, or for any size of its layout: alpha as
 // an output scale, beta as a sum post-op; the scratchpad oneDNN's own, or
-// the caller's (user_scratchpad).
-dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpad = false, bool any_size = false) {
+// the caller's (user_scratchpad). With packed_b, B in the layout oneDNN
+// picks for its kernels (a packed weight's) instead of s's strides.
+dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpad = false, bool any_size = false,
+                                             bool packed_b = false) {
   const auto alpha = std::get<8>(s), beta = std::get<9>(s);
-  const Descs d = descs_of(s, any_size);
+  Descs d = descs_of(s, any_size);
+  if (packed_b) d.b = {{std::get<4>(s), std::get<3>(s)}, dnnl::memory::data_type::bf16, dnnl::memory::format_tag::any};
   dnnl::primitive_attr attr;
   if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});
@@ -84,7 +88,29 @@ std::atomic<uint64_t> g_made_for_shape{0}, g_made_for_any_size{0};
 struct MadeMatmul {
   dnnl::matmul primitive;
   size_t scratch_bytes;  // what it needs of a user scratchpad
+  dnnl::memory::desc b;  // the layout it reads B in
 };
+
+bool aligned(const Shape& s) {
+  return std::get<2>(s) % 32 == 0 && std::get<3>(s) % 32 == 0 && std::get<4>(s) % 32 == 0;
+}
+
+// The layout oneDNN's kernels read a bf16 op(B) (k, n) in: it depends on
+// k, n and the CPU, not on the rows (a probe of 32 to 4096 rows at the
+// anchor's widths found one layout for all). Kept per (k, n): describing a
+// primitive costs 0.3-5 ms.
+dnnl::memory::desc packed_b_desc(int64_t n, int64_t k) {
+  static std::mutex mutex;
+  static std::map<std::pair<int64_t, int64_t>, dnnl::memory::desc> made;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = made.find({n, k});
+  if (it == made.end()) {
+    const Shape probe{false, false, 64, n, k, k, n, n, 1.f, 0.f};
+    it = made.emplace(std::make_pair(n, k), describe_matmul(probe, false, false, /*packed_b=*/true).weights_desc())
+             .first;
+  }
+  return it->second;
+}
 
 // The primitives one scope keeps: the process's for gemm_bf16, a thread's
 // for gemm_bf16_tile. A primitive made for one shape (oneDNN's brgemm
@@ -109,15 +135,17 @@ class MatmulCache {
  public:
   explicit MatmulCache(bool user_scratchpad) : user_scratchpad_(user_scratchpad) {}
 
-  const MadeMatmul& get(const Shape& s) {
-    const auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
+  // packed_b: s's primitive reading B packed (gemm_bf16_pack_b), for a
+  // shape of multiples of 32 (others have no primitive of their own).
+  const MadeMatmul& get(const Shape& s, bool packed_b = false) {
     static const bool any_size_native = has_kernel(/*any_size=*/true);
-    if ((m % 32 != 0 || n % 32 != 0 || k % 32 != 0) && any_size_native) return for_any_size(s);
-    auto it = for_shape_.find(s);
-    if (it == for_shape_.end()) {
-      if (for_shape_.size() >= 4096) for_shape_.clear();  // shapes that never repeat (a sweep): start over
+    if (!aligned(s) && any_size_native) return for_any_size(s);
+    auto& made = packed_b ? for_packed_b_ : for_shape_;
+    auto it = made.find(s);
+    if (it == made.end()) {
+      if (made.size() >= 4096) made.clear();  // shapes that never repeat (a sweep): start over
       g_made_for_shape.fetch_add(1, std::memory_order_relaxed);
-      it = for_shape_.emplace(s, make(s, /*any_size=*/false)).first;
+      it = made.emplace(s, make(s, /*any_size=*/false, packed_b)).first;
     }
     return it->second;
   }
@@ -137,22 +165,24 @@ class MatmulCache {
   }
 
  private:
-  MadeMatmul make(const Shape& s, bool any_size) const {
-    const auto pd = describe_matmul(s, user_scratchpad_, any_size);
-    return {dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+  MadeMatmul make(const Shape& s, bool any_size, bool packed_b = false) const {
+    const auto pd = describe_matmul(s, user_scratchpad_, any_size, packed_b);
+    return {dnnl::matmul(pd), pd.scratchpad_desc().get_size(), pd.weights_desc()};
   }
 
   bool user_scratchpad_;
   std::map<Shape, MadeMatmul> for_shape_;
+  std::map<Shape, MadeMatmul> for_packed_b_;
   std::map<Shape, MadeMatmul> for_any_size_;
 };
 
-void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, const c10::BFloat16* a,
-             const c10::BFloat16* b, float* c, const dnnl::memory* scratch = nullptr) {
+// b_desc: B's layout where it is not s's strides (a packed B).
+void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, const c10::BFloat16* a, const void* b,
+             float* c, const dnnl::memory* scratch = nullptr, const dnnl::memory::desc* b_desc = nullptr) {
   auto& engine = cpu_engine();
   const Descs d = descs_of(s);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, {d.a, engine, const_cast<c10::BFloat16*>(a)}},
-                                             {DNNL_ARG_WEIGHTS, {d.b, engine, const_cast<c10::BFloat16*>(b)}},
+                                             {DNNL_ARG_WEIGHTS, {b_desc ? *b_desc : d.b, engine, const_cast<void*>(b)}},
                                              {DNNL_ARG_DST, {d.c, engine, c}}};
   if (scratch) args.emplace(DNNL_ARG_SCRATCHPAD, *scratch);
   prim.execute(stream, args);
@@ -160,16 +190,30 @@ void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, con
 }
 
 // any_size: always the layout's primitive for any size (gemm_bf16_any_size).
-void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c, bool any_size = false) {
+// packed_b: B packed as well (gemm_bf16_pack_b), read where s's primitive
+// reads that layout.
+void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c, bool any_size = false,
+                 const at::Tensor* packed_b = nullptr) {
   static std::mutex mutex;
   static MatmulCache made(/*user_scratchpad=*/false);
   dnnl::matmul primitive;  // a handle: held here, it outlives the cache's clearing
+  const bool packed = packed_b && packed_b->defined() && !any_size && aligned(s);
+  dnnl::memory::desc b_desc;
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    primitive = (any_size ? made.for_any_size(s) : made.get(s)).primitive;
+    const MadeMatmul& m = any_size ? made.for_any_size(s) : made.get(s, packed);
+    primitive = m.primitive;
+    b_desc = m.b;
   }
   dnnl::stream stream(cpu_engine());
-  execute(primitive, stream, s, a, b, c);
+  const int64_t n = std::get<3>(s), k = std::get<4>(s);
+  if (packed && packed_b->sizes() == at::IntArrayRef{k, n} && b_desc == packed_b_desc(n, k) &&
+      packed_b->storage().nbytes() >= b_desc.get_size())
+    execute(primitive, stream, s, a, packed_b->data_ptr(), c, nullptr, &b_desc);
+  else if (packed)  // a primitive that wants another layout: B as it is stored
+    onednn_gemm(s, a, b, c);
+  else
+    execute(primitive, stream, s, a, b, c);
 }
 
 // A tile's product on the calling thread (gemm_bf16_tile): primitives made
@@ -251,7 +295,7 @@ namespace {
 
 void gemm_bf16_on(bool any_size, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c,
-                  int64_t ldc) {
+                  int64_t ldc, const at::Tensor* packed_b = nullptr) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {  // an empty sum: C = beta C
     for (int64_t i = 0; i < m; ++i)
@@ -260,11 +304,12 @@ void gemm_bf16_on(bool any_size, bool trans_a, bool trans_b, int64_t m, int64_t 
   }
 #if CHIAR_HAVE_ONEDNN
   if (gemm_bf16_native()) {
-    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta}, a, b, c, any_size);
+    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta}, a, b, c, any_size, packed_b);
     return;
   }
 #else
   (void)any_size;
+  (void)packed_b;
 #endif
   gemm_bf16_widened(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
@@ -274,6 +319,34 @@ void gemm_bf16_on(bool any_size, bool trans_a, bool trans_b, int64_t m, int64_t 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
                int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_bf16_on(false, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+at::Tensor gemm_bf16_pack_b(bool trans_b, int64_t n, int64_t k, const c10::BFloat16* b, int64_t ldb) {
+#if CHIAR_HAVE_ONEDNN
+  if (!gemm_bf16_native() || n <= 0 || k <= 0 || n % 32 != 0 || k % 32 != 0) return {};
+  const Shape layout{false, trans_b, 32, n, k, k, ldb, n, 1.f, 0.f};
+  const dnnl::memory::desc to = packed_b_desc(n, k);
+  // Its sizes say which op(B) it holds; its storage, the packed layout
+  // (padded, so larger than k n values).
+  const auto packed =
+      at::empty({static_cast<int64_t>(to.get_size() + 1) / 2}, at::kBFloat16).as_strided({k, n}, {n, 1});
+  auto& engine = cpu_engine();
+  dnnl::memory from_mem(descs_of(layout).b, engine, const_cast<c10::BFloat16*>(b)),
+      to_mem(to, engine, packed.data_ptr());
+  dnnl::stream stream(engine);
+  dnnl::reorder(from_mem, to_mem).execute(stream, from_mem, to_mem);
+  stream.wait();
+  return packed;
+#else
+  (void)trans_b, (void)n, (void)k, (void)b, (void)ldb;
+  return {};
+#endif
+}
+
+void gemm_bf16_packed_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
+                        const at::Tensor& packed_b, float beta, float* c, int64_t ldc) {
+  gemm_bf16_on(false, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &packed_b);
 }
 
 void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

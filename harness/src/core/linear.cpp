@@ -141,7 +141,9 @@ void gemm_checked(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float
 //   (chiar_bench: product/onednn/2048/1024/256/0; docs/performance.md, 'GEMM
 //   libraries'); 1 MB for the anchor FFN;
 // - bf16 copies of W for the bf16 products under autocast
-//   (Bf16LinearFunction), which forward and backward both read.
+//   (Bf16LinearFunction), which forward and backward both read, and the
+//   same packed as oneDNN's kernels read W^T (forward) and W (backward), so
+//   that the products do not pack them again on every call (gemm_bf16_pack_b).
 // The storage is compared by identity, not address: set_data (Module::to, a
 // checkpoint read onto another device) keeps the version counter, and a new
 // storage may land where a freed one was.
@@ -193,6 +195,18 @@ WeightCopies& transposed_weights() {
 WeightCopies& bf16_weights() {
   static auto* cache = new WeightCopies([](const at::Tensor& w) { return w.to(at::kBFloat16).contiguous(); });
   return *cache;
+}
+// W (n, k) as forward's op(B) = W^T (k, n), or as backward's op(B) = W.
+WeightCopies& packed_bf16_weights(bool transposed) {
+  static auto* for_forward = new WeightCopies([](const at::Tensor& w) {
+    const auto wb = bf16_weights().get(w);  // (n, k)
+    return gemm_bf16_pack_b(/*trans_b=*/true, w.size(0), w.size(1), wb.data_ptr<c10::BFloat16>(), w.size(1));
+  });
+  static auto* for_backward = new WeightCopies([](const at::Tensor& w) {
+    const auto wb = bf16_weights().get(w);  // (n, k)
+    return gemm_bf16_pack_b(/*trans_b=*/false, w.size(1), w.size(0), wb.data_ptr<c10::BFloat16>(), w.size(1));
+  });
+  return transposed ? *for_forward : *for_backward;
 }
 
 // W^T as the product reads it: the kept row-major copy where that layout is
@@ -295,12 +309,15 @@ bool takes_bf16_path(const at::Tensor& x, const at::Tensor& weight, const at::Te
          fp32_cpu(bias) && float_or_bf16(addend);
 }
 
-// c (m, n) fp32 contiguous = a (m, k) op(b) + beta c, a and b bf16
-// contiguous; op(b) is b^T for b (n, k), else b (k, n).
-void bf16_product(const at::Tensor& a, const at::Tensor& b, bool b_transposed, float beta, at::Tensor& c) {
+// c (m, n) fp32 contiguous = a (m, k) op(w) + beta c: a bf16 contiguous, w
+// the weight (n, k) fp32, read through its bf16 copies; op(w) is w^T
+// (forward) or w (backward's gy W).
+void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transposed, float beta, at::Tensor& c) {
   const int64_t m = a.size(0), k = a.size(1), n = c.size(1);
-  gemm_bf16(false, b_transposed, m, n, k, 1.f, a.data_ptr<c10::BFloat16>(), k, b.data_ptr<c10::BFloat16>(), b.size(1),
-            beta, c.data_ptr<float>(), n);
+  const auto w = weight.contiguous();
+  const auto wb = bf16_weights().get(w);  // (n, k) of the weight
+  gemm_bf16_packed_b(false, w_transposed, m, n, k, 1.f, a.data_ptr<c10::BFloat16>(), k, wb.data_ptr<c10::BFloat16>(),
+                     wb.size(1), packed_bf16_weights(w_transposed).get(w), beta, c.data_ptr<float>(), n);
 }
 
 at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
@@ -317,9 +334,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
     at::Tensor y =
         output_onto(M, n, has_bias ? bias_or_empty : at::Tensor(),
                     has_addend ? addend_or_empty.reshape({-1, n}) : at::Tensor(), weight.options());  // (M, n)
-    if (M > 0)
-      bf16_product(xb, bf16_weights().get(weight.contiguous()), /*b_transposed=*/true,
-                   has_bias || has_addend ? 1.f : 0.f, y);
+    if (M > 0) bf16_product(xb, weight, /*w_transposed=*/true, has_bias || has_addend ? 1.f : 0.f, y);
     // x itself for a gradient of the gradient (create_graph), the rounded
     // copy for the weight's gradient.
     ctx->save_for_backward({x, xb, weight});
@@ -350,7 +365,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
       const auto gyb = as_bf16(gy);  // (M, n)
       if (ctx->needs_input_grad(0)) {
         gx = at::empty({M, k}, weight.options());  // gy W
-        if (M > 0) bf16_product(gyb, bf16_weights().get(weight.contiguous()), /*b_transposed=*/false, 0.f, gx);
+        if (M > 0) bf16_product(gyb, weight, /*w_transposed=*/false, 0.f, gx);
         gx = gx.view(x.sizes()).to(x.scalar_type());
       }
       if (ctx->needs_input_grad(1)) {
