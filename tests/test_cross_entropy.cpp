@@ -14,6 +14,7 @@
 #include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar/linear.h"
+#include "chiar/linear.h"
 #include "core/autocast_compat.h"
 #include "support/fixtures.h"
 
@@ -126,7 +127,8 @@ TEST_CASE("linear_cross_entropy under bf16 autocast on the CPU: the fused head's
   const std::vector<Case> cases{{7, 5, 11, Weights::Mask, 0, 1e-5},
                                 {64, 16, 1000, Weights::Random, 0, 1e-5},
                                 {300, 32, 8192, Weights::Mask, 37, 2e-5},
-                                {65, 8, 50257, Weights::Mean, 16, 2e-5}};
+                                {65, 8, 50257, Weights::Mean, 16, 2e-5},
+                                {96, 32, 1024, Weights::Random, 32, 1e-5}};
   for (const auto& c : cases) {
     CAPTURE(c.N, c.d, c.V, static_cast<int>(c.weights), c.rows_per_pass);
     at::manual_seed(13);
@@ -135,13 +137,19 @@ TEST_CASE("linear_cross_entropy under bf16 autocast on the CPU: the fused head's
     const auto targets = at::randint(c.V, {c.N}, at::TensorOptions().dtype(at::kLong));
     const auto w = token_weights(c.weights, c.N);
     const auto expected = reference(hidden.detach().to(at::kBFloat16), weight.detach().to(at::kBFloat16), targets, w);
-    const uint64_t before = host_kernel_count();
+    const uint64_t before = host_kernel_count(), reads_before = gemm_bf16_packed_b_reads();
     at::Tensor loss;
     {
       const autocast::Bf16Scope cast(true, hidden.device());
       loss = linear_cross_entropy(hidden, weight, targets, w, c.rows_per_pass);
     }
     CHECK(host_kernel_count() == before + 1);  // the fused head, not the (N, V) logits
+    // Blocks of multiples of 32 rows, at widths of multiples of 32, read the
+    // weight packed: the logits' product and the hidden gradient's, per block.
+    const bool packs = gemm_bf16_native() && c.rows_per_pass > 0 && c.rows_per_pass % 32 == 0 &&
+                       c.N % c.rows_per_pass == 0 && c.d % 32 == 0 && c.V % 32 == 0;
+    CHECK(gemm_bf16_packed_b_reads() - reads_before ==
+          (packs ? 2u * static_cast<uint64_t>(c.N / c.rows_per_pass) : 0u));
     REQUIRE(loss.scalar_type() == at::kFloat);
     CHECK(std::abs(loss.item<double>() - expected.loss) <= c.tol * std::max(1.0, std::abs(expected.loss)));
     loss.backward();

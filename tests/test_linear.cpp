@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <torch/autograd.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -158,38 +159,46 @@ at::Tensor rounded(const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kDou
 TEST_CASE("linear under bf16 autocast: bf16 operands summed in fp32, fp32 output and gradients", "[linear][bf16]") {
   INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (libtorch's autocast path)"));
   at::manual_seed(12);
-  for (const bool bf16_input : {false, true}) {
-    INFO("input " << (bf16_input ? "bf16" : "fp32"));
-    auto x = at::randn({3, 7, 40});
-    if (bf16_input) x = x.to(at::kBFloat16);
-    x.requires_grad_(true);
-    auto w = at::randn({24, 40}).requires_grad_(true), b = at::randn({24}).requires_grad_(true);
-    auto a = at::randn({3, 7, 24}).requires_grad_(true);
-    const auto gy = at::randn({3, 7, 24});
-    at::Tensor y;
-    {
-      CpuBf16Autocast cast;
-      y = linear(x, w, b, a);
+  // (B, T, k, n): sizes gemm_bf16 runs on its layout's primitive for any
+  // size, and multiples of 32, whose two weight products read the weight
+  // packed (gemm_bf16_pack_b).
+  for (const auto& [B, T, k, n] : std::vector<std::array<int64_t, 4>>{{3, 7, 40, 24}, {2, 32, 64, 96}})
+    for (const bool bf16_input : {false, true}) {
+      INFO("input " << (bf16_input ? "bf16" : "fp32") << ", (" << B << ", " << T << ", " << k << ") -> " << n);
+      auto x = at::randn({B, T, k});
+      if (bf16_input) x = x.to(at::kBFloat16);
+      x.requires_grad_(true);
+      auto w = at::randn({n, k}).requires_grad_(true), b = at::randn({n}).requires_grad_(true);
+      auto a = at::randn({B, T, n}).requires_grad_(true);
+      const auto gy = at::randn({B, T, n});
+      at::Tensor y;
+      const uint64_t reads_before = gemm_bf16_packed_b_reads();
+      {
+        CpuBf16Autocast cast;
+        y = linear(x, w, b, a);
+      }
+      y.backward(gy);
+      // x W^T and gy W read the packed weight; gy^T x reads activations.
+      const bool packs = gemm_bf16_native() && k % 32 == 0 && n % 32 == 0 && (B * T) % 32 == 0;
+      CHECK(gemm_bf16_packed_b_reads() - reads_before == (packs ? 2u : 0u));
+      if (!gemm_bf16_native()) {
+        CpuBf16Autocast cast;
+        const auto expected = at::linear(x.detach(), w.detach(), b.detach()) + a.detach();
+        CHECK(rel_error(y.detach(), expected) == 0);
+        continue;
+      }
+      CHECK(y.scalar_type() == at::kFloat);
+      const auto xr = rounded(x.detach()), wr = rounded(w.detach());
+      CHECK(rel_error(y.detach(), reference_linear(xr, wr, b.detach(), a.detach())) < 1e-5);
+      CHECK(rel_error(y.detach(), reference_linear(x.detach(), w.detach(), b.detach(), a.detach())) <
+            std::ldexp(1.0, -6));
+      const auto gyr = rounded(gy).reshape({-1, n});  // (M, n)
+      CHECK(x.grad().scalar_type() == x.scalar_type());
+      CHECK(rel_error(x.grad().to(at::kDouble).reshape({-1, k}), at::mm(gyr, wr)) < (bf16_input ? 1e-2 : 1e-5));
+      CHECK(rel_error(w.grad(), at::mm(gyr.t(), xr.reshape({-1, k}))) < 1e-5);
+      CHECK(rel_error(b.grad(), gy.reshape({-1, n}).sum(0)) < 1e-6);
+      CHECK(at::equal(a.grad(), gy));
     }
-    y.backward(gy);
-    if (!gemm_bf16_native()) {
-      CpuBf16Autocast cast;
-      const auto expected = at::linear(x.detach(), w.detach(), b.detach()) + a.detach();
-      CHECK(rel_error(y.detach(), expected) == 0);
-      continue;
-    }
-    CHECK(y.scalar_type() == at::kFloat);
-    const auto xr = rounded(x.detach()), wr = rounded(w.detach());
-    CHECK(rel_error(y.detach(), reference_linear(xr, wr, b.detach(), a.detach())) < 1e-5);
-    CHECK(rel_error(y.detach(), reference_linear(x.detach(), w.detach(), b.detach(), a.detach())) <
-          std::ldexp(1.0, -6));
-    const auto gyr = rounded(gy).reshape({-1, 24});  // (M, n)
-    CHECK(x.grad().scalar_type() == x.scalar_type());
-    CHECK(rel_error(x.grad().to(at::kDouble).reshape({-1, 40}), at::mm(gyr, wr)) < (bf16_input ? 1e-2 : 1e-5));
-    CHECK(rel_error(w.grad(), at::mm(gyr.t(), xr.reshape({-1, 40}))) < 1e-5);
-    CHECK(rel_error(b.grad(), gy.reshape({-1, 24}).sum(0)) < 1e-6);
-    CHECK(at::equal(a.grad(), gy));
-  }
 }
 
 // A gradient of the gradient under bf16 autocast: the first gradient, taken
@@ -223,18 +232,22 @@ TEST_CASE("linear under bf16 autocast follows in-place weight changes and copes 
     INFO("no native bf16 here: libtorch's autocast path, which keeps no weight copies");
   }
   at::manual_seed(13);
-  auto w = at::randn({6, 8});
-  const auto x = at::randn({5, 8});
-  CpuBf16Autocast cast;
-  const auto before = chiar::linear(x, w);
-  {
-    at::NoGradGuard no_grad;
-    w.mul_(2);  // as an optimiser steps: the version counter moves
+  // (rows, k, n): the bf16 copy alone, and the packed copy too (multiples of 32).
+  for (const auto& [rows, k, n] : std::vector<std::array<int64_t, 3>>{{5, 8, 6}, {32, 64, 32}}) {
+    INFO("(" << rows << ", " << k << ") -> " << n);
+    auto w = at::randn({n, k});
+    const auto x = at::randn({rows, k});
+    CpuBf16Autocast cast;
+    const auto before = chiar::linear(x, w);
+    {
+      at::NoGradGuard no_grad;
+      w.mul_(2);  // as an optimiser steps: the version counter moves
+    }
+    const auto after = chiar::linear(x, w);
+    CHECK(rel_error(after.to(at::kFloat), 2 * before.to(at::kFloat)) < 1e-6);
+    const auto none = chiar::linear(at::randn({0, k}), w);
+    CHECK(none.sizes() == at::IntArrayRef({0, n}));
   }
-  const auto after = chiar::linear(x, w);
-  CHECK(rel_error(after.to(at::kFloat), 2 * before.to(at::kFloat)) < 1e-6);
-  const auto none = chiar::linear(at::randn({0, 8}), w);
-  CHECK(none.sizes() == at::IntArrayRef({0, 6}));
 }
 
 TEST_CASE("gemm_into handles transposed operands, accumulation and empty sums", "[linear]") {
@@ -434,7 +447,7 @@ TEST_CASE("gemm_bf16: row counts that change every call make no primitive each; 
 TEST_CASE("gemm_bf16_packed_b: a weight packed once gives gemm_bf16's products; sizes it cannot pack read B as stored",
           "[linear][bf16]") {
   const bool native = gemm_bf16_native();
-  INFO("oneDNN's bf16 kernels here: " << (native ? "yes" : "no (nothing is packed; products widen)"));
+  if (!native) WARN("no oneDNN bf16 kernels here: nothing is packed, and only the widened products are checked");
   at::manual_seed(12);
   // w (n_out, k_in) read as forward's op(B) = w^T and as backward's op(B) = w,
   // at widths of multiples of 32 (packed) and not (read as stored); rows
@@ -455,24 +468,31 @@ TEST_CASE("gemm_bf16_packed_b: a weight packed once gives gemm_bf16's products; 
         const auto a = at::randn({m, k}).to(at::kBFloat16);  // (m, k)
         auto c = at::randn({m, n}), plain = c.clone();       // (m, n)
         const auto c0 = c.to(at::kDouble);
+        const uint64_t reads_before = gemm_bf16_packed_b_reads();
         gemm_bf16_packed_b(false, forward, m, n, k, 1.5f, a.data_ptr<c10::BFloat16>(), k, wp, k_in, packed, 0.5f,
                            c.data_ptr<float>(), n);
         gemm_bf16(false, forward, m, n, k, 1.5f, a.data_ptr<c10::BFloat16>(), k, wp, k_in, 0.5f,
                   plain.data_ptr<float>(), n);
+        // Rows of multiples of 32: the shape's own primitive, which reads the packed copy.
+        CHECK(gemm_bf16_packed_b_reads() - reads_before == (packed.defined() && m % 32 == 0 ? 1u : 0u));
         const auto want = 1.5 * at::mm(a.to(at::kDouble), B) + 0.5 * c0;
         CHECK(rel_error(c, want) < 1e-5);  // products of bf16 values are exact in fp32: only the sums err
         CHECK(rel_error(c, plain.to(at::kDouble)) < 1e-6);
       }
     }
-  // A packed copy made for another op(B) is not read, even one whose padded
-  // layout is as large (n 32 and 64 both fill one block of 64 columns).
+  // A packed copy of another op(B)'s sizes is not read, even one whose
+  // padded layout is as large (n 32 and 64 both fill one block of 64
+  // columns). (One of the same sizes would be: the caller keeps each copy
+  // with its B.)
   const auto w = at::randn({64, 64}).to(at::kBFloat16);
   const auto other = gemm_bf16_pack_b(true, 32, 64, w.data_ptr<c10::BFloat16>(), 64);
   const auto a = at::randn({32, 64}).to(at::kBFloat16);
   auto c = at::empty({32, 64});
+  const uint64_t reads_before = gemm_bf16_packed_b_reads();
   gemm_bf16_packed_b(false, true, 32, 64, 64, 1.f, a.data_ptr<c10::BFloat16>(), 64, w.data_ptr<c10::BFloat16>(), 64,
                      other, 0.f, c.data_ptr<float>(), 64);
   CHECK(rel_error(c, at::mm(a.to(at::kDouble), w.to(at::kDouble).t())) < 1e-5);
+  CHECK(gemm_bf16_packed_b_reads() == reads_before);
 }
 
 TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even, NaN kept", "[linear][bf16]") {

@@ -111,7 +111,8 @@ CHIAR_API void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, 
 // under bf16 autocast, and did not in fp32.
 CHIAR_API uint64_t gemm_bf16_tile_count();
 // oneDNN matmul primitives gemm_bf16 and gemm_bf16_tile have made since the
-// process started: for one shape (one whose sizes are all multiples of 32),
+// process started: for one shape (one whose sizes are all multiples of 32;
+// one more where a packed B is passed, gemm_bf16_packed_b),
 // and for any size of a layout (every other shape's, made once per layout),
 // so that row counts that change every step make no primitive each.
 struct GemmBf16Primitives {
@@ -128,7 +129,7 @@ CHIAR_API void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t
 // A bf16 op(B) (k, n), stored as gemm_bf16 reads it (trans_b, ldb), copied
 // into the layout oneDNN's kernels read B in, so that a product reading the
 // same B many times (a weight, until the optimiser changes it) skips the
-// packing each call does: 1.15-1.27x on the anchor model's weight products
+// packing each call does: 1.12-1.31x on the anchor model's weight products
 // (chiar_bench product_bf16/packed_b/* against product_bf16/gemm_bf16/*).
 // The result is opaque: its sizes are op(B)'s (k, n), its storage the
 // packed layout. Undefined where gemm_bf16 would not use it: no oneDNN bf16
@@ -136,11 +137,16 @@ CHIAR_API void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t
 CHIAR_API at::Tensor gemm_bf16_pack_b(bool trans_b, int64_t n, int64_t k, const c10::BFloat16* b, int64_t ldb);
 // gemm_bf16 given B packed too (gemm_bf16_pack_b of the same B, or
 // undefined): a shape with a primitive of its own reads the packed copy
-// where its sizes are this op(B)'s, any other reads B as stored. The same
-// arguments and threads as gemm_bf16.
+// where its sizes are this op(B)'s, any other reads B as stored. Only the
+// sizes are checked: a copy of another B of the same (k, n) would be read,
+// so the caller keeps each copy with its B. The same arguments and threads
+// as gemm_bf16.
 CHIAR_API void gemm_bf16_packed_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                   const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
                                   const at::Tensor& packed_b, float beta, float* c, int64_t ldc);
+// Products gemm_bf16_packed_b ran on a packed B since the process started:
+// the tests check that linear() and the LM head read their weights packed.
+CHIAR_API uint64_t gemm_bf16_packed_b_reads();
 // The widening path on its own, for tests on machines with the kernels.
 CHIAR_API void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                  const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta,

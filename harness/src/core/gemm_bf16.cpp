@@ -84,6 +84,7 @@ bool has_kernel(bool any_size) {
 }
 
 std::atomic<uint64_t> g_made_for_shape{0}, g_made_for_any_size{0};
+std::atomic<uint64_t> g_packed_b_reads{0};  // products that read a packed B
 
 struct MadeMatmul {
   dnnl::matmul primitive;
@@ -126,8 +127,10 @@ dnnl::memory::desc packed_b_desc(int64_t n, int64_t k) {
 // 20-60 of configs/bf16_quality.toml's bf16 run: 541 made in 0.54 s). So a shape
 // whose sizes are all multiples of 32 (a model's widths, its batch's rows,
 // whole tiles) gets a primitive of its own, and any other runs on its
-// layout's. The choice depends on the shape alone, never on what ran before
-// in the process: a resumed run, or a shard run again on the same CPU with
+// layout's; such a shape reads a weight packed once (gemm_bf16_packed_b)
+// where its caller passes one, which linear() and the LM head always do for
+// a weight of multiples of 32. The choice depends on the shape and the
+// caller, never on what ran before in the process: a resumed run, or a shard run again on the same CPU with
 // the same threads, sums in the same order as one that ran through (their
 // metrics are compared bit for bit). Where oneDNN would run a shape of any
 // size on its reference loop, every shape gets its own primitive.
@@ -136,16 +139,19 @@ class MatmulCache {
   explicit MatmulCache(bool user_scratchpad) : user_scratchpad_(user_scratchpad) {}
 
   // packed_b: s's primitive reading B packed (gemm_bf16_pack_b), for a
-  // shape of multiples of 32 (others have no primitive of their own).
+  // shape of multiples of 32 (onednn_gemm passes no other). It reads B
+  // whatever B's stored layout was, so those are not part of its key.
   const MadeMatmul& get(const Shape& s, bool packed_b = false) {
     static const bool any_size_native = has_kernel(/*any_size=*/true);
     if (!aligned(s) && any_size_native) return for_any_size(s);
     auto& made = packed_b ? for_packed_b_ : for_shape_;
-    auto it = made.find(s);
+    Shape key = s;
+    if (packed_b) std::get<1>(key) = false, std::get<6>(key) = 0;  // trans_b, ldb
+    auto it = made.find(key);
     if (it == made.end()) {
       if (made.size() >= 4096) made.clear();  // shapes that never repeat (a sweep): start over
       g_made_for_shape.fetch_add(1, std::memory_order_relaxed);
-      it = made.emplace(s, make(s, /*any_size=*/false, packed_b)).first;
+      it = made.emplace(key, make(s, /*any_size=*/false, packed_b)).first;
     }
     return it->second;
   }
@@ -207,10 +213,11 @@ void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b,
   }
   dnnl::stream stream(cpu_engine());
   const int64_t n = std::get<3>(s), k = std::get<4>(s);
-  if (packed && packed_b->sizes() == at::IntArrayRef{k, n} && b_desc == packed_b_desc(n, k) &&
-      packed_b->storage().nbytes() >= b_desc.get_size())
+  if (packed && packed_b->sizes() == at::IntArrayRef{k, n} && packed_b->storage_offset() == 0 &&
+      b_desc == packed_b_desc(n, k) && packed_b->storage().nbytes() >= b_desc.get_size()) {
     execute(primitive, stream, s, a, packed_b->data_ptr(), c, nullptr, &b_desc);
-  else if (packed)  // a primitive that wants another layout: B as it is stored
+    g_packed_b_reads.fetch_add(1, std::memory_order_relaxed);
+  } else if (packed)  // a primitive that wants another layout: B as it is stored
     onednn_gemm(s, a, b, c);
   else
     execute(primitive, stream, s, a, b, c);
@@ -261,6 +268,14 @@ void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 }
 
 uint64_t gemm_bf16_tile_count() { return g_native_tiles.load(std::memory_order_relaxed); }
+
+uint64_t gemm_bf16_packed_b_reads() {
+#if CHIAR_HAVE_ONEDNN
+  return g_packed_b_reads.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
 
 GemmBf16Primitives gemm_bf16_primitives_made() {
 #if CHIAR_HAVE_ONEDNN
