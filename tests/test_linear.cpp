@@ -160,9 +160,11 @@ TEST_CASE("linear under bf16 autocast: bf16 operands summed in fp32, fp32 output
   INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (libtorch's autocast path)"));
   at::manual_seed(12);
   // (B, T, k, n): sizes gemm_bf16 runs on its layout's primitive for any
-  // size, and multiples of 32, whose two weight products read the weight
-  // packed (gemm_bf16_pack_b).
-  for (const auto& [B, T, k, n] : std::vector<std::array<int64_t, 4>>{{3, 7, 40, 24}, {2, 32, 64, 96}})
+  // size, multiples of 32, whose two weight products read the weight packed
+  // (gemm_bf16_pack_b), and 1,203 rows, whose bias gradient is summed in
+  // parts of rows while gy is rounded (as_bf16_with_column_sums).
+  for (const auto& [B, T, k, n] :
+       std::vector<std::array<int64_t, 4>>{{3, 7, 40, 24}, {2, 32, 64, 96}, {3, 401, 24, 40}})
     for (const bool bf16_input : {false, true}) {
       INFO("input " << (bf16_input ? "bf16" : "fp32") << ", (" << B << ", " << T << ", " << k << ") -> " << n);
       auto x = at::randn({B, T, k});
@@ -196,7 +198,7 @@ TEST_CASE("linear under bf16 autocast: bf16 operands summed in fp32, fp32 output
       CHECK(x.grad().scalar_type() == x.scalar_type());
       CHECK(rel_error(x.grad().to(at::kDouble).reshape({-1, k}), at::mm(gyr, wr)) < (bf16_input ? 1e-2 : 1e-5));
       CHECK(rel_error(w.grad(), at::mm(gyr.t(), xr.reshape({-1, k}))) < 1e-5);
-      CHECK(rel_error(b.grad(), gy.reshape({-1, n}).sum(0)) < 1e-6);
+      CHECK(rel_error(b.grad(), gy.to(at::kDouble).reshape({-1, n}).sum(0)) < 1e-6);
       CHECK(at::equal(a.grad(), gy));
     }
 }
@@ -517,6 +519,24 @@ TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even,
   }
   CHECK(got[3] == c10::BFloat16(1.f).x);
   CHECK(static_cast<float>(c10::BFloat16(got[4], c10::BFloat16::from_bits())) == 1.f + 0x1p-6f);
+
+  // Its two fused forms round the same way: scale_to_bf16 the products
+  // values[i] * factor, round_to_bf16_adding the values while adding them up.
+  const float factor = -0.37f;
+  std::vector<uint16_t> scaled(values.size()), again(values.size());
+  scale_to_bf16(values.data(), factor, scaled.data(), static_cast<int64_t>(values.size()));
+  std::vector<float> sums(values.size(), 1.f);
+  round_to_bf16_adding(values.data(), again.data(), sums.data(), static_cast<int64_t>(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    INFO("value " << values[i]);
+    const float product = values[i] * factor;
+    if (std::isnan(product))
+      CHECK(std::isnan(static_cast<float>(c10::BFloat16(scaled[i], c10::BFloat16::from_bits()))));
+    else
+      CHECK(scaled[i] == c10::BFloat16(product).x);
+    CHECK(again[i] == got[i]);
+    if (!std::isnan(values[i])) CHECK(sums[i] == 1.f + values[i]);
+  }
 }
 
 TEST_CASE("batch_matmul matches float64 products over batches of views, forward and backward", "[linear]") {

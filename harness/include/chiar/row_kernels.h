@@ -47,4 +47,14 @@ CHIAR_API float dot(const float* a, const float* b, int64_t n);
 // gradient become the next bf16 product's operand.
 CHIAR_API void round_to_bf16(const float* in, uint16_t* out, int64_t n);
 
+// out[j] = the bf16 nearest in[j] * factor, rounded as round_to_bf16: a
+// softmax row's normalisation and its rounding for the next product in one
+// pass (the LM head's logits' gradient).
+CHIAR_API void scale_to_bf16(const float* in, float factor, uint16_t* out, int64_t n);
+
+// out[j] = the bf16 nearest in[j], and sums[j] += in[j]: a gradient rounded
+// for the products while its column sums (a bias's gradient) are taken from
+// the same read.
+CHIAR_API void round_to_bf16_adding(const float* in, uint16_t* out, float* sums, int64_t n);
+
 }  // namespace chiar

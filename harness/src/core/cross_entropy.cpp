@@ -73,23 +73,32 @@ void fused_head_blocks(const In* h, const In* w, int64_t N, int64_t d, int64_t V
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         float* row = logits + i * V;
+        // (V,) the row's gradient as the bf16 products read it (bf16 only)
+        uint16_t* row_bf16 = rounded.defined() ? reinterpret_cast<uint16_t*>(rounded.data_ptr()) + i * V : nullptr;
         const int64_t r = r0 + i;
         bool finite = true;
         const float top = row_max(row, V, &finite);
         if (!finite) {
           nll[static_cast<size_t>(r)] = std::numeric_limits<float>::quiet_NaN();
           if (want_grads) std::fill(row, row + V, std::numeric_limits<float>::quiet_NaN());
+          if (row_bf16) round_to_bf16(row, row_bf16, V);
         } else {
-          const float picked = row[target[r]];
+          const int64_t t = target[r];
+          const float picked = row[t];
           const float sum = exp_shifted(row, V, top, 0.f);  // row = exp(logit - top)
           nll[static_cast<size_t>(r)] = (top - picked) + std::log(sum);
           if (want_grads) {  // d loss / d logits = w_r (softmax - one-hot)
-            const float wr = tw ? tw[r] : mean_weight;
-            scale_row(row, V, wr / sum);
-            row[target[r]] -= wr;
+            const float wr = tw ? tw[r] : mean_weight, scale = wr / sum;
+            if (row_bf16) {  // normalised and rounded in one pass; the target's entry after
+              scale_to_bf16(row, scale, row_bf16, V);
+              const float at_target = row[t] * scale - wr;
+              round_to_bf16(&at_target, row_bf16 + t, 1);
+            } else {
+              scale_row(row, V, scale);
+              row[t] -= wr;
+            }
           }
         }
-        if (!fp32 && want_grads) round_to_bf16(row, reinterpret_cast<uint16_t*>(rounded.data_ptr()) + i * V, V);
       }
     });
     if (want_grads) {

@@ -8,12 +8,16 @@
 
 #include <atomic>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "autocast_compat.h"
 #include "chiar/error.h"
 #include "chiar/kernels.h"
+#include "chiar/row_kernels.h"
+#include "row_passes.h"
 #include "chiar_build_info.h"
 
 #if CHIAR_HAVE_ONEDNN
@@ -31,12 +35,14 @@ bool autocasting() { return autocast::any_enabled(); }
 bool onednn_selected() { return g_backend.load(std::memory_order_relaxed) == GemmBackend::OneDnn; }
 
 // What oneDNN's sgemm takes: fp32 in host memory (undefined counts as absent).
-bool fp32_cpu(const at::Tensor& t) { return !t.defined() || (t.device().is_cpu() && t.scalar_type() == at::kFloat); }
+bool fp32_cpu_or_absent(const at::Tensor& t) {
+  return !t.defined() || (t.device().is_cpu() && t.scalar_type() == at::kFloat);
+}
 
 bool takes_fast_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
   if (!onednn_selected() || autocasting() || !host_kernels_enabled()) return false;
-  return x.defined() && weight.defined() && fp32_cpu(x) && fp32_cpu(weight) && fp32_cpu(bias) && fp32_cpu(addend) &&
-         x.dim() >= 1 && weight.dim() == 2;
+  return x.defined() && weight.defined() && fp32_cpu_or_absent(x) && fp32_cpu_or_absent(weight) &&
+         fp32_cpu_or_absent(bias) && fp32_cpu_or_absent(addend) && x.dim() >= 1 && weight.dim() == 2;
 }
 
 #if CHIAR_HAVE_ONEDNN
@@ -121,7 +127,7 @@ void gemm_checked(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float
     return;
   }
 #if CHIAR_HAVE_ONEDNN
-  if (onednn_selected() && fp32_cpu(a) && fp32_cpu(b) && fp32_cpu(c)) {
+  if (onednn_selected() && fp32_cpu_or_absent(a) && fp32_cpu_or_absent(b) && fp32_cpu_or_absent(c)) {
     onednn_gemm(c, a, b, beta);
     return;
   }
@@ -305,8 +311,8 @@ bool takes_bf16_path(const at::Tensor& x, const at::Tensor& weight, const at::Te
   const auto float_or_bf16 = [](const at::Tensor& t) {
     return !t.defined() || (t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16));
   };
-  return x.defined() && weight.defined() && x.dim() >= 1 && weight.dim() == 2 && float_or_bf16(x) && fp32_cpu(weight) &&
-         fp32_cpu(bias) && float_or_bf16(addend);
+  return x.defined() && weight.defined() && x.dim() >= 1 && weight.dim() == 2 && float_or_bf16(x) &&
+         fp32_cpu_or_absent(weight) && fp32_cpu_or_absent(bias) && float_or_bf16(addend);
 }
 
 // c (m, n) fp32 contiguous = a (m, k) op(w) + beta c: a bf16 contiguous, w
@@ -321,6 +327,21 @@ void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transpos
 }
 
 at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
+
+// gy (M, n) fp32 rounded to bf16 for the products and, from the same read,
+// its column sums (a bias's gradient, (n) fp32, summed as the fused GELU and
+// LayerNorm sum theirs): one pass over gy instead of a cast and a sum.
+std::pair<at::Tensor, at::Tensor> as_bf16_with_column_sums(const at::Tensor& gy) {
+  const auto g = gy.contiguous();  // (M, n)
+  const int64_t M = g.size(0), n = g.size(1);
+  auto gb = at::empty({M, n}, g.options().dtype(at::kBFloat16));  // (M, n)
+  const float* in = g.data_ptr<float>();
+  auto* out = reinterpret_cast<uint16_t*>(gb.data_ptr());
+  auto sums = for_each_row_with_sums(M, n, g.options(), [&](int64_t r, float* part) {  // (n)
+    round_to_bf16_adding(in + r * n, out + r * n, part, n);
+  });
+  return {gb, sums};
+}
 
 struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction> {
   // x (..., k) fp32 or bf16, weight (n, k) fp32, bias (n) fp32, addend
@@ -362,7 +383,11 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
       if (ctx->needs_input_grad(0)) gx = at::mm(gy.to(at::kFloat), weight).view(x.sizes()).to(x.scalar_type());
       if (ctx->needs_input_grad(1)) gw = at::mm(gy.to(at::kFloat).t(), x2);
     } else {
-      const auto gyb = as_bf16(gy);  // (M, n)
+      at::Tensor gyb;  // (M, n)
+      if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2) && gy.scalar_type() == at::kFloat)
+        std::tie(gyb, gb) = as_bf16_with_column_sums(gy);
+      else
+        gyb = as_bf16(gy);
       if (ctx->needs_input_grad(0)) {
         gx = at::empty({M, k}, weight.options());  // gy W
         if (M > 0) bf16_product(gyb, weight, /*w_transposed=*/false, 0.f, gx);
@@ -370,11 +395,14 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
       }
       if (ctx->needs_input_grad(1)) {
         gw = at::empty({n, k}, weight.options());  // gy^T x, summed over the M rows in fp32
-        gemm_bf16(true, false, n, k, M, 1.f, gyb.data_ptr<c10::BFloat16>(), n, xb.data_ptr<c10::BFloat16>(), k, 0.f,
-                  gw.data_ptr<float>(), k);
+        // On the any-size primitive: with A transposed, oneDNN's jit gemm
+        // ran 1.03-1.29x the shape's own brgemm kernels at the anchor's
+        // weight shapes (chiar_bench product_bf16/{gemm_bf16,any_size}/2048/*/2).
+        gemm_bf16_any_size(true, false, n, k, M, 1.f, gyb.data_ptr<c10::BFloat16>(), n, xb.data_ptr<c10::BFloat16>(), k,
+                           0.f, gw.data_ptr<float>(), k);
       }
     }
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = gy.to(at::kFloat).sum(0);
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2) && !gb.defined()) gb = gy.to(at::kFloat).sum(0);
     if (ctx->saved_data["addend"].toBool() && ctx->needs_input_grad(3)) ga = grads[0];
     return {gx, gw, gb, ga, at::Tensor(), at::Tensor()};
   }
@@ -502,8 +530,8 @@ void gemm_into(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float be
 
 at::Tensor batch_matmul(const at::Tensor& a, const at::Tensor& b) {
   RECORD_FUNCTION("chiar::batch_matmul", std::vector<c10::IValue>({a, b}));
-  if (!onednn_selected() || autocasting() || !host_kernels_enabled() || !fp32_cpu(a) || !fp32_cpu(b) ||
-      !batch_shapes_match(a, b))
+  if (!onednn_selected() || autocasting() || !host_kernels_enabled() || !fp32_cpu_or_absent(a) ||
+      !fp32_cpu_or_absent(b) || !batch_shapes_match(a, b))
     return at::matmul(a, b);
   count_host_kernel();
   if (torch::autograd::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad()))
