@@ -8,6 +8,10 @@
 #include <tuple>
 #include <vector>
 
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include "bench/op_times.h"
 #include "support/faults.h"
 #include "support/fixtures.h"
 #include "support/process.h"
@@ -62,6 +66,14 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
     return std::stod(text.substr(at + 14));
   };
   CHECK(flops_of("chiar_soft") > flops_of("chiar_dct_attn"));
+  // Operator by operator on request, after the timed steps.
+  const auto ops = bench("baseline", "1", {"--op-times", "2"});
+  INFO(ops.output);
+  REQUIRE(ops.status == 0);
+  CHECK_THAT(ops.output, Catch::Matchers::Contains("baseline: operators by self time, ms per training step (2 recorded "
+                                                   "steps of ") &&
+                             Catch::Matchers::Contains("chiar::linear_cross_entropy") &&
+                             Catch::Matchers::Contains("[chiar::linear]"));
   // bf16 autocast in the timed forward passes, on request.
   const std::string bf16_json = d.path() + "/bf16.json";
   const auto bf16 = bench("baseline", "1", {"--precision", "bf16", "--json", bf16_json});
@@ -90,16 +102,59 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   CHECK(unknown.status == 2);
   CHECK_THAT(unknown.output, Catch::Matchers::StartsWith("chiar: --variants: no variant 'basline' is defined (did you "
                                                          "mean 'baseline'?"));
-  for (const auto& [flag, value, low] : std::vector<std::tuple<std::string, std::string, int>>{{"--steps", "0", 1},
-                                                                                               {"--warmup", "-1", 0},
-                                                                                               {"--batch", "0", 1},
-                                                                                               {"--seq", "-4", 1},
-                                                                                               {"--d-model", "0", 1},
-                                                                                               {"--layers", "0", 1},
-                                                                                               {"--heads", "0", 1},
-                                                                                               {"--vocab", "0", 1}}) {
+  for (const auto& [flag, value, low] :
+       std::vector<std::tuple<std::string, std::string, int>>{{"--steps", "0", 1},
+                                                              {"--warmup", "-1", 0},
+                                                              {"--batch", "0", 1},
+                                                              {"--seq", "-4", 1},
+                                                              {"--d-model", "0", 1},
+                                                              {"--layers", "0", 1},
+                                                              {"--heads", "0", 1},
+                                                              {"--vocab", "0", 1},
+                                                              {"--op-times", "-1", 0}}) {
     const auto refused = test::run_chiar({"bench-train", "--variants-file", variants, flag, value});
     CHECK(refused.status == 2);
     CHECK(refused.output == "chiar: " + flag + ": must be at least " + std::to_string(low) + ", found " + value + "\n");
   }
+}
+
+TEST_CASE("OpRecorder: each operator's self time, the scope it ran in and its calls", "[bench]") {
+  const auto a = at::ones({8});
+  std::vector<bench::OpTime> times;
+  {
+    const bench::OpRecorder recorder;
+    {
+      RECORD_USER_SCOPE("test::outer");
+      const auto b = at::add(a, a);
+      at::add(b, a);
+    }
+    at::mul(a, a);
+    times = recorder.times();
+  }
+  const auto find = [&](const std::string& op, const std::string& scope) -> const bench::OpTime* {
+    for (const auto& t : times)
+      if (t.op == op && t.scope == scope) return &t;
+    return nullptr;
+  };
+  const auto* outer = find("test::outer", "");
+  const auto* add = find("aten::add", "test::outer");
+  const auto* mul = find("aten::mul", "");
+  REQUIRE(outer);
+  REQUIRE(add);
+  REQUIRE(mul);
+  CHECK(outer->calls == 1);
+  CHECK(add->calls == 2);
+  CHECK(mul->calls == 1);
+  CHECK(!find("aten::add", ""));  // both adds ran inside the scope
+  // The scope's own time is its time less its calls' (the two adds).
+  CHECK(outer->self_ms == Approx(outer->total_ms - add->total_ms).margin(1e-9));
+  for (const auto& t : times) {
+    CHECK(t.self_ms >= 0);
+    CHECK(t.self_ms <= t.total_ms);
+  }
+  for (size_t i = 1; i < times.size(); ++i) CHECK(times[i - 1].self_ms >= times[i].self_ms);
+  // A recorder that has ended records nothing more; a new one starts empty.
+  at::add(a, a);
+  const bench::OpRecorder next;
+  CHECK(next.times().empty());
 }

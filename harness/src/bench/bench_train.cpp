@@ -153,6 +153,9 @@ void check_options(const TrainBenchOptions& o) {
   };
   at_least("--steps", o.steps, 1);
   at_least("--warmup", o.warmup, 0);
+  at_least("--op-times", o.op_time_steps, 0);
+  if (o.op_time_steps > 0 && !at::Device(o.device).is_cpu())
+    throw UserError("--op-times: the CPU only (on a GPU an operator's time is its launch)");
   at_least("--batch", o.batch, 1);
   at_least("--seq", o.seq, 1);
   at_least("--d-model", o.d_model, 1);
@@ -404,6 +407,28 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
   return t;
 }
 
+// Pass 3, after the timed rounds (recording slows every operator call):
+// each entry's operators over o.op_time_steps training steps of its own,
+// after its warm-up.
+void record_op_times(const PluginRegistry& registry, const std::vector<Entry>& entries, const TrainBenchOptions& o,
+                     const Synthetic& s, std::vector<TrainBenchResult>& out) {
+  for (size_t k = 0; k < entries.size(); ++k) {
+    set_gemm_backend(entries[k].gemm);
+    Variant v(registry, options_for(*entries[k].run, o), s.tokens, entries[k].bf16);
+    for (int64_t i = 0; i < std::max<int64_t>(2, o.warmup); ++i) v.train_step(s.tokens, s.targets, s.outputs);
+    const OpRecorder recorder;
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < o.op_time_steps; ++i) v.train_step(s.tokens, s.targets, s.outputs);
+    out[k].op_times_step_ms =
+        1e3 * std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(o.op_time_steps);
+    out[k].op_times = recorder.times();
+    for (auto& t : out[k].op_times) {
+      t.self_ms /= static_cast<double>(o.op_time_steps);
+      t.total_ms /= static_cast<double>(o.op_time_steps);
+    }
+  }
+}
+
 void add_rates(std::vector<TrainBenchResult>& out, const Timings& t, const TrainBenchOptions& o) {
   for (size_t k = 0; k < out.size(); ++k) {
     auto& r = out[k];
@@ -442,6 +467,7 @@ std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const 
 
   std::vector<TrainBenchResult> out = measure_alone(registry, entries, o, batch, allocator);
   add_rates(out, time_interleaved(registry, entries, o, batch), o);
+  if (o.op_time_steps > 0) record_op_times(registry, entries, o, batch, out);
   if (!at::Device(o.device).is_cpu())
     for (auto& r : out) r.gemm = o.device;  // the device ran the products, not a CPU library
   return out;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/op_times.h"
 #include "chiar/registry.h"
 #include "chiar/linear.h"
 
@@ -35,6 +36,9 @@ struct TrainBenchOptions {
   // product's (libtorch's, which sums in fp32 where the CPU has bf16
   // instructions).
   std::vector<std::string> precisions = {"fp32"};
+  // After the timed rounds, this many more training steps of each entry,
+  // timed operator by operator (OpRecorder); 0: none. The CPU only.
+  int64_t op_time_steps = 0;
 };
 
 struct TrainBenchResult {
@@ -52,6 +56,10 @@ struct TrainBenchResult {
   double peak_gpu_allocated_mb = -1, peak_gpu_reserved_mb = -1;  // the same pass on a GPU; -1 on the CPU
   double train_ms = 0, infer_ms = 0;                             // medians
   std::string allocator;                                         // the allocator behaviour chosen for these shapes
+  // With op_time_steps: per training step, by self time, largest first, and
+  // the wall time of those recorded steps.
+  std::vector<OpTime> op_times;
+  double op_times_step_ms = 0;
 };
 
 std::vector<TrainBenchResult> bench_train(const PluginRegistry& registry, const TrainBenchOptions& o);

@@ -28,6 +28,7 @@ bench::TrainBenchOptions options_from(const Global& g, const BenchTrainArgs& a, 
   o.steps = a.steps;
   o.warmup = a.warmup;
   o.classes = a.classes;
+  o.op_time_steps = a.op_time_steps;
   o.threads = g.threads;
   o.device = device;
   o.precisions =
@@ -111,6 +112,49 @@ void print_precision_ratios(const std::vector<bench::TrainBenchResult>& results,
   }
 }
 
+// An operator's name as the table shows it: anonymous namespaces left out,
+// an autograd node named for what it differentiates.
+std::string short_name(std::string name) {
+  for (const std::string anonymous = "(anonymous namespace)::";;) {
+    const auto at = name.find(anonymous);
+    if (at == std::string::npos) break;
+    name.erase(at, anonymous.size());
+  }
+  const std::string node = "torch::autograd::CppNode<", engine = "autograd::engine::evaluate_function: ";
+  if (name.rfind(engine, 0) == 0) return "engine: " + short_name(name.substr(engine.size()));
+  if (name.rfind(node, 0) == 0 && name.back() == '>')
+    return name.substr(node.size(), name.size() - node.size() - 1) + " backward";
+  return name;
+}
+
+// Per entry recorded with --op-times: its operators by self time per step.
+void print_op_times(const std::vector<bench::TrainBenchResult>& results, int64_t steps) {
+  constexpr size_t kShown = 30;
+  for (const auto& r : results) {
+    if (r.op_times.empty()) continue;
+    double recorded = 0;
+    for (const auto& t : r.op_times) recorded += t.self_ms;
+    std::cout << "\n"
+              << r.variant << ": operators by self time, ms per training step (" << steps << " recorded steps of "
+              << std::fixed << std::setprecision(1) << r.op_times_step_ms << " ms; their self times add up to "
+              << recorded << " ms, the rest is outside any operator: the optimiser, the harness)\n"
+              << std::right << std::setw(9) << "self ms" << std::setw(10) << "total ms" << std::setw(8) << "calls"
+              << "  operator [inside]\n";
+    double shown = 0;
+    for (size_t i = 0; i < r.op_times.size() && i < kShown; ++i) {
+      const auto& t = r.op_times[i];
+      shown += t.self_ms;
+      std::cout << std::setw(9) << std::setprecision(3) << t.self_ms << std::setw(10) << t.total_ms << std::setw(8)
+                << std::setprecision(1) << static_cast<double>(t.calls) / static_cast<double>(steps) << "  "
+                << short_name(t.op) << (t.scope.empty() ? "" : " [" + short_name(t.scope) + "]") << "\n";
+    }
+    if (r.op_times.size() > kShown)
+      std::cout << std::setw(9) << std::setprecision(3) << recorded - shown << "  (" << r.op_times.size() - kShown
+                << " more)\n";
+    std::cout << std::defaultfloat;
+  }
+}
+
 void write_json(const std::string& path, const std::vector<bench::TrainBenchResult>& results,
                 const std::string& device) {
   std::ofstream json(path);
@@ -146,6 +190,7 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   print_table(results, device == "cpu");
   print_rates(results, device == "cpu");
   print_precision_ratios(results, o.precisions);
+  print_op_times(results, o.op_time_steps);
   if (!a.json.empty()) write_json(a.json, results, device);
   return 0;
 }

@@ -151,6 +151,7 @@ struct BenchTrainArgs {
   std::string precision = "auto";          // auto: bf16 on a GPU, fp32 on the CPU
   std::vector<std::string> gemm_backends;  // compare these libraries (blas, onednn); empty: --gemm's choice
   std::vector<std::string> precisions;     // compare these (fp32, bf16); empty: --precision's one
+  int64_t op_time_steps = 0;               // --op-times: steps recorded operator by operator
 };
 int run_bench_train(const Global& g, const BenchTrainArgs& a);
 

@@ -308,6 +308,8 @@ void add_bench_command(CLI::App& app, Args& a, Commands& c) {
       ->delimiter(',')
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->excludes(precision);
+  bench->add_option("--op-times", bt.op_time_steps,
+                    "after the timed steps, N more per variant timed operator by operator: self ms per step (0)");
   bench->add_option("--json", bt.json, "also write the results as JSON");
 }
 
