@@ -10,9 +10,11 @@
 #include <ATen/Parallel.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +30,7 @@
 #include "chiar/error.h"
 #include "engine/cluster/launcher.h"
 #include "engine/cluster/process_group.h"
+#include "engine/cluster/sigpipe.h"
 #include "support/temp_dir.h"
 
 using namespace chiar;
@@ -144,6 +147,32 @@ at::Tensor values(int rank, int64_t n, at::ScalarType type, int salt) {
 }  // namespace
 
 // ------------------------------------------------------------------ world
+
+// Gloo's write to a dead peer raises SIGPIPE in the writing thread; under
+// SigpipeBlock it stays pending while the write fails with EPIPE. When the
+// block ends in that thread, the pending signal must be taken, not delivered
+// (delivered, its default ends the process with no message).
+TEST_CASE("SigpipeBlock: a write to a closed socket fails with EPIPE, and the process outlives the block",
+          "[distributed]") {
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  REQUIRE(close(fds[1]) == 0);
+  {
+    const SigpipeBlock block;
+    errno = 0;
+    CHECK(write(fds[0], "x", 1) == -1);
+    CHECK(errno == EPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    CHECK(sigismember(&pending, SIGPIPE) == 1);
+  }
+  close(fds[0]);
+  sigset_t pending, mask;
+  sigpending(&pending);
+  CHECK(sigismember(&pending, SIGPIPE) == 0);
+  pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+  CHECK(sigismember(&mask, SIGPIPE) == 0);  // the thread's mask as it was
+}
 
 TEST_CASE("world_from_environment: nothing set is a world of one", "[distributed]") {
   const WorldInfo w = world_from_environment(Env{{"HOME", "/root"}, {"SLURM_JOB_ID", "77"}});

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "chiar/error.h"
+#include "sigpipe.h"
 
 namespace chiar::engine {
 namespace {
@@ -116,31 +117,6 @@ class QuietTorchLog {
 #ifdef C10_USE_GLOG
   std::decay_t<decltype(FLAGS_minloglevel)> saved_glog_ = 0;
 #endif
-};
-
-// Blocks SIGPIPE in the calling thread while it lives, and so in every
-// thread started meanwhile. Gloo writes to its sockets with writev, which
-// raises SIGPIPE when a peer has died, and SIGPIPE's default ends the
-// process before Gloo can report the error; Python hides this by ignoring
-// SIGPIPE process-wide. Gloo's threads (its device's event loop, the process
-// group's workers) are all started while this is held, so they inherit the
-// block, and the rest of the process keeps its own disposition. A SIGPIPE
-// raised in a blocked thread stays pending there, harmlessly; the write
-// fails with EPIPE, which Gloo reports.
-class BlockSigpipe {
- public:
-  BlockSigpipe() {
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe, &saved_);
-  }
-  ~BlockSigpipe() { pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
-  BlockSigpipe(const BlockSigpipe&) = delete;
-  BlockSigpipe& operator=(const BlockSigpipe&) = delete;
-
- private:
-  sigset_t saved_{};
 };
 
 bool is_loopback(const std::string& host) { return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0; }
@@ -486,7 +462,7 @@ ProcessGroup::ProcessGroup(const WorldInfo& world, const ProcessGroupOptions& op
   }
   m.join();
 
-  const BlockSigpipe block_sigpipe;  // for every thread Gloo and the heartbeat start
+  const SigpipeBlock block_sigpipe;  // for every thread Gloo and the heartbeat start (sigpipe.h)
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices.push_back(m.make_device());
   gloo_options->threads = options.gloo_threads;
