@@ -88,8 +88,9 @@ std::atomic<uint64_t> g_packed_b_reads{0};  // products that read a packed B
 
 struct MadeMatmul {
   dnnl::matmul primitive;
-  size_t scratch_bytes;  // what it needs of a user scratchpad
-  dnnl::memory::desc b;  // the layout it reads B in
+  size_t scratch_bytes;       // what it needs of a user scratchpad
+  dnnl::memory::desc b;       // the layout it reads B in
+  bool reads_packed = false;  // made for a packed B, and b is gemm_bf16_pack_b's layout
 };
 
 bool aligned(const Shape& s) {
@@ -173,7 +174,9 @@ class MatmulCache {
  private:
   MadeMatmul make(const Shape& s, bool any_size, bool packed_b = false) const {
     const auto pd = describe_matmul(s, user_scratchpad_, any_size, packed_b);
-    return {dnnl::matmul(pd), pd.scratchpad_desc().get_size(), pd.weights_desc()};
+    // Compared once here, not per product: packed_b_desc takes a lock.
+    const bool reads_packed = packed_b && pd.weights_desc() == packed_b_desc(std::get<3>(s), std::get<4>(s));
+    return {dnnl::matmul(pd), pd.scratchpad_desc().get_size(), pd.weights_desc(), reads_packed};
   }
 
   bool user_scratchpad_;
@@ -205,16 +208,18 @@ void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b,
   dnnl::matmul primitive;  // a handle: held here, it outlives the cache's clearing
   const bool packed = packed_b && packed_b->defined() && !any_size && aligned(s);
   dnnl::memory::desc b_desc;
+  bool reads_packed = false;
   {
     const std::lock_guard<std::mutex> lock(mutex);
     const MadeMatmul& m = any_size ? made.for_any_size(s) : made.get(s, packed);
     primitive = m.primitive;
     b_desc = m.b;
+    reads_packed = m.reads_packed;
   }
   dnnl::stream stream(cpu_engine());
   const int64_t n = std::get<3>(s), k = std::get<4>(s);
-  if (packed && packed_b->sizes() == at::IntArrayRef{k, n} && packed_b->storage_offset() == 0 &&
-      b_desc == packed_b_desc(n, k) && packed_b->storage().nbytes() >= b_desc.get_size()) {
+  if (packed && reads_packed && packed_b->sizes() == at::IntArrayRef{k, n} && packed_b->storage_offset() == 0 &&
+      packed_b->storage().nbytes() >= b_desc.get_size()) {
     execute(primitive, stream, s, a, packed_b->data_ptr(), c, nullptr, &b_desc);
     g_packed_b_reads.fetch_add(1, std::memory_order_relaxed);
   } else if (packed)  // a primitive that wants another layout: B as it is stored
