@@ -372,6 +372,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
     const auto& weight = saved[2];  // (n, k) fp32
     const int64_t M = xb.size(0), k = xb.size(1), n = weight.size(0);
     const auto gy = grads[0].reshape({-1, n});  // (M, n)
+    const bool bias_grad = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2);
     at::Tensor gx, gw, gb, ga;
     if (torch::autograd::GradMode::is_enabled()) {
       // create_graph: differentiable fp32 products of x (rounded as forward
@@ -384,7 +385,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
       if (ctx->needs_input_grad(1)) gw = at::mm(gy.to(at::kFloat).t(), x2);
     } else {
       at::Tensor gyb;  // (M, n)
-      if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2) && gy.scalar_type() == at::kFloat)
+      if (bias_grad && gy.scalar_type() == at::kFloat)
         std::tie(gyb, gb) = as_bf16_with_column_sums(gy);
       else
         gyb = as_bf16(gy);
@@ -402,7 +403,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
                            0.f, gw.data_ptr<float>(), k);
       }
     }
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2) && !gb.defined()) gb = gy.to(at::kFloat).sum(0);
+    if (bias_grad && !gb.defined()) gb = gy.to(at::kFloat).sum(0);  // not summed while rounding gy
     if (ctx->saved_data["addend"].toBool() && ctx->needs_input_grad(3)) ga = grads[0];
     return {gx, gw, gb, ga, at::Tensor(), at::Tensor()};
   }
