@@ -57,4 +57,8 @@ CHIAR_API void scale_to_bf16(const float* in, float factor, uint16_t* out, int64
 // the same read.
 CHIAR_API void round_to_bf16_adding(const float* in, uint16_t* out, float* sums, int64_t n);
 
+// out[j] = the fp32 value of the bf16 bits in[j], exactly: a bf16 row
+// widened for the fp32 kernels (a chunk at a time, kept in L1).
+CHIAR_API void widen_bf16(const uint16_t* in, float* out, int64_t n);
+
 }  // namespace chiar

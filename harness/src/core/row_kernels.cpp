@@ -3,6 +3,7 @@
 #include <cstring>
 #include <limits>
 
+#include "bf16_bits.h"
 #include "exp_kernel.h"
 
 namespace chiar {
@@ -47,18 +48,6 @@ CHIAR_ROW_KERNEL float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-namespace {
-
-// The bits of the bf16 nearest x (ties to even; NaN stays NaN).
-inline uint16_t bf16_bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  return x != x ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
-}
-
-}  // namespace
-
 CHIAR_ROW_KERNEL void round_to_bf16(const float* __restrict in, uint16_t* __restrict out, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) out[j] = bf16_bits(in[j]);
@@ -76,6 +65,11 @@ CHIAR_ROW_KERNEL void round_to_bf16_adding(const float* __restrict in, uint16_t*
     out[j] = bf16_bits(in[j]);
     sums[j] += in[j];
   }
+}
+
+CHIAR_ROW_KERNEL void widen_bf16(const uint16_t* __restrict in, float* __restrict out, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = bf16_value(in[j]);
 }
 
 }  // namespace chiar
