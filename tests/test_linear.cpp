@@ -203,6 +203,100 @@ TEST_CASE("linear under bf16 autocast: bf16 operands summed in fp32, fp32 output
     }
 }
 
+// linear_bf16_out under bf16 autocast: the output bf16, each entry summed in
+// fp32 with its bias and rounded once, so within 2^-9 of itself (round to
+// nearest, 8 significant bits) of the same sums from the rounded operands,
+// which a float64 reference takes; 2^-8 of the output's norm bounds the
+// whole. Its gradient arrives in bf16; x's gradient is written in x's type
+// (a bf16 x: rounded once, 2^-8 again), the weight's and the bias's in fp32
+// from the bf16 gradient's values exactly. Outside autocast it is linear().
+TEST_CASE("linear_bf16_out: bf16 output and gradients under bf16 autocast, linear() elsewhere", "[linear][bf16]") {
+  INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (it is linear(): libtorch's path)"));
+  at::manual_seed(15);
+  // (rows, k, n): sizes of any layout, and multiples of 32 whose weight is
+  // read packed.
+  for (const auto& [rows, k, n] : std::vector<std::array<int64_t, 3>>{{21, 40, 24}, {64, 64, 96}})
+    for (const bool bf16_input : {false, true})
+      for (const bool with_bias : {false, true}) {
+        INFO("(" << rows << ", " << k << ") -> " << n << ", input " << (bf16_input ? "bf16" : "fp32")
+                 << (with_bias ? ", bias" : ""));
+        auto x = at::randn({rows, k});
+        if (bf16_input) x = x.to(at::kBFloat16);
+        x.requires_grad_(true);
+        auto w = at::randn({n, k}).requires_grad_(true);
+        auto b = with_bias ? at::randn({n}).requires_grad_(true) : at::Tensor();
+        const auto gy = at::randn({rows, n}).to(at::kBFloat16);  // (rows, n)
+        at::Tensor y;
+        {
+          CpuBf16Autocast cast;
+          y = linear_bf16_out(x, w, b);
+        }
+        if (!gemm_bf16_native()) {
+          CHECK(y.scalar_type() == at::kBFloat16);  // libtorch's autocast linear
+          continue;
+        }
+        REQUIRE(y.scalar_type() == at::kBFloat16);
+        y.backward(gy);
+        const auto xr = rounded(x.detach()), wr = rounded(w.detach());
+        const auto expected = reference_linear(xr, wr, with_bias ? b.detach() : at::Tensor(), at::Tensor());
+        CHECK(rel_error(y.detach(), expected) < std::ldexp(1.0, -8));
+        CHECK(((y.detach().to(at::kDouble) - expected).abs() <= expected.abs() * std::ldexp(1.0, -8) + 1e-5)
+                  .all()
+                  .item<bool>());
+        const auto gyd = gy.to(at::kDouble);
+        REQUIRE(x.grad().scalar_type() == x.scalar_type());
+        CHECK(rel_error(x.grad(), at::mm(gyd, wr)) < (bf16_input ? std::ldexp(1.0, -8) : 1e-5));
+        CHECK(rel_error(w.grad(), at::mm(gyd.t(), xr)) < 1e-5);
+        if (with_bias) CHECK(rel_error(b.grad(), gyd.sum(0)) < 1e-6);
+      }
+  // Without autocast: linear() itself, fp32 out.
+  const auto x = at::randn({5, 8}), w = at::randn({6, 8}), b = at::randn({6});
+  const auto y = linear_bf16_out(x, w, b);
+  CHECK(y.scalar_type() == at::kFloat);
+  CHECK(at::equal(y, chiar::linear(x, w, b)));
+}
+
+// gemm_bf16_packed_b_rounded against float64 of the same bf16 operands: each
+// entry rounded once from an fp32 sum, so within 2^-8 of itself (2^-9 for the
+// rounding, the rest for fp32 sums near a rounding boundary), plus the fp32
+// sum's own error for entries near zero (1e-7 k covers sums of k products of
+// unit-sized factors). (2048, 1024, 256) is the anchor's up projection, whose
+// primitive reads the packed weight where A and C are stored as linear()
+// stores them (with wider rows oneDNN picks a kernel that reads B as stored).
+TEST_CASE("gemm_bf16_packed_b_rounded: bf16 C, an optional bias, rounded once", "[linear][bf16]") {
+  INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (it widens)"));
+  at::manual_seed(16);
+  for (const auto& [m, n, k] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 6, 5}, {64, 96, 32}, {2048, 1024, 256}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool with_bias : {false, true}) {
+          if (m == 2048 && ta) continue;  // linear() reads A as stored
+          INFO(m << "x" << n << "x" << k << ", transposed a " << ta << ", b " << tb << (with_bias ? ", bias" : ""));
+          // Rows wider than they are used, except at the anchor's shape: stored as linear() stores them.
+          const int64_t pad = m == 2048 ? 0 : 3, lda = (ta ? m : k) + pad, ldb = tb ? k : n, ldc = n + pad;
+          const auto a_store = at::randn({ta ? k : m, lda}).to(at::kBFloat16);
+          const auto b_store = at::randn({tb ? n : k, ldb}).to(at::kBFloat16);
+          const auto a = a_store.narrow(1, 0, ta ? m : k);
+          const auto A = (ta ? a.t() : a).to(at::kDouble), B = (tb ? b_store.t() : b_store).to(at::kDouble);
+          const auto bias = at::randn({n});
+          const auto packed = gemm_bf16_pack_b(tb, n, k, b_store.data_ptr<c10::BFloat16>(), ldb);
+          CHECK(packed.defined() == (gemm_bf16_native() && n % 32 == 0 && k % 32 == 0));
+          auto c_store = at::full({m, ldc}, std::numeric_limits<float>::quiet_NaN()).to(at::kBFloat16);
+          const uint64_t reads_before = gemm_bf16_packed_b_reads();
+          gemm_bf16_packed_b_rounded(
+              ta, tb, m, n, k, a_store.data_ptr<c10::BFloat16>(), lda, b_store.data_ptr<c10::BFloat16>(), ldb, packed,
+              with_bias ? bias.data_ptr<float>() : nullptr, c_store.data_ptr<c10::BFloat16>(), ldc);
+          if (m == 2048) CHECK(gemm_bf16_packed_b_reads() - reads_before == (gemm_bf16_native() ? 1u : 0u));
+          auto expected = at::mm(A, B);  // (m, n)
+          if (with_bias) expected = expected + bias.to(at::kDouble);
+          const auto c = c_store.narrow(1, 0, n).to(at::kDouble);
+          const double near_zero = 1e-6 + 1e-7 * static_cast<double>(k);
+          CHECK((((c - expected).abs() <= expected.abs() * std::ldexp(1.0, -8) + near_zero).all().item<bool>()));
+          CHECK(c_store.narrow(1, n, pad).isnan().all().item<bool>());  // beyond n: untouched
+        }
+}
+
 // A gradient of the gradient under bf16 autocast: the first gradient, taken
 // with create_graph (inside the autocast scope, as a user might), is an fp32
 // product of x rounded to bf16 and the weight, so f = sum((d/dW sum(y^2))^2)

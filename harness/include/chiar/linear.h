@@ -61,6 +61,16 @@ CHIAR_API GemmBackend gemm_backend();
 CHIAR_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
                             const at::Tensor& addend = {});
 
+// linear(x, weight, bias) for an output that only products and kernels
+// reading bf16 take (an FFN's pre-activation, attention's queries, keys and
+// values): under bf16 products (cpu_bf16_products) the output is bf16, each
+// entry summed in fp32 with its bias and rounded once as the product writes
+// it, and backward takes a bf16 gradient for it. Where x is bf16 too (a
+// LayerNorm's bf16 output, layer_norm_bf16_out), its gradient is written in
+// bf16 the same way. Half the bytes of fp32 each way, and no cast between
+// the producer and its reader. Elsewhere exactly linear(x, weight, bias).
+CHIAR_API at::Tensor linear_bf16_out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
 // a b over matching batch dimensions, differentiable in both:
 //   a (..., m, k), b (..., k, n) -> (..., m, n)
 // Any operand may be a transposed or sliced view (no copy when each matrix
@@ -144,6 +154,18 @@ CHIAR_API at::Tensor gemm_bf16_pack_b(bool trans_b, int64_t n, int64_t k, const 
 CHIAR_API void gemm_bf16_packed_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                   const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
                                   const at::Tensor& packed_b, float beta, float* c, int64_t ldc);
+// C = op(A) op(B) + bias into a bf16 C, the bias (n) fp32 added to every
+// row where it is not null: each entry summed in fp32 with its bias and
+// rounded to bf16 once, as it is written (oneDNN's kernels write bf16
+// themselves; the widening path rounds an fp32 buffer). For a product whose
+// output only bf16 readers take: half the bytes written, and no cast after.
+// No alpha or beta: what C held is ignored. Otherwise as
+// gemm_bf16_packed_b, whose packed B it reads where its primitive reads
+// that layout (at the anchor model's shapes it does; at some small ones
+// oneDNN picks another kernel and B is read as stored).
+CHIAR_API void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                          const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
+                                          const at::Tensor& packed_b, const float* bias, c10::BFloat16* c, int64_t ldc);
 // Products gemm_bf16_packed_b ran on a packed B since the process started:
 // the tests check that linear() and the LM head read their weights packed.
 CHIAR_API uint64_t gemm_bf16_packed_b_reads();

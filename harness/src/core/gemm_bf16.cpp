@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "chiar/linear.h"
+#include "chiar/row_kernels.h"
 #include "chiar_build_info.h"
 
 #if CHIAR_HAVE_ONEDNN
@@ -29,7 +30,9 @@ namespace {
 std::atomic<uint64_t> g_native_tiles{0};
 
 #if CHIAR_HAVE_ONEDNN
-using Shape = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+// trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, then whether C is
+// bf16 (else fp32) and whether an fp32 bias (n) is added to every row.
+using Shape = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool, bool>;
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -40,19 +43,21 @@ dnnl::engine& cpu_engine() {
 // so transposed operands are read in place; with any_size, m, n and k are
 // left to execution (the strides stay).
 struct Descs {
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, bias;  // bias empty without one
 };
 Descs descs_of(const Shape& s, bool any_size = false) {
-  auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta] = s;
+  auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, c_bf16, bias] = s;
   if (any_size) m = n = k = DNNL_RUNTIME_DIM_VAL;
   using dt = dnnl::memory::data_type;
   return {{{m, k}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1}},
           {{k, n}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1}},
-          {{m, n}, dt::f32, dnnl::memory::dims{ldc, 1}}};
+          {{m, n}, c_bf16 ? dt::bf16 : dt::f32, dnnl::memory::dims{ldc, 1}},
+          bias ? dnnl::memory::desc({1, n}, dt::f32, dnnl::memory::dims{n, 1}) : dnnl::memory::desc()};
 }
 
 // A matmul primitive for one shape, or for any size of its layout: alpha as
-// an output scale, beta as a sum post-op; the scratchpad oneDNN's own, or
+// an output scale (which oneDNN applies to the bias too: gemm_bf16_packed_b_rounded,
+// the one caller with a bias, passes no alpha), beta as a sum post-op; the scratchpad oneDNN's own, or
 // the caller's (user_scratchpad). With packed_b, B in the layout oneDNN
 // picks for its kernels (a packed weight's) instead of s's strides.
 dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpad = false, bool any_size = false,
@@ -68,7 +73,8 @@ dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpa
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(d.a, d.b, d.c), attr, cpu_engine());
+  const auto desc = std::get<11>(s) ? dnnl::matmul::desc(d.a, d.b, d.bias, d.c) : dnnl::matmul::desc(d.a, d.b, d.c);
+  return dnnl::matmul::primitive_desc(desc, attr, cpu_engine());
 }
 
 // Whether oneDNN runs a bf16 product, made for a shape or for any size, on
@@ -76,7 +82,7 @@ dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpa
 // sgemm. Probed once per kind by the callers.
 bool has_kernel(bool any_size) {
   try {
-    const Shape probe{false, false, 64, 64, 64, 64, 64, 64, 1.f, 0.f};
+    const Shape probe{false, false, 64, 64, 64, 64, 64, 64, 1.f, 0.f, false, false};
     return std::string(describe_matmul(probe, false, any_size).impl_info_str()).find("ref") == std::string::npos;
   } catch (const dnnl::error&) {
     return false;
@@ -107,7 +113,7 @@ dnnl::memory::desc packed_b_desc(int64_t n, int64_t k) {
   const std::lock_guard<std::mutex> lock(mutex);
   auto it = made.find({n, k});
   if (it == made.end()) {
-    const Shape probe{false, false, 64, n, k, k, n, n, 1.f, 0.f};
+    const Shape probe{false, false, 64, n, k, k, n, n, 1.f, 0.f, false, false};
     it = made.emplace(std::make_pair(n, k), describe_matmul(probe, false, false, /*packed_b=*/true).weights_desc())
              .first;
   }
@@ -185,14 +191,22 @@ class MatmulCache {
   std::map<Shape, MadeMatmul> for_any_size_;
 };
 
+// Where a product writes: C, fp32 or bf16 as its Shape says, and the bias
+// (n) fp32 the Shape adds, or null.
+struct Output {
+  void* c;
+  const float* bias = nullptr;
+};
+
 // b_desc: B's layout where it is not s's strides (a packed B).
 void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, const c10::BFloat16* a, const void* b,
-             float* c, const dnnl::memory* scratch = nullptr, const dnnl::memory::desc* b_desc = nullptr) {
+             const Output& out, const dnnl::memory* scratch = nullptr, const dnnl::memory::desc* b_desc = nullptr) {
   auto& engine = cpu_engine();
   const Descs d = descs_of(s);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, {d.a, engine, const_cast<c10::BFloat16*>(a)}},
                                              {DNNL_ARG_WEIGHTS, {b_desc ? *b_desc : d.b, engine, const_cast<void*>(b)}},
-                                             {DNNL_ARG_DST, {d.c, engine, c}}};
+                                             {DNNL_ARG_DST, {d.c, engine, out.c}}};
+  if (std::get<11>(s)) args.emplace(DNNL_ARG_BIAS, dnnl::memory(d.bias, engine, const_cast<float*>(out.bias)));
   if (scratch) args.emplace(DNNL_ARG_SCRATCHPAD, *scratch);
   prim.execute(stream, args);
   stream.wait();
@@ -201,7 +215,7 @@ void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, con
 // any_size: always the layout's primitive for any size (gemm_bf16_any_size).
 // packed_b: B packed as well (gemm_bf16_pack_b), read where s's primitive
 // reads that layout.
-void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c, bool any_size = false,
+void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, const Output& c, bool any_size = false,
                  const at::Tensor* packed_b = nullptr) {
   static std::mutex mutex;
   static MatmulCache made(/*user_scratchpad=*/false);
@@ -242,7 +256,7 @@ void onednn_gemm_tile(const Shape& s, const c10::BFloat16* a, const c10::BFloat1
   const dnnl::memory scratch_mem({{static_cast<int64_t>(scratch.size())}, dnnl::memory::data_type::u8, {1}},
                                  cpu_engine(), scratch.data());
   thread_local dnnl::stream stream(cpu_engine());
-  execute(m.primitive, stream, s, a, b, c, &scratch_mem);
+  execute(m.primitive, stream, s, a, b, Output{c}, &scratch_mem);
   g_native_tiles.fetch_add(1, std::memory_order_relaxed);
 }
 #endif
@@ -304,7 +318,7 @@ void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   if (m <= 0 || n <= 0) return;
 #if CHIAR_HAVE_ONEDNN
   if (k > 0 && gemm_bf16_native()) {
-    onednn_gemm_tile(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta}, a, b, c);
+    onednn_gemm_tile(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, false, false}, a, b, c);
     return;
   }
 #endif
@@ -324,7 +338,8 @@ void gemm_bf16_on(bool any_size, bool trans_a, bool trans_b, int64_t m, int64_t 
   }
 #if CHIAR_HAVE_ONEDNN
   if (gemm_bf16_native()) {
-    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta}, a, b, c, any_size, packed_b);
+    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, false, false}, a, b, Output{c}, any_size,
+                packed_b);
     return;
   }
 #else
@@ -344,7 +359,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 at::Tensor gemm_bf16_pack_b(bool trans_b, int64_t n, int64_t k, const c10::BFloat16* b, int64_t ldb) {
 #if CHIAR_HAVE_ONEDNN
   if (!gemm_bf16_native() || n <= 0 || k <= 0 || n % 32 != 0 || k % 32 != 0) return {};
-  const Shape layout{false, trans_b, 32, n, k, k, ldb, n, 1.f, 0.f};
+  const Shape layout{false, trans_b, 32, n, k, k, ldb, n, 1.f, 0.f, false, false};
   const dnnl::memory::desc to = packed_b_desc(n, k);
   // Its sizes say which op(B) it holds; its storage, the packed layout
   // (padded, so larger than k n values).
@@ -367,6 +382,30 @@ void gemm_bf16_packed_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
                         const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
                         const at::Tensor& packed_b, float beta, float* c, int64_t ldc) {
   gemm_bf16_on(false, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &packed_b);
+}
+
+void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const c10::BFloat16* a,
+                                int64_t lda, const c10::BFloat16* b, int64_t ldb, const at::Tensor& packed_b,
+                                const float* bias, c10::BFloat16* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+#if CHIAR_HAVE_ONEDNN
+  if (k > 0 && gemm_bf16_native()) {
+    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, 1.f, 0.f, true, bias != nullptr}, a, b, Output{c, bias},
+                /*any_size=*/false, &packed_b);
+    return;
+  }
+#else
+  (void)packed_b;
+#endif
+  // The same sums in an fp32 buffer, the bias added there, rounded once.
+  std::vector<float> sums(static_cast<size_t>(m * n), 0.f);  // (m, n)
+  if (k > 0) gemm_bf16_widened(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, 0.f, sums.data(), n);
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = sums.data() + i * n;
+    if (bias)
+      for (int64_t j = 0; j < n; ++j) row[j] += bias[j];
+    round_to_bf16(row, reinterpret_cast<uint16_t*>(c + i * ldc), n);
+  }
 }
 
 void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

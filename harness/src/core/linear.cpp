@@ -326,6 +326,19 @@ void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transpos
                      wb.size(1), packed_bf16_weights(w_transposed).get(w), beta, c.data_ptr<float>(), n);
 }
 
+// The same into c (m, n) bf16 contiguous, each entry rounded once as it is
+// written, with bias (n) fp32 added first where defined.
+void bf16_product_rounded(const at::Tensor& a, const at::Tensor& weight, bool w_transposed, const at::Tensor& bias,
+                          at::Tensor& c) {
+  const int64_t m = a.size(0), k = a.size(1), n = c.size(1);
+  const auto w = weight.contiguous();
+  const auto wb = bf16_weights().get(w);  // (n, k) of the weight
+  const auto b = bias.defined() ? bias.contiguous() : bias;
+  gemm_bf16_packed_b_rounded(false, w_transposed, m, n, k, a.data_ptr<c10::BFloat16>(), k, wb.data_ptr<c10::BFloat16>(),
+                             wb.size(1), packed_bf16_weights(w_transposed).get(w),
+                             b.defined() ? b.data_ptr<float>() : nullptr, c.data_ptr<c10::BFloat16>(), n);
+}
+
 at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
 
 // gy (M, n) fp32 rounded to bf16 for the products and, from the same read,
@@ -345,17 +358,23 @@ std::pair<at::Tensor, at::Tensor> as_bf16_with_column_sums(const at::Tensor& gy)
 
 struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction> {
   // x (..., k) fp32 or bf16, weight (n, k) fp32, bias (n) fp32, addend
-  // (..., n) fp32 or bf16 (or empty with the flags false) -> (..., n) fp32.
+  // (..., n) fp32 or bf16 (or empty with the flags false) -> (..., n) fp32,
+  // or bf16 with rounded_output (and no addend).
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias_or_empty, const at::Tensor& addend_or_empty, bool has_bias,
-                            bool has_addend) {
+                            bool has_addend, bool rounded_output) {
     const int64_t k = x.size(-1), n = weight.size(0);
     const auto xb = as_bf16(x.reshape({-1, k}));  // (M, k)
     const int64_t M = xb.size(0);
-    at::Tensor y =
-        output_onto(M, n, has_bias ? bias_or_empty : at::Tensor(),
-                    has_addend ? addend_or_empty.reshape({-1, n}) : at::Tensor(), weight.options());  // (M, n)
-    if (M > 0) bf16_product(xb, weight, /*w_transposed=*/true, has_bias || has_addend ? 1.f : 0.f, y);
+    at::Tensor y;  // (M, n)
+    if (rounded_output) {
+      y = at::empty({M, n}, weight.options().dtype(at::kBFloat16));
+      if (M > 0) bf16_product_rounded(xb, weight, /*w_transposed=*/true, has_bias ? bias_or_empty : at::Tensor(), y);
+    } else {
+      y = output_onto(M, n, has_bias ? bias_or_empty : at::Tensor(),
+                      has_addend ? addend_or_empty.reshape({-1, n}) : at::Tensor(), weight.options());
+      if (M > 0) bf16_product(xb, weight, /*w_transposed=*/true, has_bias || has_addend ? 1.f : 0.f, y);
+    }
     // x itself for a gradient of the gradient (create_graph), the rounded
     // copy for the weight's gradient.
     ctx->save_for_backward({x, xb, weight});
@@ -390,9 +409,14 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
       else
         gyb = as_bf16(gy);
       if (ctx->needs_input_grad(0)) {
-        gx = at::empty({M, k}, weight.options());  // gy W
-        if (M > 0) bf16_product(gyb, weight, /*w_transposed=*/false, 0.f, gx);
-        gx = gx.view(x.sizes()).to(x.scalar_type());
+        // gy W, written in x's type: a bf16 x (an activation only products
+        // read) gets its gradient rounded as the product writes it.
+        gx = at::empty({M, k}, weight.options().dtype(x.scalar_type()));  // (M, k)
+        if (M > 0 && x.scalar_type() == at::kBFloat16)
+          bf16_product_rounded(gyb, weight, /*w_transposed=*/false, at::Tensor(), gx);
+        else if (M > 0)
+          bf16_product(gyb, weight, /*w_transposed=*/false, 0.f, gx);
+        gx = gx.view(x.sizes());
       }
       if (ctx->needs_input_grad(1)) {
         gw = at::empty({n, k}, weight.options());  // gy^T x, summed over the M rows in fp32
@@ -403,9 +427,9 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
                            0.f, gw.data_ptr<float>(), k);
       }
     }
-    if (bias_grad && !gb.defined()) gb = gy.to(at::kFloat).sum(0);  // not summed while rounding gy
+    if (bias_grad && !gb.defined()) gb = at::sum(gy, {0}, false, at::kFloat);  // not summed while rounding gy
     if (ctx->saved_data["addend"].toBool() && ctx->needs_input_grad(3)) ga = grads[0];
-    return {gx, gw, gb, ga, at::Tensor(), at::Tensor()};
+    return {gx, gw, gb, ga, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -547,7 +571,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     count_host_kernel();
     const auto none = at::empty({0}, weight.options());
     return Bf16LinearFunction::apply(x, weight, bias.defined() ? bias : none, addend.defined() ? addend : none,
-                                     bias.defined(), addend.defined());
+                                     bias.defined(), addend.defined(), /*rounded_output=*/false);
   }
   if (!takes_fast_path(x, weight, bias, addend)) {
     // libtorch's path. The addend rides in addmm when nothing differs in type
@@ -576,6 +600,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   const int64_t k = x.size(-1), n = weight.size(0);
   const auto a2 = addend.defined() ? addend.reshape({-1, n}) : at::Tensor();
   return forward_product(x.reshape({-1, k}), weight, bias, a2).view(with_last(x.sizes(), n));
+}
+
+at::Tensor linear_bf16_out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!takes_bf16_path(x, weight, bias, {})) return linear(x, weight, bias);
+  RECORD_FUNCTION("chiar::linear_bf16_out", std::vector<c10::IValue>({x, weight}));
+  check_shapes(x, weight, bias, {});
+  count_host_kernel();
+  const auto none = at::empty({0}, weight.options());
+  return Bf16LinearFunction::apply(x, weight, bias.defined() ? bias : none, none, bias.defined(), false,
+                                   /*rounded_output=*/true);
 }
 
 }  // namespace chiar
