@@ -144,8 +144,10 @@ FeedForward::FeedForward(int64_t d, int64_t mult, double dropout, bool pre_norm)
 at::Tensor FeedForward::forward(const at::Tensor& x) {
   // The up projection's bias joins the GELU (chiar/gelu.h): its product then
   // writes a fresh output instead of accumulating onto a pre-filled bias, and
-  // backward sums the bias gradient in the GELU's own pass.
-  auto h = chiar::linear(norm_.input(x), up_->weight);  // (B, T, m d)
+  // backward sums the bias gradient in the GELU's own pass. Under bf16
+  // products the pre-activation, the activation and their gradients are
+  // bf16: only the GELU and the down projection's product read them.
+  auto h = chiar::linear_bf16_out(norm_.input(x), up_->weight);  // (B, T, m d)
   // Without grad mode nothing keeps the pre-activation for backward.
   h = torch::autograd::GradMode::is_enabled() ? bias_gelu(h, up_->bias) : bias_gelu_(h, up_->bias);
   if (is_training() && drop_->options.p() > 0) return norm_.output(x + drop_(project(down_, h)));
