@@ -116,6 +116,29 @@ TEST_CASE("linear_cross_entropy matches the float64 definition, loss and both gr
   }
 }
 
+// At an incoming gradient of 1 (loss.backward()) backward hands autograd the
+// gradients forward saved, not scaled copies: a second backward over the kept
+// graph must find them unchanged by the first's accumulation into .grad.
+TEST_CASE("linear_cross_entropy at an incoming gradient of 1: the saved gradients, unchanged over a kept graph",
+          "[cross_entropy][linear]") {
+  at::manual_seed(17);
+  auto hidden = at::randn({40, 16}).requires_grad_(true);
+  auto weight = (at::randn({300, 16}) * 0.5).requires_grad_(true);
+  const auto targets = at::randint(300, {40}, at::TensorOptions().dtype(at::kLong));
+  const auto expected = reference(hidden.detach(), weight.detach(), targets, at::Tensor());
+  auto loss = linear_cross_entropy(hidden, weight, targets, at::Tensor(), 0);
+  loss.backward({}, /*retain_graph=*/true);
+  CHECK(rel_error(hidden.grad(), expected.grad_hidden) < 1e-5);
+  CHECK(rel_error(weight.grad(), expected.grad_weight) < 1e-5);
+  const auto first_hidden = hidden.grad().clone(), first_weight = weight.grad().clone();
+  loss.backward({}, /*retain_graph=*/true);
+  CHECK(at::equal(hidden.grad(), 2 * first_hidden));
+  CHECK(at::equal(weight.grad(), 2 * first_weight));
+  loss.backward();
+  CHECK(at::equal(hidden.grad(), 3 * first_hidden));
+  CHECK(at::equal(weight.grad(), 3 * first_weight));
+}
+
 TEST_CASE("linear_cross_entropy under bf16 autocast on the CPU: the fused head's bf16 products, fp32 sums",
           "[cross_entropy][linear][bf16]") {
   // Against the definition of the operands rounded to bf16 (what autocast
