@@ -193,10 +193,11 @@ float* scratch(size_t floats) {
   return buffer.data();
 }
 
-// o (G, h, m, dh) and, per query, the maximum score and the log of the sum
-// of exp(score - maximum): stats (2, G, h, m).
+// o (G, h, m, dh) in T and, per query, the maximum score and the log of the
+// sum of exp(score - maximum): stats (2, G, h, m). A bf16 o is each tile's
+// fp32 product rounded once, as the output projection would round it.
 template <class T>
-void forward_tiles(const Problem<T>& p, const Matrices<float>& o, float* stats) {
+void forward_tiles(const Problem<T>& p, const Matrices<T>& o, float* stats) {
   const int64_t per_seq = p.heads * p.m;
   float* log_sums = stats + p.G * per_seq;
   const auto tile_cost = [&](int64_t task) {
@@ -206,7 +207,9 @@ void forward_tiles(const Problem<T>& p, const Matrices<float>& o, float* stats) 
   run_balanced(static_cast<int64_t>(p.tiles.size()) * p.heads, tile_cost, [&](int64_t task) {
     const auto& t = p.tiles[static_cast<size_t>(task / p.heads)];
     const int64_t head = task % p.heads;
-    float* s = scratch(static_cast<size_t>(t.rows * t.keys));  // (rows, keys)
+    const size_t area = static_cast<size_t>(t.rows * t.keys);
+    // (rows, keys) scores, then in bf16 the tile's fp32 output (rows, dh)
+    float* s = scratch(area + (std::is_same_v<T, float> ? 0 : static_cast<size_t>(t.rows * p.dh)));
     p.scores(head, t, s);
     const int64_t first = t.qg * per_seq + head * p.m + t.r0;
     for (int64_t i = 0; i < t.rows; ++i) {
@@ -226,9 +229,16 @@ void forward_tiles(const Problem<T>& p, const Matrices<float>& o, float* stats) 
       stats[first + i] = top;
       log_sums[first + i] = std::log(sum);
     }
-    const size_t area = static_cast<size_t>(t.rows * t.keys);
-    product(false, false, t.rows, p.dh, t.keys, as_operand(s, area, p.v.data), t.keys, p.v.at(t.kg, head), p.v.ld, 0.f,
-            o.row(t.qg, head, t.r0), o.ld);
+    if constexpr (std::is_same_v<T, float>) {
+      product(false, false, t.rows, p.dh, t.keys, s, t.keys, p.v.at(t.kg, head), p.v.ld, 0.f, o.row(t.qg, head, t.r0),
+              o.ld);
+    } else {
+      float* out = s + area;  // (rows, dh)
+      product(false, false, t.rows, p.dh, t.keys, as_operand(s, area, p.v.data), t.keys, p.v.at(t.kg, head), p.v.ld,
+              0.f, out, p.dh);
+      for (int64_t i = 0; i < t.rows; ++i)
+        chiar::round_to_bf16(out + i * p.dh, reinterpret_cast<uint16_t*>(o.row(t.qg, head, t.r0 + i)), p.dh);
+    }
   });
 }
 
@@ -240,7 +250,8 @@ void forward_tiles(const Problem<T>& p, const Matrices<float>& o, float* stats) 
 // attention_core/fused/fwd+bwd/*). dq (G, h, m, dh), dkt (GK, h, dh, L) and
 // dvt (GK, h, dh, L) contiguous. One task per (key batch, head), so that the
 // tiles adding into its keys' and values' gradients run one after another.
-// dout fp32 for the softmax's backward, dout_op (T) for the products.
+// dout_op (T) for the products; in fp32, o and dout (the same matrices)
+// for the softmax's backward, which in bf16 reads neither (below).
 template <class T>
 void backward_tiles(const Problem<T>& p, const Matrices<float>& o, const float* stats, const Matrices<float>& dout,
                     const Matrices<T>& dout_op, const T* k, const T* vt, float* dq, float* dkt, float* dvt) {
@@ -271,7 +282,6 @@ void backward_tiles(const Problem<T>& p, const Matrices<float>& o, const float* 
         else
           chiar::exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
       }
-      const float* dout_t = dout.row(t.qg, head, t.r0);  // (rows, dh), leading dimension dout.ld
       const T* dout_op_t = dout_op.row(t.qg, head, t.r0);
       // dvt[:, :keys] += dout^T weights
       product(true, false, p.dh, t.keys, t.rows, dout_op_t, dout_op.ld, as_operand(weights, area, k), t.keys, 1.f,
@@ -285,9 +295,11 @@ void backward_tiles(const Problem<T>& p, const Matrices<float>& o, const float* 
         // weights come from rounded operands and dout . o does not match
         // them (a query with one key would get a gradient that should be
         // 0), so the row's own sum, in fp32.
-        const float delta = std::is_same_v<T, float>
-                                ? chiar::dot(dout_t + i * dout.ld, o.row(t.qg, head, t.r0 + i), p.dh)
-                                : chiar::dot(w_row, g_row, t.keys);
+        float delta;
+        if constexpr (std::is_same_v<T, float>)
+          delta = chiar::dot(dout.row(t.qg, head, t.r0 + i), o.row(t.qg, head, t.r0 + i), p.dh);
+        else
+          delta = chiar::dot(w_row, g_row, t.keys);
         chiar::softmax_backward_row(w_row, g_row, t.keys, delta);
       }
       // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
@@ -305,7 +317,11 @@ at::Tensor bf16_copy(const at::Tensor& t) {
 
 // bf16: the products take q, kt, v, the tiles' weights and gradients rounded
 // to bf16 and sum in fp32 (chiar::cpu_bf16_products, decided at forward and
-// kept for backward); scores, softmax, statistics and outputs stay fp32.
+// kept for backward); scores, softmax, statistics and q, kt and v's
+// gradients stay fp32. The output is bf16, each entry rounded once from its
+// fp32 sum: only the output projection reads it, which rounded it to bf16
+// itself before, and its gradient comes back in bf16, as the products take
+// it. The same values as before, without a cast each way.
 struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kt,
                             const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid,
@@ -315,11 +331,12 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const auto qo = bf16 ? bf16_copy(q) : q, kto = bf16 ? bf16_copy(kt) : kt, vo = bf16 ? bf16_copy(v) : v;
     // Stored as (G, m, h, dh): the heads side by side per query, so that the
     // caller's (G, m, h * dh) for the output projection is a view, not a copy.
-    auto o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);  // (G, h, m, dh)
+    const auto out_options = q.options().dtype(bf16 ? at::kBFloat16 : at::kFloat);
+    auto o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, out_options).transpose(1, 2);  // (G, h, m, dh)
     auto stats = at::empty({2, q.size(0), q.size(1), q.size(2)}, q.options());
     if (bf16)
-      forward_tiles(Problem<c10::BFloat16>(qo, kto, vo, qpos, valid, segments, block, /*arrays=*/1), matrices<float>(o),
-                    stats.data_ptr<float>());
+      forward_tiles(Problem<c10::BFloat16>(qo, kto, vo, qpos, valid, segments, block, /*arrays=*/1),
+                    matrices<c10::BFloat16>(o), stats.data_ptr<float>());
     else
       forward_tiles(Problem<float>(qo, kto, vo, qpos, valid, segments, block, /*arrays=*/1), matrices<float>(o),
                     stats.data_ptr<float>());
@@ -340,18 +357,20 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const auto qpos = ctx->saved_data["qpos"].toTensor(), valid = ctx->saved_data["valid"].toTensor(),
                segments = ctx->saved_data["segments"].toTensor();
     const int64_t block = ctx->saved_data["block"].toInt();
-    const auto f32 = o.options();
+    const auto f32 = q.options().dtype(at::kFloat);
     auto dq = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, f32);       // (G, h, m, dh)
     auto dkt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, f32);  // (GK, h, dh, L)
     auto dvt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, f32);  // (GK, h, dh, L)
     const auto k = kt.transpose(2, 3).contiguous();                               // (GK, h, L, dh)
     const auto vt = v.transpose(2, 3).contiguous();                               // (GK, h, dh, L)
     if (ctx->saved_data["bf16"].toBool()) {
-      const auto dout_op = bf16_copy(dout);
-      backward_tiles(Problem<c10::BFloat16>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), matrices<float>(o),
-                     stats.data_ptr<float>(), matrices<float>(dout), matrices<c10::BFloat16>(dout_op),
-                     k.data_ptr<c10::BFloat16>(), vt.data_ptr<c10::BFloat16>(), dq.data_ptr<float>(),
-                     dkt.data_ptr<float>(), dvt.data_ptr<float>());
+      // dout arrives in bf16 (o's type), read in place; o and an fp32 dout
+      // are not read.
+      const auto dout_op = dout.scalar_type() == at::kBFloat16 ? dout : readable(bf16_copy(dout));
+      const Matrices<float> unread{nullptr, 0, 0, 0};
+      backward_tiles(Problem<c10::BFloat16>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), unread,
+                     stats.data_ptr<float>(), unread, matrices<c10::BFloat16>(dout_op), k.data_ptr<c10::BFloat16>(),
+                     vt.data_ptr<c10::BFloat16>(), dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
     } else {
       backward_tiles(Problem<float>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), matrices<float>(o),
                      stats.data_ptr<float>(), matrices<float>(dout), matrices<float>(dout), k.data_ptr<float>(),

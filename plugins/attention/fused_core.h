@@ -38,7 +38,10 @@ constexpr int64_t kMaxTileRows = 128, kMinTileRows = 16;
 //         block 0: every query reads all L keys.
 // A query whose every key is masked gets uniform weights, as in the unfused
 // path. Returns (G, h, m, dh) stored as (G, m, h, dh): its transpose(1, 2),
-// the heads side by side per query, is contiguous.
+// the heads side by side per query, is contiguous. fp32, or under bf16
+// products (chiar::cpu_bf16_products) bf16, each entry rounded once from its
+// fp32 sum: what the output projection reads (its gradient then comes back
+// in bf16); q, kt and v's gradients are fp32 either way.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& qpos,
                            const at::Tensor& valid, int64_t block);
 
