@@ -250,11 +250,11 @@ void forward_tiles(const Problem<T>& p, const Matrices<T>& o, float* stats) {
 // attention_core/fused/fwd+bwd/*). dq (G, h, m, dh), dkt (GK, h, dh, L) and
 // dvt (GK, h, dh, L) contiguous. One task per (key batch, head), so that the
 // tiles adding into its keys' and values' gradients run one after another.
-// dout_op (T) for the products; in fp32, o and dout (the same matrices)
-// for the softmax's backward, which in bf16 reads neither (below).
+// o and dout in T, as forward wrote o and the products read dout; the
+// softmax's backward reads o and dout in fp32 only (below).
 template <class T>
-void backward_tiles(const Problem<T>& p, const Matrices<float>& o, const float* stats, const Matrices<float>& dout,
-                    const Matrices<T>& dout_op, const T* k, const T* vt, float* dq, float* dkt, float* dvt) {
+void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stats, const Matrices<T>& dout, const T* k,
+                    const T* vt, float* dq, float* dkt, float* dvt) {
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
   std::vector<double> batch_cost(static_cast<size_t>(p.GK), 0.0);  // score elements per key batch
@@ -282,12 +282,12 @@ void backward_tiles(const Problem<T>& p, const Matrices<float>& o, const float* 
         else
           chiar::exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
       }
-      const T* dout_op_t = dout_op.row(t.qg, head, t.r0);
+      const T* dout_t = dout.row(t.qg, head, t.r0);
       // dvt[:, :keys] += dout^T weights
-      product(true, false, p.dh, t.keys, t.rows, dout_op_t, dout_op.ld, as_operand(weights, area, k), t.keys, 1.f,
-              dvt_gh, p.L);
+      product(true, false, p.dh, t.keys, t.rows, dout_t, dout.ld, as_operand(weights, area, k), t.keys, 1.f, dvt_gh,
+              p.L);
       // d weights = dout vt[:, :keys], then through the softmax
-      product(false, false, t.rows, t.keys, p.dh, dout_op_t, dout_op.ld, vt_gh, p.L, 0.f, grad, t.keys);
+      product(false, false, t.rows, t.keys, p.dh, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
       for (int64_t i = 0; i < t.rows; ++i) {
         float* w_row = weights + i * t.keys;
         float* g_row = grad + i * t.keys;
@@ -364,17 +364,16 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const auto k = kt.transpose(2, 3).contiguous();                               // (GK, h, L, dh)
     const auto vt = v.transpose(2, 3).contiguous();                               // (GK, h, dh, L)
     if (ctx->saved_data["bf16"].toBool()) {
-      // dout arrives in bf16 (o's type), read in place; o and an fp32 dout
-      // are not read.
+      // dout arrives in bf16 (o's type) and is read in place.
       const auto dout_op = dout.scalar_type() == at::kBFloat16 ? dout : readable(bf16_copy(dout));
-      const Matrices<float> unread{nullptr, 0, 0, 0};
-      backward_tiles(Problem<c10::BFloat16>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), unread,
-                     stats.data_ptr<float>(), unread, matrices<c10::BFloat16>(dout_op), k.data_ptr<c10::BFloat16>(),
-                     vt.data_ptr<c10::BFloat16>(), dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
+      backward_tiles(Problem<c10::BFloat16>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2),
+                     matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op),
+                     k.data_ptr<c10::BFloat16>(), vt.data_ptr<c10::BFloat16>(), dq.data_ptr<float>(),
+                     dkt.data_ptr<float>(), dvt.data_ptr<float>());
     } else {
       backward_tiles(Problem<float>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), matrices<float>(o),
-                     stats.data_ptr<float>(), matrices<float>(dout), matrices<float>(dout), k.data_ptr<float>(),
-                     vt.data_ptr<float>(), dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
+                     stats.data_ptr<float>(), matrices<float>(dout), k.data_ptr<float>(), vt.data_ptr<float>(),
+                     dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
     }
     return {dq, dkt, dvt.transpose(2, 3), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -315,28 +315,26 @@ bool takes_bf16_path(const at::Tensor& x, const at::Tensor& weight, const at::Te
          fp32_cpu_or_absent(weight) && fp32_cpu_or_absent(bias) && float_or_bf16(addend);
 }
 
-// c (m, n) fp32 contiguous = a (m, k) op(w) + beta c: a bf16 contiguous, w
-// the weight (n, k) fp32, read through its bf16 copies; op(w) is w^T
-// (forward) or w (backward's gy W).
-void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transposed, float beta, at::Tensor& c) {
+// c (m, n) contiguous = a (m, k) op(w): a bf16 contiguous, w the weight
+// (n, k) fp32, read through its bf16 copies; op(w) is w^T (forward) or w
+// (backward's gy W). An fp32 c takes beta c added (gemm_bf16's beta); a bf16
+// c gets each entry rounded once as it is written, bias (n) fp32 added
+// first where defined (gemm_bf16_packed_b_rounded; what c held is ignored).
+void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transposed, at::Tensor& c, float beta = 0.f,
+                  const at::Tensor& bias = {}) {
   const int64_t m = a.size(0), k = a.size(1), n = c.size(1);
   const auto w = weight.contiguous();
   const auto wb = bf16_weights().get(w);  // (n, k) of the weight
-  gemm_bf16_packed_b(false, w_transposed, m, n, k, 1.f, a.data_ptr<c10::BFloat16>(), k, wb.data_ptr<c10::BFloat16>(),
-                     wb.size(1), packed_bf16_weights(w_transposed).get(w), beta, c.data_ptr<float>(), n);
-}
-
-// The same into c (m, n) bf16 contiguous, each entry rounded once as it is
-// written, with bias (n) fp32 added first where defined.
-void bf16_product_rounded(const at::Tensor& a, const at::Tensor& weight, bool w_transposed, const at::Tensor& bias,
-                          at::Tensor& c) {
-  const int64_t m = a.size(0), k = a.size(1), n = c.size(1);
-  const auto w = weight.contiguous();
-  const auto wb = bf16_weights().get(w);  // (n, k) of the weight
-  const auto b = bias.defined() ? bias.contiguous() : bias;
-  gemm_bf16_packed_b_rounded(false, w_transposed, m, n, k, a.data_ptr<c10::BFloat16>(), k, wb.data_ptr<c10::BFloat16>(),
-                             wb.size(1), packed_bf16_weights(w_transposed).get(w),
-                             b.defined() ? b.data_ptr<float>() : nullptr, c.data_ptr<c10::BFloat16>(), n);
+  const auto& packed = packed_bf16_weights(w_transposed).get(w);
+  const auto* ap = a.data_ptr<c10::BFloat16>();
+  const auto* bp = wb.data_ptr<c10::BFloat16>();
+  if (c.scalar_type() == at::kBFloat16) {
+    const auto b = bias.defined() ? bias.contiguous() : bias;
+    gemm_bf16_packed_b_rounded(false, w_transposed, m, n, k, ap, k, bp, wb.size(1), packed,
+                               b.defined() ? b.data_ptr<float>() : nullptr, c.data_ptr<c10::BFloat16>(), n);
+  } else {
+    gemm_bf16_packed_b(false, w_transposed, m, n, k, 1.f, ap, k, bp, wb.size(1), packed, beta, c.data_ptr<float>(), n);
+  }
 }
 
 at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
@@ -369,11 +367,11 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
     at::Tensor y;  // (M, n)
     if (rounded_output) {
       y = at::empty({M, n}, weight.options().dtype(at::kBFloat16));
-      if (M > 0) bf16_product_rounded(xb, weight, /*w_transposed=*/true, has_bias ? bias_or_empty : at::Tensor(), y);
+      if (M > 0) bf16_product(xb, weight, /*w_transposed=*/true, y, 0.f, has_bias ? bias_or_empty : at::Tensor());
     } else {
       y = output_onto(M, n, has_bias ? bias_or_empty : at::Tensor(),
                       has_addend ? addend_or_empty.reshape({-1, n}) : at::Tensor(), weight.options());
-      if (M > 0) bf16_product(xb, weight, /*w_transposed=*/true, has_bias || has_addend ? 1.f : 0.f, y);
+      if (M > 0) bf16_product(xb, weight, /*w_transposed=*/true, y, has_bias || has_addend ? 1.f : 0.f);
     }
     // x itself for a gradient of the gradient (create_graph), the rounded
     // copy for the weight's gradient.
@@ -412,10 +410,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
         // gy W, written in x's type: a bf16 x (an activation only products
         // read) gets its gradient rounded as the product writes it.
         gx = at::empty({M, k}, weight.options().dtype(x.scalar_type()));  // (M, k)
-        if (M > 0 && x.scalar_type() == at::kBFloat16)
-          bf16_product_rounded(gyb, weight, /*w_transposed=*/false, at::Tensor(), gx);
-        else if (M > 0)
-          bf16_product(gyb, weight, /*w_transposed=*/false, 0.f, gx);
+        if (M > 0) bf16_product(gyb, weight, /*w_transposed=*/false, gx);
         gx = gx.view(x.sizes());
       }
       if (ctx->needs_input_grad(1)) {
@@ -432,6 +427,16 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
     return {gx, gw, gb, ga, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+// linear() or linear_bf16_out() on the bf16 path (takes_bf16_path).
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend,
+                       bool rounded_output) {
+  check_shapes(x, weight, bias, addend);
+  count_host_kernel();
+  const auto none = at::empty({0}, weight.options());
+  return Bf16LinearFunction::apply(x, weight, bias.defined() ? bias : none, addend.defined() ? addend : none,
+                                   bias.defined(), addend.defined(), rounded_output);
+}
 
 bool batch_shapes_match(const at::Tensor& a, const at::Tensor& b) {
   return a.dim() >= 2 && a.dim() == b.dim() && a.size(-1) == b.size(-2) &&
@@ -566,13 +571,7 @@ at::Tensor batch_matmul(const at::Tensor& a, const at::Tensor& b) {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& addend) {
   RECORD_FUNCTION("chiar::linear", std::vector<c10::IValue>({x, weight}));
-  if (takes_bf16_path(x, weight, bias, addend)) {
-    check_shapes(x, weight, bias, addend);
-    count_host_kernel();
-    const auto none = at::empty({0}, weight.options());
-    return Bf16LinearFunction::apply(x, weight, bias.defined() ? bias : none, addend.defined() ? addend : none,
-                                     bias.defined(), addend.defined(), /*rounded_output=*/false);
-  }
+  if (takes_bf16_path(x, weight, bias, addend)) return bf16_linear(x, weight, bias, addend, /*rounded_output=*/false);
   if (!takes_fast_path(x, weight, bias, addend)) {
     // libtorch's path. The addend rides in addmm when nothing differs in type
     // (under autocast addmm would run in bf16 and drag an fp32 addend down).
@@ -605,11 +604,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 at::Tensor linear_bf16_out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!takes_bf16_path(x, weight, bias, {})) return linear(x, weight, bias);
   RECORD_FUNCTION("chiar::linear_bf16_out", std::vector<c10::IValue>({x, weight}));
-  check_shapes(x, weight, bias, {});
-  count_host_kernel();
-  const auto none = at::empty({0}, weight.options());
-  return Bf16LinearFunction::apply(x, weight, bias.defined() ? bias : none, none, bias.defined(), false,
-                                   /*rounded_output=*/true);
+  return bf16_linear(x, weight, bias, {}, /*rounded_output=*/true);
 }
 
 }  // namespace chiar
