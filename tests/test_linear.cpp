@@ -591,13 +591,52 @@ TEST_CASE("gemm_bf16_packed_b: a weight packed once gives gemm_bf16's products; 
   CHECK(gemm_bf16_packed_b_reads() == reads_before);
 }
 
+// Restores the CPU's own choice of bf16 rounding when a test leaves.
+struct EmulatedBf16Rounding {
+  explicit EmulatedBf16Rounding(bool emulate) { emulate_bf16_rounding(emulate); }
+  ~EmulatedBf16Rounding() { emulate_bf16_rounding(false); }
+};
+
 TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even, NaN kept", "[linear][bf16]") {
+  // Both roundings where the CPU has AVX512-BF16's instruction, the integer
+  // one elsewhere (its fix-ups, NaN and subnormal lanes, are among the values).
+  const bool native = bf16_rounding_native();
+  const bool emulate = native ? GENERATE(false, true) : true;
+  const EmulatedBf16Rounding scope(emulate);
+  if (!native) WARN("this CPU has no AVX512-BF16: only the integer rounding is tested");
+  INFO((bf16_rounding_native() ? "instruction" : "integer") << " rounding");
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const auto of_bits = [](uint32_t bits) {
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+  };
   // 1 + 2^-8 lies halfway between 1 and the next bf16 (1 + 2^-7): ties to
   // even give 1; 1 + 3 * 2^-8 lies halfway above 1 + 2^-7, odd: up to 1 + 2^-6.
-  std::vector<float> values{0.f,      -0.f,     1.f,   1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, 1.f + 0x1p-9f,
-                            -2.5e-3f, inf,      -inf,  nan,           3.4e38f,           1e-40f,
-                            65504.f,  -1.f / 3, 1e30f, -7.123f,       0x1.fffffep127f};
+  // Subnormals (1e-40, the smallest, one that rounds up to the smallest
+  // normal bf16), a negative NaN and one with a payload.
+  std::vector<float> values{0.f,
+                            -0.f,
+                            1.f,
+                            1.f + 0x1p-8f,
+                            1.f + 3 * 0x1p-8f,
+                            1.f + 0x1p-9f,
+                            -2.5e-3f,
+                            inf,
+                            -inf,
+                            nan,
+                            3.4e38f,
+                            1e-40f,
+                            65504.f,
+                            -1.f / 3,
+                            1e30f,
+                            -7.123f,
+                            0x1.fffffep127f,
+                            -1e-40f,
+                            0x1p-149f,
+                            0x1.fffffcp-127f,
+                            -nan,
+                            of_bits(0x7f812345u)};
   at::manual_seed(11);
   const auto random = at::randn({1000}) * 100;
   for (int64_t i = 0; i < random.numel(); ++i) values.push_back(random[i].item<float>());
@@ -605,11 +644,14 @@ TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even,
   round_to_bf16(values.data(), got.data(), static_cast<int64_t>(values.size()));
   for (size_t i = 0; i < values.size(); ++i) {
     INFO("value " << values[i]);
-    const c10::BFloat16 want(values[i]);
-    if (std::isnan(values[i]))
-      CHECK(std::isnan(static_cast<float>(c10::BFloat16(got[i], c10::BFloat16::from_bits()))));
-    else
-      CHECK(got[i] == want.x);
+    CHECK(got[i] == c10::BFloat16(values[i]).x);  // NaN: 0x7fc0, as c10
+  }
+  // Rows shorter than a vector and not a multiple of one, at every offset.
+  for (int64_t n = 1; n <= 40; ++n) {
+    std::vector<uint16_t> part(static_cast<size_t>(n) + 1, 0xabcd);
+    round_to_bf16(values.data() + 3, part.data(), n);
+    for (int64_t j = 0; j < n; ++j) CHECK(part[static_cast<size_t>(j)] == got[static_cast<size_t>(j) + 3]);
+    CHECK(part[static_cast<size_t>(n)] == 0xabcd);  // nothing written past the row
   }
   CHECK(got[3] == c10::BFloat16(1.f).x);
   CHECK(static_cast<float>(c10::BFloat16(got[4], c10::BFloat16::from_bits())) == 1.f + 0x1p-6f);
@@ -623,11 +665,7 @@ TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even,
   round_to_bf16_adding(values.data(), again.data(), sums.data(), static_cast<int64_t>(values.size()));
   for (size_t i = 0; i < values.size(); ++i) {
     INFO("value " << values[i]);
-    const float product = values[i] * factor;
-    if (std::isnan(product))
-      CHECK(std::isnan(static_cast<float>(c10::BFloat16(scaled[i], c10::BFloat16::from_bits()))));
-    else
-      CHECK(scaled[i] == c10::BFloat16(product).x);
+    CHECK(scaled[i] == c10::BFloat16(values[i] * factor).x);
     CHECK(again[i] == got[i]);
     if (!std::isnan(values[i])) CHECK(sums[i] == 1.f + values[i]);
   }

@@ -43,8 +43,11 @@ CHIAR_API void softmax_backward_row(const float* p, float* ds, int64_t n, float 
 CHIAR_API float dot(const float* a, const float* b, int64_t n);
 
 // out[j] = the bf16 nearest in[j] (ties to even; NaN stays NaN), as bits:
-// c10::BFloat16's rounding, in vector lanes. A tile's fp32 weights or
-// gradient become the next bf16 product's operand.
+// c10::BFloat16's rounding, bit for bit, in vector lanes. A tile's fp32
+// weights or gradient become the next bf16 product's operand. On a CPU with
+// AVX512-BF16 this and the two below round with its conversion instruction
+// (three times the lanes per cycle of the integer rounding), whose NaN and
+// subnormal lanes are then set as c10 sets them (see bf16_rounding_native).
 CHIAR_API void round_to_bf16(const float* in, uint16_t* out, int64_t n);
 
 // out[j] = the bf16 nearest in[j] * factor, rounded as round_to_bf16: a
@@ -60,5 +63,12 @@ CHIAR_API void round_to_bf16_adding(const float* in, uint16_t* out, float* sums,
 // out[j] = the fp32 value of the bf16 bits in[j], exactly: a bf16 row
 // widened for the fp32 kernels (a chunk at a time, kept in L1).
 CHIAR_API void widen_bf16(const uint16_t* in, float* out, int64_t n);
+
+// Whether the three rounding kernels above take the CPU's bf16 conversion
+// instruction (decided once from the CPU) rather than integer rounding. The
+// results are the same bits either way; emulate_bf16_rounding(true) forces
+// the integer path, so that tests can compare both on one machine.
+CHIAR_API bool bf16_rounding_native();
+CHIAR_API void emulate_bf16_rounding(bool emulate);
 
 }  // namespace chiar
