@@ -264,3 +264,49 @@ TEST_CASE("FusedAdamW leaves moments that do not fit their parameter to libtorch
   CHECK(state.exp_avg().sizes() == at::IntArrayRef{2, 8});
   CHECK(rel_error(state.exp_avg_sq(), kept) == 0);
 }
+
+TEST_CASE("FusedAdamW::clear_gradients: backward sets fresh gradients, the same steps as zero_grad's zeros",
+          "[adamw]") {
+  // Two copies of a small model, y = tanh(x A) B, trained three steps on the
+  // same batches, one with zero_grad() and one with clear_gradients(); u
+  // takes part in the loss at the first step only.
+  const auto make = [] {
+    at::manual_seed(21);
+    return std::vector<at::Tensor>{(at::randn({16, 32}) * 0.2).requires_grad_(true),
+                                   (at::randn({32, 8}) * 0.2).requires_grad_(true),
+                                   at::randn({8}).requires_grad_(true)};
+  };
+  auto zeroed = make(), cleared = make();
+  const Hyper h;
+  FusedAdamW zeroing(zeroed, options_of(h)), clearing(cleared, options_of(h));
+  at::manual_seed(22);
+  const auto x = at::randn({64, 16});
+  const auto loss_of = [&](const std::vector<at::Tensor>& p, int step) {
+    auto y = at::tanh(at::matmul(x, p[0])).matmul(p[1]);
+    if (step == 0) y = y + p[2];
+    return y.pow(2).mean();
+  };
+  for (int step = 0; step < 3; ++step) {
+    zeroing.zero_grad();
+    clearing.clear_gradients();
+    for (const auto& p : cleared) CHECK_FALSE(p.grad().defined());
+    loss_of(zeroed, step).backward();
+    loss_of(cleared, step).backward();
+    zeroing.step();
+    clearing.step();
+    // The parameters the loss reads: the same bits either way.
+    CHECK(at::equal(zeroed[0], cleared[0]));
+    CHECK(at::equal(zeroed[1], cleared[1]));
+  }
+  // u had no gradient after the first step: cleared, the step skipped it;
+  // zeroed, it went on decaying and following its moments.
+  const auto u_after_one = [&] {
+    auto once = make();
+    FusedAdamW opt(once, options_of(h));
+    loss_of(once, 0).backward();
+    opt.step();
+    return once[2];
+  }();
+  CHECK(at::equal(cleared[2], u_after_one));
+  CHECK_FALSE(at::equal(zeroed[2], u_after_one));
+}

@@ -26,6 +26,15 @@ class CHIAR_API FusedAdamW : public torch::optim::AdamW {
 
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  // Every parameter's gradient dropped (undefined), as PyTorch's
+  // zero_grad(set_to_none=True): the next backward hands each parameter its
+  // gradient as computed, where zero_grad() would fill the old ones with
+  // zeros for backward to add into (a pass of each over every parameter,
+  // docs/performance.md, 'Gradients set, not added'). A parameter that gets no
+  // gradient is then skipped by step(), as it is before its first one and
+  // after a resume, rather than decayed on a zero gradient.
+  void clear_gradients();
+
   // Whether the last step() took the fused loop, or the foreach ops (tests,
   // provenance).
   bool last_step_fused() const { return last_step_fused_; }

@@ -71,7 +71,7 @@ class Variant {
   // tokens: (B, T); targets: (B, T) for a language model, (B,) for a classifier.
   void train_step(const at::Tensor& tokens, const at::Tensor& targets, int64_t outputs) {
     model_.train();
-    opt_.zero_grad();
+    opt_.clear_gradients();
     at::Tensor loss;
     {
       const autocast::Bf16Scope cast(bf16_, tokens.device());

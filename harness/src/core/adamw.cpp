@@ -177,6 +177,11 @@ void fused_update(const at::Tensor& p, torch::optim::AdamWParamState& st, const 
 
 }  // namespace
 
+void FusedAdamW::clear_gradients() {
+  for (auto& group : param_groups())
+    for (auto& p : group.params()) p.mutable_grad() = torch::Tensor();
+}
+
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   last_step_fused_ = false;
   last_step_foreach_ = false;

@@ -244,7 +244,7 @@ at::Tensor slice_loss_of(const model::ChiarModel& model, const model::ModelOutpu
 StepLoss accumulate_gradients(Run& run, int64_t step) {
   const TrainOptions& t = run.t;
   const int ranks = run.group ? run.group->size() : 1;
-  run.optimizer.zero_grad();
+  run.optimizer.clear_gradients();
   StepLoss s;
   for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
     const Batch host =
