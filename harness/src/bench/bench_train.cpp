@@ -368,7 +368,12 @@ struct Timings {
 // Pass 2, all variants alive: each round times one training step of every
 // entry (variant, library, precision) and one GEMM per rate probe, so that
 // ratios between entries and against the GEMM rate compare the same minutes
-// of a machine whose speed drifts.
+// of a machine whose speed drifts. The entries' order turns by one each
+// round (round i starts at entry i mod n). In a fixed order, of two
+// identical variants the first, whose step follows the probes' 2048^3
+// products, trained 2-3% slower than the second (docs/performance.md,
+// 'Measuring'): a bias against entry 0, the baseline in fp32 of
+// --compare-precision fp32,bf16.
 Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry>& entries, const TrainBenchOptions& o,
                          const Synthetic& s) {
   std::vector<std::unique_ptr<Variant>> models;
@@ -387,7 +392,8 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
   std::unique_ptr<engine::GemmProbe> blas_probe;
   if (device.is_cpu()) blas_probe = std::make_unique<engine::GemmProbe>(2048, /*blas_only=*/true);
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-    for (int64_t k = 0; k < n; ++k) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t k = (i + j) % n;
       set_gemm_backend(entries[k].gemm);
       const auto t0 = Clock::now();
       models[k]->train_step(s.tokens, s.targets, s.outputs);
@@ -398,7 +404,8 @@ Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry
     t.blas.push_back(blas_probe ? blas_probe->gflops() : 0);
   }
   for (int64_t i = 0; i < o.warmup + o.steps; ++i)
-    for (int64_t k = 0; k < n; ++k) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t k = (i + j) % n;
       set_gemm_backend(entries[k].gemm);
       const auto t0 = Clock::now();
       models[k]->infer(s.tokens);

@@ -49,7 +49,7 @@ void print_header(const bench::TrainBenchOptions& o, const engine::RuntimeInfo& 
             << " layers, " << o.heads << " heads, vocab " << o.vocab
             << (o.classes > 0 ? ", classifier of " + std::to_string(o.classes) + " classes" : ", causal LM")
             << "; medians of " << o.steps << " steps after " << o.warmup
-            << " warm-up, variants interleaved step by step with "
+            << " warm-up, variants interleaved step by step (their order turning each round) with "
             << (cpu ? "2048^3 GEMMs" : "8192^3 GEMMs on " + o.device) << " each round; " << joined(o.precisions)
             << (cpu ? "" : "; peak MB is the host's, GPU MiB the caching allocator's peaks") << "\n"
             << engine::describe(info) << "\n\n";
