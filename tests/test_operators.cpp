@@ -3,6 +3,9 @@
 #include <torch/cuda.h>
 
 #include <limits>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "core/autocast_compat.h"
 #include "chiar/error.h"
@@ -172,6 +175,54 @@ TEST_CASE("attention: recomputing the weights in backward gives the stored path'
       for (auto& p : op->parameters()) grads[mode].push_back(p.grad());
     }
     for (size_t i = 0; i < grads[0].size(); ++i) CHECK(rel_error(grads[1][i], grads[0][i]) < 1e-12);
+  }
+}
+
+// The types of the tensors that autograd nodes whose name holds `name` took
+// in forward (their gradients' types), over the graph behind `out`.
+std::vector<at::ScalarType> node_types(const at::Tensor& out, const std::string& name) {
+  std::vector<at::ScalarType> types;
+  std::vector<torch::autograd::Node*> stack{out.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    if (node->name().find(name) != std::string::npos && node->num_inputs() > 0)
+      types.push_back(c10::typeMetaToScalarType(node->input_metadata(0).options().dtype()));
+    for (const auto& edge : node->next_edges()) stack.push_back(edge.function.get());
+  }
+  return types;
+}
+
+TEST_CASE("attention under bf16 products: RoPE and the fused core take bf16 queries, keys and values",
+          "[operator][attention][bf16]") {
+  // Where oneDNN has bf16 kernels, the projections come out in bf16 and
+  // RoPE (two nodes: queries, keys) writes bf16 for the core; in fp32, and
+  // under bf16 autocast without those kernels (the projections widened for
+  // the core), both stay fp32.
+  const bool native = gemm_bf16_native();
+  if (!native) WARN("oneDNN has no bf16 kernels here: only the fp32 RoPE is checked");
+  auto op = make_op("attention", 16, 2, Params(), false, 21);
+  at::manual_seed(23);
+  const auto x = at::randn({2, 9, 16}).requires_grad_(true);
+  OpContext ctx;
+  ctx.causal = true;
+  for (const bool bf16 : {false, true}) {
+    INFO((bf16 ? "bf16 autocast" : "fp32"));
+    at::Tensor out;
+    {
+      chiar::autocast::Bf16Scope scope(bf16, x.device());
+      out = op->forward(x, ctx);
+    }
+    const auto rope = node_types(out, "Rotary");
+    REQUIRE(rope.size() == 2);
+    for (const auto type : rope) CHECK(type == (bf16 && native ? at::kBFloat16 : at::kFloat));
+    // Backward runs on them: x's gradient is fp32 and finite.
+    out.to(at::kFloat).sum().backward();
+    CHECK(x.grad().scalar_type() == at::kFloat);
+    CHECK(at::isfinite(x.grad()).all().item<bool>());
+    x.mutable_grad() = at::Tensor();
   }
 }
 

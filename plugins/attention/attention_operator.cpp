@@ -13,18 +13,20 @@
 // each row reads. Without causality (classification) every query reads
 // every key, with the padding mask. Which code computes the core
 // softmax(q k^T + mask) v is the option `core`:
-//   fused    in fp32 on the CPU, tile by tile in cache, recomputing its
-//            weights in backward (fused_core.h), with RoPE written straight
-//            into the layouts it reads (rotary.h); elsewhere as chunked
+//   fused    on the CPU, tile by tile in cache, recomputing its weights in
+//            backward (fused_core.h), with RoPE written straight into the
+//            layouts it reads (rotary.h); in fp32, or under bf16 products
+//            on bf16 projections (bf16_projections); elsewhere as chunked
 //   sdpa     libtorch's scaled_dot_product_attention (sdpa.h), builds with
 //            libtorch 2.1 or newer only
 //   chunked  batched products in chunks of at most chunk_mib of weights,
 //            long sequences recomputing the weights in backward instead of
 //            storing them (recompute_mib)
-//   auto     (default) fused in fp32 on the CPU (bf16 autocast's
-//            projections widened to fp32 for it where the build has no
-//            sdpa); elsewhere (float64, fp16, other devices) sdpa where the
-//            build has it, else chunked.
+//   auto     (default) fused on the CPU in fp32 and under bf16 products
+//            (bf16 autocast's projections on a CPU without oneDNN's bf16
+//            kernels widened to fp32 for it where the build has no sdpa);
+//            elsewhere (float64, fp16, other devices) sdpa where the build
+//            has it, else chunked.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
@@ -175,10 +177,10 @@ class AttentionOperator final : public Operator {
 
   at::Tensor forward(const at::Tensor& x, const OpContext& ctx) override {
     const int64_t B = x.size(0), T = x.size(1);
-    const auto in = norm_.input(x);                                                // (B, T, d)
-    auto q = queries(for_core(project(q_, in)).view({B, T, heads_, dh_}), {}, T);  // (B, h, T, dh)
-    auto [kt, v] = keys_values(in);                                                // (B, h, dh, T), (B, h, T, dh)
-    at::Tensor o;                                                                  // (B, h, T, dh)
+    const auto in = norm_.input(x);                                               // (B, T, d)
+    auto q = queries(project_for_core(q_, in).view({B, T, heads_, dh_}), {}, T);  // (B, h, T, dh)
+    auto [kt, v] = keys_values(in);                                               // (B, h, dh, T), (B, h, T, dh)
+    at::Tensor o;                                                                 // (B, h, T, dh)
     if (fuses(q)) {
       chiar::count_host_kernel();
       o = chiar_attention::fused_attention(q, kt, v, {}, ctx.valid, ctx.causal ? block_ : 0);
@@ -225,7 +227,7 @@ class AttentionOperator final : public Operator {
     auto [kt, v] = keys_values(in);                                                     // (G, h, dh, T), (G, h, T, dh)
     // Rotated, scaled queries of every row: (N, h, dh).
     const auto q_in = norm_.pre() ? in.reshape({-1, d_}).index_select(0, g.group * T + t) : xr;  // (N, d)
-    auto q = queries(for_core(project(q_, q_in)).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
+    auto q = queries(project_for_core(q_, q_in).view({1, N, heads_, dh_}), t, T).squeeze(0).transpose(0, 1);
     auto valid = ctx.valid.defined() ? ctx.valid.index_select(0, g.keys) : at::Tensor();
     const bool recompute = recompute_for(T, ctx.causal);
     const bool fused = fuses(q);
@@ -455,16 +457,32 @@ class AttentionOperator final : public Operator {
   // options give, as it does for the query blocks.
   bool recomputes(int64_t T, bool causal) const { return core_ != Core::Chunked || recompute_for(T, causal); }
 
-  // The fused core takes fp32 on the CPU (unless the kernel policy asks for
-  // libtorch compositions, chiar/kernels.h); other dtypes (float64 in the
-  // tests' references, bf16 that for_core left as it is) and devices go to
-  // SDPA or the chunked core.
+  // The fused core takes fp32 on the CPU, and the bf16 projections below
+  // (unless the kernel policy asks for libtorch compositions,
+  // chiar/kernels.h); other dtypes (float64 in the tests' references, bf16
+  // that for_core left as it is) and devices go to SDPA or the chunked core.
   static bool fp32_cpu(const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.device().is_cpu(); }
   bool fuses(const at::Tensor& q) const {
-    return (core_ == Core::Auto || core_ == Core::Fused) && chiar::host_kernels_enabled() && fp32_cpu(q);
+    return (core_ == Core::Auto || core_ == Core::Fused) && chiar::host_kernels_enabled() &&
+           (fp32_cpu(q) || (q.scalar_type() == at::kBFloat16 && bf16_projections(q)));
   }
-  // A projection as the core takes it. Under bf16 autocast on a CPU whose
-  // oneDNN has bf16 kernels, chiar::linear already returns fp32; elsewhere
+  // Whether the core's projections come out in bf16: where the fused core
+  // runs under bf16 products (chiar::cpu_bf16_products), which reads bf16
+  // q, k and v in place and gives their gradients back in bf16, RoPE turning
+  // them in fp32 between (rotary.h). The projections then write half the
+  // bytes, and nothing casts them to fp32 and back to bf16 for the core's
+  // products, or their gradients on the way back (docs/performance.md,
+  // 'Queries, keys and values in bf16').
+  bool bf16_projections(const at::Tensor& x) const {
+    return (core_ == Core::Auto || core_ == Core::Fused) && chiar::host_kernels_enabled() && x.device().is_cpu() &&
+           chiar::cpu_bf16_products();
+  }
+  at::Tensor project_for_core(const torch::nn::Linear& layer, const at::Tensor& x) const {
+    return bf16_projections(x) ? chiar::linear_bf16_out(x, layer->weight, layer->bias) : for_core(project(layer, x));
+  }
+  // A projection as the core takes it where bf16_projections does not
+  // apply. Under bf16 autocast on a CPU whose oneDNN has bf16 kernels, that
+  // is the SDPA or chunked core, and chiar::linear returns fp32; elsewhere
   // the projections come out in bf16, and where the fused core is the choice
   // (fused, or auto without SDPA) they are widened to fp32 once, (B, T, d)
   // each, so that RoPE and the core run fused rather than as autocast's
@@ -505,7 +523,7 @@ class AttentionOperator final : public Operator {
     const int64_t G = x.size(0), T = x.size(1);
     // unbind, not select: backward stacks the two gradients once instead of
     // filling a zero tensor of both for each.
-    const auto parts = for_core(project(kv_, x)).view({G, T, 2, heads_, dh_}).unbind(2);  // (G, T, h, dh) each
+    const auto parts = project_for_core(kv_, x).view({G, T, 2, heads_, dh_}).unbind(2);  // (G, T, h, dh) each
     auto v = parts[1].transpose(1, 2);
     // The projection's dtype decides, not x's: under autocast x is fp32 and
     // the projection may be bf16.
@@ -541,16 +559,18 @@ class AttentionOperator final : public Operator {
   }
 
   // cos and sin of the angles of positions 0 .. >= T-1, (L, dh/2) each, in
-  // x's dtype and device: computed in double once, then reused.
+  // x's dtype (fp32 for the fused core's bf16, which RoPE turns in fp32) and
+  // device: computed in double once, then reused.
   std::pair<at::Tensor, at::Tensor> rope_table(int64_t T, const at::Tensor& x) const {
-    if (!rope_cos_.defined() || rope_cos_.size(0) < T || rope_cos_.scalar_type() != x.scalar_type() ||
+    const auto type = x.scalar_type() == at::kBFloat16 && fuses(x) ? at::kFloat : x.scalar_type();
+    if (!rope_cos_.defined() || rope_cos_.size(0) < T || rope_cos_.scalar_type() != type ||
         rope_cos_.device() != x.device()) {
       const int64_t half = dh_ / 2;
       const auto f64 = x.options().dtype(at::kDouble);
       auto inv_freq = at::exp(at::arange(half, f64) * (-2.0 * std::log(rope_base_) / static_cast<double>(dh_)));
       auto angle = at::arange(T, f64).unsqueeze(1) * inv_freq;  // (T, half)
-      rope_cos_ = angle.cos().to(x.scalar_type());
-      rope_sin_ = angle.sin().to(x.scalar_type());
+      rope_cos_ = angle.cos().to(type);
+      rope_sin_ = angle.sin().to(type);
     }
     return {rope_cos_, rope_sin_};
   }

@@ -193,6 +193,14 @@ float* scratch(size_t floats) {
   return buffer.data();
 }
 
+// Per-thread fp32 accumulators of a backward task, apart from scratch(),
+// which each tile sizes anew.
+float* accumulators(size_t floats) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
 // o (G, h, m, dh) in T and, per query, the maximum score and the log of the
 // sum of exp(score - maximum): stats (2, G, h, m). A bf16 o is each tile's
 // fp32 product rounded once, as the output projection would round it.
@@ -252,9 +260,15 @@ void forward_tiles(const Problem<T>& p, const Matrices<T>& o, float* stats) {
 // tiles adding into its keys' and values' gradients run one after another.
 // o and dout in T, as forward wrote o and the products read dout; the
 // softmax's backward reads o and dout in fp32 only (below).
-template <class T>
+//
+// D, the gradients' type: fp32, or bf16 where q, kt and v were bf16 (the
+// operator's bf16 projections). A bf16 dq is each tile's fp32 product
+// rounded once; dkt and dvt are summed over the tiles in fp32 accumulators
+// of the task's own and rounded once at its end.
+template <class T, class D>
 void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stats, const Matrices<T>& dout, const T* k,
-                    const T* vt, float* dq, float* dkt, float* dvt) {
+                    const T* vt, D* dq, D* dkt, D* dvt) {
+  constexpr bool fp32_grads = std::is_same_v<D, float>;
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
   std::vector<double> batch_cost(static_cast<size_t>(p.GK), 0.0);  // score elements per key batch
@@ -264,15 +278,24 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
     const int64_t kg = task / p.heads, head = task % p.heads;
     const T* k_gh = k + task * p.L * p.dh;    // (L, dh)
     const T* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
-    float* dkt_gh = dkt + task * p.dh * p.L;  // (dh, L)
-    float* dvt_gh = dvt + task * p.dh * p.L;  // (dh, L)
+    float* dkt_gh;                            // (dh, L): the gradient itself, or its fp32 accumulator
+    float* dvt_gh;                            // (dh, L)
+    if constexpr (fp32_grads) {
+      dkt_gh = dkt + task * p.dh * p.L;
+      dvt_gh = dvt + task * p.dh * p.L;
+    } else {
+      dkt_gh = accumulators(static_cast<size_t>(2 * p.dh * p.L));
+      dvt_gh = dkt_gh + p.dh * p.L;
+    }
     std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
     std::fill(dvt_gh, dvt_gh + p.dh * p.L, 0.f);
     for (const size_t index : p.tiles_of[static_cast<size_t>(kg)]) {
       const auto& t = p.tiles[index];
       const size_t area = static_cast<size_t>(t.rows * t.keys);
-      float* weights = scratch(2 * area);  // (rows, keys): the weights, then
-      float* grad = weights + area;        // the scores' gradient
+      // (rows, keys): the weights, then the scores' gradient; for a bf16 dq
+      // its tile in fp32 (rows, dh)
+      float* weights = scratch(2 * area + (fp32_grads ? 0 : static_cast<size_t>(t.rows * p.dh)));
+      float* grad = weights + area;
       p.scores(head, t, weights);
       const int64_t first = t.qg * per_seq + head * p.m + t.r0;
       for (int64_t i = 0; i < t.rows; ++i) {
@@ -304,15 +327,29 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
       }
       // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
       const T* grad_op = as_operand(grad, area, k);
-      product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
+      if constexpr (fp32_grads) {
+        product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
+      } else {
+        float* dq_tile = grad + area;
+        product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq_tile, p.dh);
+        chiar::round_to_bf16(dq_tile, reinterpret_cast<uint16_t*>(dq + first * p.dh), t.rows * p.dh);
+      }
       product(true, false, p.dh, t.keys, t.rows, p.q.row(t.qg, head, t.r0), p.q.ld, grad_op, t.keys, 1.f, dkt_gh, p.L);
+    }
+    if constexpr (!fp32_grads) {
+      chiar::round_to_bf16(dkt_gh, reinterpret_cast<uint16_t*>(dkt + task * p.dh * p.L), p.dh * p.L);
+      chiar::round_to_bf16(dvt_gh, reinterpret_cast<uint16_t*>(dvt + task * p.dh * p.L), p.dh * p.L);
     }
   });
 }
 
-// A contiguous bf16 copy of t, in one pass.
-at::Tensor bf16_copy(const at::Tensor& t) {
-  return t.to(at::kBFloat16, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+// t as the bf16 products read it: itself when it is bf16 already (the
+// operator's bf16 projections, read in place), else a contiguous bf16 copy
+// in one pass.
+at::Tensor as_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16
+             ? t
+             : t.to(at::kBFloat16, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
 }
 
 // bf16: the products take q, kt, v, the tiles' weights and gradients rounded
@@ -328,12 +365,12 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
                             const at::Tensor& segments, int64_t block, bool bf16) {
     // The operands as the products read them: contiguous bf16 copies, or q,
     // kt and v themselves.
-    const auto qo = bf16 ? bf16_copy(q) : q, kto = bf16 ? bf16_copy(kt) : kt, vo = bf16 ? bf16_copy(v) : v;
+    const auto qo = bf16 ? as_bf16(q) : q, kto = bf16 ? as_bf16(kt) : kt, vo = bf16 ? as_bf16(v) : v;
     // Stored as (G, m, h, dh): the heads side by side per query, so that the
     // caller's (G, m, h * dh) for the output projection is a view, not a copy.
     const auto out_options = q.options().dtype(bf16 ? at::kBFloat16 : at::kFloat);
     auto o = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, out_options).transpose(1, 2);  // (G, h, m, dh)
-    auto stats = at::empty({2, q.size(0), q.size(1), q.size(2)}, q.options());
+    auto stats = at::empty({2, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     if (bf16)
       forward_tiles(Problem<c10::BFloat16>(qo, kto, vo, qpos, valid, segments, block, /*arrays=*/1),
                     matrices<c10::BFloat16>(o), stats.data_ptr<float>());
@@ -346,6 +383,9 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     ctx->saved_data["segments"] = segments;
     ctx->saved_data["block"] = block;
     ctx->saved_data["bf16"] = bf16;
+    ctx->saved_data["types"] =
+        std::vector<int64_t>{static_cast<int64_t>(q.scalar_type()), static_cast<int64_t>(kt.scalar_type()),
+                             static_cast<int64_t>(v.scalar_type())};
     return o;
   }
 
@@ -357,25 +397,39 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const auto qpos = ctx->saved_data["qpos"].toTensor(), valid = ctx->saved_data["valid"].toTensor(),
                segments = ctx->saved_data["segments"].toTensor();
     const int64_t block = ctx->saved_data["block"].toInt();
-    const auto f32 = q.options().dtype(at::kFloat);
-    auto dq = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, f32);       // (G, h, m, dh)
-    auto dkt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, f32);  // (GK, h, dh, L)
-    auto dvt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, f32);  // (GK, h, dh, L)
-    const auto k = kt.transpose(2, 3).contiguous();                               // (GK, h, L, dh)
-    const auto vt = v.transpose(2, 3).contiguous();                               // (GK, h, dh, L)
+    // Each gradient in its input's type: bf16 for the operator's bf16
+    // projections (written so by backward_tiles), else fp32.
+    const auto types = ctx->saved_data["types"].toIntVector();
+    const bool bf16_grads = std::all_of(types.begin(), types.end(),
+                                        [](int64_t t) { return static_cast<at::ScalarType>(t) == at::kBFloat16; });
+    const auto grad_options = q.options().dtype(bf16_grads ? at::kBFloat16 : at::kFloat);
+    auto dq = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, grad_options);       // (G, h, m, dh)
+    auto dkt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, grad_options);  // (GK, h, dh, L)
+    auto dvt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, grad_options);  // (GK, h, dh, L)
+    const auto k = kt.transpose(2, 3).contiguous();                                        // (GK, h, L, dh)
+    const auto vt = v.transpose(2, 3).contiguous();                                        // (GK, h, dh, L)
     if (ctx->saved_data["bf16"].toBool()) {
       // dout arrives in bf16 (o's type) and is read in place.
-      const auto dout_op = dout.scalar_type() == at::kBFloat16 ? dout : readable(bf16_copy(dout));
-      backward_tiles(Problem<c10::BFloat16>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2),
-                     matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op),
-                     k.data_ptr<c10::BFloat16>(), vt.data_ptr<c10::BFloat16>(), dq.data_ptr<float>(),
-                     dkt.data_ptr<float>(), dvt.data_ptr<float>());
+      const auto dout_op = readable(as_bf16(dout));
+      const Problem<c10::BFloat16> p(q, kt, v, qpos, valid, segments, block, /*arrays=*/2);
+      const auto* k_op = k.data_ptr<c10::BFloat16>();
+      const auto* vt_op = vt.data_ptr<c10::BFloat16>();
+      if (bf16_grads)
+        backward_tiles(p, matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op), k_op,
+                       vt_op, dq.data_ptr<c10::BFloat16>(), dkt.data_ptr<c10::BFloat16>(),
+                       dvt.data_ptr<c10::BFloat16>());
+      else
+        backward_tiles(p, matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op), k_op,
+                       vt_op, dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
     } else {
       backward_tiles(Problem<float>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), matrices<float>(o),
                      stats.data_ptr<float>(), matrices<float>(dout), k.data_ptr<float>(), vt.data_ptr<float>(),
                      dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
     }
-    return {dq, dkt, dvt.transpose(2, 3), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    // Mixed types (not the operator's): cast where they differ.
+    const auto typed = [&](const at::Tensor& g, size_t i) { return g.to(static_cast<at::ScalarType>(types[i])); };
+    return {typed(dq, 0), typed(dkt, 1), typed(dvt.transpose(2, 3), 2), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -397,6 +451,15 @@ Masks masks(const char* who, const at::Tensor& qpos, int64_t position_rows, cons
   return m;
 }
 
+// fp32 operands, or bf16 ones where the products are bf16 (the operator's
+// bf16 projections under chiar::cpu_bf16_products).
+void check_types(const char* who, const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v) {
+  const bool bf16 = chiar::cpu_bf16_products();
+  for (const at::Tensor* t : {&q, &kt, &v})
+    TORCH_CHECK(t->scalar_type() == at::kFloat || (bf16 && t->scalar_type() == at::kBFloat16), who,
+                ": operands must be fp32, or bf16 under bf16 products; found ", t->scalar_type());
+}
+
 }  // namespace
 
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& qpos,
@@ -413,6 +476,7 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::
       "fused_attention: positions ", qpos.sizes(), " do not match queries ", q.sizes());
   const Masks m =
       masks("fused_attention", qpos, qpos.defined() && qpos.dim() > 0 ? qpos.size(0) : 1, valid, q.size(0), kt.size(3));
+  check_types("fused_attention", q, kt, v);
   return FusedAttention::apply(readable(q), readable(kt), readable(v), m.positions, m.keys, m.none, block,
                                chiar::cpu_bf16_products());
 }
@@ -439,6 +503,7 @@ at::Tensor fused_attention_rows(const at::Tensor& q, const at::Tensor& kt, const
   TORCH_CHECK(!qpos.defined() || qpos.numel() == 0 || qpos.numel() == q.size(0), "fused_attention_rows: positions ",
               qpos.sizes(), " do not match ", q.size(0), " rows");
   const Masks m = masks("fused_attention_rows", qpos, 1, valid, kt.size(0), kt.size(3));
+  check_types("fused_attention_rows", q, kt, v);
   // One query batch of N rows: (1, h, N, dh), its rows read in place.
   auto o = FusedAttention::apply(readable(q.transpose(0, 1).unsqueeze(0)), readable(kt), readable(v), m.positions,
                                  m.keys, seg, 0, chiar::cpu_bf16_products());  // (1, h, N, dh) stored (1, N, h, dh)

@@ -6,14 +6,16 @@
 // statistics (two floats per query) instead of keeping them: the memory is
 // that of q, k, v and the output, whatever the sequence length.
 //
-// fp32 inputs on the CPU only (the operator widens autocast's bf16
-// projections to fp32 for it and sends other dtypes to its unfused path).
-// The products run on chiar::sgemm, so on the process's GEMM library; under
-// bf16 autocast on a CPU with oneDNN's bf16 kernels (chiar::cpu_bf16_products,
-// asked at forward and kept for backward) they take q, k, v, each tile's
-// weights and its scores' gradient rounded to bf16 and sum in fp32
-// (chiar::gemm_bf16_tile), while scores, softmax, the row statistics and
-// every output and gradient stay fp32.
+// On the CPU only, fp32 inputs, or bf16 ones under bf16 products (the
+// operator sends other dtypes to its unfused path). The products run on
+// chiar::sgemm, so on the process's GEMM library; under bf16 autocast on a
+// CPU with oneDNN's bf16 kernels (chiar::cpu_bf16_products, asked at forward
+// and kept for backward) they take q, k, v, each tile's weights and its
+// scores' gradient in bf16 and sum in fp32 (chiar::gemm_bf16_tile), while
+// scores, softmax and the row statistics stay fp32. There q, kt and v may
+// come in bf16 (the operator's bf16 projections), read in place and given
+// their gradients in bf16, each entry rounded once from its fp32 sum; fp32
+// ones are rounded into bf16 copies and get fp32 gradients.
 #include <ATen/core/Tensor.h>
 
 namespace chiar_attention {
@@ -41,7 +43,7 @@ constexpr int64_t kMaxTileRows = 128, kMinTileRows = 16;
 // the heads side by side per query, is contiguous. fp32, or under bf16
 // products (chiar::cpu_bf16_products) bf16, each entry rounded once from its
 // fp32 sum: what the output projection reads (its gradient then comes back
-// in bf16); q, kt and v's gradients are fp32 either way.
+// in bf16); q, kt and v's gradients are in their own types.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& qpos,
                            const at::Tensor& valid, int64_t block);
 

@@ -74,6 +74,17 @@ void cols_to_rows(const float* __restrict cols, int64_t ld, int64_t n, int64_t d
   }
 }
 
+// The same for bf16 (as bits), moved without widening: a block's rows are
+// rounded once in fp32 before (forward) or widened after (backward).
+void rows_to_cols(const uint16_t* __restrict rows, int64_t n, int64_t dh, uint16_t* __restrict cols, int64_t ld) {
+  for (int64_t i = 0; i < dh; ++i)
+    for (int64_t j = 0; j < n; ++j) cols[i * ld + j] = rows[j * dh + i];
+}
+void cols_to_rows(const uint16_t* __restrict cols, int64_t ld, int64_t n, int64_t dh, uint16_t* __restrict rows) {
+  for (int64_t i = 0; i < dh; ++i)
+    for (int64_t j = 0; j < n; ++j) rows[j * dh + i] = cols[i * ld + j];
+}
+
 // Between the projection's side, (G, L, h, dh) at strides s0, s1, s2, and
 // the core's layout (contiguous; transposed for the keys): forward turns
 // `in` (projection side) into `out` (core side); back turns `in` (the core's
@@ -131,6 +142,69 @@ void pass(const Layout& l, const float* in, float* out, bool transposed) {
   });
 }
 
+// The same passes on bf16 (as bits), turned in fp32. A block's positions
+// are widened (forward) or rounded (backward) a whole projection row at a
+// time, every head in one run where the heads lie side by side (stride dh),
+// through a buffer of the block's rows in fp32; each head's rows are turned
+// between it and the core's side, which is rounded or widened once a head.
+template <bool back>
+void pass_bf16(const Layout& l, const uint16_t* in, uint16_t* out, bool transposed) {
+  const float sign = back ? -1.f : 1.f;
+  const int64_t blocks = (l.L + kBlock - 1) / kBlock, width = l.heads * l.dh;
+  const bool runs = l.s2 == l.dh;  // a position's heads side by side
+  at::parallel_for(0, l.G * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> side_rows(static_cast<size_t>(kBlock * width));  // (n, h * dh) the projection's side
+    std::vector<float> core_rows(static_cast<size_t>(kBlock * l.dh));   // (n, dh) one head, the core's side
+    std::vector<uint16_t> rounded(transposed ? static_cast<size_t>(kBlock * l.dh) : 0);  // (n, dh) the keys' rows
+    // Between position t0 + j's projection row and row j of side_rows.
+    const auto each_run = [&](int64_t g, int64_t t0, int64_t n, const auto& move) {
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t row = g * l.s0 + (t0 + j) * l.s1;
+        if (runs)
+          move(row, side_rows.data() + j * width, width);
+        else
+          for (int64_t head = 0; head < l.heads; ++head)
+            move(row + head * l.s2, side_rows.data() + j * width + head * l.dh, l.dh);
+      }
+    };
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / blocks, t0 = task % blocks * kBlock, n = std::min(kBlock, l.L - t0);
+      const int64_t* pos = l.pos ? l.pos + g * l.pos_stride + t0 : nullptr;
+      if constexpr (!back)
+        each_run(g, t0, n, [&](int64_t at, float* to, int64_t len) { chiar::widen_bf16(in + at, to, len); });
+      for (int64_t head = 0; head < l.heads; ++head) {
+        // The core's rows t0 .. t0 + n of (g, head): contiguous, or for the
+        // keys columns of the (dh, L) matrix.
+        const int64_t core = (g * l.heads + head) * l.L * l.dh + (transposed ? t0 : t0 * l.dh);
+        float* side_head = side_rows.data() + head * l.dh;  // (n, dh) at stride width
+        if constexpr (!back) {
+          turn_rows(l.cos, l.sin, pos, t0, n, l.half, l.scale, sign, side_head, width, core_rows.data(), l.dh);
+          if (!transposed) {
+            chiar::round_to_bf16(core_rows.data(), out + core, n * l.dh);
+          } else {
+            chiar::round_to_bf16(core_rows.data(), rounded.data(), n * l.dh);
+            rows_to_cols(rounded.data(), n, l.dh, out + core, l.L);
+          }
+        } else {
+          if (!transposed) {
+            chiar::widen_bf16(in + core, core_rows.data(), n * l.dh);
+          } else {
+            cols_to_rows(in + core, l.L, n, l.dh, rounded.data());
+            chiar::widen_bf16(rounded.data(), core_rows.data(), n * l.dh);
+          }
+          turn_rows(l.cos, l.sin, pos, t0, n, l.half, l.scale, sign, core_rows.data(), l.dh, side_head, width);
+        }
+      }
+      if constexpr (back)
+        each_run(g, t0, n, [&](int64_t at, float* from, int64_t len) { chiar::round_to_bf16(from, out + at, len); });
+    }
+  });
+}
+
+// bits of a bf16 tensor
+const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>()); }
+uint16_t* bits(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>()); }
+
 Layout layout(const at::Tensor& x_shape, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& pos,
               double scale) {
   Layout l{};
@@ -158,7 +232,10 @@ struct Rotary : public torch::autograd::Function<Rotary> {
     l.s2 = x.stride(2);
     auto out = transposed ? at::empty({l.G, l.heads, l.dh, l.L}, x.options())
                           : at::empty({l.G, l.heads, l.L, l.dh}, x.options());
-    pass</*back=*/false>(l, x.data_ptr<float>(), out.data_ptr<float>(), transposed);
+    if (x.scalar_type() == at::kBFloat16)
+      pass_bf16</*back=*/false>(l, bits(x), bits(out), transposed);
+    else
+      pass</*back=*/false>(l, x.data_ptr<float>(), out.data_ptr<float>(), transposed);
     ctx->save_for_backward({cos, sin, pos});
     ctx->saved_data["shape"] = x.sizes().vec();
     ctx->saved_data["scale"] = scale;
@@ -170,13 +247,19 @@ struct Rotary : public torch::autograd::Function<Rotary> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
+    // The gradient in x's type (autograd hands it so): bf16 x, bf16 both ways.
+    const bool bf16 = grads[0].scalar_type() == at::kBFloat16;
     auto gx = at::empty(shape, grads[0].options());
     Layout l = layout(gx, saved[0], saved[1], saved[2], ctx->saved_data["scale"].toDouble());
     l.s0 = gx.stride(0);
     l.s1 = gx.stride(1);
     l.s2 = gx.stride(2);
     const auto grad = grads[0].contiguous();
-    pass</*back=*/true>(l, grad.data_ptr<float>(), gx.data_ptr<float>(), ctx->saved_data["transposed"].toBool());
+    const bool transposed = ctx->saved_data["transposed"].toBool();
+    if (bf16)
+      pass_bf16</*back=*/true>(l, bits(grad), bits(gx), transposed);
+    else
+      pass</*back=*/true>(l, grad.data_ptr<float>(), gx.data_ptr<float>(), transposed);
     return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -189,6 +272,10 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0 && cos.dim() == 2 && cos.size(1) * 2 == x.size(3) &&
                   sin.sizes() == cos.sizes(),
               "rotary: x ", x.sizes(), " and tables ", cos.sizes(), " do not match");
+  TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat,
+              "rotary: x must be fp32 or bf16 and the tables fp32, found ", x.scalar_type(), " and ",
+              cos.scalar_type());
   const auto input = x.stride(3) == 1 ? x : x.contiguous();
   const auto positions = pos.defined() ? pos.to(at::kLong).contiguous() : at::empty({0}, x.options().dtype(at::kLong));
   return Rotary::apply(input, cos.contiguous(), sin.contiguous(), positions, scale, keys_transposed);

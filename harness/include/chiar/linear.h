@@ -65,10 +65,9 @@ CHIAR_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const
 // reading bf16 take (an FFN's pre-activation, attention's queries, keys and
 // values): under bf16 products (cpu_bf16_products) the output is bf16, each
 // entry summed in fp32 with its bias and rounded once as the product writes
-// it, and backward takes a bf16 gradient for it. Where x is bf16 too (a
-// LayerNorm's bf16 output, layer_norm_bf16_out), its gradient is written in
-// bf16 the same way. Half the bytes of fp32 each way, and no cast between
-// the producer and its reader. Elsewhere exactly linear(x, weight, bias).
+// it, and backward takes a bf16 gradient for it. Where x is bf16 too (the
+// FFN's bf16 GELU output), its gradient is written in bf16 the same way. Half the bytes of fp32 each way, and no cast
+// between the producer and its reader. Elsewhere exactly linear(x, weight, bias).
 CHIAR_API at::Tensor linear_bf16_out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 // a b over matching batch dimensions, differentiable in both:

@@ -64,6 +64,10 @@ CHIAR_API void round_to_bf16_adding(const float* in, uint16_t* out, float* sums,
 // widened for the fp32 kernels (a chunk at a time, kept in L1).
 CHIAR_API void widen_bf16(const uint16_t* in, float* out, int64_t n);
 
+// sums[j] += the fp32 value of the bf16 bits in[j]: column sums of a bf16
+// gradient (a bias's gradient) in fp32.
+CHIAR_API void add_widened_bf16(const uint16_t* in, float* sums, int64_t n);
+
 // Whether the three rounding kernels above take the CPU's bf16 conversion
 // instruction (decided once from the CPU) rather than integer rounding. The
 // results are the same bits either way; emulate_bf16_rounding(true) forces

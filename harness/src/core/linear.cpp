@@ -339,6 +339,20 @@ void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transpos
 
 at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
 
+// gy's column sums (n) in fp32: a bias's gradient. A bf16 gy (M, n) on the
+// CPU (linear_bf16_out's gradient) is widened a row at a time into the
+// threads' partial sums (libtorch's sum over bf16: bench-train --op-times,
+// aten::sum inside Bf16LinearFunction backward, docs/performance.md).
+at::Tensor column_sums(const at::Tensor& gy) {
+  if (gy.scalar_type() != at::kBFloat16 || !gy.device().is_cpu() || gy.dim() != 2)
+    return at::sum(gy, {0}, false, at::kFloat);
+  const auto g = gy.contiguous();  // (M, n)
+  const int64_t M = g.size(0), n = g.size(1);
+  const auto* in = reinterpret_cast<const uint16_t*>(g.data_ptr<c10::BFloat16>());
+  return for_each_row_with_sums(M, n, g.options().dtype(at::kFloat),
+                                [&](int64_t r, float* part) { add_widened_bf16(in + r * n, part, n); });
+}
+
 // gy (M, n) fp32 rounded to bf16 for the products and, from the same read,
 // its column sums (a bias's gradient, (n) fp32, summed as the fused GELU and
 // LayerNorm sum theirs): one pass over gy instead of a cast and a sum.
@@ -422,7 +436,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
                            0.f, gw.data_ptr<float>(), k);
       }
     }
-    if (bias_grad && !gb.defined()) gb = at::sum(gy, {0}, false, at::kFloat);  // not summed while rounding gy
+    if (bias_grad && !gb.defined()) gb = column_sums(gy);  // not summed while rounding gy
     if (ctx->saved_data["addend"].toBool() && ctx->needs_input_grad(3)) ga = grads[0];
     return {gx, gw, gb, ga, at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -193,4 +193,9 @@ CHIAR_ROW_KERNEL void widen_bf16(const uint16_t* __restrict in, float* __restric
   for (int64_t j = 0; j < n; ++j) out[j] = bf16_value(in[j]);
 }
 
+CHIAR_ROW_KERNEL void add_widened_bf16(const uint16_t* __restrict in, float* __restrict sums, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) sums[j] += bf16_value(in[j]);
+}
+
 }  // namespace chiar
