@@ -144,28 +144,21 @@ void pass(const Layout& l, const float* in, float* out, bool transposed) {
 
 // The same passes on bf16 (as bits), turned in fp32. A block's positions
 // are widened (forward) or rounded (backward) a whole projection row at a
-// time, every head in one run where the heads lie side by side (stride dh),
-// through a buffer of the block's rows in fp32; each head's rows are turned
+// time, every head in one run (rotary() gives bf16 x its heads side by
+// side, stride dh), through a buffer of the block's rows in fp32; each head's rows are turned
 // between it and the core's side, which is rounded or widened once a head.
 template <bool back>
 void pass_bf16(const Layout& l, const uint16_t* in, uint16_t* out, bool transposed) {
   const float sign = back ? -1.f : 1.f;
-  const int64_t blocks = (l.L + kBlock - 1) / kBlock, width = l.heads * l.dh;
-  const bool runs = l.s2 == l.dh;  // a position's heads side by side
+  const int64_t blocks = (l.L + kBlock - 1) / kBlock, width = l.heads * l.dh;  // l.s2 == l.dh (rotary())
   at::parallel_for(0, l.G * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> side_rows(static_cast<size_t>(kBlock * width));  // (n, h * dh) the projection's side
     std::vector<float> core_rows(static_cast<size_t>(kBlock * l.dh));   // (n, dh) one head, the core's side
     std::vector<uint16_t> rounded(transposed ? static_cast<size_t>(kBlock * l.dh) : 0);  // (n, dh) the keys' rows
-    // Between position t0 + j's projection row and row j of side_rows.
+    // Between position t0 + j's projection row, its heads side by side, and
+    // row j of side_rows.
     const auto each_run = [&](int64_t g, int64_t t0, int64_t n, const auto& move) {
-      for (int64_t j = 0; j < n; ++j) {
-        const int64_t row = g * l.s0 + (t0 + j) * l.s1;
-        if (runs)
-          move(row, side_rows.data() + j * width, width);
-        else
-          for (int64_t head = 0; head < l.heads; ++head)
-            move(row + head * l.s2, side_rows.data() + j * width + head * l.dh, l.dh);
-      }
+      for (int64_t j = 0; j < n; ++j) move(g * l.s0 + (t0 + j) * l.s1, side_rows.data() + j * width, width);
     };
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / blocks, t0 = task % blocks * kBlock, n = std::min(kBlock, l.L - t0);
@@ -276,7 +269,10 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
                   sin.scalar_type() == at::kFloat,
               "rotary: x must be fp32 or bf16 and the tables fp32, found ", x.scalar_type(), " and ",
               cos.scalar_type());
-  const auto input = x.stride(3) == 1 ? x : x.contiguous();
+  // bf16 x is read a position's heads at a time (pass_bf16): the projections'
+  // views are so already.
+  const bool readable = x.stride(3) == 1 && (x.scalar_type() != at::kBFloat16 || x.stride(2) == x.size(3));
+  const auto input = readable ? x : x.contiguous();
   const auto positions = pos.defined() ? pos.to(at::kLong).contiguous() : at::empty({0}, x.options().dtype(at::kLong));
   return Rotary::apply(input, cos.contiguous(), sin.contiguous(), positions, scale, keys_transposed);
 }

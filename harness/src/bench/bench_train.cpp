@@ -372,7 +372,7 @@ struct Timings {
 // round (round i starts at entry i mod n). In a fixed order, of two
 // identical variants the first, whose step follows the probes' 2048^3
 // products, trained 2-3% slower than the second (docs/performance.md,
-// 'Measuring'): a bias against entry 0, the baseline in fp32 of
+// 'Machine and method'): a bias against entry 0, the baseline in fp32 of
 // --compare-precision fp32,bf16.
 Timings time_interleaved(const PluginRegistry& registry, const std::vector<Entry>& entries, const TrainBenchOptions& o,
                          const Synthetic& s) {
