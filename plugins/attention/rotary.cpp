@@ -74,17 +74,6 @@ void cols_to_rows(const float* __restrict cols, int64_t ld, int64_t n, int64_t d
   }
 }
 
-// The same for bf16 (as bits), moved without widening: a block's rows are
-// rounded once in fp32 before (forward) or widened after (backward).
-void rows_to_cols(const uint16_t* __restrict rows, int64_t n, int64_t dh, uint16_t* __restrict cols, int64_t ld) {
-  for (int64_t i = 0; i < dh; ++i)
-    for (int64_t j = 0; j < n; ++j) cols[i * ld + j] = rows[j * dh + i];
-}
-void cols_to_rows(const uint16_t* __restrict cols, int64_t ld, int64_t n, int64_t dh, uint16_t* __restrict rows) {
-  for (int64_t i = 0; i < dh; ++i)
-    for (int64_t j = 0; j < n; ++j) rows[j * dh + i] = cols[i * ld + j];
-}
-
 // Between the projection's side, (G, L, h, dh) at strides s0, s1, s2, and
 // the core's layout (contiguous; transposed for the keys): forward turns
 // `in` (projection side) into `out` (core side); back turns `in` (the core's
@@ -152,9 +141,9 @@ void pass_bf16(const Layout& l, const uint16_t* in, uint16_t* out, bool transpos
   const float sign = back ? -1.f : 1.f;
   const int64_t blocks = (l.L + kBlock - 1) / kBlock, width = l.heads * l.dh;  // l.s2 == l.dh (rotary())
   at::parallel_for(0, l.G * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> side_rows(static_cast<size_t>(kBlock * width));  // (n, h * dh) the projection's side
-    std::vector<float> core_rows(static_cast<size_t>(kBlock * l.dh));   // (n, dh) one head, the core's side
-    std::vector<uint16_t> rounded(transposed ? static_cast<size_t>(kBlock * l.dh) : 0);  // (n, dh) the keys' rows
+    std::vector<float> side_rows(static_cast<size_t>(kBlock * width));             // (n, h * dh) the projection's side
+    std::vector<float> core_rows(static_cast<size_t>(kBlock * l.dh));              // (n, dh) one head, the core's side
+    std::vector<float> cols(transposed ? static_cast<size_t>(kBlock * l.dh) : 0);  // (dh, n) the keys, transposed
     // Between position t0 + j's projection row, its heads side by side, and
     // row j of side_rows.
     const auto each_run = [&](int64_t g, int64_t t0, int64_t n, const auto& move) {
@@ -174,16 +163,16 @@ void pass_bf16(const Layout& l, const uint16_t* in, uint16_t* out, bool transpos
           turn_rows(l.cos, l.sin, pos, t0, n, l.half, l.scale, sign, side_head, width, core_rows.data(), l.dh);
           if (!transposed) {
             chiar::round_to_bf16(core_rows.data(), out + core, n * l.dh);
-          } else {
-            chiar::round_to_bf16(core_rows.data(), rounded.data(), n * l.dh);
-            rows_to_cols(rounded.data(), n, l.dh, out + core, l.L);
+          } else {  // transposed in fp32 (whole vectors), then a feature's run of n keys rounded at a time
+            rows_to_cols(core_rows.data(), n, l.dh, cols.data(), n);
+            for (int64_t i = 0; i < l.dh; ++i) chiar::round_to_bf16(cols.data() + i * n, out + core + i * l.L, n);
           }
         } else {
           if (!transposed) {
             chiar::widen_bf16(in + core, core_rows.data(), n * l.dh);
           } else {
-            cols_to_rows(in + core, l.L, n, l.dh, rounded.data());
-            chiar::widen_bf16(rounded.data(), core_rows.data(), n * l.dh);
+            for (int64_t i = 0; i < l.dh; ++i) chiar::widen_bf16(in + core + i * l.L, cols.data() + i * n, n);
+            cols_to_rows(cols.data(), n, n, l.dh, core_rows.data());
           }
           turn_rows(l.cos, l.sin, pos, t0, n, l.half, l.scale, sign, core_rows.data(), l.dh, side_head, width);
         }
