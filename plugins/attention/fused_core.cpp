@@ -352,19 +352,20 @@ at::Tensor as_bf16(const at::Tensor& t) {
              : t.to(at::kBFloat16, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
 }
 
-// bf16: the products take q, kt, v, the tiles' weights and gradients rounded
-// to bf16 and sum in fp32 (chiar::cpu_bf16_products, decided at forward and
-// kept for backward); scores, softmax, statistics and q, kt and v's
-// gradients stay fp32. The output is bf16, each entry rounded once from its
-// fp32 sum: only the output projection reads it, which rounded it to bf16
-// itself before, and its gradient comes back in bf16, as the products take
-// it. The same values as before, without a cast each way.
+// bf16: the products take q, kt, v, the tiles' weights and gradients in
+// bf16 and sum in fp32 (chiar::cpu_bf16_products, decided at forward and
+// kept for backward); scores, softmax and statistics stay fp32. q, kt and v
+// come in bf16 from the operator's bf16 projections, read in place, and get
+// bf16 gradients; fp32 ones are rounded into copies and get fp32 gradients.
+// The output is bf16, each entry rounded once from its fp32 sum: only the
+// output projection reads it, and its gradient comes back in bf16, as the
+// products take it.
 struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kt,
                             const at::Tensor& v, const at::Tensor& qpos, const at::Tensor& valid,
                             const at::Tensor& segments, int64_t block, bool bf16) {
-    // The operands as the products read them: contiguous bf16 copies, or q,
-    // kt and v themselves.
+    // The operands as the products read them: q, kt and v themselves (fp32,
+    // or bf16 under bf16 products), or bf16 copies of fp32 ones.
     const auto qo = bf16 ? as_bf16(q) : q, kto = bf16 ? as_bf16(kt) : kt, vo = bf16 ? as_bf16(v) : v;
     // Stored as (G, m, h, dh): the heads side by side per query, so that the
     // caller's (G, m, h * dh) for the output projection is a view, not a copy.
