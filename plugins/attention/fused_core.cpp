@@ -185,18 +185,13 @@ void run_balanced(int64_t n, const Cost& cost, const Run& run) {
   });
 }
 
-// Per-thread scratch for a tile's scores (and their gradient): kept between
-// calls, grown when a longer sequence comes.
-float* scratch(size_t floats) {
-  thread_local std::vector<float> buffer;
-  if (buffer.size() < floats) buffer.resize(floats);
-  return buffer.data();
-}
-
-// Per-thread fp32 accumulators of a backward task, apart from scratch(),
-// which each tile sizes anew.
-float* accumulators(size_t floats) {
-  thread_local std::vector<float> buffer;
+// Per-thread scratch, kept between calls and grown when a longer sequence
+// comes: slot 0 for a tile's scores (and their gradient), which each tile
+// sizes anew; slot 1 for a backward task's fp32 accumulators, which live
+// across its tiles.
+float* scratch(size_t floats, int slot = 0) {
+  thread_local std::vector<float> buffers[2];
+  auto& buffer = buffers[slot];
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
 }
@@ -284,7 +279,7 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
       dkt_gh = dkt + task * p.dh * p.L;
       dvt_gh = dvt + task * p.dh * p.L;
     } else {
-      dkt_gh = accumulators(static_cast<size_t>(2 * p.dh * p.L));
+      dkt_gh = scratch(static_cast<size_t>(2 * p.dh * p.L), /*slot=*/1);
       dvt_gh = dkt_gh + p.dh * p.L;
     }
     std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
