@@ -250,19 +250,24 @@ void forward_tiles(const Problem<T>& p, const Matrices<T>& o, float* stats) {
 // every product of a tile reads row-major operands or transposes only its
 // short side (oneDNN runs the q and weights gradients well below its rate
 // reading kt and v against the grain; chiar_bench:
-// attention_core/fused/fwd+bwd/*). dq (G, h, m, dh), dkt (GK, h, dh, L) and
-// dvt (GK, h, dh, L) contiguous. One task per (key batch, head), so that the
-// tiles adding into its keys' and values' gradients run one after another.
-// o and dout in T, as forward wrote o and the products read dout; the
-// softmax's backward reads o and dout in fp32 only (below).
+// attention_core/fused/fwd+bwd/*). dq (G, h, m, dh), dk (GK, h, L, dh) and
+// dv (GK, h, L, dh) contiguous: rows of dh, as the projection's gradient
+// takes them (the caller hands dk on as kt's gradient, transposed, which
+// RoPE's backward reads as rows). Written as (dh, L) they had to be gathered
+// an element at a time into the projection's (G, L, 2, h, dh) gradient
+// (bench-train: attention's backward 1-2% faster so). One task per (key
+// batch, head), so that the tiles adding into its keys' and values'
+// gradients run one after another. o and dout in T, as forward wrote o and
+// the products read dout; the softmax's backward reads o and dout in fp32
+// only (below).
 //
 // D, the gradients' type: fp32, or bf16 where q, kt and v were bf16 (the
 // operator's bf16 projections). A bf16 dq is each tile's fp32 product
-// rounded once; dkt and dvt are summed over the tiles in fp32 accumulators
-// of the task's own and rounded once at its end.
+// rounded once; dk and dv are summed over the tiles in fp32 accumulators of
+// the task's own and rounded once at its end.
 template <class T, class D>
 void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stats, const Matrices<T>& dout, const T* k,
-                    const T* vt, D* dq, D* dkt, D* dvt) {
+                    const T* vt, D* dq, D* dk, D* dv) {
   constexpr bool fp32_grads = std::is_same_v<D, float>;
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
@@ -273,17 +278,18 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
     const int64_t kg = task / p.heads, head = task % p.heads;
     const T* k_gh = k + task * p.L * p.dh;    // (L, dh)
     const T* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
-    float* dkt_gh;                            // (dh, L): the gradient itself, or its fp32 accumulator
-    float* dvt_gh;                            // (dh, L)
+    const int64_t size = p.L * p.dh;
+    float* dk_gh;  // (L, dh): the gradient itself, or its fp32 accumulator
+    float* dv_gh;  // (L, dh)
     if constexpr (fp32_grads) {
-      dkt_gh = dkt + task * p.dh * p.L;
-      dvt_gh = dvt + task * p.dh * p.L;
+      dk_gh = dk + task * size;
+      dv_gh = dv + task * size;
     } else {
-      dkt_gh = scratch(static_cast<size_t>(2 * p.dh * p.L), /*slot=*/1);
-      dvt_gh = dkt_gh + p.dh * p.L;
+      dk_gh = scratch(static_cast<size_t>(2 * size), /*slot=*/1);
+      dv_gh = dk_gh + size;
     }
-    std::fill(dkt_gh, dkt_gh + p.dh * p.L, 0.f);
-    std::fill(dvt_gh, dvt_gh + p.dh * p.L, 0.f);
+    std::fill(dk_gh, dk_gh + size, 0.f);
+    std::fill(dv_gh, dv_gh + size, 0.f);
     for (const size_t index : p.tiles_of[static_cast<size_t>(kg)]) {
       const auto& t = p.tiles[index];
       const size_t area = static_cast<size_t>(t.rows * t.keys);
@@ -301,9 +307,9 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
           chiar::exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
       }
       const T* dout_t = dout.row(t.qg, head, t.r0);
-      // dvt[:, :keys] += dout^T weights
-      product(true, false, p.dh, t.keys, t.rows, dout_t, dout.ld, as_operand(weights, area, k), t.keys, 1.f, dvt_gh,
-              p.L);
+      // dv[:keys] += weights^T dout
+      product(true, false, t.keys, p.dh, t.rows, as_operand(weights, area, k_gh), t.keys, dout_t, dout.ld, 1.f, dv_gh,
+              p.dh);
       // d weights = dout vt[:, :keys], then through the softmax
       product(false, false, t.rows, t.keys, p.dh, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
       for (int64_t i = 0; i < t.rows; ++i) {
@@ -320,8 +326,8 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
           delta = chiar::dot(w_row, g_row, t.keys);
         chiar::softmax_backward_row(w_row, g_row, t.keys, delta);
       }
-      // dq = d scores k[:keys]; dkt[:, :keys] += q^T d scores
-      const T* grad_op = as_operand(grad, area, k);
+      // dq = d scores k[:keys]; dk[:keys] += d scores^T q
+      const T* grad_op = as_operand(grad, area, k_gh);
       if constexpr (fp32_grads) {
         product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
       } else {
@@ -329,11 +335,11 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
         product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq_tile, p.dh);
         chiar::round_to_bf16(dq_tile, reinterpret_cast<uint16_t*>(dq + first * p.dh), t.rows * p.dh);
       }
-      product(true, false, p.dh, t.keys, t.rows, p.q.row(t.qg, head, t.r0), p.q.ld, grad_op, t.keys, 1.f, dkt_gh, p.L);
+      product(true, false, t.keys, p.dh, t.rows, grad_op, t.keys, p.q.row(t.qg, head, t.r0), p.q.ld, 1.f, dk_gh, p.dh);
     }
     if constexpr (!fp32_grads) {
-      chiar::round_to_bf16(dkt_gh, reinterpret_cast<uint16_t*>(dkt + task * p.dh * p.L), p.dh * p.L);
-      chiar::round_to_bf16(dvt_gh, reinterpret_cast<uint16_t*>(dvt + task * p.dh * p.L), p.dh * p.L);
+      chiar::round_to_bf16(dk_gh, reinterpret_cast<uint16_t*>(dk + task * size), size);
+      chiar::round_to_bf16(dv_gh, reinterpret_cast<uint16_t*>(dv + task * size), size);
     }
   });
 }
@@ -399,11 +405,12 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const bool bf16_grads = std::all_of(types.begin(), types.end(),
                                         [](int64_t t) { return static_cast<at::ScalarType>(t) == at::kBFloat16; });
     const auto grad_options = q.options().dtype(bf16_grads ? at::kBFloat16 : at::kFloat);
-    auto dq = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, grad_options);       // (G, h, m, dh)
-    auto dkt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, grad_options);  // (GK, h, dh, L)
-    auto dvt = at::empty({kt.size(0), kt.size(1), kt.size(2), kt.size(3)}, grad_options);  // (GK, h, dh, L)
-    const auto k = kt.transpose(2, 3).contiguous();                                        // (GK, h, L, dh)
-    const auto vt = v.transpose(2, 3).contiguous();                                        // (GK, h, dh, L)
+    auto dq = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, grad_options);  // (G, h, m, dh)
+    const int64_t GK = kt.size(0), L = kt.size(3);
+    auto dk = at::empty({GK, kt.size(1), L, kt.size(2)}, grad_options);  // (GK, h, L, dh)
+    auto dv = at::empty({GK, kt.size(1), L, kt.size(2)}, grad_options);  // (GK, h, L, dh)
+    const auto k = kt.transpose(2, 3).contiguous();                      // (GK, h, L, dh)
+    const auto vt = v.transpose(2, 3).contiguous();                      // (GK, h, dh, L)
     if (ctx->saved_data["bf16"].toBool()) {
       // dout arrives in bf16 (o's type) and is read in place.
       const auto dout_op = readable(as_bf16(dout));
@@ -412,19 +419,20 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
       const auto* vt_op = vt.data_ptr<c10::BFloat16>();
       if (bf16_grads)
         backward_tiles(p, matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op), k_op,
-                       vt_op, dq.data_ptr<c10::BFloat16>(), dkt.data_ptr<c10::BFloat16>(),
-                       dvt.data_ptr<c10::BFloat16>());
+                       vt_op, dq.data_ptr<c10::BFloat16>(), dk.data_ptr<c10::BFloat16>(), dv.data_ptr<c10::BFloat16>());
       else
         backward_tiles(p, matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op), k_op,
-                       vt_op, dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
+                       vt_op, dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
     } else {
       backward_tiles(Problem<float>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), matrices<float>(o),
                      stats.data_ptr<float>(), matrices<float>(dout), k.data_ptr<float>(), vt.data_ptr<float>(),
-                     dq.data_ptr<float>(), dkt.data_ptr<float>(), dvt.data_ptr<float>());
+                     dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
     }
     // Mixed types (not the operator's): cast where they differ.
     const auto typed = [&](const at::Tensor& g, size_t i) { return g.to(static_cast<at::ScalarType>(types[i])); };
-    return {typed(dq, 0), typed(dkt, 1), typed(dvt.transpose(2, 3), 2), at::Tensor(), at::Tensor(), at::Tensor(),
+    return {typed(dq, 0), typed(dk.transpose(2, 3), 1),
+            typed(dv, 2), at::Tensor(),
+            at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }
 };

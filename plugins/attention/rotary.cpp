@@ -236,12 +236,16 @@ struct Rotary : public torch::autograd::Function<Rotary> {
     l.s0 = gx.stride(0);
     l.s1 = gx.stride(1);
     l.s2 = gx.stride(2);
-    const auto grad = grads[0].contiguous();
+    // The keys' gradient as the fused core gives it, (G, h, L, dh) rows
+    // transposed to the (G, h, dh, L) of kt, is read as those rows: the
+    // rows' pass, with no transposing copy first.
     const bool transposed = ctx->saved_data["transposed"].toBool();
+    const bool as_rows = transposed && grads[0].transpose(2, 3).is_contiguous();
+    const auto grad = as_rows ? grads[0].transpose(2, 3) : grads[0].contiguous();
     if (bf16)
-      pass_bf16</*back=*/true>(l, bits(grad), bits(gx), transposed);
+      pass_bf16</*back=*/true>(l, bits(grad), bits(gx), transposed && !as_rows);
     else
-      pass</*back=*/true>(l, grad.data_ptr<float>(), gx.data_ptr<float>(), transposed);
+      pass</*back=*/true>(l, grad.data_ptr<float>(), gx.data_ptr<float>(), transposed && !as_rows);
     return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
