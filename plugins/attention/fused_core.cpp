@@ -274,13 +274,13 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
   std::vector<double> batch_cost(static_cast<size_t>(p.GK), 0.0);  // score elements per key batch
   for (const auto& t : p.tiles) batch_cost[static_cast<size_t>(t.kg)] += static_cast<double>(t.rows * t.keys);
   const auto task_cost = [&](int64_t task) { return batch_cost[static_cast<size_t>(task / p.heads)]; };
+  const int64_t size = p.L * p.dh;  // one (key batch, head)'s keys, values or their gradients
   run_balanced(p.GK * p.heads, task_cost, [&](int64_t task) {
     const int64_t kg = task / p.heads, head = task % p.heads;
-    const T* k_gh = k + task * p.L * p.dh;    // (L, dh)
-    const T* vt_gh = vt + task * p.dh * p.L;  // (dh, L)
-    const int64_t size = p.L * p.dh;
-    float* dk_gh;  // (L, dh): the gradient itself, or its fp32 accumulator
-    float* dv_gh;  // (L, dh)
+    const T* k_gh = k + task * size;    // (L, dh)
+    const T* vt_gh = vt + task * size;  // (dh, L)
+    float* dk_gh;                       // (L, dh): the gradient itself, or its fp32 accumulator
+    float* dv_gh;                       // (L, dh)
     if constexpr (fp32_grads) {
       dk_gh = dk + task * size;
       dv_gh = dv + task * size;
@@ -405,12 +405,11 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const bool bf16_grads = std::all_of(types.begin(), types.end(),
                                         [](int64_t t) { return static_cast<at::ScalarType>(t) == at::kBFloat16; });
     const auto grad_options = q.options().dtype(bf16_grads ? at::kBFloat16 : at::kFloat);
-    auto dq = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, grad_options);  // (G, h, m, dh)
-    const int64_t GK = kt.size(0), L = kt.size(3);
-    auto dk = at::empty({GK, kt.size(1), L, kt.size(2)}, grad_options);  // (GK, h, L, dh)
-    auto dv = at::empty({GK, kt.size(1), L, kt.size(2)}, grad_options);  // (GK, h, L, dh)
-    const auto k = kt.transpose(2, 3).contiguous();                      // (GK, h, L, dh)
-    const auto vt = v.transpose(2, 3).contiguous();                      // (GK, h, dh, L)
+    auto dq = at::empty(q.sizes(), grad_options);    // (G, h, m, dh)
+    const auto k = kt.transpose(2, 3).contiguous();  // (GK, h, L, dh)
+    const auto vt = v.transpose(2, 3).contiguous();  // (GK, h, dh, L)
+    auto dk = at::empty(k.sizes(), grad_options);    // (GK, h, L, dh)
+    auto dv = at::empty(k.sizes(), grad_options);    // (GK, h, L, dh)
     if (ctx->saved_data["bf16"].toBool()) {
       // dout arrives in bf16 (o's type) and is read in place.
       const auto dout_op = readable(as_bf16(dout));
@@ -430,10 +429,8 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     }
     // Mixed types (not the operator's): cast where they differ.
     const auto typed = [&](const at::Tensor& g, size_t i) { return g.to(static_cast<at::ScalarType>(types[i])); };
-    return {typed(dq, 0), typed(dk.transpose(2, 3), 1),
-            typed(dv, 2), at::Tensor(),
-            at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    const at::Tensor none;  // the masks, segments, block and flag take no gradient
+    return {typed(dq, 0), typed(dk.transpose(2, 3), 1), typed(dv, 2), none, none, none, none, none};
   }
 };
 

@@ -242,10 +242,11 @@ struct Rotary : public torch::autograd::Function<Rotary> {
     const bool transposed = ctx->saved_data["transposed"].toBool();
     const bool as_rows = transposed && grads[0].transpose(2, 3).is_contiguous();
     const auto grad = as_rows ? grads[0].transpose(2, 3) : grads[0].contiguous();
+    const bool columns = transposed && !as_rows;  // the (dh, L) layout, read a feature's run at a time
     if (bf16)
-      pass_bf16</*back=*/true>(l, bits(grad), bits(gx), transposed && !as_rows);
+      pass_bf16</*back=*/true>(l, bits(grad), bits(gx), columns);
     else
-      pass</*back=*/true>(l, grad.data_ptr<float>(), gx.data_ptr<float>(), transposed && !as_rows);
+      pass</*back=*/true>(l, grad.data_ptr<float>(), gx.data_ptr<float>(), columns);
     return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
