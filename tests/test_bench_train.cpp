@@ -2,8 +2,12 @@
 // JSON field written, bad options refused by name.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iterator>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -12,6 +16,7 @@
 #include <ATen/record_function.h>
 
 #include "bench/op_times.h"
+#include "bench/round_stats.h"
 #include "support/faults.h"
 #include "support/fixtures.h"
 #include "support/process.h"
@@ -19,6 +24,21 @@
 
 using namespace chiar;
 using test::TempDir;
+
+namespace {
+
+// The first line of `text` that starts with `prefix`, without its newline;
+// "" if none does.
+std::string line_starting(const std::string& text, const std::string& prefix) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    if (text.compare(at, prefix.size(), prefix) == 0) return text.substr(at, end - at);
+    at = end + 1;
+  }
+  return "";
+}
+
+}  // namespace
 
 TEST_CASE("bench-train: every variant measured, every JSON field written", "[engine][bench]") {
   TempDir d("bench");
@@ -82,7 +102,8 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   CHECK(test::read_text(bf16_json).find("\"precision\": \"bf16\"") != std::string::npos);
   // Both precisions in one process, interleaved: one entry each, each against its own GEMM rate.
   const std::string both_json = d.path() + "/both.json";
-  const auto both = bench("baseline", "1", {"--compare-precision", "fp32,bf16", "--json", both_json});
+  // Six rounds: the fewest that give the rounds' medians a 95% interval.
+  const auto both = bench("baseline", "6", {"--compare-precision", "fp32,bf16", "--json", both_json});
   INFO(both.output);
   REQUIRE(both.status == 0);
   const std::string both_text = test::read_text(both_json);
@@ -90,6 +111,32 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
     CHECK(both_text.find(k) != std::string::npos);
   CHECK_THAT(both.output, Catch::Matchers::Contains("libtorch bf16 ") && Catch::Matchers::Contains(" fp32 ") &&
                               Catch::Matchers::Contains("baseline: bf16 / fp32 train "));
+  // Each round paired: shares of the GEMM rate and ratios with their
+  // intervals, the rounds themselves in the JSON.
+  CHECK_THAT(both.output,
+             Catch::Matchers::Contains(
+                 "per round, paired (6 rounds; medians [distribution-free intervals of 96.9% coverage]):\n"));
+  CHECK_THAT(line_starting(both.output, "  baseline@bf16 "),
+             Catch::Matchers::Matches(" +baseline@bf16 +of GEMM [0-9.]+% \\[[0-9.]+, [0-9.]+\\]   train x [0-9.]+ "
+                                      "\\[[0-9.]+, [0-9.]+\\]   infer x [0-9.]+ \\[[0-9.]+, [0-9.]+\\]"));
+  CHECK_THAT(line_starting(both.output, "baseline: bf16 / fp32 "),
+             Catch::Matchers::Matches("baseline: bf16 / fp32 train [0-9.]+x \\[[0-9.]+, [0-9.]+\\], infer [0-9.]+x "
+                                      "\\[[0-9.]+, [0-9.]+\\] \\(per round, paired\\)"));
+  for (const char* k : {"\"train_round_s\": [", "\"infer_round_s\": [", "\"gemm_round_gflops\": ["}) {
+    const auto at = both_text.find(k);
+    REQUIRE(at != std::string::npos);
+    const std::string list =
+        both_text.substr(at + std::string(k).size(), both_text.find(']', at) - at - std::string(k).size());
+    CHECK(std::count(list.begin(), list.end(), ',') == 5);  // six rounds
+  }
+  // Too few rounds for an interval: said once, the medians alone.
+  const auto one = bench("baseline", "1", {"--compare-precision", "fp32,bf16"});
+  REQUIRE(one.status == 0);
+  CHECK_THAT(one.output, Catch::Matchers::Contains("per round, paired (1 round; medians; an interval needs 6 rounds or "
+                                                   "more):\n") &&
+                             Catch::Matchers::Contains("\nbaseline: bf16 / fp32 train "));
+  CHECK_THAT(line_starting(one.output, "baseline: bf16 / fp32 "),
+             Catch::Matchers::Matches("baseline: bf16 / fp32 train [0-9.]+x, infer [0-9.]+x \\(per round, paired\\)"));
   const auto twice = bench("baseline", "1", {"--compare-precision", "bf16,bf16"});
   CHECK(twice.status == 2);
   CHECK(twice.output == "chiar: --compare-precision: 'bf16' is given twice\n");
@@ -157,4 +204,52 @@ TEST_CASE("OpRecorder: each operator's self time, the scope it ran in and its ca
   at::add(a, a);
   const bench::OpRecorder next;
   CHECK(next.times().empty());
+}
+
+TEST_CASE("median_interval: the binomial's order statistics around the median", "[bench]") {
+  using bench::median_interval;
+  std::vector<double> twenty;
+  for (int i = 20; i >= 1; --i) twenty.push_back(i);  // unsorted on purpose
+  const auto m = median_interval(twenty);
+  CHECK(m.count == 20);
+  CHECK(m.median == 10.5);
+  REQUIRE(m.bounded);
+  // P(B(20, 1/2) <= 5) = 21700 / 2^20 <= 0.025 < P(B <= 6): ranks 6 and 15.
+  CHECK(m.low == 6);
+  CHECK(m.high == 15);
+  CHECK(m.coverage == Approx(1 - 2 * 21700.0 / 1048576).epsilon(1e-12));
+  // 99%: P(B <= 3) = 1351 / 2^20 <= 0.005 < P(B <= 4): ranks 4 and 17.
+  const auto wide = median_interval(twenty, 0.99);
+  CHECK(wide.low == 4);
+  CHECK(wide.high == 17);
+  // Six values: the extremes, 1 - 2 / 64; five: none qualifies.
+  const auto six = median_interval({3, 1, 2, 6, 5, 4});
+  REQUIRE(six.bounded);
+  CHECK(six.low == 1);
+  CHECK(six.high == 6);
+  CHECK(six.median == 3.5);
+  CHECK(six.coverage == Approx(1 - 2.0 / 64).epsilon(1e-12));
+  const auto five = median_interval({5, 1, 4, 2, 3});
+  CHECK_FALSE(five.bounded);
+  CHECK(five.median == 3);
+  CHECK(median_interval({}).count == 0);
+  // Coverage holds for a skewed distribution (exponential, median ln 2):
+  // 4000 seeded samples of 20 cover it as often as the ranks promise.
+  std::mt19937 rng(7);
+  std::exponential_distribution<double> exponential(1.0);
+  int covered = 0;
+  constexpr int kTrials = 4000;
+  for (int t = 0; t < kTrials; ++t) {
+    std::vector<double> sample(20);
+    for (auto& x : sample) x = exponential(rng);
+    const auto s = median_interval(sample);
+    covered += s.low <= std::log(2.0) && std::log(2.0) <= s.high;
+  }
+  // 0.9586 expected; 4000 trials put the count within +- 0.013 at 4 sd.
+  CHECK(static_cast<double>(covered) / kTrials == Approx(m.coverage).margin(0.013));
+}
+
+TEST_CASE("per_round_ratios: one ratio per round, rounds counted alike", "[bench]") {
+  CHECK(bench::per_round_ratios({2, 3, 8}, {1, 2, 4}) == std::vector<double>{2, 1.5, 2});
+  CHECK_THROWS_WITH(bench::per_round_ratios({1, 2}, {1}), "per_round_ratios: 2 rounds against 1");
 }

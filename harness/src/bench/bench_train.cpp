@@ -446,6 +446,9 @@ void add_rates(std::vector<TrainBenchResult>& out, const Timings& t, const Train
     r.train_tokens_per_s = static_cast<double>(o.batch * o.seq) / engine::median(t.train_s[k]);
     r.infer_tokens_per_s = static_cast<double>(o.batch * o.seq) / engine::median(t.infer_s[k]);
     r.achieved_gflops = r.step_flops / engine::median(t.train_s[k]) / 1e9;
+    r.train_round_s = t.train_s[k];
+    r.infer_round_s = t.infer_s[k];
+    r.gemm_round_gflops = t.gemm[t.probe_of[k]];
   }
 }
 

@@ -55,7 +55,11 @@ struct TrainBenchResult {
   double peak_rss_mb = 0;  // high-water mark of a first pass with this variant alone (host memory)
   double peak_gpu_allocated_mb = -1, peak_gpu_reserved_mb = -1;  // the same pass on a GPU; -1 on the CPU
   double train_ms = 0, infer_ms = 0;                             // medians
-  std::string allocator;                                         // the allocator behaviour chosen for these shapes
+  // The timed rounds one by one, in order (round_stats.h pairs entries by
+  // round): seconds of this entry's training step and inference pass, and
+  // its GEMM rate probe's GFLOP/s in the training rounds.
+  std::vector<double> train_round_s, infer_round_s, gemm_round_gflops;
+  std::string allocator;  // the allocator behaviour chosen for these shapes
   // With op_time_steps: per training step, by self time, largest first, and
   // the wall time of those recorded steps.
   std::vector<OpTime> op_times;

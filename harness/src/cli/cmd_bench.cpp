@@ -3,8 +3,10 @@
 #include <iomanip>
 #include <iostream>
 #include <set>
+#include <sstream>
 
 #include "bench/bench_train.h"
+#include "bench/round_stats.h"
 #include "chiar/registry.h"
 #include "engine/runtime/device.h"
 #include "engine/runtime/runtime.h"
@@ -95,7 +97,57 @@ void print_rates(const std::vector<bench::TrainBenchResult>& results, bool cpu) 
             << results.front().variant << "\n";
 }
 
-// With several precisions: each variant's rate in each against its first.
+// Each timed round's share of that round's GEMM rate.
+std::vector<double> gemm_shares(const bench::TrainBenchResult& r) {
+  std::vector<double> out;
+  for (size_t i = 0; i < r.train_round_s.size() && i < r.gemm_round_gflops.size(); ++i)
+    out.push_back(r.step_flops / r.train_round_s[i] / 1e9 / r.gemm_round_gflops[i]);
+  return out;
+}
+
+// "1.53x [1.49, 1.57]", values times `scale`; the interval left out where
+// the rounds are too few for one (the block's header says so).
+std::string with_interval(const bench::MedianInterval& m, double scale, int digits, const std::string& unit) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << scale * m.median << unit;
+  if (m.bounded) out << " [" << scale * m.low << ", " << scale * m.high << "]";
+  return out.str();
+}
+
+// Training (and inference) rate of `r` over `base`'s, round by round.
+bench::MedianInterval train_ratio(const bench::TrainBenchResult& base, const bench::TrainBenchResult& r) {
+  return bench::median_interval(bench::per_round_ratios(base.train_round_s, r.train_round_s));
+}
+bench::MedianInterval infer_ratio(const bench::TrainBenchResult& base, const bench::TrainBenchResult& r) {
+  return bench::median_interval(bench::per_round_ratios(base.infer_round_s, r.infer_round_s));
+}
+
+// The rounds paired (round_stats.h): each entry's share of its GEMM rate and
+// its rates against the first entry's, as medians of the rounds' own values
+// with distribution-free intervals, so that a target can be read against
+// this run's spread and not only its medians.
+void print_round_intervals(const std::vector<bench::TrainBenchResult>& results) {
+  const auto& base = results.front();
+  const bench::MedianInterval probe = bench::median_interval(gemm_shares(base));
+  std::cout << "per round, paired (" << probe.count << (probe.count == 1 ? " round" : " rounds") << "; medians";
+  if (probe.bounded)
+    std::cout << " [distribution-free intervals of " << std::fixed << std::setprecision(1) << 100 * probe.coverage
+              << "% coverage]";
+  else
+    std::cout << "; an interval needs 6 rounds or more";
+  std::cout << "):\n";
+  for (const auto& r : results) {
+    std::cout << "  " << std::left << std::setw(22) << r.variant << std::right << " of GEMM "
+              << with_interval(bench::median_interval(gemm_shares(r)), 100, 1, "%");
+    if (&r != &base)
+      std::cout << "   train x " << with_interval(train_ratio(base, r), 1, 2, "") << "   infer x "
+                << with_interval(infer_ratio(base, r), 1, 2, "");
+    std::cout << "\n";
+  }
+}
+
+// With several precisions: each variant's rate in each against its first,
+// paired by round like the block above.
 void print_precision_ratios(const std::vector<bench::TrainBenchResult>& results,
                             const std::vector<std::string>& precisions) {
   if (precisions.size() < 2) return;
@@ -106,9 +158,9 @@ void print_precision_ratios(const std::vector<bench::TrainBenchResult>& results,
     const std::string stem = r.variant.substr(0, at);
     for (const auto& base : results)
       if (base.variant == stem + first)
-        std::cout << stem << ": " << r.precision << " / " << precisions.front() << " train " << std::setprecision(2)
-                  << r.train_tokens_per_s / base.train_tokens_per_s << "x, infer "
-                  << r.infer_tokens_per_s / base.infer_tokens_per_s << "x\n";
+        std::cout << stem << ": " << r.precision << " / " << precisions.front() << " train "
+                  << with_interval(train_ratio(base, r), 1, 2, "x") << ", infer "
+                  << with_interval(infer_ratio(base, r), 1, 2, "x") << " (per round, paired)\n";
   }
 }
 
@@ -155,6 +207,15 @@ void print_op_times(const std::vector<bench::TrainBenchResult>& results, int64_t
   }
 }
 
+// [a, b, ...] with every digit a double holds.
+std::string json_array(const std::vector<double>& values) {
+  std::ostringstream out;
+  out << std::setprecision(17) << "[";
+  for (size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
+  out << "]";
+  return out.str();
+}
+
 void write_json(const std::string& path, const std::vector<bench::TrainBenchResult>& results,
                 const std::string& device) {
   std::ofstream json(path);
@@ -170,8 +231,11 @@ void write_json(const std::string& path, const std::vector<bench::TrainBenchResu
          << (r.peak_gpu_allocated_mb < 0 ? std::string("null") : std::to_string(r.peak_gpu_allocated_mb))
          << ", \"peak_gpu_reserved_mb\": "
          << (r.peak_gpu_reserved_mb < 0 ? std::string("null") : std::to_string(r.peak_gpu_reserved_mb))
-         << ", \"device\": \"" << device << "\", \"precision\": \"" << r.precision << "\"}"
-         << (i + 1 < results.size() ? "," : "") << "\n";
+         << ", \"device\": \"" << device << "\", \"precision\": \"" << r.precision
+         << "\", \"train_round_s\": " << json_array(r.train_round_s)
+         << ", \"infer_round_s\": " << json_array(r.infer_round_s)
+         << ", \"gemm_round_gflops\": " << json_array(r.gemm_round_gflops) << "}" << (i + 1 < results.size() ? "," : "")
+         << "\n";
   }
   json << "}\n";
 }
@@ -189,6 +253,7 @@ int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   print_header(o, info);
   print_table(results, device == "cpu");
   print_rates(results, device == "cpu");
+  print_round_intervals(results);
   print_precision_ratios(results, o.precisions);
   print_op_times(results, o.op_time_steps);
   if (!a.json.empty()) write_json(a.json, results, device);
