@@ -9,15 +9,11 @@ namespace chiar::bench {
 
 namespace {
 
-// P(Binomial(n, 1/2) <= j), summed from log-probabilities so that n in the
+// P(Binomial(n, 1/2) = i), from log-probabilities so that n in the
 // thousands neither overflows C(n, i) nor underflows 2^-n.
-double binomial_half_cdf(int64_t n, int64_t j) {
-  double sum = 0;
-  const double log_half_n = static_cast<double>(n) * std::log(0.5);
-  for (int64_t i = 0; i <= j && i <= n; ++i)
-    sum += std::exp(std::lgamma(static_cast<double>(n + 1)) - std::lgamma(static_cast<double>(i + 1)) -
-                    std::lgamma(static_cast<double>(n - i + 1)) + log_half_n);
-  return sum;
+double binomial_half_pmf(int64_t n, int64_t i) {
+  return std::exp(std::lgamma(static_cast<double>(n + 1)) - std::lgamma(static_cast<double>(i + 1)) -
+                  std::lgamma(static_cast<double>(n - i + 1)) + static_cast<double>(n) * std::log(0.5));
 }
 
 }  // namespace
@@ -32,13 +28,19 @@ MedianInterval median_interval(std::vector<double> values, double confidence) {
   out.median = n % 2 ? values[static_cast<size_t>(n / 2)]
                      : 0.5 * (values[static_cast<size_t>(n / 2 - 1)] + values[static_cast<size_t>(n / 2)]);
   const double tail = (1 - confidence) / 2;
-  int64_t rank = 0;  // l, 1-based; 0: none qualifies
-  for (int64_t l = 1; 2 * l <= n + 1 && binomial_half_cdf(n, l - 1) <= tail; ++l) rank = l;
+  int64_t rank = 0;                      // l, 1-based; 0: none qualifies
+  double below = 0;                      // P(B <= rank - 1)
+  double cdf = binomial_half_pmf(n, 0);  // P(B <= l - 1) for the l tried next
+  for (int64_t l = 1; 2 * l <= n + 1 && cdf <= tail; ++l) {
+    rank = l;
+    below = cdf;
+    cdf += binomial_half_pmf(n, l);
+  }
   if (rank == 0) return out;
   out.bounded = true;
   out.low = values[static_cast<size_t>(rank - 1)];
   out.high = values[static_cast<size_t>(n - rank)];
-  out.coverage = 1 - 2 * binomial_half_cdf(n, rank - 1);
+  out.coverage = 1 - 2 * below;
   return out;
 }
 
