@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -36,6 +37,23 @@ std::string line_starting(const std::string& text, const std::string& prefix) {
     at = end + 1;
   }
   return "";
+}
+
+// The numbers of `key`'s array in the JSON's object for `entry`.
+std::vector<double> json_rounds(const std::string& json, const std::string& entry, const std::string& key) {
+  const size_t object = json.find("\"" + entry + "\": {");
+  const size_t open = json.find("\"" + key + "\": [", object);
+  if (object == std::string::npos || open == std::string::npos) return {};
+  std::vector<double> out;
+  size_t at = json.find('[', open) + 1;
+  const size_t close = json.find(']', at);
+  while (at < close) {
+    size_t used = 0;
+    out.push_back(std::stod(json.substr(at, close - at), &used));
+    at += used;
+    at = json.find_first_not_of(", ", at);
+  }
+  return out;
 }
 
 }  // namespace
@@ -129,6 +147,18 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
         both_text.substr(at + std::string(k).size(), both_text.find(']', at) - at - std::string(k).size());
     CHECK(std::count(list.begin(), list.end(), ',') == 5);  // six rounds
   }
+  // The printed ratios pair the JSON's rounds: round i of bf16 against round
+  // i of fp32, not another round nor another entry.
+  const auto paired = [&](const char* key) {
+    const auto ratio = bench::median_interval(bench::per_round_ratios(json_rounds(both_text, "baseline@fp32", key),
+                                                                      json_rounds(both_text, "baseline@bf16", key)));
+    char text[96];
+    std::snprintf(text, sizeof text, "%.2fx [%.2f, %.2f]", ratio.median, ratio.low, ratio.high);
+    return std::string(text);
+  };
+  CHECK(line_starting(both.output, "baseline: bf16 / fp32 ") == "baseline: bf16 / fp32 train " +
+                                                                    paired("train_round_s") + ", infer " +
+                                                                    paired("infer_round_s") + " (per round, paired)");
   // Too few rounds for an interval: said once, the medians alone.
   const auto one = bench("baseline", "1", {"--compare-precision", "fp32,bf16"});
   REQUIRE(one.status == 0);
