@@ -28,17 +28,6 @@ using test::TempDir;
 
 namespace {
 
-// The first line of `text` that starts with `prefix`, without its newline;
-// "" if none does.
-std::string line_starting(const std::string& text, const std::string& prefix) {
-  for (size_t at = 0; at < text.size();) {
-    const size_t end = std::min(text.find('\n', at), text.size());
-    if (text.compare(at, prefix.size(), prefix) == 0) return text.substr(at, end - at);
-    at = end + 1;
-  }
-  return "";
-}
-
 // The numbers of `key`'s array in the JSON's object for `entry`.
 std::vector<double> json_rounds(const std::string& json, const std::string& entry, const std::string& key) {
   const size_t object = json.find("\"" + entry + "\": {");
@@ -134,10 +123,10 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   CHECK_THAT(both.output,
              Catch::Matchers::Contains(
                  "per round, paired (6 rounds; medians [distribution-free intervals of 96.9% coverage]):\n"));
-  CHECK_THAT(line_starting(both.output, "  baseline@bf16 "),
+  CHECK_THAT(test::line_with(both.output, "  baseline@bf16 "),
              Catch::Matchers::Matches(" +baseline@bf16 +of GEMM [0-9.]+% \\[[0-9.]+, [0-9.]+\\]   train x [0-9.]+ "
                                       "\\[[0-9.]+, [0-9.]+\\]   infer x [0-9.]+ \\[[0-9.]+, [0-9.]+\\]"));
-  CHECK_THAT(line_starting(both.output, "baseline: bf16 / fp32 "),
+  CHECK_THAT(test::line_with(both.output, "baseline: bf16 / fp32 "),
              Catch::Matchers::Matches("baseline: bf16 / fp32 train [0-9.]+x \\[[0-9.]+, [0-9.]+\\], infer [0-9.]+x "
                                       "\\[[0-9.]+, [0-9.]+\\] \\(per round, paired\\)"));
   for (const char* k : {"\"train_round_s\": [", "\"infer_round_s\": [", "\"gemm_round_gflops\": ["}) {
@@ -156,16 +145,16 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
     std::snprintf(text, sizeof text, "%.2fx [%.2f, %.2f]", ratio.median, ratio.low, ratio.high);
     return std::string(text);
   };
-  CHECK(line_starting(both.output, "baseline: bf16 / fp32 ") == "baseline: bf16 / fp32 train " +
-                                                                    paired("train_round_s") + ", infer " +
-                                                                    paired("infer_round_s") + " (per round, paired)");
+  CHECK(test::line_with(both.output, "baseline: bf16 / fp32 ") == "baseline: bf16 / fp32 train " +
+                                                                      paired("train_round_s") + ", infer " +
+                                                                      paired("infer_round_s") + " (per round, paired)");
   // Too few rounds for an interval: said once, the medians alone.
   const auto one = bench("baseline", "1", {"--compare-precision", "fp32,bf16"});
   REQUIRE(one.status == 0);
   CHECK_THAT(one.output, Catch::Matchers::Contains("per round, paired (1 round; medians; an interval needs 6 rounds or "
                                                    "more):\n") &&
                              Catch::Matchers::Contains("\nbaseline: bf16 / fp32 train "));
-  CHECK_THAT(line_starting(one.output, "baseline: bf16 / fp32 "),
+  CHECK_THAT(test::line_with(one.output, "baseline: bf16 / fp32 "),
              Catch::Matchers::Matches("baseline: bf16 / fp32 train [0-9.]+x, infer [0-9.]+x \\(per round, paired\\)"));
   const auto twice = bench("baseline", "1", {"--compare-precision", "bf16,bf16"});
   CHECK(twice.status == 2);

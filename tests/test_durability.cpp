@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
 
 #include <boost/filesystem.hpp>
 
@@ -22,6 +21,7 @@
 #include "support/tiny_matrix.h"
 
 using namespace chiar;
+using test::line_with;
 using test::TempDir;
 namespace fs = boost::filesystem;
 
@@ -109,14 +109,6 @@ std::vector<std::string> files_in(const std::string& folder) {
   for (fs::directory_iterator it(folder), end; it != end; ++it) names.push_back(it->path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
-}
-
-// The line of `output` that contains `part`, or "".
-std::string line_with(const std::string& output, const std::string& part) {
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);)
-    if (line.find(part) != std::string::npos) return line;
-  return "";
 }
 
 }  // namespace

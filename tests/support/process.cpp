@@ -69,4 +69,11 @@ Finished run_chiar(const std::vector<std::string>& args) {
   return f;
 }
 
+std::string line_with(const std::string& output, const std::string& part) {
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(part) != std::string::npos) return line;
+  return "";
+}
+
 }  // namespace chiar::test

@@ -31,4 +31,8 @@ struct Measured {
 // Runs `chiar args...` with output to log_file, and measures it.
 Measured run_chiar_measured(const std::vector<std::string>& args, const std::string& log_file);
 
+// The first line of a command's output that contains `part`, without its
+// newline; "" if none does.
+std::string line_with(const std::string& output, const std::string& part);
+
 }  // namespace chiar::test

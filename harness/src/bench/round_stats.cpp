@@ -1,22 +1,12 @@
 #include "bench/round_stats.h"
 
 #include <algorithm>
-#include <cmath>
 #include <stdexcept>
 #include <string>
 
+#include <boost/math/distributions/binomial.hpp>
+
 namespace chiar::bench {
-
-namespace {
-
-// P(Binomial(n, 1/2) = i), from log-probabilities so that n in the
-// thousands neither overflows C(n, i) nor underflows 2^-n.
-double binomial_half_pmf(int64_t n, int64_t i) {
-  return std::exp(std::lgamma(static_cast<double>(n + 1)) - std::lgamma(static_cast<double>(i + 1)) -
-                  std::lgamma(static_cast<double>(n - i + 1)) + static_cast<double>(n) * std::log(0.5));
-}
-
-}  // namespace
 
 MedianInterval median_interval(std::vector<double> values, double confidence) {
   MedianInterval out;
@@ -28,19 +18,17 @@ MedianInterval median_interval(std::vector<double> values, double confidence) {
   out.median = n % 2 ? values[static_cast<size_t>(n / 2)]
                      : 0.5 * (values[static_cast<size_t>(n / 2 - 1)] + values[static_cast<size_t>(n / 2)]);
   const double tail = (1 - confidence) / 2;
-  int64_t rank = 0;                      // l, 1-based; 0: none qualifies
-  double below = 0;                      // P(B <= rank - 1)
-  double cdf = binomial_half_pmf(n, 0);  // P(B <= l - 1) for the l tried next
-  for (int64_t l = 1; 2 * l <= n + 1 && cdf <= tail; ++l) {
-    rank = l;
-    below = cdf;
-    cdf += binomial_half_pmf(n, l);
-  }
+  // How many of the n values fall under the population median: B(n, 1/2).
+  // below(l) = P(B <= l - 1), the chance that x_(l) lies above the median.
+  const boost::math::binomial_distribution<double> under_median(static_cast<double>(n), 0.5);
+  const auto below = [&](int64_t l) { return boost::math::cdf(under_median, static_cast<double>(l - 1)); };
+  int64_t rank = 0;  // l, 1-based; 0: none qualifies
+  while (2 * (rank + 1) <= n + 1 && below(rank + 1) <= tail) ++rank;
   if (rank == 0) return out;
   out.bounded = true;
   out.low = values[static_cast<size_t>(rank - 1)];
   out.high = values[static_cast<size_t>(n - rank)];
-  out.coverage = 1 - 2 * below;
+  out.coverage = 1 - 2 * below(rank);
   return out;
 }
 

@@ -114,12 +114,10 @@ std::string with_interval(const bench::MedianInterval& m, double scale, int digi
   return out.str();
 }
 
-// Training (and inference) rate of `r` over `base`'s, round by round.
-bench::MedianInterval train_ratio(const bench::TrainBenchResult& base, const bench::TrainBenchResult& r) {
-  return bench::median_interval(bench::per_round_ratios(base.train_round_s, r.train_round_s));
-}
-bench::MedianInterval infer_ratio(const bench::TrainBenchResult& base, const bench::TrainBenchResult& r) {
-  return bench::median_interval(bench::per_round_ratios(base.infer_round_s, r.infer_round_s));
+// An entry's rate over the base's, round by round: the base's seconds over
+// the entry's (training or inference rounds).
+bench::MedianInterval paired_ratio(const std::vector<double>& base_s, const std::vector<double>& entry_s) {
+  return bench::median_interval(bench::per_round_ratios(base_s, entry_s));
 }
 
 // The rounds paired (round_stats.h): each entry's share of its GEMM rate and
@@ -128,20 +126,23 @@ bench::MedianInterval infer_ratio(const bench::TrainBenchResult& base, const ben
 // this run's spread and not only its medians.
 void print_round_intervals(const std::vector<bench::TrainBenchResult>& results) {
   const auto& base = results.front();
-  const bench::MedianInterval probe = bench::median_interval(gemm_shares(base));
-  std::cout << "per round, paired (" << probe.count << (probe.count == 1 ? " round" : " rounds") << "; medians";
-  if (probe.bounded)
-    std::cout << " [distribution-free intervals of " << std::fixed << std::setprecision(1) << 100 * probe.coverage
+  std::vector<bench::MedianInterval> shares;  // per entry
+  for (const auto& r : results) shares.push_back(bench::median_interval(gemm_shares(r)));
+  const auto& first = shares.front();  // every entry has the same rounds
+  std::cout << "per round, paired (" << first.count << (first.count == 1 ? " round" : " rounds") << "; medians";
+  if (first.bounded)
+    std::cout << " [distribution-free intervals of " << std::fixed << std::setprecision(1) << 100 * first.coverage
               << "% coverage]";
   else
     std::cout << "; an interval needs 6 rounds or more";
   std::cout << "):\n";
-  for (const auto& r : results) {
+  for (size_t k = 0; k < results.size(); ++k) {
+    const auto& r = results[k];
     std::cout << "  " << std::left << std::setw(22) << r.variant << std::right << " of GEMM "
-              << with_interval(bench::median_interval(gemm_shares(r)), 100, 1, "%");
-    if (&r != &base)
-      std::cout << "   train x " << with_interval(train_ratio(base, r), 1, 2, "") << "   infer x "
-                << with_interval(infer_ratio(base, r), 1, 2, "");
+              << with_interval(shares[k], 100, 1, "%");
+    if (k > 0)
+      std::cout << "   train x " << with_interval(paired_ratio(base.train_round_s, r.train_round_s), 1, 2, "")
+                << "   infer x " << with_interval(paired_ratio(base.infer_round_s, r.infer_round_s), 1, 2, "");
     std::cout << "\n";
   }
 }
@@ -159,8 +160,9 @@ void print_precision_ratios(const std::vector<bench::TrainBenchResult>& results,
     for (const auto& base : results)
       if (base.variant == stem + first)
         std::cout << stem << ": " << r.precision << " / " << precisions.front() << " train "
-                  << with_interval(train_ratio(base, r), 1, 2, "x") << ", infer "
-                  << with_interval(infer_ratio(base, r), 1, 2, "x") << " (per round, paired)\n";
+                  << with_interval(paired_ratio(base.train_round_s, r.train_round_s), 1, 2, "x") << ", infer "
+                  << with_interval(paired_ratio(base.infer_round_s, r.infer_round_s), 1, 2, "x")
+                  << " (per round, paired)\n";
   }
 }
 
