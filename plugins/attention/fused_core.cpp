@@ -50,14 +50,30 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const c10::BFloa
   chiar::gemm_bf16_tile(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
 }
 
-// A tile's fp32 weights or scores' gradient (n floats) as the next product's
-// operand: itself in fp32; in bf16, rounded into this thread's buffer.
-const float* as_operand(const float* tile, size_t, const float*) { return tile; }
-const c10::BFloat16* as_operand(const float* tile, size_t n, const c10::BFloat16*) {
+// A tile's fp32 weights or scores' gradient (rows x keys) as the next
+// product's operand, each row's keys past ends[i] read as 0: itself in fp32,
+// where the caller zeroed them; in bf16, the rows' first ends[i] keys
+// rounded into this thread's buffer and the rest zeroed there (the fp32
+// tails are then never written).
+const float* as_operand(const float* tile, int64_t, int64_t, const int64_t*, const float*) { return tile; }
+const c10::BFloat16* as_operand(const float* tile, int64_t rows, int64_t keys, const int64_t* ends,
+                                const c10::BFloat16*) {
   thread_local std::vector<c10::BFloat16> rounded;
+  const auto n = static_cast<size_t>(rows * keys);
   if (rounded.size() < n) rounded.resize(n);
-  chiar::round_to_bf16(tile, reinterpret_cast<uint16_t*>(rounded.data()), static_cast<int64_t>(n));
+  auto* out = reinterpret_cast<uint16_t*>(rounded.data());
+  for (int64_t i = 0; i < rows; ++i) {
+    chiar::round_to_bf16(tile + i * keys, out + i * keys, ends[i]);
+    std::fill(out + i * keys + ends[i], out + (i + 1) * keys, uint16_t{0});
+  }
   return rounded.data();
+}
+
+// The keys of a row past `end` as 0 in fp32 operands (bf16 ones are zeroed
+// as they are rounded, as_operand).
+template <class T>
+void zero_tail(float* row, int64_t end, int64_t keys) {
+  if constexpr (std::is_same_v<T, float>) std::fill(row + end, row + keys, 0.f);
 }
 
 // What every tile needs to know, shared by forward and backward. T is the
@@ -136,18 +152,39 @@ struct Problem {
     }
   }
 
-  // Scores of one tile into s (rows x keys, leading dimension keys), masked.
-  void scores(int64_t head, const Tile& t, float* s) const {
+  // Keys [0, n) that row i of tile t may read: all of them, or those up to
+  // its causal position. The softmax's passes skip the rest, which are only
+  // zeroed for the products: a third of the entries of the anchor's causal
+  // blocks (T 256 in blocks of 128).
+  int64_t readable_keys(const Tile& t, int64_t i) const {
+    const int64_t r = t.r0 + i;
+    const int64_t pos = block > 0 ? r : qpos ? qpos[t.qg * qpos_stride + r] : t.keys - 1;
+    return std::clamp<int64_t>(pos + 1, 0, t.keys);
+  }
+
+  // Scores of one tile into s (rows x keys, leading dimension keys); each
+  // row's readable keys, rounded up to whole vectors, in ends[i], the keys
+  // masked among them set to kMasked. A row with no key to read is kMasked
+  // throughout and reads all keys: uniform weights, as the unfused path
+  // gives it.
+  void scores(int64_t head, const Tile& t, float* s, int64_t* ends) const {
     product(false, false, t.rows, t.keys, dh, q.row(t.qg, head, t.r0), q.ld, kt.at(t.kg, head), kt.ld, 0.f, s, t.keys);
     const bool* ok = valid ? valid + t.kg * L : nullptr;
     for (int64_t i = 0; i < t.rows; ++i) {
       float* row = s + i * t.keys;
-      const int64_t r = t.r0 + i;
-      const int64_t pos = block > 0 ? r : qpos ? qpos[t.qg * qpos_stride + r] : t.keys;
-      for (int64_t j = std::max<int64_t>(pos + 1, 0); j < t.keys; ++j) row[j] = kMasked;
+      int64_t end = readable_keys(t, i), open = end;
       if (ok)
-        for (int64_t j = 0; j < t.keys; ++j)
-          if (!ok[j]) row[j] = kMasked;
+        for (int64_t j = 0; j < end; ++j)
+          if (!ok[j]) row[j] = kMasked, --open;
+      if (open == 0) {
+        std::fill(row, row + t.keys, kMasked);
+        end = t.keys;
+      }
+      // To whole vectors of 16 lanes, the extra keys masked: a row kernel
+      // runs the lanes past the last whole vector one at a time.
+      const int64_t whole = std::min(t.keys, (end + 15) / 16 * 16);
+      std::fill(row + end, row + whole, kMasked);
+      ends[i] = whole;
     }
   }
 };
@@ -213,34 +250,44 @@ void forward_tiles(const Problem<T>& p, const Matrices<T>& o, float* stats) {
     const size_t area = static_cast<size_t>(t.rows * t.keys);
     // (rows, keys) scores, then in bf16 the tile's fp32 output (rows, dh)
     float* s = scratch(area + (std::is_same_v<T, float> ? 0 : static_cast<size_t>(t.rows * p.dh)));
-    p.scores(head, t, s);
+    int64_t ends[kMaxTileRows];
+    p.scores(head, t, s, ends);
+    // Each row's exp(score - maximum), unnormalised: the output's rows are
+    // divided by their sums after the product, (rows, dh) instead of
+    // (rows, keys) divisions.
+    float inverse_sums[kMaxTileRows];
     const int64_t first = t.qg * per_seq + head * p.m + t.r0;
     for (int64_t i = 0; i < t.rows; ++i) {
       float* row = s + i * t.keys;
+      const int64_t end = ends[i];
       bool finite = true;
-      const float top = chiar::row_max(row, t.keys, &finite);
+      const float top = chiar::row_max(row, end, &finite);
       // An infinite or NaN score makes the row NaN, as +inf and NaN do in
       // libtorch's softmax (a lone -inf, which libtorch would weigh 0,
       // needs q k^T to overflow; it is NaN here too).
       if (!finite) {
         std::fill(row, row + t.keys, kNaN);
-        stats[first + i] = log_sums[first + i] = kNaN;
+        ends[i] = t.keys;
+        stats[first + i] = log_sums[first + i] = inverse_sums[i] = kNaN;
         continue;
       }
-      const float sum = chiar::exp_shifted(row, t.keys, top, 0.f);
-      chiar::scale_row(row, t.keys, 1.f / sum);
+      const float sum = chiar::exp_shifted(row, end, top, 0.f);
+      zero_tail<T>(row, end, t.keys);
       stats[first + i] = top;
       log_sums[first + i] = std::log(sum);
+      inverse_sums[i] = 1.f / sum;
     }
     if constexpr (std::is_same_v<T, float>) {
       product(false, false, t.rows, p.dh, t.keys, s, t.keys, p.v.at(t.kg, head), p.v.ld, 0.f, o.row(t.qg, head, t.r0),
               o.ld);
+      for (int64_t i = 0; i < t.rows; ++i) chiar::scale_row(o.row(t.qg, head, t.r0 + i), p.dh, inverse_sums[i]);
     } else {
       float* out = s + area;  // (rows, dh)
-      product(false, false, t.rows, p.dh, t.keys, as_operand(s, area, p.v.data), t.keys, p.v.at(t.kg, head), p.v.ld,
-              0.f, out, p.dh);
+      product(false, false, t.rows, p.dh, t.keys, as_operand(s, t.rows, t.keys, ends, p.v.data), t.keys,
+              p.v.at(t.kg, head), p.v.ld, 0.f, out, p.dh);
       for (int64_t i = 0; i < t.rows; ++i)
-        chiar::round_to_bf16(out + i * p.dh, reinterpret_cast<uint16_t*>(o.row(t.qg, head, t.r0 + i)), p.dh);
+        chiar::scale_to_bf16(out + i * p.dh, inverse_sums[i], reinterpret_cast<uint16_t*>(o.row(t.qg, head, t.r0 + i)),
+                             p.dh);
     }
   });
 }
@@ -297,19 +344,23 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
       // its tile in fp32 (rows, dh)
       float* weights = scratch(2 * area + (fp32_grads ? 0 : static_cast<size_t>(t.rows * p.dh)));
       float* grad = weights + area;
-      p.scores(head, t, weights);
+      int64_t ends[kMaxTileRows];
+      p.scores(head, t, weights, ends);
       const int64_t first = t.qg * per_seq + head * p.m + t.r0;
       for (int64_t i = 0; i < t.rows; ++i) {
         float* row = weights + i * t.keys;
-        if (std::isnan(stats[first + i]))
+        if (std::isnan(stats[first + i])) {
           std::fill(row, row + t.keys, kNaN);
-        else
-          chiar::exp_shifted(row, t.keys, stats[first + i], log_sums[first + i]);
+          ends[i] = t.keys;
+        } else {
+          chiar::exp_shifted(row, ends[i], stats[first + i], log_sums[first + i]);
+          zero_tail<T>(row, ends[i], t.keys);
+        }
       }
       const T* dout_t = dout.row(t.qg, head, t.r0);
       // dv[:keys] += weights^T dout
-      product(true, false, t.keys, p.dh, t.rows, as_operand(weights, area, k_gh), t.keys, dout_t, dout.ld, 1.f, dv_gh,
-              p.dh);
+      product(true, false, t.keys, p.dh, t.rows, as_operand(weights, t.rows, t.keys, ends, k_gh), t.keys, dout_t,
+              dout.ld, 1.f, dv_gh, p.dh);
       // d weights = dout vt[:, :keys], then through the softmax
       product(false, false, t.rows, t.keys, p.dh, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
       for (int64_t i = 0; i < t.rows; ++i) {
@@ -323,11 +374,12 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
         if constexpr (std::is_same_v<T, float>)
           delta = chiar::dot(dout.row(t.qg, head, t.r0 + i), o.row(t.qg, head, t.r0 + i), p.dh);
         else
-          delta = chiar::dot(w_row, g_row, t.keys);
-        chiar::softmax_backward_row(w_row, g_row, t.keys, delta);
+          delta = chiar::dot(w_row, g_row, ends[i]);
+        chiar::softmax_backward_row(w_row, g_row, ends[i], delta);
+        zero_tail<T>(g_row, ends[i], t.keys);
       }
       // dq = d scores k[:keys]; dk[:keys] += d scores^T q
-      const T* grad_op = as_operand(grad, area, k_gh);
+      const T* grad_op = as_operand(grad, t.rows, t.keys, ends, k_gh);
       if constexpr (fp32_grads) {
         product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
       } else {

@@ -1,8 +1,9 @@
 #pragma once
 // Attention's core, softmax(q k^T + mask) v, computed tile by tile so that a
 // tile's scores (16 to 128 query rows x the keys they read, fp32, within
-// kTileBytes) are made, normalised and consumed while they are in the core's
-// cache, never written to memory as a whole. Backward recomputes each tile's weights from the saved row
+// kTileBytes) are made, exponentiated and consumed while they are in the
+// core's cache, never written to memory as a whole (each output row is
+// divided by its weights' sum after the product). Backward recomputes each tile's weights from the saved row
 // statistics (two floats per query) instead of keeping them: the memory is
 // that of q, k, v and the output, whatever the sequence length.
 //
