@@ -2,7 +2,6 @@
 // JSON field written, bad options refused by name.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -129,13 +128,11 @@ TEST_CASE("bench-train: every variant measured, every JSON field written", "[eng
   CHECK_THAT(test::line_with(both.output, "baseline: bf16 / fp32 "),
              Catch::Matchers::Matches("baseline: bf16 / fp32 train [0-9.]+x \\[[0-9.]+, [0-9.]+\\], infer [0-9.]+x "
                                       "\\[[0-9.]+, [0-9.]+\\] \\(per round, paired\\)"));
-  for (const char* k : {"\"train_round_s\": [", "\"infer_round_s\": [", "\"gemm_round_gflops\": ["}) {
-    const auto at = both_text.find(k);
-    REQUIRE(at != std::string::npos);
-    const std::string list =
-        both_text.substr(at + std::string(k).size(), both_text.find(']', at) - at - std::string(k).size());
-    CHECK(std::count(list.begin(), list.end(), ',') == 5);  // six rounds
-  }
+  for (const char* entry : {"baseline@fp32", "baseline@bf16"})
+    for (const char* k : {"train_round_s", "infer_round_s", "gemm_round_gflops"}) {
+      CAPTURE(entry, k);
+      CHECK(json_rounds(both_text, entry, k).size() == 6);  // six rounds
+    }
   // The printed ratios pair the JSON's rounds: round i of bf16 against round
   // i of fp32, not another round nor another entry.
   const auto paired = [&](const char* key) {

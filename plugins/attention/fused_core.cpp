@@ -180,9 +180,9 @@ struct Problem {
         std::fill(row, row + t.keys, kMasked);
         end = t.keys;
       }
-      // To whole vectors of 16 lanes, the extra keys masked: a row kernel
-      // runs the lanes past the last whole vector one at a time.
-      const int64_t whole = std::min(t.keys, (end + 15) / 16 * 16);
+      // To whole vectors of the row kernels (chiar::kRowLanes), the extra
+      // keys masked.
+      const int64_t whole = std::min(t.keys, (end + chiar::kRowLanes - 1) / chiar::kRowLanes * chiar::kRowLanes);
       std::fill(row + end, row + whole, kMasked);
       ends[i] = whole;
     }

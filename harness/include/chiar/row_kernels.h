@@ -22,6 +22,12 @@
 
 namespace chiar {
 
+// The most fp32 lanes the kernels below run at once (the AVX-512 clone). A
+// row whose length is not a multiple of it ends in lanes computed one at a
+// time, so a caller free to lengthen a row with masked entries (attention's
+// causal rows) rounds it up to a multiple.
+constexpr int64_t kRowLanes = 16;
+
 // The largest of s[0, n), or the lowest float when n is 0; *finite says
 // whether every s[j] was finite (the other kernels assume they are, so a
 // row that is not is set to NaN by the caller, as libtorch's softmax would).
