@@ -263,14 +263,16 @@ Pass run_pass(Operator& op, const at::Tensor& x, const OpContext& ctx, const at:
 // errors out_tol and grad_tol, in the causal and padded contexts the
 // operator's traits allow.
 void check_against_f64(const std::string& name, const Params& params, const Params& params64, int64_t T,
-                       const at::TensorOptions& as, bool bf16, double out_tol, double grad_tol, bool pre_norm = false) {
+                       const at::TensorOptions& as, bool bf16, double out_tol, double grad_tol, bool pre_norm = false,
+                       int64_t d = 16) {
   for (bool causal : {true, false})
     for (bool padded : {false, true})
       for (int64_t heads : {1, 2}) {
         INFO(name << " " << params.describe() << (pre_norm ? ", pre-norm" : "") << ", T " << T << ", causal " << causal
-                  << ", padded " << padded << ", heads " << heads << ", " << as << (bf16 ? ", bf16 autocast" : ""));
-        auto op = make_op(name, 16, heads, params, false, 21, pre_norm);
-        auto op64 = make_op(name, 16, heads, params64, true, 21, pre_norm);
+                  << ", padded " << padded << ", d " << d << ", heads " << heads << ", " << as
+                  << (bf16 ? ", bf16 autocast" : ""));
+        auto op = make_op(name, d, heads, params, false, 21, pre_norm);
+        auto op64 = make_op(name, d, heads, params64, true, 21, pre_norm);
         const auto traits = op->traits();
         if ((causal && !traits.causal) || (padded && !traits.padded)) continue;
         {
@@ -281,16 +283,16 @@ void check_against_f64(const std::string& name, const Params& params, const Para
         }
         op->to(as.device(), as.dtype().toScalarType());
         at::manual_seed(22);
-        auto x = at::randn({3, T, 16}, kF64);
+        auto x = at::randn({3, T, d}, kF64);
         OpContext ctx;
         ctx.causal = causal;
         if (padded) ctx.valid = test::padding_mask(T, {0, T / 3, 1});
         auto keep = padded ? ctx.valid.unsqueeze(-1).to(at::kDouble) : at::ones({3, T, 1}, kF64);
-        auto probe = at::randn({3, T, 16}, kF64) * keep;
+        auto probe = at::randn({3, T, d}, kF64) * keep;
         auto pick = at::rand({3, T}, kF64) < 0.3;
         pick[1][T - 1] = true;
         const auto rows = test::rows_where(pick);
-        auto probe_rows = probe.view({-1, 16}).index_select(0, rows);
+        auto probe_rows = probe.view({-1, d}).index_select(0, rows);
         for (bool sparse : {false, true}) {
           INFO("forward_rows " << sparse);
           const auto r = sparse ? rows : at::Tensor();
@@ -352,6 +354,13 @@ TEST_CASE("attention's fused core under bf16 autocast: bf16 products summed in f
   for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 4}, {300, 256}, {1100, 2048}})
     check_against_f64("attention", Params().set("block", block).set("core", std::string("fused")),
                       chunked().set("block", block), T, at::kFloat, true, kBf16OutTol, bf16_grad_tol("attention"));
+  // Heads of 64 and 32 (d 64): tiles of whole multiples of 32, which run on
+  // primitives made for their shapes, reading a head's rows of q, v and the
+  // output's gradient, and kt and v transposed, copied dense first
+  // (gemm_bf16_tile); the shapes above run on the primitives for any size.
+  check_against_f64("attention", Params().set("block", int64_t{256}).set("core", std::string("fused")),
+                    chunked().set("block", int64_t{256}), 300, at::kFloat, true, kBf16OutTol,
+                    bf16_grad_tol("attention"), false, 64);
   // The bf16 tiles ran (forward and backward, whole and by rows), or none
   // where the kernels are missing.
   if (chiar::gemm_bf16_native())

@@ -292,12 +292,16 @@ void forward_tiles(const Problem<T>& p, const Matrices<T>& o, float* stats) {
   });
 }
 
-// Gradients of q, kt and v from dout and the forward's o and stats, given
-// k = kt^T (G, h, L, dh) and vt = v^T (G, h, dh, L) contiguous: with them
-// every product of a tile reads row-major operands or transposes only its
-// short side (oneDNN runs the q and weights gradients well below its rate
-// reading kt and v against the grain; chiar_bench:
-// attention_core/fused/fwd+bwd/*). dq (G, h, m, dh), dk (GK, h, L, dh) and
+// Gradients of q, kt and v from dout and the forward's o and stats. In
+// fp32, given k = kt^T (G, h, L, dh) and vt = v^T (G, h, dh, L) contiguous:
+// with them every product of a tile reads row-major operands or transposes
+// only its short side (oneDNN's sgemm ran the q and weights gradients below
+// its rate reading kt and v against the grain, the more so the longer the
+// sequence; chiar_bench: attention_core/fused/fwd+bwd/2048/*). In bf16, k
+// and vt are null: those two products read kt and v themselves, transposed,
+// and gemm_bf16_tile makes a tile's rows dense where they are not, which
+// costs less than the two copies at every length (chiar_bench:
+// attention_core/fused_bf16/fwd+bwd/*). dq (G, h, m, dh), dk (GK, h, L, dh) and
 // dv (GK, h, L, dh) contiguous: rows of dh, as the projection's gradient
 // takes them (the caller hands dk on as kt's gradient, transposed, which
 // RoPE's backward reads as rows). Written as (dh, L) they had to be gathered
@@ -316,6 +320,7 @@ template <class T, class D>
 void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stats, const Matrices<T>& dout, const T* k,
                     const T* vt, D* dq, D* dk, D* dv) {
   constexpr bool fp32_grads = std::is_same_v<D, float>;
+  constexpr bool transposed = !std::is_same_v<T, float>;  // reads kt and v, not k and vt
   const int64_t per_seq = p.heads * p.m;
   const float* log_sums = stats + p.G * per_seq;
   std::vector<double> batch_cost(static_cast<size_t>(p.GK), 0.0);  // score elements per key batch
@@ -324,10 +329,15 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
   const int64_t size = p.L * p.dh;  // one (key batch, head)'s keys, values or their gradients
   run_balanced(p.GK * p.heads, task_cost, [&](int64_t task) {
     const int64_t kg = task / p.heads, head = task % p.heads;
-    const T* k_gh = k + task * size;    // (L, dh)
-    const T* vt_gh = vt + task * size;  // (dh, L)
-    float* dk_gh;                       // (L, dh): the gradient itself, or its fp32 accumulator
-    float* dv_gh;                       // (L, dh)
+    // op(B) of dq's product, k[:keys] (keys, dh), and of the weights'
+    // gradient's, v[:keys]^T (dh, keys): k (L, dh) and vt (dh, L) read
+    // row-major, or kt (dh, L) and v (L, dh) read transposed.
+    const T* k_gh = transposed ? p.kt.at(kg, head) : k + task * size;
+    const int64_t k_ld = transposed ? p.kt.ld : p.dh;
+    const T* vt_gh = transposed ? p.v.at(kg, head) : vt + task * size;
+    const int64_t vt_ld = transposed ? p.v.ld : p.L;
+    float* dk_gh;  // (L, dh): the gradient itself, or its fp32 accumulator
+    float* dv_gh;  // (L, dh)
     if constexpr (fp32_grads) {
       dk_gh = dk + task * size;
       dv_gh = dv + task * size;
@@ -362,7 +372,7 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
       product(true, false, t.keys, p.dh, t.rows, as_operand(weights, t.rows, t.keys, ends, k_gh), t.keys, dout_t,
               dout.ld, 1.f, dv_gh, p.dh);
       // d weights = dout vt[:, :keys], then through the softmax
-      product(false, false, t.rows, t.keys, p.dh, dout_t, dout.ld, vt_gh, p.L, 0.f, grad, t.keys);
+      product(false, transposed, t.rows, t.keys, p.dh, dout_t, dout.ld, vt_gh, vt_ld, 0.f, grad, t.keys);
       for (int64_t i = 0; i < t.rows; ++i) {
         float* w_row = weights + i * t.keys;
         float* g_row = grad + i * t.keys;
@@ -381,10 +391,10 @@ void backward_tiles(const Problem<T>& p, const Matrices<T>& o, const float* stat
       // dq = d scores k[:keys]; dk[:keys] += d scores^T q
       const T* grad_op = as_operand(grad, t.rows, t.keys, ends, k_gh);
       if constexpr (fp32_grads) {
-        product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq + first * p.dh, p.dh);
+        product(false, transposed, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, k_ld, 0.f, dq + first * p.dh, p.dh);
       } else {
         float* dq_tile = grad + area;
-        product(false, false, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, p.dh, 0.f, dq_tile, p.dh);
+        product(false, transposed, t.rows, p.dh, t.keys, grad_op, t.keys, k_gh, k_ld, 0.f, dq_tile, p.dh);
         chiar::round_to_bf16(dq_tile, reinterpret_cast<uint16_t*>(dq + first * p.dh), t.rows * p.dh);
       }
       product(true, false, t.keys, p.dh, t.rows, grad_op, t.keys, p.q.row(t.qg, head, t.r0), p.q.ld, 1.f, dk_gh, p.dh);
@@ -457,24 +467,24 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const bool bf16_grads = std::all_of(types.begin(), types.end(),
                                         [](int64_t t) { return static_cast<at::ScalarType>(t) == at::kBFloat16; });
     const auto grad_options = q.options().dtype(bf16_grads ? at::kBFloat16 : at::kFloat);
-    auto dq = at::empty(q.sizes(), grad_options);    // (G, h, m, dh)
-    const auto k = kt.transpose(2, 3).contiguous();  // (GK, h, L, dh)
-    const auto vt = v.transpose(2, 3).contiguous();  // (GK, h, dh, L)
-    auto dk = at::empty(k.sizes(), grad_options);    // (GK, h, L, dh)
-    auto dv = at::empty(k.sizes(), grad_options);    // (GK, h, L, dh)
+    auto dq = at::empty(q.sizes(), grad_options);                                         // (G, h, m, dh)
+    auto dk = at::empty({kt.size(0), kt.size(1), kt.size(3), kt.size(2)}, grad_options);  // (GK, h, L, dh)
+    auto dv = at::empty(dk.sizes(), grad_options);                                        // (GK, h, L, dh)
     if (ctx->saved_data["bf16"].toBool()) {
-      // dout arrives in bf16 (o's type) and is read in place.
+      // dout arrives in bf16 (o's type) and is read in place, as are kt and v.
       const auto dout_op = readable(as_bf16(dout));
       const Problem<c10::BFloat16> p(q, kt, v, qpos, valid, segments, block, /*arrays=*/2);
-      const auto* k_op = k.data_ptr<c10::BFloat16>();
-      const auto* vt_op = vt.data_ptr<c10::BFloat16>();
+      const c10::BFloat16* no_copy = nullptr;  // no k or vt: kt and v are read transposed
       if (bf16_grads)
-        backward_tiles(p, matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op), k_op,
-                       vt_op, dq.data_ptr<c10::BFloat16>(), dk.data_ptr<c10::BFloat16>(), dv.data_ptr<c10::BFloat16>());
+        backward_tiles(p, matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op),
+                       no_copy, no_copy, dq.data_ptr<c10::BFloat16>(), dk.data_ptr<c10::BFloat16>(),
+                       dv.data_ptr<c10::BFloat16>());
       else
-        backward_tiles(p, matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op), k_op,
-                       vt_op, dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
+        backward_tiles(p, matrices<c10::BFloat16>(o), stats.data_ptr<float>(), matrices<c10::BFloat16>(dout_op),
+                       no_copy, no_copy, dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
     } else {
+      const auto k = kt.transpose(2, 3).contiguous();  // (GK, h, L, dh)
+      const auto vt = v.transpose(2, 3).contiguous();  // (GK, h, dh, L)
       backward_tiles(Problem<float>(q, kt, v, qpos, valid, segments, block, /*arrays=*/2), matrices<float>(o),
                      stats.data_ptr<float>(), matrices<float>(dout), k.data_ptr<float>(), vt.data_ptr<float>(),
                      dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());

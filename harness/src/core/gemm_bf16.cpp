@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -97,6 +98,12 @@ struct MadeMatmul {
   size_t scratch_bytes;       // what it needs of a user scratchpad
   dnnl::memory::desc b;       // the layout it reads B in
   bool reads_packed = false;  // made for a packed B, and b is gemm_bf16_pack_b's layout
+  bool any_size = false;      // made for any size of a layout: its operands' sizes vary
+  // A tile primitive made for one shape: its arguments, made at its first
+  // product and pointed at each product's data since (gemm_bf16_tile, on
+  // the thread that owns it). Made anew, they took about 1 us of a 6-15 us
+  // tile product.
+  mutable std::unordered_map<int, dnnl::memory> args;
 };
 
 bool aligned(const Shape& s) {
@@ -182,7 +189,7 @@ class MatmulCache {
     const auto pd = describe_matmul(s, user_scratchpad_, any_size, packed_b);
     // Compared once here, not per product: packed_b_desc takes a lock.
     const bool reads_packed = packed_b && pd.weights_desc() == packed_b_desc(std::get<3>(s), std::get<4>(s));
-    return {dnnl::matmul(pd), pd.scratchpad_desc().get_size(), pd.weights_desc(), reads_packed};
+    return {dnnl::matmul(pd), pd.scratchpad_desc().get_size(), pd.weights_desc(), reads_packed, any_size, {}};
   }
 
   bool user_scratchpad_;
@@ -242,21 +249,68 @@ void onednn_gemm(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b,
     execute(primitive, stream, s, a, b, c);
 }
 
+// The (rows, cols) matrix at p with leading dimension ld (updated), itself
+// where its rows are dense, else copied into buffer.
+const c10::BFloat16* dense_rows(const c10::BFloat16* p, int64_t rows, int64_t cols, int64_t& ld,
+                                std::vector<c10::BFloat16>& buffer) {
+  if (ld == cols) return p;
+  const auto n = static_cast<size_t>(rows * cols);
+  if (buffer.size() < n) buffer.resize(n);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(buffer.data() + r * cols, p + r * ld, sizeof(c10::BFloat16) * cols);
+  ld = cols;
+  return buffer.data();
+}
+
 // A tile's product on the calling thread (gemm_bf16_tile): primitives made
 // on this thread and kept in its own cache, each run with this thread's
 // scratch. The user scratchpad is what lets tiles run side by side: oneDNN's
 // own (library mode) may not serve one primitive on two threads at once, nor
 // one made on another thread, and its primitive cache hands threads the same
 // kernels anyway.
-void onednn_gemm_tile(const Shape& s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
+//
+// oneDNN 2.6 takes its brgemm kernels for a bf16 product only where each
+// operand's rows are dense (leading dimension = row length); a tile of a
+// wider matrix (a head's queries within the projection's rows, the first
+// keys of a head's kt, a head's rows of the output's gradient) went to its
+// jit gemm, which packs both operands on every call and ran the core's tile
+// shapes 1.2-1.6x slower (DNNL_VERBOSE=1 exec times in a bench-train
+// --precision bf16 step). Such an operand of an aligned shape is copied to
+// a dense buffer of this thread's first: 8-32 KiB a tile.
+void onednn_gemm_tile(Shape s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
+  if (aligned(s)) {
+    auto& [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, c_bf16, bias] = s;
+    thread_local std::vector<c10::BFloat16> dense_a, dense_b;
+    a = dense_rows(a, ta ? k : m, ta ? m : k, lda, dense_a);
+    b = dense_rows(b, tb ? n : k, tb ? k : n, ldb, dense_b);
+  }
   thread_local MatmulCache made(/*user_scratchpad=*/true);
   const MadeMatmul& m = made.get(s);
   thread_local std::vector<uint8_t> scratch;
   if (scratch.size() < std::max<size_t>(1, m.scratch_bytes)) scratch.resize(std::max<size_t>(1, m.scratch_bytes));
-  const dnnl::memory scratch_mem({{static_cast<int64_t>(scratch.size())}, dnnl::memory::data_type::u8, {1}},
-                                 cpu_engine(), scratch.data());
+  const auto scratch_memory = [] {
+    return dnnl::memory({{static_cast<int64_t>(scratch.size())}, dnnl::memory::data_type::u8, {1}}, cpu_engine(),
+                        scratch.data());
+  };
   thread_local dnnl::stream stream(cpu_engine());
-  execute(m.primitive, stream, s, a, b, Output{c}, &scratch_mem);
+  if (m.any_size) {
+    const auto scratch_mem = scratch_memory();
+    execute(m.primitive, stream, s, a, b, Output{c}, &scratch_mem);
+  } else {
+    if (m.args.empty()) {
+      const Descs d = descs_of(s);
+      auto& engine = cpu_engine();
+      m.args = {{DNNL_ARG_SRC, {d.a, engine, DNNL_MEMORY_NONE}},
+                {DNNL_ARG_WEIGHTS, {d.b, engine, DNNL_MEMORY_NONE}},
+                {DNNL_ARG_DST, {d.c, engine, DNNL_MEMORY_NONE}},
+                {DNNL_ARG_SCRATCHPAD, scratch_memory()}};
+    }
+    m.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<c10::BFloat16*>(a));
+    m.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<c10::BFloat16*>(b));
+    m.args.at(DNNL_ARG_DST).set_data_handle(c);
+    m.args.at(DNNL_ARG_SCRATCHPAD).set_data_handle(scratch.data());
+    m.primitive.execute(stream, m.args);
+    stream.wait();
+  }
   g_native_tiles.fetch_add(1, std::memory_order_relaxed);
 }
 #endif
