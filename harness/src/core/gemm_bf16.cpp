@@ -266,16 +266,18 @@ const c10::BFloat16* dense_rows(const c10::BFloat16* p, int64_t rows, int64_t co
 // scratch. The user scratchpad is what lets tiles run side by side: oneDNN's
 // own (library mode) may not serve one primitive on two threads at once, nor
 // one made on another thread, and its primitive cache hands threads the same
-// kernels anyway.
+// kernels anyway. A primitive made for one shape keeps its arguments
+// (MadeMatmul::args) and points them at each product's data.
 //
 // oneDNN 2.6 takes its brgemm kernels for a bf16 product only where each
 // operand's rows are dense (leading dimension = row length); a tile of a
-// wider matrix (a head's queries within the projection's rows, the first
+// wider matrix (a head's values within the kv projection's rows, the first
 // keys of a head's kt, a head's rows of the output's gradient) went to its
-// jit gemm, which packs both operands on every call and ran the core's tile
-// shapes 1.2-1.6x slower (DNNL_VERBOSE=1 exec times in a bench-train
-// --precision bf16 step). Such an operand of an aligned shape is copied to
-// a dense buffer of this thread's first: 8-32 KiB a tile.
+// jit gemm, which packs both operands on every call and took up to 1.6x
+// the brgemm kernels' time for the core's tile shapes (DNNL_VERBOSE=1 exec
+// times of a bench-train --precision bf16 run). Such an operand of an
+// aligned shape is copied to a dense buffer of this thread's first: 8-32
+// KiB a tile.
 void onednn_gemm_tile(Shape s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
   if (aligned(s)) {
     auto& [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, c_bf16, bias] = s;
