@@ -354,13 +354,17 @@ TEST_CASE("attention's fused core under bf16 autocast: bf16 products summed in f
   for (const auto& [T, block] : std::vector<std::pair<int64_t, int64_t>>{{11, 4}, {300, 256}, {1100, 2048}})
     check_against_f64("attention", Params().set("block", block).set("core", std::string("fused")),
                       chunked().set("block", block), T, at::kFloat, true, kBf16OutTol, bf16_grad_tol("attention"));
-  // Heads of 64 and 32 (d 64): tiles of whole multiples of 32, which run on
-  // primitives made for their shapes, reading a head's rows of q, v and the
-  // output's gradient, and kt and v transposed, copied dense first
-  // (gemm_bf16_tile); the shapes above run on the primitives for any size.
+  // Heads of 64 and 32 (d 64): the causal whole-sequence passes cut the
+  // first block into tiles of 128 rows x 256 keys, which run on primitives
+  // made for their shapes (gemm_bf16_tile), reading a head's values, kt's
+  // first 256 keys and, with 2 heads, the output's gradient copied dense, and
+  // in backward kt and v transposed. The shapes above, and this case's
+  // 44-row tiles and rows, run on the primitives for any size.
+  const uint64_t shapes_before = chiar::gemm_bf16_primitives_made().for_shape;
   check_against_f64("attention", Params().set("block", int64_t{256}).set("core", std::string("fused")),
                     chunked().set("block", int64_t{256}), 300, at::kFloat, true, kBf16OutTol,
                     bf16_grad_tol("attention"), false, 64);
+  if (chiar::gemm_bf16_native()) CHECK(chiar::gemm_bf16_primitives_made().for_shape > shapes_before);
   // The bf16 tiles ran (forward and backward, whole and by rows), or none
   // where the kernels are missing.
   if (chiar::gemm_bf16_native())

@@ -293,13 +293,14 @@ void forward_tiles(const Problem<T>& p, const Matrices<T>& o, float* stats) {
 }
 
 // Gradients of q, kt and v from dout and the forward's o and stats. In
-// fp32, given k = kt^T (G, h, L, dh) and vt = v^T (G, h, dh, L) contiguous:
+// fp32, given k = kt^T (GK, h, L, dh) and vt = v^T (GK, h, dh, L) contiguous:
 // with them every product of a tile reads row-major operands or transposes
 // only its short side (oneDNN's sgemm reading kt and v against the grain
 // ran long sequences' backward slower; chiar_bench:
 // attention_core/fused/fwd+bwd/2048/*). In bf16, k and vt are null: those
 // two products read kt and v themselves, transposed, and gemm_bf16_tile
-// makes a tile's rows dense where they are not, which cost less than the
+// makes the rows of a tile of multiples of 32 dense where they are not
+// (others run on the any-size primitives, strided), which cost less than the
 // two copies from T 256 to 2048 (docs/performance.md, 'The fused attention
 // core'). dq (G, h, m, dh), dk (GK, h, L, dh) and
 // dv (GK, h, L, dh) contiguous: rows of dh, as the projection's gradient

@@ -101,7 +101,8 @@ struct MadeMatmul {
   bool any_size = false;      // made for any size of a layout: its operands' sizes vary
   // A tile primitive made for one shape: its arguments, made at its first
   // product and pointed at each product's data since (gemm_bf16_tile, on
-  // the thread that owns it). Made anew, they took about 1 us of a 6-15 us
+  // the thread whose cache holds it; the process's cache, shared under a
+  // lock, never uses them). Made anew, they took about 1 us of a 6-15 us
   // tile product.
   mutable std::unordered_map<int, dnnl::memory> args;
 };
@@ -276,14 +277,16 @@ const c10::BFloat16* dense_rows(const c10::BFloat16* p, int64_t rows, int64_t co
 // jit gemm, which packs both operands on every call and took up to 1.6x
 // the brgemm kernels' time for the core's tile shapes (DNNL_VERBOSE=1 exec
 // times of a bench-train --precision bf16 run). Such an operand of an
-// aligned shape is copied to a dense buffer of this thread's first: 8-32
-// KiB a tile.
+// aligned shape is copied to a dense buffer of this thread's first, per
+// tile: keys x dh values, 8-32 KiB at the anchor (docs/performance.md, 'The
+// fused attention core', has the A/B from T 256 to 2048).
 void onednn_gemm_tile(Shape s, const c10::BFloat16* a, const c10::BFloat16* b, float* c) {
   if (aligned(s)) {
-    auto& [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, c_bf16, bias] = s;
+    const bool ta = std::get<0>(s), tb = std::get<1>(s);
+    const int64_t rows = std::get<2>(s), cols = std::get<3>(s), depth = std::get<4>(s);  // m, n, k
     thread_local std::vector<c10::BFloat16> dense_a, dense_b;
-    a = dense_rows(a, ta ? k : m, ta ? m : k, lda, dense_a);
-    b = dense_rows(b, tb ? n : k, tb ? k : n, ldb, dense_b);
+    a = dense_rows(a, ta ? depth : rows, ta ? rows : depth, std::get<5>(s), dense_a);  // lda updated
+    b = dense_rows(b, tb ? cols : depth, tb ? depth : cols, std::get<6>(s), dense_b);  // ldb updated
   }
   thread_local MatmulCache made(/*user_scratchpad=*/true);
   const MadeMatmul& m = made.get(s);
@@ -306,10 +309,10 @@ void onednn_gemm_tile(Shape s, const c10::BFloat16* a, const c10::BFloat16* b, f
                 {DNNL_ARG_DST, {d.c, engine, DNNL_MEMORY_NONE}},
                 {DNNL_ARG_SCRATCHPAD, scratch_memory()}};
     }
-    m.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<c10::BFloat16*>(a));
-    m.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<c10::BFloat16*>(b));
-    m.args.at(DNNL_ARG_DST).set_data_handle(c);
-    m.args.at(DNNL_ARG_SCRATCHPAD).set_data_handle(scratch.data());
+    m.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<c10::BFloat16*>(a), stream);
+    m.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<c10::BFloat16*>(b), stream);
+    m.args.at(DNNL_ARG_DST).set_data_handle(c, stream);
+    m.args.at(DNNL_ARG_SCRATCHPAD).set_data_handle(scratch.data(), stream);
     m.primitive.execute(stream, m.args);
     stream.wait();
   }
