@@ -207,8 +207,11 @@ struct Output {
 };
 
 // b_desc: B's layout where it is not s's strides (a packed B).
-void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, const c10::BFloat16* a, const void* b,
-             const Output& out, const dnnl::memory* scratch = nullptr, const dnnl::memory::desc* b_desc = nullptr) {
+// A product's arguments (null pointers: memory without data yet, pointed
+// at it later with set_data_handle).
+std::unordered_map<int, dnnl::memory> arguments(const Shape& s, const c10::BFloat16* a, const void* b,
+                                                const Output& out, const dnnl::memory* scratch = nullptr,
+                                                const dnnl::memory::desc* b_desc = nullptr) {
   auto& engine = cpu_engine();
   const Descs d = descs_of(s);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, {d.a, engine, const_cast<c10::BFloat16*>(a)}},
@@ -216,7 +219,12 @@ void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, con
                                              {DNNL_ARG_DST, {d.c, engine, out.c}}};
   if (std::get<11>(s)) args.emplace(DNNL_ARG_BIAS, dnnl::memory(d.bias, engine, const_cast<float*>(out.bias)));
   if (scratch) args.emplace(DNNL_ARG_SCRATCHPAD, *scratch);
-  prim.execute(stream, args);
+  return args;
+}
+
+void execute(const dnnl::matmul& prim, dnnl::stream& stream, const Shape& s, const c10::BFloat16* a, const void* b,
+             const Output& out, const dnnl::memory* scratch = nullptr, const dnnl::memory::desc* b_desc = nullptr) {
+  prim.execute(stream, arguments(s, a, b, out, scratch, b_desc));
   stream.wait();
 }
 
@@ -302,12 +310,8 @@ void onednn_gemm_tile(Shape s, const c10::BFloat16* a, const c10::BFloat16* b, f
     execute(m.primitive, stream, s, a, b, Output{c}, &scratch_mem);
   } else {
     if (m.args.empty()) {
-      const Descs d = descs_of(s);
-      auto& engine = cpu_engine();
-      m.args = {{DNNL_ARG_SRC, {d.a, engine, DNNL_MEMORY_NONE}},
-                {DNNL_ARG_WEIGHTS, {d.b, engine, DNNL_MEMORY_NONE}},
-                {DNNL_ARG_DST, {d.c, engine, DNNL_MEMORY_NONE}},
-                {DNNL_ARG_SCRATCHPAD, scratch_memory()}};
+      const auto scratch_mem = scratch_memory();
+      m.args = arguments(s, nullptr, nullptr, Output{nullptr}, &scratch_mem);
     }
     m.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<c10::BFloat16*>(a), stream);
     m.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<c10::BFloat16*>(b), stream);
