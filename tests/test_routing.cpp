@@ -385,6 +385,54 @@ TEST_CASE("group_rows: runs of equal keys, each row's group and place in it", "[
   CHECK(at::equal(unpack_rows(packed, g), values));
 }
 
+TEST_CASE("gather_rows equals index_select, forward and backward, rising rows by row copies", "[routing][rows]") {
+  at::manual_seed(25);
+  const auto rows_of = [](std::vector<int64_t> r) { return at::tensor(r); };
+  // x (R, ...) in each dtype, with rising rows (the host kernel), rows that
+  // skip the ends, all rows, none, and rows that do not rise (index_select
+  // itself: a repeated row's gradient adds up).
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+    for (const bool strided : {false, true}) {
+      const auto base = at::randn({9, 3, 8}).to(dtype);
+      const auto x0 = strided ? base.transpose(1, 2) : base;  // (9, 8, 3) strided, or (9, 3, 8)
+      for (const auto& [list, rising] :
+           std::vector<std::pair<std::vector<int64_t>, bool>>{{{1, 2, 5, 7}, true},
+                                                              {{0, 8}, true},
+                                                              {{0, 1, 2, 3, 4, 5, 6, 7, 8}, true},
+                                                              {{}, true},
+                                                              {{5, 1, 7}, false},
+                                                              {{2, 2, 6}, false}}) {
+        INFO("dtype " << dtype << ", strided " << strided << ", rows " << list.size() << ", rising " << rising);
+        const auto rows = rows_of(list);
+        const auto x = x0.detach().clone().requires_grad_(true), xr = x0.detach().clone().requires_grad_(true);
+        const auto before = host_kernel_count();
+        const auto ours = gather_rows(x, rows);
+        CHECK(host_kernel_count() - before == (rising ? 1u : 0u));
+        const auto theirs = xr.index_select(0, rows);
+        CHECK(at::equal(ours, theirs));
+        const auto g = at::randn(theirs.sizes()).to(dtype);
+        ours.backward(g);
+        theirs.backward(g);
+        CHECK(at::equal(x.grad(), xr.grad()));
+      }
+    }
+  }
+  // A gradient of the gradient (create_graph) reaches the incoming gradient.
+  const auto x = at::randn({6, 4}, kF64).requires_grad_(true);
+  const auto g = at::randn({3, 4}, kF64).requires_grad_(true);
+  const auto gx = torch::autograd::grad({gather_rows(x, rows_of({0, 2, 5}))}, {x}, {g}, true, true)[0];
+  const auto probe = at::randn({6, 4}, kF64);
+  const auto gg = torch::autograd::grad({(gx * probe).sum()}, {g})[0];
+  CHECK(at::equal(gg, probe.index_select(0, rows_of({0, 2, 5}))));
+  // Rows outside x are index_select's error, as before.
+  CHECK_THROWS(gather_rows(x, rows_of({1, 6})));
+  // Under the "aten" kernel policy, index_select itself.
+  const ScopedKernelPolicy aten(KernelPolicy::Compositions);
+  const auto before = host_kernel_count();
+  CHECK(at::equal(gather_rows(x, rows_of({1, 3})), x.index_select(0, rows_of({1, 3}))));
+  CHECK(host_kernel_count() == before);
+}
+
 TEST_CASE("indices_to_device: on the CPU the tensors themselves", "[routing][rows]") {
   const auto a = at::arange(6, at::TensorOptions().dtype(at::kLong)).view({2, 3}), b = at::zeros({0}, a.options());
   const auto same = indices_to_device({a, b}, at::Device(at::kCPU));

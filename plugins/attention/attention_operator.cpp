@@ -212,8 +212,8 @@ class AttentionOperator final : public Operator {
     // Every row selected (rows are strictly increasing): the blocked forward
     // is the same computation without the gathers.
     if (N == x.size(0) * T) return forward(x, ctx).view({N, d_});
-    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d): the residual
-    auto t = at::remainder(rows, T);                      // (N,) query positions
+    auto xr = chiar::gather_rows(x.reshape({-1, d_}), rows);  // (N, d): the residual
+    auto t = at::remainder(rows, T);                          // (N,) query positions
     // The rows are grouped on the host (the groups' sizes decide the
     // products' shapes): from the routed layer's host copy of them
     // (OpContext::host_rows), else from a copy of their own, which on a GPU

@@ -35,8 +35,8 @@ class DctOperator final : public Operator {
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {
     // Every row (rows are strictly increasing): the same without the gathers.
     if (rows.size(0) == x.numel() / d_) return forward(x, ctx).reshape({-1, d_});
-    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
-    auto cr = uses_spectrum(ctx) ? ctx.spectrum.reshape({-1, d_}).index_select(0, rows) : dct2(norm_.input(xr), impl_);
+    auto xr = gather_rows(x.reshape({-1, d_}), rows);  // (N, d)
+    auto cr = uses_spectrum(ctx) ? gather_rows(ctx.spectrum.reshape({-1, d_}), rows) : dct2(norm_.input(xr), impl_);
     return mix(xr, cr);
   }
 

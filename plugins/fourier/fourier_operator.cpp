@@ -49,7 +49,7 @@ class FourierOperator final : public Operator {
   // Fourier mixing has no cheaper per-row form: the whole sequences of the
   // selected rows are transformed, then the rows picked.
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {
-    return forward(x, ctx).reshape({-1, d_}).index_select(0, rows);
+    return gather_rows(forward(x, ctx).reshape({-1, d_}), rows);
   }
 
   FlopCount flops(int64_t T, int64_t n, int64_t d) const override {

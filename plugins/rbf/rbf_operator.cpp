@@ -133,7 +133,7 @@ class RbfOperator final : public Operator {
 
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext& ctx) override {
     const int64_t T = x.size(1);
-    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d): the residual
+    auto xr = gather_rows(x.reshape({-1, d_}), rows);  // (N, d): the residual
     // Rows are grouped by a key of each row on the host, from the routed
     // layer's host copy of them (OpContext::host_rows) or one copy of our
     // own: grouping a GPU's keys would copy them back, and wait, per call.

@@ -72,7 +72,7 @@ class Op final : public Operator {
   // returns (N, d) equal to the same rows of forward. Compute only what the
   // rows need (operators that mix tokens still read all of x).
   at::Tensor forward_rows(const at::Tensor& x, const at::Tensor& rows, const OpContext&) override {
-    auto xr = x.reshape({-1, d_}).index_select(0, rows);  // (N, d)
+    auto xr = chiar::gather_rows(x.reshape({-1, d_}), rows);  // (N, d)
     return norm_.output(xr + mix(norm_.input(xr)));
   }
 

@@ -1,9 +1,11 @@
 #include "chiar/rows.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
 #include "chiar/error.h"
@@ -170,6 +172,85 @@ RowGroups groups_on_device(const RowGroups& host, const at::Device& device) {
   const auto moved = indices_to_device({host.keys, host.group, host.slot}, device);
   g.keys = moved[0], g.group = moved[1], g.slot = moved[2];
   return g;
+}
+
+namespace {
+
+// Whether rows (N,) int64 in host memory rise strictly inside [0, R).
+bool rise_within(const at::Tensor& rows, int64_t R) {
+  const int64_t* r = rows.data_ptr<int64_t>();
+  for (int64_t i = 0, next = 0; i < rows.numel(); next = r[i++] + 1)
+    if (r[i] < next || r[i] >= R) return false;
+  return true;
+}
+
+// Rows of `bytes` each: out's row i is in's row r[i] (N of them).
+void copy_rows(const char* in, const int64_t* r, int64_t n, size_t bytes, char* out) {
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      std::memcpy(out + static_cast<size_t>(i) * bytes, in + static_cast<size_t>(r[i]) * bytes, bytes);
+  });
+}
+
+// out's R rows of `bytes` each: row r[i] is in's row i, every other row
+// zeros; r (N,) strictly increasing. Each task finds its first listed row by
+// bisection, then walks both in step.
+void place_rows_or_zeros(const char* in, const int64_t* r, int64_t n, size_t bytes, int64_t R, char* out) {
+  at::parallel_for(0, R, 256, [&](int64_t begin, int64_t end) {
+    int64_t i = std::lower_bound(r, r + n, begin) - r;
+    for (int64_t t = begin; t < end; ++t) {
+      char* row = out + static_cast<size_t>(t) * bytes;
+      if (i < n && r[i] == t)
+        std::memcpy(row, in + static_cast<size_t>(i++) * bytes, bytes);
+      else
+        std::memset(row, 0, bytes);
+    }
+  });
+}
+
+struct GatherRows : public torch::autograd::Function<GatherRows> {
+  // x (R, ...), rows (N,) strictly increasing inside [0, R) -> (N, ...)
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& rows) {
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["sizes"] = x.sizes().vec();
+    const auto in = x.contiguous();
+    auto shape = x.sizes().vec();
+    shape[0] = rows.numel();
+    auto out = at::empty(shape, x.options());  // (N, ...)
+    const auto bytes = static_cast<size_t>(x.size(0) > 0 ? in.numel() / x.size(0) : 0) * in.element_size();
+    copy_rows(static_cast<const char*>(in.data_ptr()), rows.data_ptr<int64_t>(), rows.numel(), bytes,
+              static_cast<char*>(out.data_ptr()));
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto rows = ctx->saved_data["rows"].toTensor();
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    // create_graph: a composition that is itself differentiable.
+    if (torch::autograd::GradMode::is_enabled())
+      return {at::zeros(sizes, grads[0].options()).index_copy(0, rows, grads[0]), at::Tensor()};
+    const auto g = grads[0].contiguous();     // (N, ...)
+    auto gx = at::empty(sizes, g.options());  // (R, ...)
+    const auto bytes = static_cast<size_t>(sizes[0] > 0 ? gx.numel() / sizes[0] : 0) * g.element_size();
+    place_rows_or_zeros(static_cast<const char*>(g.data_ptr()), rows.data_ptr<int64_t>(), rows.numel(), bytes, sizes[0],
+                        static_cast<char*>(gx.data_ptr()));
+    return {gx, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows) {
+  if (host_kernels_enabled() && x.device().is_cpu() && x.layout() == at::kStrided && x.dim() >= 1 &&
+      rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.dim() == 1) {
+    const auto r = rows.contiguous();
+    if (rise_within(r, x.size(0))) {
+      count_host_kernel();
+      return GatherRows::apply(x, r);
+    }
+  }
+  return x.index_select(0, rows);
 }
 
 at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g) {

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "chiar/error.h"
@@ -108,32 +109,48 @@ void MixingLayer::check_choices(const at::Tensor& flat_choice) const {
 
 namespace {
 
-// y[rows[i]] = src[i] for CPU tensors without autograd: a row copy each,
-// side by side: libtorch's index_copy_ took a noticeable share of a routed
-// layer for the same rows (chiar_bench: routed_dct_attn/sparse/512/256/*).
-//   y (R, d) contiguous; rows (N,) int64; src (N, d) of y's dtype
-void scatter_rows(at::Tensor& y, const at::Tensor& rows, const at::Tensor& src) {
-  const auto from = src.contiguous();
-  const auto index = rows.contiguous();
-  const int64_t n = index.numel();
-  const auto row_bytes = static_cast<size_t>(y.size(1) * y.element_size());
-  auto* out = static_cast<char*>(y.data_ptr());
-  const auto* in = static_cast<const char*>(from.data_ptr());
-  const int64_t* r = index.data_ptr<int64_t>();
-  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      std::memcpy(out + static_cast<size_t>(r[i]) * row_bytes, in + static_cast<size_t>(i) * row_bytes, row_bytes);
-  });
-}
+// (R, d) whose rows lists[k] hold parts[k] (N_k, d): the lists disjoint and
+// together every row (sparse() has checked). On the CPU one row copy each,
+// side by side, and the same copies back for each part's gradient: a chain
+// of libtorch's index_copy_ took a noticeable share of a routed layer
+// (chiar_bench: routed_dct_attn/sparse/512/256/*), and its backward clones
+// and fills the whole gradient once per part (bench-train --op-times:
+// IndexCopyBackward0).
+struct PlaceRows : public torch::autograd::Function<PlaceRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList parts,
+                            const std::vector<at::Tensor>& lists, int64_t R) {
+    ctx->saved_data["lists"] = lists;
+    const int64_t d = parts[0].size(1);
+    auto y = at::empty({R, d}, parts[0].options());  // (R, d)
+    const auto bytes = static_cast<size_t>(d * y.element_size());
+    auto* out = static_cast<char*>(y.data_ptr());
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const auto part = parts[k].contiguous();  // (N_k, d)
+      const auto* in = static_cast<const char*>(part.data_ptr());
+      const int64_t* r = lists[k].data_ptr<int64_t>();
+      at::parallel_for(0, lists[k].numel(), 256, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+          std::memcpy(out + static_cast<size_t>(r[i]) * bytes, in + static_cast<size_t>(i) * bytes, bytes);
+      });
+    }
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto lists = ctx->saved_data["lists"].toTensorVector();
+    torch::autograd::variable_list out;
+    for (const auto& rows : lists) out.push_back(gather_rows(grads[0], rows));  // (N_k, d)
+    out.emplace_back();                                                         // lists
+    out.emplace_back();                                                         // R
+    return out;
+  }
+};
 
 }  // namespace
 
 at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx, const at::Tensor& choice) const {
   const int64_t d = x.size(-1);
-  // Not zeroed: every row is some operator's (checked below), and zeroing
-  // the (B*T, d) buffer is a whole extra pass over it (chiar_bench:
-  // routed_dct_attn/sparse/2048/256/*).
-  auto y = at::empty({x.size(0) * x.size(1), d}, x.options());  // (B*T, d)
   const auto flat_choice = choice.reshape({-1});
   // On a GPU the lists' one copy to the host (their sizes) brings the lists
   // too: an operator that plans on the host reads its own there
@@ -141,6 +158,7 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx, const 
   const RowLists lists = rows_by_choice_and_host(flat_choice, static_cast<int64_t>(operators_.size()));
   int64_t written = 0;
   OpContext op_ctx = ctx;
+  std::vector<at::Tensor> parts, taken;  // K' x (N_k, d) and their rows (N_k,)
   for (size_t k = 0; k < operators_.size(); ++k) {
     const auto& rows = lists.rows[k];  // (N_k,)
     if (rows.numel() == 0) continue;
@@ -148,15 +166,22 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx, const 
     op_ctx.host_rows = lists.host_rows[k];                           // (N_k,) on the host
     auto out = operators_[k]->forward_rows(x, rows, op_ctx);         // (N_k, d)
     if (rows.numel() == flat_choice.numel()) return out.view_as(x);  // one operator took every token
-    if (host_kernels_enabled() && y.device().is_cpu() &&
-        !(torch::autograd::GradMode::is_enabled() && out.requires_grad())) {
-      count_host_kernel();
-      scatter_rows(y, rows, out);
-    } else {
-      y.index_copy_(0, rows, out);
-    }
+    parts.push_back(out);
+    taken.push_back(rows);
   }
   if (written != flat_choice.numel()) check_choices(flat_choice);
+  const auto placeable = [&](const at::Tensor& part) {
+    return part.device().is_cpu() && part.scalar_type() == x.scalar_type() && part.dim() == 2 && part.size(1) == d;
+  };
+  if (host_kernels_enabled() && !parts.empty() && std::all_of(parts.begin(), parts.end(), placeable)) {
+    count_host_kernel();
+    return PlaceRows::apply(at::TensorList(parts), taken, flat_choice.numel()).view_as(x);
+  }
+  // Not zeroed: every row is some operator's (checked above), and zeroing
+  // the (B*T, d) buffer is a whole extra pass over it (chiar_bench:
+  // routed_dct_attn/sparse/2048/256/*).
+  auto y = at::empty({flat_choice.numel(), d}, x.options());  // (B*T, d)
+  for (size_t k = 0; k < parts.size(); ++k) y.index_copy_(0, taken[k], parts[k]);
   return y.view_as(x);
 }
 
