@@ -16,6 +16,8 @@
 #include "model/model.h"
 #include "engine/runtime/runtime.h"
 #include "chiar/error.h"
+#include "chiar/gelu.h"
+#include "chiar/kernels.h"
 #include "chiar/linear.h"
 #include "chiar/row_kernels.h"
 #include "support/fixtures.h"
@@ -256,6 +258,74 @@ TEST_CASE("linear_bf16_out: bf16 output and gradients under bf16 autocast, linea
   CHECK(at::equal(y, chiar::linear(x, w, b)));
 }
 
+// linear_bias_gelu: in grad mode bias_gelu(linear_bf16_out(x, w), b) itself
+// (the same values and gradients); without it, under bf16 autocast with
+// bf16 kernels, one product whose kernels add the bias and take the GELU
+// before rounding once: within 2^-8 of each entry of float64's gelu of the
+// same bf16 operands (plus the sums' error near zero), where the
+// composition rounds the pre-activation too. Outside autocast, the
+// composition in fp32.
+TEST_CASE("linear_bias_gelu: the FFN's up projection and GELU, fused without grad mode under bf16",
+          "[linear][bf16][gelu]") {
+  INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (the composition)"));
+  at::manual_seed(17);
+  const auto composition = [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    auto u = linear_bf16_out(x, w);
+    return bias_gelu_(u, b);
+  };
+  // (rows, k, n): multiples of 32 (a primitive for the shape, the weight
+  // packed) and sizes of any layout.
+  for (const auto& [rows, k, n] : std::vector<std::array<int64_t, 3>>{{64, 64, 96}, {21, 40, 24}}) {
+    INFO("(" << rows << ", " << k << ") -> " << n);
+    const auto x = at::randn({3, rows, k}), w = at::randn({n, k}) * 0.2, b = at::randn({n});
+    const auto sums = at::matmul(rounded(x), rounded(w).t()) + b.to(at::kDouble);  // (3, rows, n)
+    const auto expected = at::gelu(sums);
+    {
+      const at::NoGradGuard no_grad;
+      CpuBf16Autocast cast;
+      const uint64_t before = host_kernel_count();
+      const auto y = linear_bias_gelu(x, w, b);
+      CHECK(y.sizes() == expected.sizes());
+      CHECK(y.scalar_type() == at::kBFloat16);
+      if (gemm_bf16_native()) {
+        CHECK(host_kernel_count() > before);
+        const auto near_zero = (sums.abs() * std::ldexp(1.0, -16) + 1e-6 + 1e-7 * static_cast<double>(k)) * 1.13;
+        CHECK((((y.to(at::kDouble) - expected).abs() <= expected.abs() * std::ldexp(1.0, -8) + near_zero)
+                   .all()
+                   .item<bool>()));
+        // The composition rounds twice; the two agree to bf16's rounding.
+        CHECK(rel_error(y, composition(x, w, b)) < std::ldexp(1.0, -7));
+      } else {
+        CHECK(at::equal(y, composition(x, w, b)));
+      }
+    }
+    // Grad mode: the composition, values and gradients.
+    for (const bool bf16 : {false, true}) {
+      INFO((bf16 ? "bf16 autocast" : "fp32"));
+      auto xa = x.clone().requires_grad_(true), wa = w.clone().requires_grad_(true),
+           ba = b.clone().requires_grad_(true);
+      auto xb = x.clone().requires_grad_(true), wb = w.clone().requires_grad_(true),
+           bb = b.clone().requires_grad_(true);
+      at::Tensor ya, yb;
+      {
+        const autocast::Bf16Scope cast(bf16, x.device());
+        ya = linear_bias_gelu(xa, wa, ba);
+        yb = bias_gelu(linear_bf16_out(xb, wb), bb);
+      }
+      CHECK(at::equal(ya, yb));
+      const auto g = at::randn(ya.sizes()).to(ya.scalar_type());
+      ya.backward(g);
+      yb.backward(g);
+      CHECK(at::equal(xa.grad(), xb.grad()));
+      CHECK(at::equal(wa.grad(), wb.grad()));
+      CHECK(at::equal(ba.grad(), bb.grad()));
+    }
+    // fp32 without grad mode: the composition in place, exactly.
+    const at::NoGradGuard no_grad;
+    CHECK(at::equal(linear_bias_gelu(x, w, b), composition(x, w, b)));
+  }
+}
+
 // gemm_bf16_packed_b_rounded against float64 of the same bf16 operands: each
 // entry rounded once from an fp32 sum, so within 2^-8 of itself (2^-9 for the
 // rounding, the rest for fp32 sums near a rounding boundary), plus the fp32
@@ -270,9 +340,10 @@ TEST_CASE("gemm_bf16_packed_b_rounded: bf16 C, an optional bias, rounded once", 
        std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 6, 5}, {64, 96, 32}, {2048, 1024, 256}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
-        for (bool with_bias : {false, true}) {
+        for (const auto& [with_bias, gelu] : {std::pair{false, false}, {true, false}, {true, true}}) {
           if (m == 2048 && ta) continue;  // linear() reads A as stored
-          INFO(m << "x" << n << "x" << k << ", transposed a " << ta << ", b " << tb << (with_bias ? ", bias" : ""));
+          INFO(m << "x" << n << "x" << k << ", transposed a " << ta << ", b " << tb << (with_bias ? ", bias" : "")
+                 << (gelu ? ", GELU" : ""));
           // Rows wider than they are used, except at the anchor's shape: stored as linear() stores them.
           const int64_t pad = m == 2048 ? 0 : 3, lda = (ta ? m : k) + pad, ldb = tb ? k : n, ldc = n + pad;
           const auto a_store = at::randn({ta ? k : m, lda}).to(at::kBFloat16);
@@ -286,12 +357,18 @@ TEST_CASE("gemm_bf16_packed_b_rounded: bf16 C, an optional bias, rounded once", 
           const uint64_t reads_before = gemm_bf16_packed_b_reads();
           gemm_bf16_packed_b_rounded(
               ta, tb, m, n, k, a_store.data_ptr<c10::BFloat16>(), lda, b_store.data_ptr<c10::BFloat16>(), ldb, packed,
-              with_bias ? bias.data_ptr<float>() : nullptr, c_store.data_ptr<c10::BFloat16>(), ldc);
+              with_bias ? bias.data_ptr<float>() : nullptr, gelu, c_store.data_ptr<c10::BFloat16>(), ldc);
           if (m == 2048) CHECK(gemm_bf16_packed_b_reads() - reads_before == (gemm_bf16_native() ? 1u : 0u));
-          auto expected = at::mm(A, B);  // (m, n)
-          if (with_bias) expected = expected + bias.to(at::kDouble);
+          auto sums = at::mm(A, B);  // (m, n)
+          if (with_bias) sums = sums + bias.to(at::kDouble);
+          const auto expected = gelu ? at::gelu(sums) : sums;
           const auto c = c_store.narrow(1, 0, n).to(at::kDouble);
-          const double near_zero = 1e-6 + 1e-7 * static_cast<double>(k);
+          // The GELU's slope is at most 1.13, so the sums' error passes
+          // through it at most that much larger (2^-16 of a sum's size
+          // covers the fp32 sum and the kernel's erf).
+          const auto near_zero = gelu
+                                     ? (sums.abs() * std::ldexp(1.0, -16) + 1e-6 + 1e-7 * static_cast<double>(k)) * 1.13
+                                     : at::full_like(sums, 1e-6 + 1e-7 * static_cast<double>(k));
           CHECK((((c - expected).abs() <= expected.abs() * std::ldexp(1.0, -8) + near_zero).all().item<bool>()));
           CHECK(c_store.narrow(1, n, pad).isnan().all().item<bool>());  // beyond n: untouched
         }

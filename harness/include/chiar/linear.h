@@ -70,6 +70,16 @@ CHIAR_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const
 // between the producer and its reader. Elsewhere exactly linear(x, weight, bias).
 CHIAR_API at::Tensor linear_bf16_out(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
+// bias_gelu(linear_bf16_out(x, weight), bias) (chiar/gelu.h): an FFN's up
+// projection and activation. Without grad mode, under bf16 products on a
+// CPU with bf16 kernels, one product whose kernels add the bias and take the
+// GELU on each fp32 sum before its one rounding to bf16 (a post-op of
+// oneDNN's), instead of a bf16 pre-activation that a pass of bias_gelu_
+// reads and writes again (chiar_bench: ffn_up_gelu/*). That rounds once
+// where training's path rounds twice, so the two outputs may differ by bf16's
+// rounding. Elsewhere exactly the composition (in place without grad mode).
+CHIAR_API at::Tensor linear_bias_gelu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
 // a b over matching batch dimensions, differentiable in both:
 //   a (..., m, k), b (..., k, n) -> (..., m, n)
 // Any operand may be a transposed or sliced view (no copy when each matrix
@@ -154,17 +164,20 @@ CHIAR_API void gemm_bf16_packed_b(bool trans_a, bool trans_b, int64_t m, int64_t
                                   const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
                                   const at::Tensor& packed_b, float beta, float* c, int64_t ldc);
 // C = op(A) op(B) + bias into a bf16 C, the bias (n) fp32 added to every
-// row where it is not null: each entry summed in fp32 with its bias and
-// rounded to bf16 once, as it is written (oneDNN's kernels write bf16
-// themselves; the widening path rounds an fp32 buffer). For a product whose
-// output only bf16 readers take: half the bytes written, and no cast after.
+// row where it is not null, and with gelu then the exact GELU (which needs
+// the bias): each entry summed in fp32 with its bias, through the GELU in
+// fp32, and rounded to bf16 once, as it is written (oneDNN's kernels write
+// bf16 themselves, the GELU a post-op of theirs; the widening path rounds an
+// fp32 buffer). For a product whose output only bf16 readers take: half the
+// bytes written, and no cast or pass after.
 // No alpha or beta: what C held is ignored. Otherwise as
 // gemm_bf16_packed_b, whose packed B it reads where its primitive reads
 // that layout (at the anchor model's shapes it does; at some small ones
 // oneDNN picks another kernel and B is read as stored).
 CHIAR_API void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                           const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
-                                          const at::Tensor& packed_b, const float* bias, c10::BFloat16* c, int64_t ldc);
+                                          const at::Tensor& packed_b, const float* bias, bool gelu, c10::BFloat16* c,
+                                          int64_t ldc);
 // Products gemm_bf16_packed_b ran on a packed B since the process started:
 // the tests check that linear() and the LM head read their weights packed.
 CHIAR_API uint64_t gemm_bf16_packed_b_reads();

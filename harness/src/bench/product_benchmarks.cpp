@@ -10,6 +10,7 @@
 
 #include "bench/bench_support.h"
 #include "chiar/cross_entropy.h"
+#include "chiar/gelu.h"
 #include "chiar/linear.h"
 #include "core/autocast_compat.h"
 
@@ -146,6 +147,35 @@ void BM_lm_head(benchmark::State& state, bool bf16) {
       benchmark::Counter(3 * 2.0 * static_cast<double>(N * d * V) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// An FFN's up projection and GELU without gradients (inference), at the
+// anchor's shape (2048 tokens, d 256, width 1024), under bf16 autocast:
+// fused 0, the product then bias_gelu_ over its bf16 output; fused 1,
+// linear_bias_gelu, whose product's kernels take the bias and the GELU.
+// Each is checked first against float64's gelu of the same bf16 operands.
+void BM_ffn_up_gelu(benchmark::State& state) {
+  const int64_t M = state.range(0), K = state.range(1), N = state.range(2);
+  const bool fused = state.range(3) != 0;
+  at::manual_seed(0);
+  const auto x = at::randn({M, K}), w = at::randn({N, K}) * 0.06, b = at::randn({N}) * 0.1;
+  const at::NoGradGuard no_grad;
+  const autocast::Bf16Scope cast(true, x.device());
+  const auto run = [&] {
+    if (fused) return linear_bias_gelu(x, w, b);
+    auto u = linear_bf16_out(x, w);
+    return bias_gelu_(u, b);
+  };
+  const auto bf16_f64 = [](const at::Tensor& t) { return f64(t.to(at::kBFloat16)); };
+  const auto expected = at::gelu(at::matmul(bf16_f64(x), bf16_f64(w).t()) + f64(b));
+  const double err = rel_error(run(), expected);
+  if (err > std::ldexp(1.0, -7)) {
+    state.SkipWithError(("disagrees with float64: " + std::to_string(err)).c_str());
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(run().data_ptr());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(M * K * N) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // Attention's batched products at the anchor shapes (B 8, 4 heads, dh 64, a
 // query block of 128 against e keys): which 0, scores q k^T; which 1, the
 // weighted values p v.
@@ -190,6 +220,9 @@ void register_products() {
     for (int64_t rows : {0, 64, 128, 256, 512}) h->Args({2048, 256, 8192, rows});
     h->Unit(benchmark::kMillisecond)->UseRealTime();
   }
+  auto* ffn = benchmark::RegisterBenchmark("ffn_up_gelu", BM_ffn_up_gelu);
+  for (int64_t fused : {0, 1}) ffn->Args({2048, 256, 1024, fused});
+  ffn->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const auto& [way, name] : {std::make_pair(Bf16Product::GemmBf16, "product_bf16/gemm_bf16"),
                                   std::make_pair(Bf16Product::PackedB, "product_bf16/packed_b"),
                                   std::make_pair(Bf16Product::AnySize, "product_bf16/any_size"),

@@ -31,9 +31,15 @@ namespace {
 std::atomic<uint64_t> g_native_tiles{0};
 
 #if CHIAR_HAVE_ONEDNN
+// What a product adds to its sums before writing them: an fp32 bias (n) to
+// every row, and then the exact GELU (both in fp32, before a bf16 C's one
+// rounding).
+enum class Epilogue { None, Bias, BiasGelu };
+
 // trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, then whether C is
-// bf16 (else fp32) and whether an fp32 bias (n) is added to every row.
-using Shape = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool, bool>;
+// bf16 (else fp32) and the epilogue.
+using Shape =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool, Epilogue>;
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -47,18 +53,20 @@ struct Descs {
   dnnl::memory::desc a, b, c, bias;  // bias empty without one
 };
 Descs descs_of(const Shape& s, bool any_size = false) {
-  auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, c_bf16, bias] = s;
+  auto [ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, c_bf16, epilogue] = s;
   if (any_size) m = n = k = DNNL_RUNTIME_DIM_VAL;
   using dt = dnnl::memory::data_type;
   return {{{m, k}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1}},
           {{k, n}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1}},
           {{m, n}, c_bf16 ? dt::bf16 : dt::f32, dnnl::memory::dims{ldc, 1}},
-          bias ? dnnl::memory::desc({1, n}, dt::f32, dnnl::memory::dims{n, 1}) : dnnl::memory::desc()};
+          epilogue != Epilogue::None ? dnnl::memory::desc({1, n}, dt::f32, dnnl::memory::dims{n, 1})
+                                     : dnnl::memory::desc()};
 }
 
 // A matmul primitive for one shape, or for any size of its layout: alpha as
 // an output scale (which oneDNN applies to the bias too: gemm_bf16_packed_b_rounded,
-// the one caller with a bias, passes no alpha), beta as a sum post-op; the scratchpad oneDNN's own, or
+// the one caller with a bias, passes no alpha), beta as a sum post-op, the
+// GELU as an eltwise post-op after the bias; the scratchpad oneDNN's own, or
 // the caller's (user_scratchpad). With packed_b, B in the layout oneDNN
 // picks for its kernels (a packed weight's) instead of s's strides.
 dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpad = false, bool any_size = false,
@@ -69,12 +77,12 @@ dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpa
   dnnl::primitive_attr attr;
   if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});
-  if (beta != 0.f) {
-    dnnl::post_ops ops;
-    ops.append_sum(beta);
-    attr.set_post_ops(ops);
-  }
-  const auto desc = std::get<11>(s) ? dnnl::matmul::desc(d.a, d.b, d.bias, d.c) : dnnl::matmul::desc(d.a, d.b, d.c);
+  dnnl::post_ops ops;
+  if (beta != 0.f) ops.append_sum(beta);
+  if (std::get<11>(s) == Epilogue::BiasGelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_gelu_erf, 0.f, 0.f);
+  if (ops.len() > 0) attr.set_post_ops(ops);
+  const auto desc =
+      std::get<11>(s) != Epilogue::None ? dnnl::matmul::desc(d.a, d.b, d.bias, d.c) : dnnl::matmul::desc(d.a, d.b, d.c);
   return dnnl::matmul::primitive_desc(desc, attr, cpu_engine());
 }
 
@@ -83,7 +91,7 @@ dnnl::matmul::primitive_desc describe_matmul(const Shape& s, bool user_scratchpa
 // sgemm. Probed once per kind by the callers.
 bool has_kernel(bool any_size) {
   try {
-    const Shape probe{false, false, 64, 64, 64, 64, 64, 64, 1.f, 0.f, false, false};
+    const Shape probe{false, false, 64, 64, 64, 64, 64, 64, 1.f, 0.f, false, Epilogue::None};
     return std::string(describe_matmul(probe, false, any_size).impl_info_str()).find("ref") == std::string::npos;
   } catch (const dnnl::error&) {
     return false;
@@ -121,7 +129,7 @@ dnnl::memory::desc packed_b_desc(int64_t n, int64_t k) {
   const std::lock_guard<std::mutex> lock(mutex);
   auto it = made.find({n, k});
   if (it == made.end()) {
-    const Shape probe{false, false, 64, n, k, k, n, n, 1.f, 0.f, false, false};
+    const Shape probe{false, false, 64, n, k, k, n, n, 1.f, 0.f, false, Epilogue::None};
     it = made.emplace(std::make_pair(n, k), describe_matmul(probe, false, false, /*packed_b=*/true).weights_desc())
              .first;
   }
@@ -217,7 +225,8 @@ std::unordered_map<int, dnnl::memory> arguments(const Shape& s, const c10::BFloa
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, {d.a, engine, const_cast<c10::BFloat16*>(a)}},
                                              {DNNL_ARG_WEIGHTS, {b_desc ? *b_desc : d.b, engine, const_cast<void*>(b)}},
                                              {DNNL_ARG_DST, {d.c, engine, out.c}}};
-  if (std::get<11>(s)) args.emplace(DNNL_ARG_BIAS, dnnl::memory(d.bias, engine, const_cast<float*>(out.bias)));
+  if (std::get<11>(s) != Epilogue::None)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(d.bias, engine, const_cast<float*>(out.bias)));
   if (scratch) args.emplace(DNNL_ARG_SCRATCHPAD, *scratch);
   return args;
 }
@@ -381,7 +390,7 @@ void gemm_bf16_tile(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   if (m <= 0 || n <= 0) return;
 #if CHIAR_HAVE_ONEDNN
   if (k > 0 && gemm_bf16_native()) {
-    onednn_gemm_tile(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, false, false}, a, b, c);
+    onednn_gemm_tile(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, false, Epilogue::None}, a, b, c);
     return;
   }
 #endif
@@ -401,8 +410,8 @@ void gemm_bf16_on(bool any_size, bool trans_a, bool trans_b, int64_t m, int64_t 
   }
 #if CHIAR_HAVE_ONEDNN
   if (gemm_bf16_native()) {
-    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, false, false}, a, b, Output{c}, any_size,
-                packed_b);
+    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, false, Epilogue::None}, a, b, Output{c},
+                any_size, packed_b);
     return;
   }
 #else
@@ -422,7 +431,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 at::Tensor gemm_bf16_pack_b(bool trans_b, int64_t n, int64_t k, const c10::BFloat16* b, int64_t ldb) {
 #if CHIAR_HAVE_ONEDNN
   if (!gemm_bf16_native() || n <= 0 || k <= 0 || n % 32 != 0 || k % 32 != 0) return {};
-  const Shape layout{false, trans_b, 32, n, k, k, ldb, n, 1.f, 0.f, false, false};
+  const Shape layout{false, trans_b, 32, n, k, k, ldb, n, 1.f, 0.f, false, Epilogue::None};
   const dnnl::memory::desc to = packed_b_desc(n, k);
   // Its sizes say which op(B) it holds; its storage, the packed layout
   // (padded, so larger than k n values).
@@ -449,26 +458,31 @@ void gemm_bf16_packed_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 
 void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const c10::BFloat16* a,
                                 int64_t lda, const c10::BFloat16* b, int64_t ldb, const at::Tensor& packed_b,
-                                const float* bias, c10::BFloat16* c, int64_t ldc) {
+                                const float* bias, bool gelu, c10::BFloat16* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
+  TORCH_CHECK(!gelu || bias, "gemm_bf16_packed_b_rounded: the GELU comes after a bias");
 #if CHIAR_HAVE_ONEDNN
   if (k > 0 && gemm_bf16_native()) {
-    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, 1.f, 0.f, true, bias != nullptr}, a, b, Output{c, bias},
+    const Epilogue epilogue = gelu ? Epilogue::BiasGelu : bias ? Epilogue::Bias : Epilogue::None;
+    onednn_gemm(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, 1.f, 0.f, true, epilogue}, a, b, Output{c, bias},
                 /*any_size=*/false, &packed_b);
     return;
   }
 #else
   (void)packed_b;
 #endif
-  // The same sums in an fp32 buffer, the bias added there, rounded once.
+  // The same sums in an fp32 buffer, the bias added and the GELU taken
+  // there, rounded once.
   std::vector<float> sums(static_cast<size_t>(m * n), 0.f);  // (m, n)
   if (k > 0) gemm_bf16_widened(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, 0.f, sums.data(), n);
-  for (int64_t i = 0; i < m; ++i) {
-    float* row = sums.data() + i * n;
-    if (bias)
-      for (int64_t j = 0; j < n; ++j) row[j] += bias[j];
-    round_to_bf16(row, reinterpret_cast<uint16_t*>(c + i * ldc), n);
+  if (bias)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) sums[static_cast<size_t>(i * n + j)] += bias[j];
+  if (gelu) {
+    auto wrapped = at::from_blob(sums.data(), {m, n});  // (m, n) over sums
+    at::gelu_(wrapped);
   }
+  for (int64_t i = 0; i < m; ++i) round_to_bf16(sums.data() + i * n, reinterpret_cast<uint16_t*>(c + i * ldc), n);
 }
 
 void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -15,6 +15,7 @@
 
 #include "autocast_compat.h"
 #include "chiar/error.h"
+#include "chiar/gelu.h"
 #include "chiar/kernels.h"
 #include "chiar/row_kernels.h"
 #include "row_passes.h"
@@ -319,9 +320,10 @@ bool takes_bf16_path(const at::Tensor& x, const at::Tensor& weight, const at::Te
 // (n, k) fp32, read through its bf16 copies; op(w) is w^T (forward) or w
 // (backward's gy W). An fp32 c takes beta c added (gemm_bf16's beta); a bf16
 // c gets each entry rounded once as it is written, bias (n) fp32 added
-// first where defined (gemm_bf16_packed_b_rounded; what c held is ignored).
+// first where defined, and with gelu the GELU after it
+// (gemm_bf16_packed_b_rounded; what c held is ignored).
 void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transposed, at::Tensor& c, float beta = 0.f,
-                  const at::Tensor& bias = {}) {
+                  const at::Tensor& bias = {}, bool gelu = false) {
   const int64_t m = a.size(0), k = a.size(1), n = c.size(1);
   const auto w = weight.contiguous();
   const auto wb = bf16_weights().get(w);  // (n, k) of the weight
@@ -331,7 +333,7 @@ void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transpos
   if (c.scalar_type() == at::kBFloat16) {
     const auto b = bias.defined() ? bias.contiguous() : bias;
     gemm_bf16_packed_b_rounded(false, w_transposed, m, n, k, ap, k, bp, wb.size(1), packed,
-                               b.defined() ? b.data_ptr<float>() : nullptr, c.data_ptr<c10::BFloat16>(), n);
+                               b.defined() ? b.data_ptr<float>() : nullptr, gelu, c.data_ptr<c10::BFloat16>(), n);
   } else {
     gemm_bf16_packed_b(false, w_transposed, m, n, k, 1.f, ap, k, bp, wb.size(1), packed, beta, c.data_ptr<float>(), n);
   }
@@ -619,6 +621,22 @@ at::Tensor linear_bf16_out(const at::Tensor& x, const at::Tensor& weight, const 
   if (!takes_bf16_path(x, weight, bias, {})) return linear(x, weight, bias);
   RECORD_FUNCTION("chiar::linear_bf16_out", std::vector<c10::IValue>({x, weight}));
   return bf16_linear(x, weight, bias, {}, /*rounded_output=*/true);
+}
+
+at::Tensor linear_bias_gelu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (torch::autograd::GradMode::is_enabled()) return bias_gelu(linear_bf16_out(x, weight), bias);
+  if (!takes_bf16_path(x, weight, bias, {}) || !bias.defined() || !gemm_bf16_native()) {
+    auto u = linear_bf16_out(x, weight);
+    return bias_gelu_(u, bias);
+  }
+  RECORD_FUNCTION("chiar::linear_bias_gelu", std::vector<c10::IValue>({x, weight}));
+  check_shapes(x, weight, bias, {});
+  count_host_kernel();
+  const int64_t k = x.size(-1), n = weight.size(0);
+  const auto xb = as_bf16(x.reshape({-1, k}));                                 // (M, k)
+  auto y = at::empty({xb.size(0), n}, weight.options().dtype(at::kBFloat16));  // (M, n)
+  if (xb.size(0) > 0) bf16_product(xb, weight, /*w_transposed=*/true, y, 0.f, bias, /*gelu=*/true);
+  return y.view(with_last(x.sizes(), n));
 }
 
 }  // namespace chiar
