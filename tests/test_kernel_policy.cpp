@@ -618,7 +618,8 @@ TEST_CASE("kernel policy: a routed layer's sparse execution agrees (rows per ope
     std::vector<std::vector<at::Tensor>> grads(2);  // the input's, then every parameter's
     for (size_t i = 0; i < 2; ++i) {
       ScopedKernelPolicy policy(kPolicies[i]);
-      // With autograd: rows per operator, placed by index_copy_.
+      // With autograd: rows per operator, placed by row copies (Auto) or
+      // index_copy_ (Compositions).
       auto input = x.clone().requires_grad_(true);
       layer.zero_grad();
       model::LayerRouting routing;

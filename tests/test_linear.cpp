@@ -293,8 +293,11 @@ TEST_CASE("linear_bias_gelu: the FFN's up projection and GELU, fused without gra
         CHECK((((y.to(at::kDouble) - expected).abs() <= expected.abs() * std::ldexp(1.0, -8) + near_zero)
                    .all()
                    .item<bool>()));
-        // The composition rounds twice; the two agree to bf16's rounding.
-        CHECK(rel_error(y, composition(x, w, b)) < std::ldexp(1.0, -7));
+        // The composition rounds twice; the two agree to bf16's rounding,
+        // and differ somewhere (the fused product ran, not the composition).
+        const auto composed = composition(x, w, b);
+        CHECK(rel_error(y, composed) < std::ldexp(1.0, -7));
+        CHECK_FALSE(at::equal(y, composed));
       } else {
         CHECK(at::equal(y, composition(x, w, b)));
       }
@@ -330,14 +333,15 @@ TEST_CASE("linear_bias_gelu: the FFN's up projection and GELU, fused without gra
 // entry rounded once from an fp32 sum, so within 2^-8 of itself (2^-9 for the
 // rounding, the rest for fp32 sums near a rounding boundary), plus the fp32
 // sum's own error for entries near zero (1e-7 k covers sums of k products of
-// unit-sized factors). (2048, 1024, 256) is the anchor's up projection, whose
+// unit-sized factors). k 0 is an empty sum: the bias and GELU alone, on the
+// widening path. (2048, 1024, 256) is the anchor's up projection, whose
 // primitive reads the packed weight where A and C are stored as linear()
 // stores them (with wider rows oneDNN picks a kernel that reads B as stored).
 TEST_CASE("gemm_bf16_packed_b_rounded: bf16 C, an optional bias, rounded once", "[linear][bf16]") {
   INFO("oneDNN's bf16 kernels here: " << (gemm_bf16_native() ? "yes" : "no (it widens)"));
   at::manual_seed(16);
   for (const auto& [m, n, k] :
-       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 6, 5}, {64, 96, 32}, {2048, 1024, 256}})
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 6, 5}, {5, 6, 0}, {64, 96, 32}, {2048, 1024, 256}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (const auto& [with_bias, gelu] : {std::pair{false, false}, {true, false}, {true, true}}) {

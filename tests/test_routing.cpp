@@ -84,9 +84,18 @@ TEST_CASE("sparse routed execution equals dense at every routing share", "[routi
           CHECK(sparse_routing.sparse);
           CHECK(at::equal(dense_routing.choice, sparse_routing.choice));
           CHECK(rel_error(sparse, dense) < (float64 ? 1e-12 : 1e-5));
-          {  // Inference places the operators' rows without autograd's index_copy_.
+          {  // Without autograd: the same placing, no graph.
             at::NoGradGuard no_grad;
             CHECK(rel_error(layer->forward(x, ctx), dense) < (float64 ? 1e-12 : 1e-5));
+          }
+          if (float64) {  // x's gradient: the rows' gathers and placing against dense execution
+            const auto probe = at::randn(x.sizes(), kF64);
+            const auto grad_of = [&](model::Execution e) {
+              layer->set_execution(e);
+              auto input = x.clone().requires_grad_(true);
+              return torch::autograd::grad({(layer->forward(input, ctx) * probe).sum()}, {input})[0];
+            };
+            CHECK(rel_error(grad_of(model::Execution::Sparse), grad_of(model::Execution::Dense)) < 1e-12);
           }
           // The realised attention share matches the target.
           const double attn_share =
@@ -416,6 +425,24 @@ TEST_CASE("gather_rows equals index_select, forward and backward, rising rows by
         CHECK(at::equal(x.grad(), xr.grad()));
       }
     }
+  }
+  // Rows over many tasks of 256 (the copies' grain): every third row, and
+  // runs across the tasks' edges, so that a task starts inside the list.
+  {
+    const int threads = at::get_num_threads();
+    at::set_num_threads(2);
+    std::vector<int64_t> list;
+    for (int64_t r = 0; r < 2048; ++r)
+      if (r % 3 == 0 || (r >= 250 && r < 270) || (r >= 1020 && r < 1030)) list.push_back(r);
+    const auto rows = rows_of(list);
+    const auto x = at::randn({2048, 5}).requires_grad_(true), xr = x.detach().clone().requires_grad_(true);
+    const auto ours = gather_rows(x, rows), theirs = xr.index_select(0, rows);
+    CHECK(at::equal(ours, theirs));
+    const auto g = at::randn(theirs.sizes());
+    ours.backward(g);
+    theirs.backward(g);
+    CHECK(at::equal(x.grad(), xr.grad()));
+    at::set_num_threads(threads);
   }
   // A gradient of the gradient (create_graph) reaches the incoming gradient.
   const auto x = at::randn({6, 4}, kF64).requires_grad_(true);

@@ -178,6 +178,11 @@ CHIAR_API void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m,
                                           const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
                                           const at::Tensor& packed_b, const float* bias, bool gelu, c10::BFloat16* c,
                                           int64_t ldc);
+// The same without the GELU: its signature before plugin API 10, kept for
+// plugins built against it.
+CHIAR_API void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                          const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b, int64_t ldb,
+                                          const at::Tensor& packed_b, const float* bias, c10::BFloat16* c, int64_t ldc);
 // Products gemm_bf16_packed_b ran on a packed B since the process started:
 // the tests check that linear() and the LM head read their weights packed.
 CHIAR_API uint64_t gemm_bf16_packed_b_reads();

@@ -64,10 +64,12 @@ CHIAR_API RowGroups groups_on_device(const RowGroups& host, const at::Device& de
 // x.index_select(0, rows). Differentiable in x. Rows strictly increasing (a
 // forward_rows's) in host memory with x on the CPU take row copies side by
 // side, and backward writes the (R, ...) gradient in one pass, each row
-// either its gradient or zeros: index_select's backward zero-fills it and
-// then adds the rows one by one (bench-train --op-times:
-// aten::index_select_backward). Any other rows, device or the "aten" kernel
-// policy take index_select itself (which checks the rows' range).
+// either its gradient or zeros (under create_graph, a differentiable
+// composition instead): index_select's backward zero-fills it and then adds
+// the rows one by one (bench-train --op-times: aten::index_select_backward).
+// Any other rows or device, a conjugate, negative or quantized x, or the
+// "aten" kernel policy take index_select itself (which checks the rows'
+// range).
 CHIAR_API at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows);
 
 // values (N, ...) -> (G, width, ...), zeros where a group is shorter.

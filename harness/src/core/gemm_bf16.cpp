@@ -459,8 +459,8 @@ void gemm_bf16_packed_b(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const c10::BFloat16* a,
                                 int64_t lda, const c10::BFloat16* b, int64_t ldb, const at::Tensor& packed_b,
                                 const float* bias, bool gelu, c10::BFloat16* c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
   TORCH_CHECK(!gelu || bias, "gemm_bf16_packed_b_rounded: the GELU comes after a bias");
+  if (m <= 0 || n <= 0) return;
 #if CHIAR_HAVE_ONEDNN
   if (k > 0 && gemm_bf16_native()) {
     const Epilogue epilogue = gelu ? Epilogue::BiasGelu : bias ? Epilogue::Bias : Epilogue::None;
@@ -483,6 +483,12 @@ void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n
     at::gelu_(wrapped);
   }
   for (int64_t i = 0; i < m; ++i) round_to_bf16(sums.data() + i * n, reinterpret_cast<uint16_t*>(c + i * ldc), n);
+}
+
+void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const c10::BFloat16* a,
+                                int64_t lda, const c10::BFloat16* b, int64_t ldb, const at::Tensor& packed_b,
+                                const float* bias, c10::BFloat16* c, int64_t ldc) {
+  gemm_bf16_packed_b_rounded(trans_a, trans_b, m, n, k, a, lda, b, ldb, packed_b, bias, /*gelu=*/false, c, ldc);
 }
 
 void gemm_bf16_any_size(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

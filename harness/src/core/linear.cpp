@@ -625,7 +625,7 @@ at::Tensor linear_bf16_out(const at::Tensor& x, const at::Tensor& weight, const 
 
 at::Tensor linear_bias_gelu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (torch::autograd::GradMode::is_enabled()) return bias_gelu(linear_bf16_out(x, weight), bias);
-  if (!takes_bf16_path(x, weight, bias, {}) || !bias.defined() || !gemm_bf16_native()) {
+  if (!takes_bf16_path(x, weight, bias, {}) || !bias.defined()) {
     auto u = linear_bf16_out(x, weight);
     return bias_gelu_(u, bias);
   }

@@ -186,6 +186,7 @@ bool rise_within(const at::Tensor& rows, int64_t R) {
 
 // Rows of `bytes` each: out's row i is in's row r[i] (N of them).
 void copy_rows(const char* in, const int64_t* r, int64_t n, size_t bytes, char* out) {
+  if (bytes == 0) return;  // rows of nothing: no pointer to copy from
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
       std::memcpy(out + static_cast<size_t>(i) * bytes, in + static_cast<size_t>(r[i]) * bytes, bytes);
@@ -196,6 +197,7 @@ void copy_rows(const char* in, const int64_t* r, int64_t n, size_t bytes, char* 
 // zeros; r (N,) strictly increasing. Each task finds its first listed row by
 // bisection, then walks both in step.
 void place_rows_or_zeros(const char* in, const int64_t* r, int64_t n, size_t bytes, int64_t R, char* out) {
+  if (bytes == 0) return;
   at::parallel_for(0, R, 256, [&](int64_t begin, int64_t end) {
     int64_t i = std::lower_bound(r, r + n, begin) - r;
     for (int64_t t = begin; t < end; ++t) {
@@ -211,9 +213,9 @@ void place_rows_or_zeros(const char* in, const int64_t* r, int64_t n, size_t byt
 struct GatherRows : public torch::autograd::Function<GatherRows> {
   // x (R, ...), rows (N,) strictly increasing inside [0, R) -> (N, ...)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& rows) {
-    ctx->saved_data["rows"] = rows;
+    ctx->save_for_backward({rows});  // an input: changed in place before backward, autograd says so
     ctx->saved_data["sizes"] = x.sizes().vec();
-    const auto in = x.contiguous();
+    const auto in = x.contiguous();  // (R, ...)
     auto shape = x.sizes().vec();
     shape[0] = rows.numel();
     auto out = at::empty(shape, x.options());  // (N, ...)
@@ -225,7 +227,7 @@ struct GatherRows : public torch::autograd::Function<GatherRows> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto rows = ctx->saved_data["rows"].toTensor();
+    const auto rows = ctx->get_saved_variables()[0];  // (N,)
     const auto sizes = ctx->saved_data["sizes"].toIntVector();
     // create_graph: a composition that is itself differentiable.
     if (torch::autograd::GradMode::is_enabled())
@@ -242,8 +244,11 @@ struct GatherRows : public torch::autograd::Function<GatherRows> {
 }  // namespace
 
 at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows) {
-  if (host_kernels_enabled() && x.device().is_cpu() && x.layout() == at::kStrided && x.dim() >= 1 &&
-      rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.dim() == 1) {
+  // Row copies move raw bytes: a view whose values need a conjugation or
+  // negation, or a quantized tensor, keeps index_select.
+  if (host_kernels_enabled() && x.device().is_cpu() && x.layout() == at::kStrided && x.dim() >= 1 && !x.is_conj() &&
+      !x.is_neg() && !x.is_quantized() && rows.device().is_cpu() && rows.scalar_type() == at::kLong &&
+      rows.dim() == 1) {
     const auto r = rows.contiguous();
     if (rise_within(r, x.size(0))) {
       count_host_kernel();

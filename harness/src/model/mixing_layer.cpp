@@ -139,10 +139,12 @@ struct PlaceRows : public torch::autograd::Function<PlaceRows> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto lists = ctx->saved_data["lists"].toTensorVector();
+    const auto g = grads[0].contiguous();  // (R, d)
     torch::autograd::variable_list out;
-    for (const auto& rows : lists) out.push_back(gather_rows(grads[0], rows));  // (N_k, d)
-    out.emplace_back();                                                         // lists
-    out.emplace_back();                                                         // R
+    for (size_t k = 0; k < lists.size(); ++k)
+      out.push_back(ctx->needs_input_grad(k) ? gather_rows(g, lists[k]) : at::Tensor());  // (N_k, d)
+    out.emplace_back();                                                                   // lists
+    out.emplace_back();                                                                   // R
     return out;
   }
 };
@@ -173,7 +175,11 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx, const 
   const auto placeable = [&](const at::Tensor& part) {
     return part.device().is_cpu() && part.scalar_type() == x.scalar_type() && part.dim() == 2 && part.size(1) == d;
   };
-  if (host_kernels_enabled() && !parts.empty() && std::all_of(parts.begin(), parts.end(), placeable)) {
+  const auto host_list = [](const at::Tensor& rows) {
+    return rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.is_contiguous();
+  };
+  if (host_kernels_enabled() && !parts.empty() && std::all_of(parts.begin(), parts.end(), placeable) &&
+      std::all_of(taken.begin(), taken.end(), host_list)) {
     count_host_kernel();
     return PlaceRows::apply(at::TensorList(parts), taken, flat_choice.numel()).view_as(x);
   }

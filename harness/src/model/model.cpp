@@ -141,14 +141,13 @@ FeedForward::FeedForward(int64_t d, int64_t mult, double dropout, bool pre_norm)
 }
 
 at::Tensor FeedForward::forward(const at::Tensor& x) {
-  // The up projection's bias joins the GELU (chiar/gelu.h, linear_bias_gelu
-  // in chiar/linear.h): its product then
-  // writes a fresh output instead of accumulating onto a pre-filled bias, and
-  // backward sums the bias gradient in the GELU's own pass. Under bf16
-  // products the pre-activation, the activation and their gradients are
-  // bf16: only the GELU and the down projection's product read them.
-  // Without grad mode nothing keeps the pre-activation for backward, and
-  // under bf16 products the up projection's kernels apply the GELU.
+  // The up projection's bias joins the GELU (linear_bias_gelu, chiar/gelu.h):
+  // its product then writes a fresh output instead of accumulating onto a
+  // pre-filled bias, and backward sums the bias gradient in the GELU's own
+  // pass. Under bf16 products the pre-activation, the activation and their
+  // gradients are bf16: only the GELU and the down projection's product read
+  // them. Without grad mode nothing keeps the pre-activation for backward,
+  // and under bf16 products the up projection's kernels apply the GELU.
   const auto h = chiar::linear_bias_gelu(norm_.input(x), up_->weight, up_->bias);  // (B, T, m d)
   if (is_training() && drop_->options.p() > 0) return norm_.output(x + drop_(project(down_, h)));
   // The residual as the product's addend: one pass over (B, T, d) fewer than
