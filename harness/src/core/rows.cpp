@@ -213,7 +213,7 @@ void place_rows_or_zeros(const char* in, const int64_t* r, int64_t n, size_t byt
 struct GatherRows : public torch::autograd::Function<GatherRows> {
   // x (R, ...), rows (N,) strictly increasing inside [0, R) -> (N, ...)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& rows) {
-    ctx->save_for_backward({rows});  // an input: changed in place before backward, autograd says so
+    ctx->save_for_backward({rows});  // as a variable: rows changed in place before backward make autograd raise
     ctx->saved_data["sizes"] = x.sizes().vec();
     const auto in = x.contiguous();  // (R, ...)
     auto shape = x.sizes().vec();
