@@ -36,8 +36,8 @@
 //    its Params before the factory runs, and Params::get_int(key) and its
 //    siblings read them. No layout changed; a plugin reading a default
 //    that way needs 9.
-// 10: gather_rows (chiar/rows.h). No layout changed; a plugin calling it
-//    needs 10.
+// 10: gather_rows and place_rows (chiar/rows.h). No layout changed; a
+//    plugin calling them needs 10.
 #define CHIAR_PLUGIN_API_VERSION 10
 // The oldest plugin API whose plugins this harness loads.
 #define CHIAR_PLUGIN_API_OLDEST 7

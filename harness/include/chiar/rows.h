@@ -72,6 +72,19 @@ CHIAR_API RowGroups groups_on_device(const RowGroups& host, const at::Device& de
 // range).
 CHIAR_API at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows);
 
+// gather_rows' reverse: (R, ...) whose rows lists[k] are parts[k] (N_k,
+// ...), differentiable in every part (a routed layer's outputs put back in
+// token order). The caller promises that the lists are disjoint and
+// together name every row 0..R-1 (rows_by_choice's lists for choices in
+// range); the output is not zeroed first. On the CPU, with host int64 lists
+// and parts of one dtype and row shape, row copies side by side, and each
+// part's gradient its rows of the output's (gather_rows): a chain of
+// index_copy_ took a noticeable share of a routed layer (chiar_bench:
+// routed_dct_attn/sparse/512/256/*), and its backward clones and fills the
+// whole gradient once per part (bench-train --op-times: IndexCopyBackward0).
+// Elsewhere index_copy_ into the uninitialised output.
+CHIAR_API at::Tensor place_rows(const std::vector<at::Tensor>& parts, const std::vector<at::Tensor>& lists, int64_t R);
+
 // values (N, ...) -> (G, width, ...), zeros where a group is shorter.
 CHIAR_API at::Tensor pack_rows(const at::Tensor& values, const RowGroups& g);
 // (G, width, ...) -> (N, ...) in the original row order.

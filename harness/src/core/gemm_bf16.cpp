@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "chiar/gelu.h"
 #include "chiar/linear.h"
 #include "chiar/row_kernels.h"
 #include "chiar_build_info.h"
@@ -475,12 +476,13 @@ void gemm_bf16_packed_b_rounded(bool trans_a, bool trans_b, int64_t m, int64_t n
   // there, rounded once.
   std::vector<float> sums(static_cast<size_t>(m * n), 0.f);  // (m, n)
   if (k > 0) gemm_bf16_widened(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, 0.f, sums.data(), n);
-  if (bias)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) sums[static_cast<size_t>(i * n + j)] += bias[j];
-  if (gelu) {
-    auto wrapped = at::from_blob(sums.data(), {m, n});  // (m, n) over sums
-    at::gelu_(wrapped);
+  if (bias) {
+    auto wrapped = at::from_blob(sums.data(), {m, n});                        // (m, n) over sums
+    const auto b = at::from_blob(const_cast<float*>(bias), {n}, at::kFloat);  // (n)
+    if (gelu)
+      bias_gelu_(wrapped, b);  // the harness's own, as training's path applies it
+    else
+      wrapped.add_(b);
   }
   for (int64_t i = 0; i < m; ++i) round_to_bf16(sums.data() + i * n, reinterpret_cast<uint16_t*>(c + i * ldc), n);
 }

@@ -184,12 +184,26 @@ bool rise_within(const at::Tensor& rows, int64_t R) {
   return true;
 }
 
+// Bytes of one row of t (R, ...): what the copies below move per row.
+size_t row_bytes(const at::Tensor& t) {
+  return static_cast<size_t>(t.size(0) > 0 ? t.numel() / t.size(0) : 0) * t.element_size();
+}
+
 // Rows of `bytes` each: out's row i is in's row r[i] (N of them).
 void copy_rows(const char* in, const int64_t* r, int64_t n, size_t bytes, char* out) {
   if (bytes == 0) return;  // rows of nothing: no pointer to copy from
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
       std::memcpy(out + static_cast<size_t>(i) * bytes, in + static_cast<size_t>(r[i]) * bytes, bytes);
+  });
+}
+
+// The reverse: out's row r[i] is in's row i (N of them); other rows untouched.
+void scatter_rows(const char* in, const int64_t* r, int64_t n, size_t bytes, char* out) {
+  if (bytes == 0) return;
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      std::memcpy(out + static_cast<size_t>(r[i]) * bytes, in + static_cast<size_t>(i) * bytes, bytes);
   });
 }
 
@@ -219,8 +233,7 @@ struct GatherRows : public torch::autograd::Function<GatherRows> {
     auto shape = x.sizes().vec();
     shape[0] = rows.numel();
     auto out = at::empty(shape, x.options());  // (N, ...)
-    const auto bytes = static_cast<size_t>(x.size(0) > 0 ? in.numel() / x.size(0) : 0) * in.element_size();
-    copy_rows(static_cast<const char*>(in.data_ptr()), rows.data_ptr<int64_t>(), rows.numel(), bytes,
+    copy_rows(static_cast<const char*>(in.data_ptr()), rows.data_ptr<int64_t>(), rows.numel(), row_bytes(in),
               static_cast<char*>(out.data_ptr()));
     return out;
   }
@@ -234,21 +247,79 @@ struct GatherRows : public torch::autograd::Function<GatherRows> {
       return {at::zeros(sizes, grads[0].options()).index_copy(0, rows, grads[0]), at::Tensor()};
     const auto g = grads[0].contiguous();     // (N, ...)
     auto gx = at::empty(sizes, g.options());  // (R, ...)
-    const auto bytes = static_cast<size_t>(sizes[0] > 0 ? gx.numel() / sizes[0] : 0) * g.element_size();
-    place_rows_or_zeros(static_cast<const char*>(g.data_ptr()), rows.data_ptr<int64_t>(), rows.numel(), bytes, sizes[0],
-                        static_cast<char*>(gx.data_ptr()));
+    place_rows_or_zeros(static_cast<const char*>(g.data_ptr()), rows.data_ptr<int64_t>(), rows.numel(), row_bytes(gx),
+                        sizes[0], static_cast<char*>(gx.data_ptr()));
     return {gx, at::Tensor()};
   }
 };
 
+// (R, ...) whose rows lists[k] hold parts[k] (N_k, ...), by row copies;
+// each part's gradient is its rows of the output's, copied back.
+struct PlaceRows : public torch::autograd::Function<PlaceRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList parts,
+                            const std::vector<at::Tensor>& lists, int64_t R) {
+    ctx->saved_data["lists"] = lists;
+    auto shape = parts[0].sizes().vec();
+    shape[0] = R;
+    auto y = at::empty(shape, parts[0].options());  // (R, ...)
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const auto part = parts[k].contiguous();  // (N_k, ...)
+      scatter_rows(static_cast<const char*>(part.data_ptr()), lists[k].data_ptr<int64_t>(), lists[k].numel(),
+                   row_bytes(y), static_cast<char*>(y.data_ptr()));
+    }
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto lists = ctx->saved_data["lists"].toTensorVector();
+    const auto g = grads[0].contiguous();  // (R, ...)
+    torch::autograd::variable_list out;
+    for (size_t k = 0; k < lists.size(); ++k)
+      out.push_back(ctx->needs_input_grad(k) ? gather_rows(g, lists[k]) : at::Tensor());  // (N_k, ...)
+    out.emplace_back();                                                                   // lists
+    out.emplace_back();                                                                   // R
+    return out;
+  }
+};
+
+// Row copies move raw bytes: a view whose values need a conjugation or
+// negation, or a quantized tensor, keeps libtorch's ops.
+bool copies_rows(const at::Tensor& t) {
+  return t.device().is_cpu() && t.layout() == at::kStrided && t.dim() >= 1 && !t.is_conj() && !t.is_neg() &&
+         !t.is_quantized();
+}
+bool host_index(const at::Tensor& rows) {
+  return rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.dim() == 1;
+}
+
 }  // namespace
 
+at::Tensor place_rows(const std::vector<at::Tensor>& parts, const std::vector<at::Tensor>& lists, int64_t R) {
+  TORCH_CHECK(!parts.empty() && parts.size() == lists.size(), "place_rows: ", parts.size(), " parts and ", lists.size(),
+              " row lists");
+  const auto like_first = [&](const at::Tensor& part) {
+    return copies_rows(part) && part.scalar_type() == parts[0].scalar_type() &&
+           part.sizes().slice(1) == parts[0].sizes().slice(1);
+  };
+  const auto host_list = [](const at::Tensor& rows) { return host_index(rows) && rows.is_contiguous(); };
+  if (host_kernels_enabled() && std::all_of(parts.begin(), parts.end(), like_first) &&
+      std::all_of(lists.begin(), lists.end(), host_list)) {
+    count_host_kernel();
+    return PlaceRows::apply(at::TensorList(parts), lists, R);
+  }
+  // Not zeroed: every row is some part's (the caller's promise), and zeroing
+  // the (R, ...) buffer is a whole extra pass over it (chiar_bench:
+  // routed_dct_attn/sparse/2048/256/*).
+  auto shape = parts[0].sizes().vec();
+  shape[0] = R;
+  auto y = at::empty(shape, parts[0].options());  // (R, ...)
+  for (size_t k = 0; k < parts.size(); ++k) y.index_copy_(0, lists[k], parts[k]);
+  return y;
+}
+
 at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows) {
-  // Row copies move raw bytes: a view whose values need a conjugation or
-  // negation, or a quantized tensor, keeps index_select.
-  if (host_kernels_enabled() && x.device().is_cpu() && x.layout() == at::kStrided && x.dim() >= 1 && !x.is_conj() &&
-      !x.is_neg() && !x.is_quantized() && rows.device().is_cpu() && rows.scalar_type() == at::kLong &&
-      rows.dim() == 1) {
+  if (host_kernels_enabled() && copies_rows(x) && host_index(rows)) {
     const auto r = rows.contiguous();
     if (rise_within(r, x.size(0))) {
       count_host_kernel();

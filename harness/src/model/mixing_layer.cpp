@@ -1,11 +1,7 @@
 #include "mixing_layer.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
-
-#include <algorithm>
-#include <cstring>
 
 #include "chiar/error.h"
 #include "chiar/kernels.h"
@@ -107,52 +103,7 @@ void MixingLayer::check_choices(const at::Tensor& flat_choice) const {
                     std::to_string(flat_choice.numel()) + " tokens");
 }
 
-namespace {
-
-// (R, d) whose rows lists[k] hold parts[k] (N_k, d): the lists disjoint and
-// together every row (sparse() has checked). On the CPU one row copy each,
-// side by side, and the same copies back for each part's gradient: a chain
-// of libtorch's index_copy_ took a noticeable share of a routed layer
-// (chiar_bench: routed_dct_attn/sparse/512/256/*), and its backward clones
-// and fills the whole gradient once per part (bench-train --op-times:
-// IndexCopyBackward0).
-struct PlaceRows : public torch::autograd::Function<PlaceRows> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList parts,
-                            const std::vector<at::Tensor>& lists, int64_t R) {
-    ctx->saved_data["lists"] = lists;
-    const int64_t d = parts[0].size(1);
-    auto y = at::empty({R, d}, parts[0].options());  // (R, d)
-    const auto bytes = static_cast<size_t>(d * y.element_size());
-    auto* out = static_cast<char*>(y.data_ptr());
-    for (size_t k = 0; k < parts.size(); ++k) {
-      const auto part = parts[k].contiguous();  // (N_k, d)
-      const auto* in = static_cast<const char*>(part.data_ptr());
-      const int64_t* r = lists[k].data_ptr<int64_t>();
-      at::parallel_for(0, lists[k].numel(), 256, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i)
-          std::memcpy(out + static_cast<size_t>(r[i]) * bytes, in + static_cast<size_t>(i) * bytes, bytes);
-      });
-    }
-    return y;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto lists = ctx->saved_data["lists"].toTensorVector();
-    const auto g = grads[0].contiguous();  // (R, d)
-    torch::autograd::variable_list out;
-    for (size_t k = 0; k < lists.size(); ++k)
-      out.push_back(ctx->needs_input_grad(k) ? gather_rows(g, lists[k]) : at::Tensor());  // (N_k, d)
-    out.emplace_back();                                                                   // lists
-    out.emplace_back();                                                                   // R
-    return out;
-  }
-};
-
-}  // namespace
-
 at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx, const at::Tensor& choice) const {
-  const int64_t d = x.size(-1);
   const auto flat_choice = choice.reshape({-1});
   // On a GPU the lists' one copy to the host (their sizes) brings the lists
   // too: an operator that plans on the host reads its own there
@@ -172,23 +123,8 @@ at::Tensor MixingLayer::sparse(const at::Tensor& x, const OpContext& ctx, const 
     taken.push_back(rows);
   }
   if (written != flat_choice.numel()) check_choices(flat_choice);
-  const auto placeable = [&](const at::Tensor& part) {
-    return part.device().is_cpu() && part.scalar_type() == x.scalar_type() && part.dim() == 2 && part.size(1) == d;
-  };
-  const auto host_list = [](const at::Tensor& rows) {
-    return rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.is_contiguous();
-  };
-  if (host_kernels_enabled() && !parts.empty() && std::all_of(parts.begin(), parts.end(), placeable) &&
-      std::all_of(taken.begin(), taken.end(), host_list)) {
-    count_host_kernel();
-    return PlaceRows::apply(at::TensorList(parts), taken, flat_choice.numel()).view_as(x);
-  }
-  // Not zeroed: every row is some operator's (checked above), and zeroing
-  // the (B*T, d) buffer is a whole extra pass over it (chiar_bench:
-  // routed_dct_attn/sparse/2048/256/*).
-  auto y = at::empty({flat_choice.numel(), d}, x.options());  // (B*T, d)
-  for (size_t k = 0; k < parts.size(); ++k) y.index_copy_(0, taken[k], parts[k]);
-  return y.view_as(x);
+  if (parts.empty()) return at::empty_like(x);  // no tokens
+  return place_rows(parts, taken, flat_choice.numel()).view_as(x);
 }
 
 std::string MixingLayer::describe() const {
