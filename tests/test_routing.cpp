@@ -3,6 +3,7 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include "core/autocast_compat.h"
 #include "model/mixing_layer.h"
 #include "chiar/gate.h"
 #include "chiar/kernels.h"
@@ -104,6 +105,35 @@ TEST_CASE("sparse routed execution equals dense at every routing share", "[routi
         }
       }
     }
+  }
+}
+
+TEST_CASE("a routed layer's entropy under bf16 autocast is its fp32 entropy, bit for bit", "[routing][bf16]") {
+  // The spectrum the router reads is computed in fp32 whatever the autocast,
+  // so the same x routes the same tokens in both precisions, while the
+  // operators' own products do run in bf16 (their output differs).
+  at::manual_seed(31);
+  const int64_t d = 64;
+  const auto x = at::randn({2, 24, d}) + at::sin(at::arange(d) * 0.3);  // (B, T, d)
+  OpContext ctx;
+  ctx.causal = true;
+  for (const auto& names :
+       {std::vector<std::string>{"dct", "attention"}, std::vector<std::string>{"attention", "dct"}}) {
+    INFO("operators " << names[0] << ", " << names[1]);
+    auto layer = make_layer(names, "threshold", Params().set("tau", taus_for(x, {0.5, 0.5})), d, false);
+    model::LayerRouting fp32, bf16;
+    const auto out32 = layer->forward(x, ctx, &fp32);
+    at::Tensor out16;
+    {
+      const autocast::Bf16Scope cast(true, x.device());
+      out16 = layer->forward(x, ctx, &bf16);
+      CHECK(autocast::enabled_dtype(at::kCPU) == at::kBFloat16);  // the layer left autocast on
+    }
+    CHECK(at::equal(bf16.entropy, fp32.entropy));
+    CHECK(at::equal(bf16.choice, fp32.choice));
+    CHECK(rel_error(fp32.entropy, spectral_entropy(x.to(at::kDouble))) < 1e-6);
+    CHECK_FALSE(at::equal(out16, out32));
+    CHECK(rel_error(out16, out32) < 2e-2);
   }
 }
 

@@ -17,8 +17,9 @@ struct OpContext {
   at::Tensor valid;     // (B, T) bool, true for real tokens; undefined = all real
   // (B, T, d) orthonormal DCT-II of x along the features, when the layer has
   // already computed it (a routed layer does, for the router's entropy);
-  // undefined otherwise. Operators that transform x the same way may read it
-  // instead of transforming again.
+  // undefined otherwise. fp32 (float64 for float64 x) under autocast too.
+  // Operators that transform x the same way may read it instead of
+  // transforming again.
   at::Tensor spectrum;
   // (N,) int64 in host memory: forward_rows's rows, when the caller has them
   // there; undefined otherwise. A routed layer on a GPU reads its row lists

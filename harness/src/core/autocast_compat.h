@@ -70,4 +70,23 @@ class Bf16Scope {
   at::DeviceType type_;
 };
 
+// Autocast off on `device`'s type for a scope, and back as it was after: a
+// value that a bf16 forward must compute in fp32 (the router's spectrum).
+class Fp32Scope {
+ public:
+  explicit Fp32Scope(const at::Device& device)
+      : type_(device.is_cuda() ? at::kCUDA : at::kCPU), dtype_(enabled_dtype(type_)) {
+    if (dtype_ != at::ScalarType::Undefined) set(type_, false);
+  }
+  ~Fp32Scope() {
+    if (dtype_ != at::ScalarType::Undefined) set(type_, true, dtype_);
+  }
+  Fp32Scope(const Fp32Scope&) = delete;
+  Fp32Scope& operator=(const Fp32Scope&) = delete;
+
+ private:
+  at::DeviceType type_;
+  at::ScalarType dtype_;  // what autocast computed in on entry; Undefined: it was off
+};
+
 }  // namespace chiar::autocast
