@@ -3,6 +3,8 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include <stdexcept>
+
 #include "core/autocast_compat.h"
 #include "model/mixing_layer.h"
 #include "chiar/gate.h"
@@ -110,8 +112,9 @@ TEST_CASE("sparse routed execution equals dense at every routing share", "[routi
 
 TEST_CASE("a routed layer's entropy under bf16 autocast is its fp32 entropy, bit for bit", "[routing][bf16]") {
   // The spectrum the router reads is computed in fp32 whatever the autocast,
-  // so the same x routes the same tokens in both precisions, while the
-  // operators' own products do run in bf16 (their output differs).
+  // so the same x has the same entropies, and under the threshold router
+  // (which reads nothing else) routes the same tokens, in both precisions,
+  // while the operators' own products do run in bf16 (their output differs).
   at::manual_seed(31);
   const int64_t d = 64;
   const auto x = at::randn({2, 24, d}) + at::sin(at::arange(d) * 0.3);  // (B, T, d)
@@ -135,6 +138,33 @@ TEST_CASE("a routed layer's entropy under bf16 autocast is its fp32 entropy, bit
     CHECK_FALSE(at::equal(out16, out32));
     CHECK(rel_error(out16, out32) < 2e-2);
   }
+  // A gated router's gate reads x too and runs in bf16 under autocast, so
+  // only the entropy it is given is held equal.
+  auto gated = make_layer({"dct", "attention"}, "soft", Params(), d, false);
+  model::LayerRouting fp32, bf16;
+  gated->forward(x, ctx, &fp32);
+  {
+    const autocast::Bf16Scope cast(true, x.device());
+    gated->forward(x, ctx, &bf16);
+  }
+  CHECK(at::equal(bf16.entropy, fp32.entropy));
+}
+
+TEST_CASE("Fp32Scope turns autocast off for its scope and back as it was, even when left by a throw", "[bf16]") {
+  REQUIRE(autocast::enabled_dtype(at::kCPU) == at::ScalarType::Undefined);
+  {
+    const autocast::Fp32Scope fp32(at::Device(at::kCPU));  // nothing to turn off
+    CHECK(autocast::enabled_dtype(at::kCPU) == at::ScalarType::Undefined);
+  }
+  CHECK(autocast::enabled_dtype(at::kCPU) == at::ScalarType::Undefined);
+  const autocast::Bf16Scope cast(true, at::Device(at::kCPU));
+  try {
+    const autocast::Fp32Scope fp32(at::Device(at::kCPU));
+    CHECK(autocast::enabled_dtype(at::kCPU) == at::ScalarType::Undefined);
+    throw std::runtime_error("leaving");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(autocast::enabled_dtype(at::kCPU) == at::kBFloat16);
 }
 
 // Hidden (chiar_tests "[cuda]" on a GPU): the routed layer on a CUDA

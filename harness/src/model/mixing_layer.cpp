@@ -34,8 +34,8 @@ namespace {
 // router's entropy must be as exact in a bf16 run as in an fp32 one. From a
 // bf16 product's rounded operands it moved by up to 5e-4 (median 7e-5, at d
 // 128 and 256), enough to send tokens near a threshold to the other
-// operator. The dct operator reads the same spectrum, so it filters fp32
-// coefficients here too.
+// operator. A post-norm dct operator reads the same spectrum, so it filters
+// fp32 coefficients here too.
 at::Tensor exact_spectrum(const at::Tensor& x) {
   const autocast::Fp32Scope fp32(x.device());
   return dct2(x.scalar_type() == at::kDouble ? x : x.to(at::kFloat));  // (B, T, d)
