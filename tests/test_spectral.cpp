@@ -9,6 +9,7 @@
 #include "chiar/error.h"
 #include "chiar/kernels.h"
 #include "chiar/spectral.h"
+#include "core/autocast_compat.h"
 #include "support/fixtures.h"
 #include "support/reference.h"
 
@@ -146,6 +147,38 @@ TEST_CASE("spectral entropy: bf16 and fp16 coefficients give fp32 H, non-finite 
     CHECK(h.isnan().all().item<bool>());
   }
   CHECK(spectral_entropy_from_coeffs(bad.to(at::kDouble)).isnan().narrow(0, 0, 2).all().item<bool>());
+}
+
+TEST_CASE("spectral entropy under bf16 autocast is its fp32 entropy, bit for bit", "[spectral][bf16]") {
+  // dct2_exact switches autocast off for the spectrum's product, so a bf16
+  // run's entropy is the fp32 one; a bf16 x is widened before the product.
+  at::manual_seed(41);
+  for (int64_t d : {2, 64, 256}) {
+    for (const auto impl : kImpls) {
+      INFO("d " << d << ", " << to_string(impl));
+      const auto x = at::randn({3, 40, d}) + at::sin(at::arange(d) * 0.3);  // (3, 40, d)
+      const auto h32 = spectral_entropy(x, impl);                           // (3, 40)
+      const auto c32 = dct2_exact(x, impl);                                 // (3, 40, d)
+      at::Tensor h16, c16, bf16_product;
+      {
+        const autocast::Bf16Scope cast(true, x.device());
+        h16 = spectral_entropy(x, impl);
+        c16 = dct2_exact(x, impl);
+        bf16_product = dct2(x, impl);
+        CHECK(autocast::enabled_dtype(at::kCPU) == at::kBFloat16);  // left on
+      }
+      CHECK(h16.scalar_type() == at::kFloat);
+      CHECK(c16.scalar_type() == at::kFloat);
+      CHECK(at::equal(h16, h32));
+      CHECK(at::equal(c16, c32));
+      CHECK(rel_error(h32, spectral_entropy(x.to(at::kDouble), impl)) < 1e-6);
+      // Without the switch the GEMM's product takes bf16 operands (the FFT
+      // has no autocast rule and stays fp32).
+      if (impl == DctImpl::Gemm) CHECK_FALSE(at::equal(bf16_product.to(at::kFloat), c32));
+      const auto rounded = x.to(at::kBFloat16);
+      CHECK(at::equal(dct2_exact(rounded, impl), dct2(rounded.to(at::kFloat), impl)));
+    }
+  }
 }
 
 TEST_CASE("spectral entropy has finite gradients, also at a zero vector", "[spectral][grad]") {

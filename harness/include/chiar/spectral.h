@@ -26,14 +26,21 @@ CHIAR_API at::Tensor dct_basis(int64_t d, at::ScalarType dtype, at::Device devic
 CHIAR_API at::Tensor dct2(const at::Tensor& x, DctImpl impl = DctImpl::Auto);
 // Its inverse (orthonormal DCT-III): idct2(dct2(x)) == x.
 CHIAR_API at::Tensor idct2(const at::Tensor& c, DctImpl impl = DctImpl::Auto);
+// dct2 in fp32 at least, under autocast too: bf16 and fp16 x are widened
+// first, float64 stays float64, and autocast is switched off for the
+// product. These are the coefficients the spectral entropy reads, so that
+// a bf16 run's entropy is its fp32 entropy to the last bit. Differentiable.
+CHIAR_API at::Tensor dct2_exact(const at::Tensor& x, DctImpl impl = DctImpl::Auto);
 
 // Normalised spectral entropy of each vector along the last axis:
-//   c = dct2(x), p_k = c_k^2 / sum_j c_j^2, H = -sum_k p_k log p_k / log d.
+//   c = dct2_exact(x), p_k = c_k^2 / sum_j c_j^2, H = -sum_k p_k log p_k / log d.
 // (..., d) -> (...), in [0, 1]; H(0) = 0 and H = 0 when d == 1; NaN for a
 // vector holding a NaN or an infinity. H is float64 for float64 input and
-// fp32 otherwise (bf16 and fp16 are widened first). Differentiable.
+// fp32 otherwise (bf16 and fp16 are widened first), whatever the autocast.
+// Differentiable.
 CHIAR_API at::Tensor spectral_entropy(const at::Tensor& x, DctImpl impl = DctImpl::Auto);
-// The same from DCT coefficients already computed (lets a caller reuse them).
+// The same from DCT coefficients already computed (lets a caller reuse them;
+// bf16 or fp16 coefficients are widened, so only dct2_exact's keep H exact).
 CHIAR_API at::Tensor spectral_entropy_from_coeffs(const at::Tensor& c);
 
 // Thresholds that split the values of h (any shape) into shares.size() groups

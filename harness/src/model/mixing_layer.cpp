@@ -7,7 +7,6 @@
 #include "chiar/kernels.h"
 #include "chiar/rows.h"
 #include "chiar/spectral.h"
-#include "core/autocast_compat.h"
 #include "route_mix.h"
 
 namespace chiar::model {
@@ -28,21 +27,6 @@ Execution execution_from_string(const std::string& name) {
   throw UserError("unknown execution '" + name + "' (known: auto, dense, sparse)");
 }
 
-namespace {
-
-// x's spectrum in fp32 (float64 stays float64) under autocast too: the
-// router's entropy must be as exact in a bf16 run as in an fp32 one. From a
-// bf16 product's rounded operands it moved by up to 5e-4 (median 7e-5, at d
-// 128 and 256), enough to send tokens near a threshold to the other
-// operator. A post-norm dct operator reads the same spectrum, so it filters
-// fp32 coefficients here too.
-at::Tensor exact_spectrum(const at::Tensor& x) {
-  const autocast::Fp32Scope fp32(x.device());
-  return dct2(x.scalar_type() == at::kDouble ? x : x.to(at::kFloat));  // (B, T, d)
-}
-
-}  // namespace
-
 MixingLayer::MixingLayer(int64_t index, std::vector<std::string> names,
                          std::vector<std::shared_ptr<Operator>> operators, std::shared_ptr<Router> router)
     : index_(index), names_(std::move(names)), operators_(std::move(operators)), router_(std::move(router)) {
@@ -56,9 +40,12 @@ at::Tensor MixingLayer::forward(const at::Tensor& x, const OpContext& ctx, Layer
   if (!router_) return operators_[0]->forward(x, ctx);
 
   // The router's entropy needs the spectrum; operators that transform x the
-  // same way (dct) read it from the context instead of transforming again.
+  // same way (a post-norm dct) read it from the context instead of
+  // transforming again. It is fp32 under bf16 autocast too (dct2_exact), so
+  // the entropy is as exact as in an fp32 run, and so are the coefficients a
+  // post-norm dct filters.
   OpContext with_spectrum = ctx;
-  with_spectrum.spectrum = exact_spectrum(x);                                 // (B, T, d)
+  with_spectrum.spectrum = dct2_exact(x);                                     // (B, T, d)
   const auto entropy = spectral_entropy_from_coeffs(with_spectrum.spectrum);  // (B, T)
   RouteResult r = router_->route(x, entropy, ctx);
   bool use_sparse = false;
