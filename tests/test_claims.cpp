@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "engine/store/sqlite.h"
@@ -256,6 +257,100 @@ TEST_CASE("claims: the paper's effect inside or outside our interval; equivalenc
   CHECK(ratio.paper_effect == "ratio " + shown("%.3f", std::exp(logs.mean)) + " [" +
                                   shown("%.3f", std::exp(logs.mean - ql * logs.se)) + ", " +
                                   shown("%.3f", std::exp(logs.mean + ql * logs.se)) + "] rules out the paper's 0.5485");
+}
+
+TEST_CASE("claims: an equivalent claim holds inside its margin by two one-sided tests, fails wholly outside it",
+          "[report][claims]") {
+  TempDir d("claims-equivalent");
+  const std::vector<double> a = {0.801, 0.812, 0.795, 0.806, 0.790}, b = {0.798, 0.809, 0.799, 0.803, 0.792};
+  const std::string db = store_of(d, "e.db", {{"cls", {{"bf16", a}, {"fp32", b}}}}, "accuracy");
+  report::ClaimSpec c;
+  c.id = "same";
+  c.text = "bf16 matches fp32";
+  c.kind = "equivalent";
+  c.task = "*";
+  c.variants = {"bf16", "fp32"};
+  c.metrics = {"accuracy"};
+  c.better = {""};
+  const Sample s = paired(a, b);
+  const double q90 = t_quantile(0.05, s.df), q95 = t_quantile(0.025, s.df);
+  const auto judge = [&](double margin) {
+    c.margin = margin;
+    return report::evaluate_claim(c, summary_of(db), "fp32").tasks.at(0);
+  };
+  // Within 1 point: the 90% interval lies inside (-1, +1) pp, so both
+  // one-sided tests reject.
+  REQUIRE(s.mean - q90 * s.se > -0.01);
+  REQUIRE(s.mean + q90 * s.se < 0.01);
+  const auto within = judge(1.0);
+  CHECK(within.verdict == "holds");
+  CHECK(within.direction.empty());
+  const double tost = std::max(t_tail((0.01 + s.mean) / s.se, s.df), t_tail((0.01 - s.mean) / s.se, s.df));
+  CHECK(within.equivalence_p == Approx(tost).epsilon(1e-5));
+  CHECK_THAT(within.equivalence, Catch::Matchers::StartsWith("equivalent within ±1.00 pp"));
+  CHECK(within.lo == Approx(s.mean - q95 * s.se).epsilon(1e-6));
+  CHECK_THAT(within.measured, Catch::Matchers::StartsWith("bf16 " + shown("%.2f%%", 100 * 0.8008) + " vs fp32 "));
+  CHECK_THAT(within.measured, Catch::Matchers::EndsWith("; " + within.equivalence));
+  // Within a tenth of a point: not shown, and not ruled out either (the 95%
+  // interval holds 0).
+  REQUIRE(s.mean - q95 * s.se < 0);
+  REQUIRE(s.mean + q95 * s.se > 0);
+  const auto tight = judge(0.1);
+  CHECK(tight.verdict == "inconclusive");
+  CHECK_THAT(tight.equivalence, Catch::Matchers::StartsWith("not shown equivalent within ±0.10 pp"));
+  // Perplexities about 5 apart against a margin of 1: the interval lies
+  // wholly below -1, so the claim does not hold; against 10 it holds.
+  const std::string lm = store_of(d, "lm.db", {{"lm", {{"fast", kFast}, {"slow", kSlow}}}}, "token_ppl");
+  report::ClaimSpec r = c;
+  r.variants = {"fast", "slow"};
+  r.metrics = {"token_ppl"};
+  const Sample ls = paired(kFast, kSlow);
+  const double lq95 = t_quantile(0.025, ls.df);
+  REQUIRE(ls.mean + lq95 * ls.se < -1);
+  r.margin = 1;
+  const auto apart = report::evaluate_claim(r, summary_of(lm), "slow");
+  CHECK(apart.verdict == "does not hold");
+  CHECK(apart.tasks.at(0).hi == Approx(ls.mean + lq95 * ls.se).epsilon(1e-6));
+  r.margin = 10;
+  const auto table = report::evaluate_claims({r}, summary_of(lm), "slow");
+  CHECK(table.claims.at(0).verdict == "holds");
+  // Exported with its test, p-value and effect size, as a compare row is.
+  std::ostringstream csv;
+  report::write_claims_csv(table, csv);
+  const auto& row = table.claims[0].tasks[0];
+  CHECK_THAT(csv.str(), Catch::Matchers::Contains("\nsame,equivalent,holds,,lm,token_ppl,fast,slow,4,4,"));
+  CHECK_THAT(csv.str(), Catch::Matchers::Contains(",paired,3," + report::number_cell(row.test->p) + ","));
+  CHECK_THAT(csv.str(), Catch::Matchers::Contains("," + report::number_cell(row.equivalence_p) + ",holds,"));
+}
+
+TEST_CASE("seed planning for equivalence: two one-sided tests' power against simulated designs", "[report][claims]") {
+  // 20 paired seeds, differences of sd 0.021, a margin of 0.01436 (1% of
+  // perplexity in bits), one test at 0.05: configs/bf16_equivalence.toml's
+  // design. Its power at a true difference of 0, against 20,000 simulated
+  // designs drawn here (seeded) and tested as the report tests them.
+  const double sd = 0.021, margin = 0.01436;
+  const int n = 20;
+  const double bound = report::tost_power(margin, sd / std::sqrt(double(n)), n - 1, 0.05);
+  std::mt19937_64 rng(2026);
+  std::normal_distribution<double> draw(0.0, sd);
+  const int designs = 20000;
+  int shown_equivalent = 0;
+  for (int k = 0; k < designs; ++k) {
+    std::vector<double> diffs(n), zeros(n, 0.0);
+    for (double& x : diffs) x = draw(rng);
+    shown_equivalent += report::tost_p(report::paired_difference(diffs, zeros), margin) < 0.05;
+  }
+  const double simulated = double(shown_equivalent) / designs;
+  // The bound is below the truth by the designs where neither test rejects,
+  // which at this size are rare; 0.01 is four binomial standard errors.
+  CHECK(bound == Approx(0.81).margin(0.01));
+  CHECK(bound <= simulated + 0.01);
+  CHECK(simulated - bound < 0.02);
+  // The fewest seeds for 80%: 20 reach it, 19 do not.
+  CHECK(report::seeds_for_equivalence(margin, true, sd, 0, 0.05, 0.8, 100) == 20);
+  CHECK(report::tost_power(margin, sd / std::sqrt(19.0), 18, 0.05) < 0.8);
+  // A margin inside the noise needs more than the cap.
+  CHECK(report::seeds_for_equivalence(margin / 10, true, sd, 0, 0.05, 0.8, 50) == 0);
 }
 
 TEST_CASE("claims: a family task where a variant has no finished run is not enough seeds, named; no task drops out",
@@ -641,7 +736,25 @@ TEST_CASE("claims file: effects and margins are checked at file:line", "[report]
   CHECK_THROWS_WITH(report::load_claims(margin), margin + ":10:10: key 'claims[0].margin': expected a margin above 0");
   const std::string reduction = claim("reduction", "reduction = 50\ntolerance = 5\nmargin = 1\n");
   CHECK_THROWS_WITH(report::load_claims(reduction),
-                    reduction + ":12:10: key 'claims[0].margin': only a compare claim takes it");
+                    reduction + ":12:10: key 'claims[0].margin': only a compare or an equivalent claim takes it");
+  // An equivalent claim needs a margin, and has no better side or effect.
+  const auto equivalent = [&](const std::string& name, const std::string& extra) {
+    return d.write(name + ".toml",
+                   "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"x\"\ntext = \"x\"\nkind = \"equivalent\"\n"
+                   "variants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\n" +
+                       extra);
+  };
+  const auto same = report::load_claims(equivalent("same", "margin = 0.5\n"));
+  CHECK(same.at(0).kind == "equivalent");
+  CHECK(same.at(0).margin == 0.5);
+  const std::string unbounded = equivalent("unbounded", "");
+  CHECK_THROWS_WITH(report::load_claims(unbounded), unbounded + ":3:1: key 'claims[0].margin': missing");
+  const std::string sided = equivalent("sided", "better = \"lower\"\nmargin = 0.5\n");
+  CHECK_THROWS_WITH(report::load_claims(sided),
+                    sided + ":9:10: key 'claims[0].better': an equivalent claim has no better side");
+  const std::string effect = equivalent("effect", "margin = 0.5\neffect = 1\n");
+  CHECK_THROWS_WITH(report::load_claims(effect),
+                    effect + ":10:10: key 'claims[0].effect': only a compare claim takes it");
   const std::string typo = claim("compare", "efect = 1\n");
   CHECK_THROWS_WITH(report::load_claims(typo),
                     typo + ":10:9: key 'claims[0].efect': unknown key (did you mean 'effect'?)");

@@ -39,9 +39,10 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 
 std::string shown(const MetricInfo& m, double value) { return fmt(m.format, value * m.scale); }
 
-// A difference in the metric's shown units: percentage points for a percentage.
+// A difference in the metric's shown units, to its decimals: percentage
+// points for a percentage.
 std::string shown_difference(const MetricInfo& m, double value) {
-  return fmt("%+.2f", value * m.scale) + (m.scale == 100 ? " pp" : "");
+  return fmt(m.difference, value * m.scale) + (m.scale == 100 ? " pp" : "");
 }
 
 bool is_pattern(const std::string& task) { return task.find_first_of("*?[") != std::string::npos; }
@@ -363,7 +364,8 @@ std::string equivalence_of(TaskTest& row, const ClaimSpec& c, const ClaimsTable&
   if (!std::isfinite(c.margin)) return "";
   const MetricInfo& m = *metric_info(row.metric);
   row.equivalence_p = std::min(1.0, tost_p(*row.test, c.margin / m.scale) * table.tests);
-  const std::string band = fmt("within ±%.2f", c.margin) + (m.scale == 100 ? " pp" : "");
+  // The margin is in shown units already; its size without the sign.
+  const std::string band = "within ±" + shown_difference(m, c.margin / m.scale).substr(1);
   const std::string how = " (two one-sided tests, adjusted " + p_text(row.equivalence_p) + ")";
   return (row.equivalence_p < kAlpha ? "equivalent " : "not shown equivalent ") + band + how;
 }
@@ -453,6 +455,36 @@ void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
   }
   row.paper_effect = against_paper_effect(row, c);
   row.equivalence = equivalence_of(row, c, table);
+}
+
+// "a and b differ by less than the margin": holds where two one-sided tests
+// at the table's level put the difference inside it, does not hold where
+// the simultaneous interval lies wholly outside it, and is open otherwise.
+void decide_equivalent(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
+  if (!testable(row, "a metric is NaN")) return;
+  const Difference& d = *row.test;
+  if (!(d.se > 0)) {
+    row.no_spread = true;
+    row.lo = row.hi = d.diff;
+    row.verdict = v::kInconclusive;
+    row.note =
+        "identical across seeds: every seed gives the same difference, so there is no spread to test it "
+        "against and no p-value";
+    return;
+  }
+  row.confidence = table.confidence;
+  const Interval at = interval_at(d, table.confidence);
+  row.lo = at.lo;
+  row.hi = at.hi;
+  row.p_adjusted = std::min(1.0, d.p * table.tests);
+  row.equivalence = equivalence_of(row, c, table);
+  const double margin = c.margin / metric_info(row.metric)->scale;
+  if (row.equivalence_p < kAlpha)
+    row.verdict = v::kHolds;
+  else if (at.lo > margin || at.hi < -margin)
+    row.verdict = v::kDoesNotHold;
+  else
+    row.verdict = v::kInconclusive;
 }
 
 // The executed cut of attention FLOPs against the analytic one (what a
@@ -712,7 +744,7 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
     if (sequential && c.kind == "compare")
       if (const auto it = sequential->latest.find({c.id, t.task}); it != sequential->latest.end())
         limit = sequential->seeds.at(static_cast<size_t>(it->second.round));
-    if (c.kind == "compare")
+    if (c.kind == "compare" || c.kind == "equivalent")
       out.tasks.push_back(compare_on(c, s, t, a, b, limit));
     else if (c.kind == "reduction")
       out.tasks.push_back(reduction_on(c, s, t, a, b));
@@ -826,6 +858,10 @@ ClaimsTable evaluate_claims(const std::vector<ClaimSpec>& claims, const Summary&
           if (const auto it = sequential->latest.find({c.id, row.task}); it != sequential->latest.end())
             look = &it->second;
         decide_compare(row, c, table, look, sequential ? sequential->rounds : 0);
+        guard_code(row, options.allow_mixed_code);
+        row.measured = describe_compare(row);
+      } else if (c.kind == "equivalent") {
+        decide_equivalent(row, c, table);
         guard_code(row, options.allow_mixed_code);
         row.measured = describe_compare(row);
       } else if (c.kind == "reduction") {

@@ -21,6 +21,8 @@ struct ClaimSpec {
   std::string text;  // the paper's statement, with its numbers
   // "compare": variants[0] beats variants[1] on the metric, on every task the
   //   claim is about;
+  // "equivalent": variants[0]'s and variants[1]'s metric differ by less
+  //   than `margin`, on every task (two one-sided tests);
   // "reduction": variants[0]'s metric is `reduction` % below variants[1]'s,
   //   within `tolerance` points, on every task;
   // "share": the final routing share variants[0]'s runs give the operator
@@ -40,7 +42,8 @@ struct ClaimSpec {
   // "compare": the effect the paper asserts, variants[0] - variants[1] in the
   // report's units (percentage points for accuracy), or as the ratio
   // variants[0] / variants[1]; and the smallest difference of interest, for
-  // an equivalence test (two one-sided tests). NaN when the file gives none.
+  // an equivalence test (two one-sided tests), which "equivalent" claims
+  // require. NaN when the file gives none.
   double effect = NAN, effect_ratio = NAN, margin = NAN;
   double reduction = 0, tolerance = 0;  // "reduction", in percent
   std::string op, role;                 // "share": an operator name, or a role
@@ -188,8 +191,11 @@ struct MetricInfo {
   const char* name;
   double scale;        // stored value -> shown value
   const char* format;  // printf format of the shown value
-  const char* unit;    // after a reduction's values
-  bool exact;          // the same on every seed by construction (FLOP counts)
+  // printf format of a difference of shown values, to the value's decimals
+  // (percentage points for a percentage)
+  const char* difference;
+  const char* unit;  // after a reduction's values
+  bool exact;        // the same on every seed by construction (FLOP counts)
 };
 const MetricInfo* metric_info(const std::string& name);
 

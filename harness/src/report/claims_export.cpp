@@ -27,6 +27,9 @@ std::vector<Field> record(const ClaimsTable& table, const Claim& claim, const Ta
   const TaskTest empty;
   const TaskTest& r = row ? *row : empty;
   const bool test = r.test.has_value();
+  // A difference of two variants' metric (compare, equivalent), with a p-value
+  // and an effect size of its own.
+  const bool of_difference = claim.kind == "compare" || claim.kind == "equivalent";
   return {text("claim", claim.id),
           text("kind", claim.kind),
           text("claim_verdict", claim.verdict),
@@ -48,16 +51,16 @@ std::vector<Field> record(const ClaimsTable& table, const Claim& claim, const Ta
           number("tests", table.tests),
           number("raw_lo_95", r.raw_lo),
           number("raw_hi_95", r.raw_hi),
-          text("test", !test                     ? ""
-                       : claim.kind == "compare" ? (r.test->paired ? "paired" : "welch")
-                       : claim.kind == "share"   ? "one-sample logit"
-                                                 : "one-sample"),
+          text("test", !test                   ? ""
+                       : of_difference         ? (r.test->paired ? "paired" : "welch")
+                       : claim.kind == "share" ? "one-sample logit"
+                                               : "one-sample"),
           number("df", test ? r.test->df : NAN),
-          number("p", test && claim.kind == "compare" && !r.no_spread ? r.test->p : NAN),
+          number("p", test && of_difference && !r.no_spread ? r.test->p : NAN),
           number("p_bonferroni", r.p_adjusted),
           number("p_holm", r.p_holm),
           number("sequential_boundary", r.boundary),
-          number("effect_size", test && claim.kind == "compare" ? r.test->effect : NAN),
+          number("effect_size", test && of_difference ? r.test->effect : NAN),
           flag("no_spread", r.no_spread),
           text("paper_effect", r.paper_effect),
           text("equivalence", r.equivalence),

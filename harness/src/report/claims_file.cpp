@@ -16,16 +16,16 @@ namespace chiar::report {
 namespace {
 
 const MetricInfo kMetrics[] = {
-    {"token_ppl", 1, "%.2f", "", false},
-    {"word_ppl", 1, "%.2f", "", false},
-    {"bits_per_byte", 1, "%.4f", "", false},
-    {"accuracy", 100, "%.2f%%", "", false},
-    {"attention_gflops", 1, "%.4f", " GFLOPs per sequence", true},
-    {"total_gflops", 1, "%.4f", " GFLOPs per sequence", true},
-    {"share", 100, "%.1f%%", "", false},
+    {"token_ppl", 1, "%.2f", "%+.2f", "", false},
+    {"word_ppl", 1, "%.2f", "%+.2f", "", false},
+    {"bits_per_byte", 1, "%.4f", "%+.4f", "", false},
+    {"accuracy", 100, "%.2f%%", "%+.2f", "", false},
+    {"attention_gflops", 1, "%.4f", "%+.4f", " GFLOPs per sequence", true},
+    {"total_gflops", 1, "%.4f", "%+.4f", " GFLOPs per sequence", true},
+    {"share", 100, "%.1f%%", "%+.1f", "", false},
 };
 
-const char* const kKinds[] = {"compare", "reduction", "share"};
+const char* const kKinds[] = {"compare", "equivalent", "reduction", "share"};
 const char* const kRoles[] = {"cheap_mixing", "intermediate_mixing", "global_mixing"};
 const char* const kKeys[] = {"id",        "text",      "kind",     "task",   "family",       "variants",
                              "metric",    "better",    "paper",    "effect", "effect_ratio", "margin",
@@ -89,6 +89,11 @@ std::string text(const toml::node& n, const std::string& key) {
 }
 
 // A compare claim's `effect` or `effect_ratio`, and `margin`.
+void read_margin(const toml::node& m, const std::string& key, ClaimSpec& c) {
+  c.margin = number(m, key);
+  if (!(c.margin > 0)) fail(m, key, "expected a margin above 0");
+}
+
 void read_effect(const toml::table& t, const std::string& path, ClaimSpec& c) {
   const auto key = [&](const std::string& k) { return path + "." + k; };
   const toml::node* effect = t.get("effect");
@@ -100,10 +105,7 @@ void read_effect(const toml::table& t, const std::string& path, ClaimSpec& c) {
     c.effect_ratio = number(*ratio, key("effect_ratio"));
     if (!(c.effect_ratio > 0)) fail(*ratio, key("effect_ratio"), "expected a ratio above 0");
   }
-  if (const toml::node* m = t.get("margin")) {
-    c.margin = number(*m, key("margin"));
-    if (!(c.margin > 0)) fail(*m, key("margin"), "expected a margin above 0");
-  }
+  if (const toml::node* m = t.get("margin")) read_margin(*m, key("margin"), c);
 }
 
 // Reads one [[claims]] table, one group of keys at a time; every error at
@@ -186,6 +188,11 @@ class ClaimReader {
         fail(ms, key("metric"),
              c_.kind == "share" ? "a share claim measures 'share'" : "only a share claim measures 'share'");
     }
+    if (c_.kind == "equivalent") {
+      if (const toml::node* b = t_.get("better")) fail(*b, key("better"), "an equivalent claim has no better side");
+      c_.better.assign(c_.metrics.size(), "");
+      return;
+    }
     const toml::node& bs = required("better");
     c_.better = strings(bs, key("better"));
     if (c_.better.size() != c_.metrics.size())
@@ -207,9 +214,12 @@ class ClaimReader {
       if (const toml::node* n = t_.get(k); n && c_.kind != kind_of_key)
         fail(*n, key(k), "only a " + kind_of_key + " claim takes it");
     };
-    for (const char* k : {"effect", "effect_ratio", "margin"}) only(k, "compare");
+    for (const char* k : {"effect", "effect_ratio"}) only(k, "compare");
+    if (const toml::node* n = t_.get("margin"); n && c_.kind != "compare" && c_.kind != "equivalent")
+      fail(*n, key("margin"), "only a compare or an equivalent claim takes it");
     for (const char* k : {"reduction", "tolerance"}) only(k, "reduction");
     if (c_.kind == "compare") read_effect(t_, path_, c_);
+    if (c_.kind == "equivalent") read_margin(required("margin"), key("margin"), c_);
     for (const char* k : {"operator", "role", "threshold"}) only(k, "share");
     if (c_.kind == "reduction") read_reduction();
     if (c_.kind == "share") read_share();

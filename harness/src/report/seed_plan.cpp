@@ -31,6 +31,7 @@ SeedPlanRow plan_row(const Claim& claim, const TaskTest& t, const ClaimSpec& c, 
   else if (std::isfinite(c.effect_ratio) && std::isfinite(t.mean_b))
     row.effect = (c.effect_ratio - 1) * t.mean_b;
   if (std::isfinite(c.margin)) row.margin = c.margin / scale;
+  row.equivalence = c.kind == "equivalent";
   if (!t.test) {
     row.why = "not enough seeds in the pilot";
     return row;
@@ -48,7 +49,11 @@ SeedPlanRow plan_row(const Claim& claim, const TaskTest& t, const ClaimSpec& c, 
     return seeds_for_power(effect, d.paired, row.sd, row.sd_b, plan.alpha, plan.power, plan.max_seeds);
   };
   if (std::isfinite(row.effect)) row.seeds_effect = seeds(row.effect);
-  if (std::isfinite(row.margin)) row.seeds_margin = seeds(row.margin);
+  if (row.equivalence)
+    row.seeds_margin =
+        seeds_for_equivalence(row.margin, d.paired, row.sd, row.sd_b, plan.alpha, plan.power, plan.max_seeds);
+  else if (std::isfinite(row.margin))
+    row.seeds_margin = seeds(row.margin);
   if (row.seeds_effect < 0 && row.seeds_margin < 0) row.why = "the claim states no effect or margin";
   return row;
 }
@@ -68,7 +73,7 @@ SeedPlan plan_seeds(const ClaimsTable& pilot, const std::vector<ClaimSpec>& clai
   plan.power = options.power;
   plan.max_seeds = options.max_seeds;
   for (const auto& claim : pilot.claims) {
-    if (claim.kind != "compare") continue;
+    if (claim.kind != "compare" && claim.kind != "equivalent") continue;
     const ClaimSpec* c = spec_of(claims, claim.id);
     if (!c) continue;
     for (const auto& t : claim.tasks) {
@@ -101,7 +106,9 @@ std::string plan_table(const SeedPlan& plan) {
                   r.test == "Welch" ? (num(r.sd) + "/" + num(r.sd_b)).c_str() : num(r.sd).c_str(),
                   num(r.effect).c_str(), seeds_text(r.seeds_effect, plan.max_seeds).c_str(), num(r.margin).c_str(),
                   seeds_text(r.seeds_margin, plan.max_seeds).c_str());
-    out << line << (r.why.empty() ? "" : "  (" + r.why + ")") << "\n";
+    out << line << (r.why.empty() ? "" : "  (" + r.why + ")")
+        << (r.equivalence && r.why.empty() ? "  (equivalence: two one-sided tests, a true difference of 0)" : "")
+        << "\n";
   }
   out << "\n";
   if (plan.seeds > 0)
@@ -130,7 +137,9 @@ std::string plan_toml(const SeedPlan& plan, const std::string& pilot) {
     if (r.seeds_effect >= 0)
       out << "; the paper's effect " << fmt("%+.4g", r.effect) << " -> " << seeds_text(r.seeds_effect, plan.max_seeds);
     if (r.seeds_margin >= 0)
-      out << "; margin " << fmt("%.4g", r.margin) << " -> " << seeds_text(r.seeds_margin, plan.max_seeds);
+      out << (r.equivalence ? "; equivalence within +-" : "; margin ") << fmt("%.4g", r.margin) << " -> "
+          << seeds_text(r.seeds_margin, plan.max_seeds)
+          << (r.equivalence ? " (two one-sided tests, a true difference of 0)" : "");
     out << "\n";
   }
   if (plan.seeds == 0) return out.str() + "# nothing planned: the matrix's seeds are unchanged\n";

@@ -15,8 +15,8 @@ struct SeedPlanOptions {
   int max_seeds = 50;  // a comparison needing more is named, not planned for
 };
 
-// One compare row of the pilot: what it will be tested on, and the seeds it
-// needs.
+// One compare or equivalent row of the pilot: what it will be tested on,
+// and the seeds it needs.
 struct SeedPlanRow {
   std::string claim, task;
   std::string test;         // "paired" or "Welch", as the pilot's comparison ran
@@ -26,7 +26,10 @@ struct SeedPlanRow {
   double margin = NAN;      // the smallest difference of interest, as stored
   int seeds_effect = -1;    // seeds for `power` against the effect: -1 not asked, 0 more than max_seeds
   int seeds_margin = -1;    // the same against the margin
-  std::string why;          // why a row has no plan ("no spread in the pilot", "not enough seeds in the pilot")
+  // An equivalent claim: seeds_margin is for two one-sided tests to show a
+  // true difference of 0 within the margin.
+  bool equivalence = false;
+  std::string why;  // why a row has no plan ("no spread in the pilot", "not enough seeds in the pilot")
 };
 
 struct SeedPlan {

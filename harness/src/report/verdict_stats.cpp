@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 
 #include <boost/math/distributions/non_central_t.hpp>
 #include <boost/math/distributions/students_t.hpp>
@@ -94,21 +95,49 @@ double t_test_power(double effect, double se, double df, double alpha) {
   return boost::math::cdf(boost::math::complement(shifted, critical)) + boost::math::cdf(shifted, -critical);
 }
 
-int seeds_for_power(double effect, bool paired, double sd_or_sd_a, double sd_b, double alpha, double power,
-                    int max_seeds) {
+namespace {
+
+// The standard error and degrees of freedom of n seeds' test: paired from
+// the differences' standard deviation, else Welch from each side's.
+std::pair<double, double> se_df_for(int n, bool paired, double sd_or_sd_a, double sd_b) {
+  if (paired) return {sd_or_sd_a / std::sqrt(static_cast<double>(n)), n - 1.0};
+  const double wa = sd_or_sd_a * sd_or_sd_a / n, wb = sd_b * sd_b / n;
+  const double se = std::sqrt(wa + wb);
+  const double df = se > 0 ? (wa + wb) * (wa + wb) / (wa * wa / (n - 1) + wb * wb / (n - 1)) : 2.0 * (n - 1);
+  return {se, df};
+}
+
+template <class Power>
+int fewest_seeds(bool paired, double sd_or_sd_a, double sd_b, double power, int max_seeds, Power&& power_at) {
   for (int n = kMinSeedsPerSide; n <= max_seeds; ++n) {
-    double se = 0, df = 0;
-    if (paired) {
-      se = sd_or_sd_a / std::sqrt(static_cast<double>(n));
-      df = n - 1;
-    } else {
-      const double wa = sd_or_sd_a * sd_or_sd_a / n, wb = sd_b * sd_b / n;
-      se = std::sqrt(wa + wb);
-      df = se > 0 ? (wa + wb) * (wa + wb) / (wa * wa / (n - 1) + wb * wb / (n - 1)) : 2.0 * (n - 1);
-    }
-    if (t_test_power(effect, se, df, alpha) >= power) return n;
+    const auto [se, df] = se_df_for(n, paired, sd_or_sd_a, sd_b);
+    if (power_at(se, df) >= power) return n;
   }
   return 0;
+}
+
+}  // namespace
+
+int seeds_for_power(double effect, bool paired, double sd_or_sd_a, double sd_b, double alpha, double power,
+                    int max_seeds) {
+  return fewest_seeds(paired, sd_or_sd_a, sd_b, power, max_seeds,
+                      [&](double se, double df) { return t_test_power(effect, se, df, alpha); });
+}
+
+double tost_power(double margin, double se, double df, double alpha) {
+  if (!(se > 0) || !(df > 0) || !(margin > 0)) return std::numeric_limits<double>::quiet_NaN();
+  const double critical = t_upper_quantile(df, alpha);
+  const boost::math::non_central_t shifted(df, margin / se);
+  // Each one-sided test rejects with P(T' > t), T' non-central by margin /
+  // se (the two are mirror images at a true difference of 0); both reject
+  // with at least the sum of the two less 1.
+  return std::max(0.0, 2 * boost::math::cdf(boost::math::complement(shifted, critical)) - 1);
+}
+
+int seeds_for_equivalence(double margin, bool paired, double sd_or_sd_a, double sd_b, double alpha, double power,
+                          int max_seeds) {
+  return fewest_seeds(paired, sd_or_sd_a, sd_b, power, max_seeds,
+                      [&](double se, double df) { return tost_power(margin, se, df, alpha); });
 }
 
 Difference welch_difference(const std::vector<double>& a, const std::vector<double>& b) {
