@@ -291,6 +291,10 @@ TEST_CASE("claims: an equivalent claim holds inside its margin by two one-sided 
   CHECK(within.lo == Approx(s.mean - q95 * s.se).epsilon(1e-6));
   CHECK_THAT(within.measured, Catch::Matchers::StartsWith("bf16 " + shown("%.2f%%", 100 * 0.8008) + " vs fp32 "));
   CHECK_THAT(within.measured, Catch::Matchers::EndsWith("; " + within.equivalence));
+  // Its p is the two one-sided tests'; none against zero is shown.
+  CHECK(std::isnan(within.p_adjusted));
+  CHECK_THAT(within.measured, !Catch::Matchers::Contains("adjusted p = " + shown("%.3f", s.mean)));
+  CHECK_THAT(within.measured, Catch::Matchers::Contains("paired by seed, d_z = "));
   // Within a tenth of a point: not shown, and not ruled out either (the 95%
   // interval holds 0).
   REQUIRE(s.mean - q95 * s.se < 0);
@@ -321,6 +325,21 @@ TEST_CASE("claims: an equivalent claim holds inside its margin by two one-sided 
   CHECK_THAT(csv.str(), Catch::Matchers::Contains("\nsame,equivalent,holds,,lm,token_ppl,fast,slow,4,4,"));
   CHECK_THAT(csv.str(), Catch::Matchers::Contains(",paired,3," + report::number_cell(row.test->p) + ","));
   CHECK_THAT(csv.str(), Catch::Matchers::Contains("," + report::number_cell(row.equivalence_p) + ",holds,"));
+  // A report with such a claim says above its claims table how it is decided.
+  d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
+  const std::string claims =
+      d.write("same.toml",
+              "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"same\"\ntext = \"fast matches slow\"\n"
+              "kind = \"equivalent\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\nmargin = 10\n");
+  const auto out =
+      test::run_chiar({"report", lm, "--out", d.path() + "/r/e", "--baseline", "slow", "--claims", claims});
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+  const std::string md = test::read_text(d.path() + "/r/e.md");
+  CHECK_THAT(md, Catch::Matchers::Contains("An equivalence (the two variants within the claim's margin) holds when two "
+                                           "one-sided tests at the same adjusted level both reject"));
+  CHECK_THAT(md, Catch::Matchers::Contains("equivalent within ±10.00 (two one-sided tests, adjusted p "));
+  CHECK_THAT(md, Catch::Matchers::Contains("| **holds** |"));
 }
 
 TEST_CASE("seed planning for equivalence: two one-sided tests' power against simulated designs", "[report][claims]") {

@@ -476,7 +476,8 @@ void decide_equivalent(TaskTest& row, const ClaimSpec& c, const ClaimsTable& tab
   const Interval at = interval_at(d, table.confidence);
   row.lo = at.lo;
   row.hi = at.hi;
-  row.p_adjusted = std::min(1.0, d.p * table.tests);
+  // No adjusted p against zero: the verdict is the two one-sided tests',
+  // and their p is the one the row shows.
   row.equivalence = equivalence_of(row, c, table);
   const double margin = c.margin / metric_info(row.metric)->scale;
   if (row.equivalence_p < kAlpha)
@@ -609,7 +610,7 @@ std::string describe_compare(const TaskTest& row) {
   if (row.no_spread) return out + ", no p-value";
   if (std::isfinite(row.boundary))
     out += ", " + p_text(d.p) + (d.p < row.boundary ? " < " : " >= ") + fmt("boundary %.3g", row.boundary);
-  else
+  else if (std::isfinite(row.p_adjusted))
     out += ", adjusted " + p_text(row.p_adjusted);
   if (!std::isnan(d.effect)) out += fmt(d.paired ? ", d_z = %+.2f" : ", g = %+.2f", d.effect);
   for (const std::string* part : {&row.paper_effect, &row.equivalence})

@@ -222,6 +222,8 @@ void write_other_charts(Pages& p, const std::vector<Chart>& charts, const std::s
 
 // How the claims table decides, stated once above it.
 std::string claims_method(const ClaimsTable& t) {
+  const bool equivalence =
+      std::any_of(t.claims.begin(), t.claims.end(), [](const Claim& c) { return c.kind == "equivalent"; });
   const std::string level =
       t.tests == 0
           ? std::string("No row here has a spread to test, so no interval is adjusted.")
@@ -236,8 +238,15 @@ std::string claims_method(const ClaimsTable& t) {
          " of them, else Welch's t, with an effect size (d_z paired, Hedges' g unpaired). " + level +
          " A row is decided exactly when its interval is: a comparison when it excludes zero, a reduction when "
          "it lies inside or wholly outside the claim's tolerance band, a share (taken on the logit scale, so it "
-         "stays within 0-100%) when it lies on one side of the threshold. Runs identical across seeds have no "
-         "p-value and decide nothing, except FLOP counts, which are exact. Fewer than " +
+         "stays within 0-100%) when it lies on one side of the threshold." +
+         (equivalence ? std::string(" An equivalence (the two variants within the claim's margin) holds when two "
+                                    "one-sided tests at the same adjusted level both reject (the narrower interval "
+                                    "at 1 - 2 x 0.05 / m lies inside the margin), and does not hold when the "
+                                    "interval shown lies wholly outside the margin; whether that interval holds "
+                                    "zero does not decide it.")
+                      : std::string()) +
+         " Runs identical across seeds have no p-value and decide nothing, except FLOP counts, which are exact. "
+         "Fewer than " +
          std::to_string(kMinSeedsPerSide) +
          " finished seeds on a side give no verdict, and no task drops out of a claim: it reads \"not enough "
          "seeds\", naming what it lacks. Over several tasks a claim holds (or does not) when every task says so, "

@@ -94,7 +94,7 @@ std::string plan_table(const SeedPlan& plan) {
   std::ostringstream out;
   out << "Seeds for " << fmt("%.0f%%", 100 * plan.power) << " power at alpha 0.05 / " << plan.tests << " = "
       << fmt("%.4g", plan.alpha) << " per comparison (Bonferroni over the report's " << plan.tests
-      << " rows), two-sided\n\n";
+      << " rows), two-sided; for an equivalent claim each of its two one-sided tests at that alpha\n\n";
   char line[512];
   std::snprintf(line, sizeof line, "%-36s %-16s %-7s %6s %12s %12s %7s %12s %7s\n", "claim", "task", "test", "pilot",
                 "sd", "effect", "seeds", "margin", "seeds");
