@@ -241,6 +241,8 @@ TEST_CASE("claims: the paper's effect inside or outside our interval; equivalenc
   // Within a tenth of a point it is not shown: the 90% interval is wider.
   REQUIRE(s.mean + q90 * s.se > 0.001);
   CHECK_THAT(judge(35.5, 0.1).equivalence, Catch::Matchers::StartsWith("not shown equivalent within ±0.10 pp"));
+  // A margin below the metric's decimals is shown with the digits it needs.
+  CHECK_THAT(judge(35.5, 0.004).equivalence, Catch::Matchers::StartsWith("not shown equivalent within ±0.004 pp"));
 
   // A ratio: perplexity 0.86 of the other's against the paper's 0.5485.
   const std::string lm = store_of(d, "r.db", {{"lm", {{"fast", kFast}, {"slow", kSlow}}}}, "token_ppl");

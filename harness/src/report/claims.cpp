@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -364,8 +365,11 @@ std::string equivalence_of(TaskTest& row, const ClaimSpec& c, const ClaimsTable&
   if (!std::isfinite(c.margin)) return "";
   const MetricInfo& m = *metric_info(row.metric);
   row.equivalence_p = std::min(1.0, tost_p(*row.test, c.margin / m.scale) * table.tests);
-  // The margin is in shown units already; its size without the sign.
-  const std::string band = "within ±" + shown_difference(m, c.margin / m.scale).substr(1);
+  // The margin is in shown units already: at the metric's decimals, or as
+  // many more as it takes not to read as 0 (a margin of 0.004 perplexity).
+  std::string size = shown_difference(m, c.margin / m.scale).substr(1);
+  if (std::strtod(size.c_str(), nullptr) == 0) size = fmt("%.2g", c.margin) + (m.scale == 100 ? " pp" : "");
+  const std::string band = "within ±" + size;
   const std::string how = " (two one-sided tests, adjusted " + p_text(row.equivalence_p) + ")";
   return (row.equivalence_p < kAlpha ? "equivalent " : "not shown equivalent ") + band + how;
 }
