@@ -119,17 +119,39 @@ std::string store_of(const TempDir& d, const std::string& name, const Values& va
   return db;
 }
 
-report::ClaimSpec compare(const std::string& a, const std::string& b, const std::string& metric,
-                          const std::string& better) {
+// A claim of `kind` about a and b on every task.
+report::ClaimSpec claim_about(const std::string& kind, const std::string& a, const std::string& b,
+                              const std::string& metric, const std::string& better) {
   report::ClaimSpec c;
-  c.id = a + "_beats_" + b;
-  c.text = a + " beats " + b;
-  c.kind = "compare";
+  c.id = a + "_" + kind + "_" + b;
+  c.text = a + " " + kind + " " + b;
+  c.kind = kind;
   c.task = "*";
   c.variants = {a, b};
   c.metrics = {metric};
   c.better = {better};
   return c;
+}
+
+report::ClaimSpec compare(const std::string& a, const std::string& b, const std::string& metric,
+                          const std::string& better) {
+  auto c = claim_about("compare", a, b, metric, better);
+  c.id = a + "_beats_" + b;
+  c.text = a + " beats " + b;
+  return c;
+}
+
+// `chiar report` of db with a claims file of `body` (its [[claims]] tables,
+// over the variants fast and slow) into d/r/name; what it printed.
+std::string report_with_claims(const TempDir& d, const std::string& db, const std::string& name,
+                               const std::string& body) {
+  d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
+  const std::string claims = d.write(name + ".toml", "include = [\"variants.toml\"]\n\n" + body);
+  const auto out =
+      test::run_chiar({"report", db, "--out", d.path() + "/r/" + name, "--baseline", "slow", "--claims", claims});
+  INFO(out.output);
+  REQUIRE(out.status == 0);
+  return out.output;
 }
 
 const std::vector<double> kFast = {30.1, 31.5, 29.8, 30.6}, kSlow = {35.2, 36.9, 34.1, 35.5};
@@ -266,14 +288,8 @@ TEST_CASE("claims: an equivalent claim holds inside its margin by two one-sided 
   TempDir d("claims-equivalent");
   const std::vector<double> a = {0.801, 0.812, 0.795, 0.806, 0.790}, b = {0.798, 0.809, 0.799, 0.803, 0.792};
   const std::string db = store_of(d, "e.db", {{"cls", {{"bf16", a}, {"fp32", b}}}}, "accuracy");
-  report::ClaimSpec c;
+  auto c = claim_about("equivalent", "bf16", "fp32", "accuracy", "");
   c.id = "same";
-  c.text = "bf16 matches fp32";
-  c.kind = "equivalent";
-  c.task = "*";
-  c.variants = {"bf16", "fp32"};
-  c.metrics = {"accuracy"};
-  c.better = {""};
   const Sample s = paired(a, b);
   const double q90 = t_quantile(0.05, s.df), q95 = t_quantile(0.025, s.df);
   const auto judge = [&](double margin) {
@@ -328,15 +344,9 @@ TEST_CASE("claims: an equivalent claim holds inside its margin by two one-sided 
   CHECK_THAT(csv.str(), Catch::Matchers::Contains(",paired,3," + report::number_cell(row.test->p) + ","));
   CHECK_THAT(csv.str(), Catch::Matchers::Contains("," + report::number_cell(row.equivalence_p) + ",holds,"));
   // A report with such a claim says above its claims table how it is decided.
-  d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
-  const std::string claims =
-      d.write("same.toml",
-              "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"same\"\ntext = \"fast matches slow\"\n"
-              "kind = \"equivalent\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\nmargin = 10\n");
-  const auto out =
-      test::run_chiar({"report", lm, "--out", d.path() + "/r/e", "--baseline", "slow", "--claims", claims});
-  INFO(out.output);
-  REQUIRE(out.status == 0);
+  report_with_claims(d, lm, "e",
+                     "[[claims]]\nid = \"same\"\ntext = \"fast matches slow\"\nkind = \"equivalent\"\n"
+                     "variants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\nmargin = 10\n");
   const std::string md = test::read_text(d.path() + "/r/e.md");
   CHECK_THAT(md, Catch::Matchers::Contains("An equivalence (the two variants within the claim's margin) holds when two "
                                            "one-sided tests at the same adjusted level both reject"));
@@ -706,18 +716,13 @@ TEST_CASE("seed planning: seeds for 80% power against textbook values", "[report
 TEST_CASE("chiar report --claims: a user's claim end to end, with its export", "[report][claims]") {
   TempDir d("user-claims");
   const std::string db = store_of(d, "u.db", {{"lm", {{"fast", kFast}, {"slow", kSlow}}}}, "token_ppl");
-  d.write("variants.toml", "[variants.fast]\n[variants.slow]\n");
-  const std::string claims =
-      d.write("mine.toml",
-              "include = [\"variants.toml\"]\n\n[[claims]]\nid = \"mine\"\ntext = \"fast beats slow\"\n"
-              "kind = \"compare\"\ntask = \"lm\"\nvariants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\n"
-              "better = \"lower\"\npaper = [10, 20]\neffect_ratio = 0.5\n");
-  const auto out =
-      test::run_chiar({"report", db, "--out", d.path() + "/r/u", "--baseline", "slow", "--claims", claims});
-  INFO(out.output);
-  REQUIRE(out.status == 0);
-  CHECK_THAT(out.output, Catch::Matchers::Contains("the claims table as " + d.path() + "/r/u-claims.csv and " +
-                                                   d.path() + "/r/u-claims.json"));
+  const std::string output = report_with_claims(
+      d, db, "u",
+      "[[claims]]\nid = \"mine\"\ntext = \"fast beats slow\"\nkind = \"compare\"\ntask = \"lm\"\n"
+      "variants = [\"fast\", \"slow\"]\nmetric = \"token_ppl\"\nbetter = \"lower\"\npaper = [10, 20]\n"
+      "effect_ratio = 0.5\n");
+  CHECK_THAT(output, Catch::Matchers::Contains("the claims table as " + d.path() + "/r/u-claims.csv and " + d.path() +
+                                               "/r/u-claims.json"));
   const std::string md = test::read_text(d.path() + "/r/u.md");
   CHECK_THAT(md, Catch::Matchers::Contains("1 row has a spread to test. Every interval shown is simultaneous: each at "
                                            "95.00% (Bonferroni over 1 test)"));

@@ -422,31 +422,43 @@ bool testable(TaskTest& row, const char* nan_note) {
   return false;
 }
 
+// A difference every seed gives alike has no spread to test it against: the
+// row is inconclusive, and says why.
+bool undecided_without_spread(TaskTest& row) {
+  const Difference& d = *row.test;
+  if (d.se > 0) return false;
+  row.no_spread = true;
+  row.lo = row.hi = d.diff;
+  row.verdict = v::kInconclusive;
+  row.note =
+      "identical across seeds: every seed gives the same difference, so there is no spread to test it "
+      "against and no p-value";
+  return true;
+}
+
+// The row's interval at the table's simultaneous level.
+Interval simultaneous_interval(TaskTest& row, const ClaimsTable& table) {
+  row.confidence = table.confidence;
+  const Interval at = interval_at(*row.test, table.confidence);
+  row.lo = at.lo;
+  row.hi = at.hi;
+  return at;
+}
+
 void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
                     const SequentialLookState* look = nullptr, int rounds = 0) {
   if (!testable(row, "a metric is NaN")) return;
   const Difference& d = *row.test;
   const int sign = paper_sign(c);
   if (sign) row.direction = "undecided";
-  if (!(d.se > 0)) {
-    row.no_spread = true;
-    row.lo = row.hi = d.diff;
-    row.verdict = v::kInconclusive;
-    row.note =
-        "identical across seeds: every seed gives the same difference, so there is no spread to test it "
-        "against and no p-value";
-    return;
-  }
+  if (undecided_without_spread(row)) return;
   if (look) {
     decide_sequential(row, c, *look, rounds);
     row.paper_effect = against_paper_effect(row, c);
     if (std::isfinite(c.margin)) row.equivalence = "equivalence not tested on a row a sequential design decides";
     return;
   }
-  row.confidence = table.confidence;
-  const Interval at = interval_at(d, table.confidence);
-  row.lo = at.lo;
-  row.hi = at.hi;
+  const Interval at = simultaneous_interval(row, table);
   // Bonferroni: p m < alpha exactly when the interval at 1 - alpha / m
   // excludes zero, so the p-value and the interval never disagree.
   row.p_adjusted = std::min(1.0, d.p * table.tests);
@@ -465,21 +477,8 @@ void decide_compare(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table,
 // at the table's level put the difference inside it, does not hold where
 // the simultaneous interval lies wholly outside it, and is open otherwise.
 void decide_equivalent(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
-  if (!testable(row, "a metric is NaN")) return;
-  const Difference& d = *row.test;
-  if (!(d.se > 0)) {
-    row.no_spread = true;
-    row.lo = row.hi = d.diff;
-    row.verdict = v::kInconclusive;
-    row.note =
-        "identical across seeds: every seed gives the same difference, so there is no spread to test it "
-        "against and no p-value";
-    return;
-  }
-  row.confidence = table.confidence;
-  const Interval at = interval_at(d, table.confidence);
-  row.lo = at.lo;
-  row.hi = at.hi;
+  if (!testable(row, "a metric is NaN") || undecided_without_spread(row)) return;
+  const Interval at = simultaneous_interval(row, table);
   // No adjusted p against zero: the verdict is the two one-sided tests',
   // and their p is the one the row shows.
   row.equivalence = equivalence_of(row, c, table);
