@@ -359,17 +359,26 @@ std::string against_paper_effect(const TaskTest& row, const ClaimSpec& c) {
   return ours + fmt(", compatible with the paper's %.4g", c.effect_ratio);
 }
 
+// A margin (in shown units) at the metric's decimals, or with as many more
+// as it takes to be within 1% of itself: 0.005 perplexity is not "0.01".
+std::string margin_text(const MetricInfo& m, double margin) {
+  int decimals = 0;
+  std::sscanf(m.difference, "%%+.%df", &decimals);
+  std::string text;
+  for (;; ++decimals) {
+    text = fmt(("%." + std::to_string(decimals) + "f").c_str(), margin);
+    if (decimals >= 12 || std::abs(std::strtod(text.c_str(), nullptr) - margin) <= 0.01 * margin) break;
+  }
+  return text + (m.scale == 100 ? " pp" : "");
+}
+
 // Two one-sided tests at the table's level: is the difference inside
 // (-margin, +margin)?
 std::string equivalence_of(TaskTest& row, const ClaimSpec& c, const ClaimsTable& table) {
   if (!std::isfinite(c.margin)) return "";
   const MetricInfo& m = *metric_info(row.metric);
   row.equivalence_p = std::min(1.0, tost_p(*row.test, c.margin / m.scale) * table.tests);
-  // The margin is in shown units already: at the metric's decimals, or as
-  // many more as it takes not to read as 0 (a margin of 0.004 perplexity).
-  std::string size = shown_difference(m, c.margin / m.scale).substr(1);
-  if (std::strtod(size.c_str(), nullptr) == 0) size = fmt("%.2g", c.margin) + (m.scale == 100 ? " pp" : "");
-  const std::string band = "within ±" + size;
+  const std::string band = "within ±" + margin_text(m, c.margin);
   const std::string how = " (two one-sided tests, adjusted " + p_text(row.equivalence_p) + ")";
   return (row.equivalence_p < kAlpha ? "equivalent " : "not shown equivalent ") + band + how;
 }

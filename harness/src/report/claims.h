@@ -85,7 +85,7 @@ struct TaskTest {
   double lo = NAN, hi = NAN;          // at the report's simultaneous level
   double p_adjusted = NAN;            // compare: Bonferroni-adjusted p; NaN without a test or where a design decides
   double p_holm = NAN;                // compare: Holm-adjusted p, for the export
-  double equivalence_p = NAN;         // compare with a margin: TOST p, Bonferroni-adjusted
+  double equivalence_p = NAN;         // equivalent, or compare with a margin: TOST p, Bonferroni-adjusted
   double boundary = NAN;              // compare decided by a sequential design: its look's boundary p
   double confidence = NAN;            // the level of lo and hi: the table's, or 1 - boundary
   std::string verdict;                // a verdict:: word other than the combined-only ones

@@ -239,12 +239,13 @@ std::string claims_method(const ClaimsTable& t) {
          " A row is decided exactly when its interval is: a comparison when it excludes zero, a reduction when "
          "it lies inside or wholly outside the claim's tolerance band, a share (taken on the logit scale, so it "
          "stays within 0-100%) when it lies on one side of the threshold." +
-         (equivalence ? std::string(" An equivalence (the two variants within the claim's margin) holds when two "
-                                    "one-sided tests at the same adjusted level both reject (the narrower interval "
-                                    "at 1 - 2 x 0.05 / m lies inside the margin), and does not hold when the "
-                                    "interval shown lies wholly outside the margin; whether that interval holds "
-                                    "zero does not decide it.")
-                      : std::string()) +
+         (equivalence && t.tests > 0
+              ? " An equivalence (the two variants within the claim's margin) holds when two one-sided tests at "
+                "the same adjusted level both reject (the narrower interval at " +
+                    fixed(100 * (2 * t.confidence - 1), 2) +
+                    "% lies inside the margin), and does not hold when the interval shown lies wholly outside "
+                    "the margin; whether that interval holds zero does not decide it."
+              : std::string()) +
          " Runs identical across seeds have no p-value and decide nothing, except FLOP counts, which are exact. "
          "Fewer than " +
          std::to_string(kMinSeedsPerSide) +
