@@ -38,12 +38,23 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-std::string shown(const MetricInfo& m, double value) { return fmt(m.format, value * m.scale); }
+// value with `decimals` digits after the point, signed when asked.
+std::string fixed_point(double value, int decimals, bool sign = false) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, sign ? "%+.*f" : "%.*f", decimals, value);
+  return buf;
+}
+
+bool is_percent(const MetricInfo& m) { return m.scale == 100; }
+
+std::string shown(const MetricInfo& m, double value) {
+  return fixed_point(value * m.scale, m.decimals) + (is_percent(m) ? "%" : "");
+}
 
 // A difference in the metric's shown units, to its decimals: percentage
 // points for a percentage.
 std::string shown_difference(const MetricInfo& m, double value) {
-  return fmt(m.difference, value * m.scale) + (m.scale == 100 ? " pp" : "");
+  return fixed_point(value * m.scale, m.decimals, /*sign=*/true) + (is_percent(m) ? " pp" : "");
 }
 
 bool is_pattern(const std::string& task) { return task.find_first_of("*?[") != std::string::npos; }
@@ -362,14 +373,11 @@ std::string against_paper_effect(const TaskTest& row, const ClaimSpec& c) {
 // A margin (in shown units) at the metric's decimals, or with as many more
 // as it takes to be within 1% of itself: 0.005 perplexity is not "0.01".
 std::string margin_text(const MetricInfo& m, double margin) {
-  int decimals = 0;
-  std::sscanf(m.difference, "%%+.%df", &decimals);
-  std::string text;
-  for (;; ++decimals) {
-    text = fmt(("%." + std::to_string(decimals) + "f").c_str(), margin);
-    if (decimals >= 12 || std::abs(std::strtod(text.c_str(), nullptr) - margin) <= 0.01 * margin) break;
-  }
-  return text + (m.scale == 100 ? " pp" : "");
+  int decimals = m.decimals;
+  std::string text = fixed_point(margin, decimals);
+  while (decimals < 12 && std::abs(std::strtod(text.c_str(), nullptr) - margin) > 0.01 * margin)
+    text = fixed_point(margin, ++decimals);
+  return text + (is_percent(m) ? " pp" : "");
 }
 
 // Two one-sided tests at the table's level: is the difference inside

@@ -189,11 +189,8 @@ bool claim_is_about(const ClaimSpec& claim, const std::string& task, const std::
 // The metrics a claim may name, and how the report shows each.
 struct MetricInfo {
   const char* name;
-  double scale;        // stored value -> shown value
-  const char* format;  // printf format of the shown value
-  // printf format of a difference of shown values, to the value's decimals
-  // (percentage points for a percentage)
-  const char* difference;
+  double scale;      // stored value -> shown value
+  int decimals;      // of a shown value and of a difference of two (a percent, percentage points, at scale 100)
   const char* unit;  // after a reduction's values
   bool exact;        // the same on every seed by construction (FLOP counts)
 };

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <set>
 
 #include <boost/dll/runtime_symbol_info.hpp>
@@ -16,13 +18,13 @@ namespace chiar::report {
 namespace {
 
 const MetricInfo kMetrics[] = {
-    {"token_ppl", 1, "%.2f", "%+.2f", "", false},
-    {"word_ppl", 1, "%.2f", "%+.2f", "", false},
-    {"bits_per_byte", 1, "%.4f", "%+.4f", "", false},
-    {"accuracy", 100, "%.2f%%", "%+.2f", "", false},
-    {"attention_gflops", 1, "%.4f", "%+.4f", " GFLOPs per sequence", true},
-    {"total_gflops", 1, "%.4f", "%+.4f", " GFLOPs per sequence", true},
-    {"share", 100, "%.1f%%", "%+.1f", "", false},
+    {"token_ppl", 1, 2, "", false},
+    {"word_ppl", 1, 2, "", false},
+    {"bits_per_byte", 1, 4, "", false},
+    {"accuracy", 100, 2, "", false},
+    {"attention_gflops", 1, 4, " GFLOPs per sequence", true},
+    {"total_gflops", 1, 4, " GFLOPs per sequence", true},
+    {"share", 100, 1, "", false},
 };
 
 const char* const kKinds[] = {"compare", "equivalent", "reduction", "share"};
@@ -88,12 +90,13 @@ std::string text(const toml::node& n, const std::string& key) {
   return n.as_string()->get();
 }
 
-// A compare claim's `effect` or `effect_ratio`, and `margin`.
+// A compare or equivalent claim's `margin`.
 void read_margin(const toml::node& m, const std::string& key, ClaimSpec& c) {
   c.margin = number(m, key);
   if (!(c.margin > 0)) fail(m, key, "expected a margin above 0");
 }
 
+// A compare claim's `effect` or `effect_ratio`, and `margin`.
 void read_effect(const toml::table& t, const std::string& path, ClaimSpec& c) {
   const auto key = [&](const std::string& k) { return path + "." + k; };
   const toml::node* effect = t.get("effect");
@@ -210,17 +213,21 @@ class ClaimReader {
       if (!a) fail(*p, key("paper"), "expected a list of numbers");
       for (const auto& item : *a) c_.paper.push_back(number(item, key("paper")));
     }
-    const auto only = [&](const char* k, const std::string& kind_of_key) {
-      if (const toml::node* n = t_.get(k); n && c_.kind != kind_of_key)
-        fail(*n, key(k), "only a " + kind_of_key + " claim takes it");
+    // A key that only the given kinds take: "only a compare or an equivalent claim takes it".
+    const auto only = [&](const char* k, std::initializer_list<const char*> kinds) {
+      const toml::node* n = t_.get(k);
+      if (!n || std::find(kinds.begin(), kinds.end(), c_.kind) != kinds.end()) return;
+      std::string which;
+      for (const char* kind : kinds)
+        which += std::string(which.empty() ? "" : " or ") + (std::strchr("aeiou", kind[0]) ? "an " : "a ") + kind;
+      fail(*n, key(k), "only " + which + " claim takes it");
     };
-    for (const char* k : {"effect", "effect_ratio"}) only(k, "compare");
-    if (const toml::node* n = t_.get("margin"); n && c_.kind != "compare" && c_.kind != "equivalent")
-      fail(*n, key("margin"), "only a compare or an equivalent claim takes it");
-    for (const char* k : {"reduction", "tolerance"}) only(k, "reduction");
+    for (const char* k : {"effect", "effect_ratio"}) only(k, {"compare"});
+    only("margin", {"compare", "equivalent"});
+    for (const char* k : {"reduction", "tolerance"}) only(k, {"reduction"});
     if (c_.kind == "compare") read_effect(t_, path_, c_);
     if (c_.kind == "equivalent") read_margin(required("margin"), key("margin"), c_);
-    for (const char* k : {"operator", "role", "threshold"}) only(k, "share");
+    for (const char* k : {"operator", "role", "threshold"}) only(k, {"share"});
     if (c_.kind == "reduction") read_reduction();
     if (c_.kind == "share") read_share();
   }
