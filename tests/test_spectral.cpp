@@ -30,6 +30,19 @@ TEST_CASE("dct_basis equals the definition and is orthonormal", "[spectral]") {
   }
 }
 
+// A weight of its own: products that keep a bf16 or packed copy per weight
+// (chiar::linear under bf16 products) find the same tensor every call.
+TEST_CASE("idct_basis is B^T, contiguous, and the same tensor every call", "[spectral]") {
+  for (int64_t d : kSizes) {
+    INFO("d " << d);
+    const auto bt = idct_basis(d, at::kFloat, at::kCPU);
+    CHECK(bt.is_contiguous());
+    CHECK(at::equal(bt, dct_basis(d, at::kFloat, at::kCPU).t()));
+    CHECK(idct_basis(d, at::kFloat, at::kCPU).unsafeGetTensorImpl() == bt.unsafeGetTensorImpl());
+    CHECK(rel_error(idct_basis(d, at::kDouble, at::kCPU), test::ref::dct_matrix(d).t()) < 1e-13);
+  }
+}
+
 TEST_CASE("dct2 matches the float64 definition", "[spectral]") {
   at::manual_seed(1);
   for (auto impl : kImpls)

@@ -87,7 +87,7 @@ class DctOperator final : public Operator {
     // every element; chiar_bench: dct/fwd/*); with them that would
     // cost a weight-gradient product, so the filter stays elementwise.
     // FLOPs are counted per element either way, as the definition has them.
-    const auto basis_t = dct_basis(d_, c.scalar_type(), c.device()).t();  // (d, d) = B^T
+    const auto basis_t = idct_basis(d_, c.scalar_type(), c.device());  // (d, d) = B^T
     if (at::GradMode::is_enabled() && (filter_.requires_grad() || c.requires_grad()))
       return norm_.output(chiar::linear(c * filter_, basis_t, {}, x));
     return norm_.output(chiar::linear(c, basis_t * filter_, {}, x));

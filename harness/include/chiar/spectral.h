@@ -21,6 +21,10 @@ CHIAR_API DctImpl resolve_dct_impl(DctImpl impl, int64_t d);
 // Orthonormal DCT-II basis B (d, d): B[k][n] = s_k cos(pi (2n+1) k / (2d)),
 // s_0 = sqrt(1/d), s_k = sqrt(2/d). Cached per (d, dtype, device); built in float64.
 CHIAR_API at::Tensor dct_basis(int64_t d, at::ScalarType dtype, at::Device device);
+// B^T (d, d), contiguous and cached likewise: the inverse's basis, idct2(c) =
+// c B. A weight of its own, not a view of B, so that products keeping copies
+// per weight (bf16 copies, packed layouts) make them once, not per call.
+CHIAR_API at::Tensor idct_basis(int64_t d, at::ScalarType dtype, at::Device device);
 
 // Orthonormal DCT-II along the last axis: (..., d) -> (..., d). Differentiable.
 CHIAR_API at::Tensor dct2(const at::Tensor& x, DctImpl impl = DctImpl::Auto);

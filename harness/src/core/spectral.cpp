@@ -114,25 +114,38 @@ DctImpl resolve_dct_impl(DctImpl impl, int64_t d) {
   return d >= kFftFromD ? DctImpl::Fft : DctImpl::Gemm;
 }
 
-at::Tensor dct_basis(int64_t d, at::ScalarType dtype, at::Device device) {
-  using Key = std::tuple<int64_t, int, std::string>;
+namespace {
+
+// B, or B^T contiguous, per (d, dtype, device), built once in float64.
+at::Tensor cached_basis(int64_t d, at::ScalarType dtype, at::Device device, bool transposed) {
+  using Key = std::tuple<int64_t, int, std::string, bool>;
   static std::mutex mutex;
   static std::map<Key, at::Tensor> cache;
-  const Key key{d, static_cast<int>(dtype), device.str()};
+  const Key key{d, static_cast<int>(dtype), device.str(), transposed};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
 
-  auto basis = at::empty({d, d}, at::TensorOptions().dtype(at::kDouble));
+  auto basis = at::empty({d, d}, at::TensorOptions().dtype(at::kDouble));  // (d, d) = B
   auto acc = basis.accessor<double, 2>();
   const double dd = static_cast<double>(d);
   for (int64_t k = 0; k < d; ++k) {
     const double s = std::sqrt((k == 0 ? 1.0 : 2.0) / dd);
     for (int64_t n = 0; n < d; ++n) acc[k][n] = s * std::cos(M_PI * static_cast<double>((2 * n + 1) * k) / (2.0 * dd));
   }
-  auto out = basis.to(device, dtype).contiguous();
+  auto out = (transposed ? basis.t() : basis).to(device, dtype).contiguous();
   cache.emplace(key, out);
   return out;
+}
+
+}  // namespace
+
+at::Tensor dct_basis(int64_t d, at::ScalarType dtype, at::Device device) {
+  return cached_basis(d, dtype, device, /*transposed=*/false);
+}
+
+at::Tensor idct_basis(int64_t d, at::ScalarType dtype, at::Device device) {
+  return cached_basis(d, dtype, device, /*transposed=*/true);
 }
 
 at::Tensor dct2(const at::Tensor& x, DctImpl impl) {
@@ -155,7 +168,7 @@ at::Tensor idct2(const at::Tensor& c, DctImpl impl) {
   check_input(c, "idct2");
   const int64_t d = c.size(-1);
   if (resolve_dct_impl(impl, d) == DctImpl::Fft) return idct2_fft(c);
-  return chiar::linear(c, dct_basis(d, c.scalar_type(), c.device()).t());
+  return chiar::linear(c, idct_basis(d, c.scalar_type(), c.device()));
 }
 
 namespace {
