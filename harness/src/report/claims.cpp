@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -374,10 +373,9 @@ std::string against_paper_effect(const TaskTest& row, const ClaimSpec& c) {
 // as it takes to be within 1% of itself: 0.005 perplexity is not "0.01".
 std::string margin_text(const MetricInfo& m, double margin) {
   int decimals = m.decimals;
-  std::string text = fixed_point(margin, decimals);
-  while (decimals < 12 && std::abs(std::strtod(text.c_str(), nullptr) - margin) > 0.01 * margin)
-    text = fixed_point(margin, ++decimals);
-  return text + (is_percent(m) ? " pp" : "");
+  const auto rounded = [&](int n) { return std::round(margin * std::pow(10.0, n)) / std::pow(10.0, n); };
+  while (decimals < 12 && std::abs(rounded(decimals) - margin) > 0.01 * margin) ++decimals;
+  return fixed_point(margin, decimals) + (is_percent(m) ? " pp" : "");
 }
 
 // Two one-sided tests at the table's level: is the difference inside
@@ -765,7 +763,7 @@ Claim measure_claim(const ClaimSpec& c, const Summary& s, const std::string& bas
     if (sequential && c.kind == "compare")
       if (const auto it = sequential->latest.find({c.id, t.task}); it != sequential->latest.end())
         limit = sequential->seeds.at(static_cast<size_t>(it->second.round));
-    if (c.kind == "compare" || c.kind == "equivalent")
+    if (tests_a_difference(c.kind))
       out.tasks.push_back(compare_on(c, s, t, a, b, limit));
     else if (c.kind == "reduction")
       out.tasks.push_back(reduction_on(c, s, t, a, b));
@@ -816,6 +814,8 @@ std::string claims_fingerprint(const std::vector<ClaimSpec>& claims) {
 }
 
 bool row_is_tested(const ClaimSpec& c) { return !(c.kind == "reduction" && metric_info(c.metrics.front())->exact); }
+
+bool tests_a_difference(const std::string& kind) { return kind == "compare" || kind == "equivalent"; }
 
 bool claim_is_about(const ClaimSpec& c, const std::string& task, const std::string& family) {
   if (!c.family.empty()) return family == c.family;

@@ -182,6 +182,11 @@ Claim evaluate_claim(const ClaimSpec& claim, const Summary& s, const std::string
 // which are exact. What `chiar plan` and a sequential design divide 0.05 by.
 bool row_is_tested(const ClaimSpec& claim);
 
+// Whether claims of this kind test a difference of two variants' metric per
+// task ("compare", "equivalent"): paired or Welch, with a p-value, an effect
+// size and a seed plan.
+bool tests_a_difference(const std::string& kind);
+
 // Whether a claim speaks about a task: by its family when it names one,
 // else by the task name or glob.
 bool claim_is_about(const ClaimSpec& claim, const std::string& task, const std::string& family);

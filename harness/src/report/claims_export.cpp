@@ -27,9 +27,7 @@ std::vector<Field> record(const ClaimsTable& table, const Claim& claim, const Ta
   const TaskTest empty;
   const TaskTest& r = row ? *row : empty;
   const bool test = r.test.has_value();
-  // A difference of two variants' metric (compare, equivalent), with a p-value
-  // and an effect size of its own.
-  const bool of_difference = claim.kind == "compare" || claim.kind == "equivalent";
+  const bool of_difference = tests_a_difference(claim.kind);
   return {text("claim", claim.id),
           text("kind", claim.kind),
           text("claim_verdict", claim.verdict),

@@ -73,7 +73,7 @@ SeedPlan plan_seeds(const ClaimsTable& pilot, const std::vector<ClaimSpec>& clai
   plan.power = options.power;
   plan.max_seeds = options.max_seeds;
   for (const auto& claim : pilot.claims) {
-    if (claim.kind != "compare" && claim.kind != "equivalent") continue;
+    if (!tests_a_difference(claim.kind)) continue;
     const ClaimSpec* c = spec_of(claims, claim.id);
     if (!c) continue;
     for (const auto& t : claim.tasks) {
