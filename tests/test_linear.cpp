@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/autocast_compat.h"
+#include "core/row_passes.h"
 #include "model/model.h"
 #include "engine/runtime/runtime.h"
 #include "chiar/error.h"
@@ -750,6 +751,32 @@ TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even,
     CHECK(again[i] == got[i]);
     if (!std::isnan(values[i])) CHECK(sums[i] == 1.f + values[i]);
   }
+}
+
+TEST_CASE("to_bf16 converts as libtorch does, bit for bit but for NaN's payload", "[linear][bf16]") {
+  at::manual_seed(12);
+  // 3 x 16384 + 5 elements: the chunks over the cores and a ragged end.
+  auto x = at::randn({3 * 16384 + 5}) * 1e3;  // (n,)
+  x[0] = std::numeric_limits<float>::quiet_NaN();
+  x[1] = -std::numeric_limits<float>::infinity();
+  x[2] = 1e-40f;                                  // subnormal
+  x[3] = 1.f + 0x1p-8f;                           // a tie, to even: 1
+  const auto strided = at::randn({64, 300}).t();  // (300, 64), not contiguous
+  for (const auto& t : {x, strided, at::randn({0, 8})}) {
+    const auto got = to_bf16(t), want = t.to(at::kBFloat16).contiguous();
+    CHECK(got.scalar_type() == at::kBFloat16);
+    CHECK(got.is_contiguous());
+    CHECK(got.sizes() == t.sizes());
+    // NaN as c10::BFloat16 writes it (0x7fc0); libtorch's vector
+    // conversion writes 0xffff, its scalar one 0x7fc0.
+    const auto nan = t.isnan();
+    CHECK(at::equal(got.isnan(), nan));
+    CHECK(at::equal(got.view(at::kShort).masked_select(nan.logical_not()),
+                    want.view(at::kShort).masked_select(nan.logical_not())));
+  }
+  CHECK(to_bf16(x)[0].view(at::kShort).item<int16_t>() == c10::BFloat16(std::numeric_limits<float>::quiet_NaN()).x);
+  const auto b = at::randn({5, 7}).to(at::kBFloat16);
+  CHECK(to_bf16(b).data_ptr() == b.data_ptr());  // already bf16: the same tensor
 }
 
 TEST_CASE("batch_matmul matches float64 products over batches of views, forward and backward", "[linear]") {

@@ -132,7 +132,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
     std::vector<float> nll(static_cast<size_t>(N));
     const int64_t rows = std::max<int64_t>(1, std::min(N, rows_per_pass));
     if (bf16_products) {
-      const auto h = hidden.to(at::kBFloat16), w = weight.to(at::kBFloat16);  // (N, d), (V, d)
+      const auto h = to_bf16(hidden), w = to_bf16(weight);  // (N, d), (V, d)
       fused_head_blocks(h.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(), N, d, V, target, tw, mean_weight,
                         rows, nll, grad_hidden, grad_weight);
     } else {

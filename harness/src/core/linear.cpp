@@ -200,7 +200,7 @@ WeightCopies& transposed_weights() {
   return *cache;
 }
 WeightCopies& bf16_weights() {
-  static auto* cache = new WeightCopies([](const at::Tensor& w) { return w.to(at::kBFloat16).contiguous(); });
+  static auto* cache = new WeightCopies([](const at::Tensor& w) { return to_bf16(w); });
   return *cache;
 }
 // W (n, k) as forward's op(B) = W^T (k, n), or as backward's op(B) = W.
@@ -339,7 +339,7 @@ void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transpos
   }
 }
 
-at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
+at::Tensor as_bf16(const at::Tensor& t) { return to_bf16(t); }
 
 // gy's column sums (n) in fp32: a bias's gradient. A bf16 gy (M, n) on the
 // CPU (linear_bf16_out's gradient) is widened a row at a time into the

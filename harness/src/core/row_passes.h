@@ -3,9 +3,13 @@
 // passes (GELU, LayerNorm, the LM loss).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
+
+#include "chiar/row_kernels.h"
 
 namespace chiar {
 
@@ -21,6 +25,25 @@ void for_each_row(int64_t rows, int64_t n, const Row& row) {
   at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) row(r);
   });
+}
+
+// t as a contiguous bf16 tensor, with no autograd history. fp32 on the CPU
+// is rounded by the row kernel (round_to_bf16: c10's rounding, bit for bit,
+// on the conversion instruction where the CPU has one) in chunks over the
+// cores: libtorch's conversion, the same bits but for a NaN's (its vector
+// loop writes 0xffff), took 1.2-1.3x as long over a bf16 step's activations
+// and weights (bench-train --precision bf16 --op-times, chiar::to_bf16).
+// Any other tensor goes through libtorch's.
+inline at::Tensor to_bf16(const at::Tensor& t) {
+  RECORD_FUNCTION("chiar::to_bf16", std::vector<c10::IValue>({t}));
+  if (!fp32_cpu(t)) return t.to(at::kBFloat16).contiguous();
+  const auto in = t.contiguous();
+  auto out = at::empty(in.sizes(), in.options().dtype(at::kBFloat16));
+  const float* src = in.data_ptr<float>();
+  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, in.numel(), 16384,
+                   [&](int64_t begin, int64_t end) { round_to_bf16(src + begin, dst + begin, end - begin); });
+  return out;
 }
 
 // row(r, sums) for r in [0, rows), where each of up to four parts per thread
