@@ -753,22 +753,33 @@ TEST_CASE("round_to_bf16 rounds as c10::BFloat16 does: to nearest, ties to even,
   }
 }
 
-TEST_CASE("to_bf16 converts as libtorch does, bit for bit but for NaN's payload", "[linear][bf16]") {
+TEST_CASE("to_bf16 converts as libtorch does, bit for bit but for NaN's", "[linear][bf16]") {
+  // The CPU's conversion instruction and the integer rounding, where there
+  // is the instruction; the integer rounding elsewhere.
+  const bool native = bf16_rounding_native();
+  const EmulatedBf16Rounding scope(native ? GENERATE(false, true) : true);
+  INFO((bf16_rounding_native() ? "instruction" : "integer") << " rounding");
   at::manual_seed(12);
-  // 3 x 16384 + 5 elements: the chunks over the cores and a ragged end.
+  // More than one grain of 16,384 elements: split over the cores where
+  // there are two or more.
   auto x = at::randn({3 * 16384 + 5}) * 1e3;  // (n,)
   x[0] = std::numeric_limits<float>::quiet_NaN();
   x[1] = -std::numeric_limits<float>::infinity();
-  x[2] = 1e-40f;                                  // subnormal
-  x[3] = 1.f + 0x1p-8f;                           // a tie, to even: 1
-  const auto strided = at::randn({64, 300}).t();  // (300, 64), not contiguous
-  for (const auto& t : {x, strided, at::randn({0, 8})}) {
-    const auto got = to_bf16(t), want = t.to(at::kBFloat16).contiguous();
+  x[2] = 1e-40f;                                                  // subnormal
+  x[3] = 1.f + 0x1p-8f;                                           // a tie, to even: 1
+  const auto weight = at::randn({300, 64}).requires_grad_(true);  // a parameter's values
+  const std::vector<at::Tensor> cases{x, weight, weight.t() /* not contiguous */, at::randn({0, 8}),
+                                      at::tensor(2.5f) /* 0-dim */};
+  for (const auto& t : cases) {
+    INFO("sizes " << t.sizes());
+    const auto got = to_bf16(t);
+    const auto want = t.detach().to(at::kBFloat16).contiguous();
     CHECK(got.scalar_type() == at::kBFloat16);
     CHECK(got.is_contiguous());
+    CHECK_FALSE(got.requires_grad());
     CHECK(got.sizes() == t.sizes());
-    // NaN as c10::BFloat16 writes it (0x7fc0); libtorch's vector
-    // conversion writes 0xffff, its scalar one 0x7fc0.
+    // A NaN as c10::BFloat16 writes it, 0x7fc0; libtorch's vector loop
+    // writes 0xffff.
     const auto nan = t.isnan();
     CHECK(at::equal(got.isnan(), nan));
     CHECK(at::equal(got.view(at::kShort).masked_select(nan.logical_not()),

@@ -27,21 +27,20 @@ void for_each_row(int64_t rows, int64_t n, const Row& row) {
   });
 }
 
-// t as a contiguous bf16 tensor, with no autograd history. fp32 on the CPU
-// is rounded by the row kernel (round_to_bf16: c10's rounding, bit for bit,
-// on the conversion instruction where the CPU has one) in chunks over the
-// cores: libtorch's conversion, the same bits but for a NaN's (its vector
-// loop writes 0xffff), took 1.2-1.3x as long over a bf16 step's activations
-// and weights (bench-train --precision bf16 --op-times, chiar::to_bf16).
-// Any other tensor goes through libtorch's.
+// t as a contiguous bf16 tensor, with no autograd history. Contiguous fp32
+// on the CPU is rounded by the row kernel (round_to_bf16: c10's rounding, bit
+// for bit, on the conversion instruction where the CPU has one) in chunks over
+// the cores, faster than libtorch's conversion, which gives the same bits but
+// for a NaN's (its vector loop writes 0xffff): bench-train --precision bf16
+// --op-times, chiar::to_bf16. Any other tensor goes through libtorch's, which
+// reads a strided one in place.
 inline at::Tensor to_bf16(const at::Tensor& t) {
   RECORD_FUNCTION("chiar::to_bf16", std::vector<c10::IValue>({t}));
-  if (!fp32_cpu(t)) return t.to(at::kBFloat16).contiguous();
-  const auto in = t.contiguous();
-  auto out = at::empty(in.sizes(), in.options().dtype(at::kBFloat16));
-  const float* src = in.data_ptr<float>();
+  if (!fp32_cpu(t) || !t.is_contiguous()) return t.detach().to(at::kBFloat16).contiguous();
+  auto out = at::empty(t.sizes(), t.options().dtype(at::kBFloat16));
+  const float* src = t.data_ptr<float>();
   auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
-  at::parallel_for(0, in.numel(), 16384,
+  at::parallel_for(0, t.numel(), 16384,
                    [&](int64_t begin, int64_t end) { round_to_bf16(src + begin, dst + begin, end - begin); });
   return out;
 }
