@@ -760,9 +760,9 @@ TEST_CASE("to_bf16 converts as libtorch does, bit for bit but for NaN's", "[line
   const EmulatedBf16Rounding scope(native ? GENERATE(false, true) : true);
   INFO((bf16_rounding_native() ? "instruction" : "integer") << " rounding");
   at::manual_seed(12);
-  // More than one grain of 16,384 elements: split over the cores where
-  // there are two or more.
-  auto x = at::randn({3 * 16384 + 5}) * 1e3;  // (n,)
+  // More than one task's elements: split over the cores where there are two
+  // or more.
+  auto x = at::randn({3 * kElementsPerTask + 5}) * 1e3;  // (n,)
   x[0] = std::numeric_limits<float>::quiet_NaN();
   x[1] = -std::numeric_limits<float>::infinity();
   x[2] = 1e-40f;                                                  // subnormal

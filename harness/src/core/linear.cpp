@@ -339,8 +339,6 @@ void bf16_product(const at::Tensor& a, const at::Tensor& weight, bool w_transpos
   }
 }
 
-at::Tensor as_bf16(const at::Tensor& t) { return to_bf16(t); }
-
 // gy's column sums (n) in fp32: a bias's gradient. A bf16 gy (M, n) on the
 // CPU (linear_bf16_out's gradient) is widened a row at a time into the
 // threads' partial sums (libtorch's sum over bf16: bench-train --op-times,
@@ -378,7 +376,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
                             const at::Tensor& bias_or_empty, const at::Tensor& addend_or_empty, bool has_bias,
                             bool has_addend, bool rounded_output) {
     const int64_t k = x.size(-1), n = weight.size(0);
-    const auto xb = as_bf16(x.reshape({-1, k}));  // (M, k)
+    const auto xb = to_bf16(x.reshape({-1, k}));  // (M, k)
     const int64_t M = xb.size(0);
     at::Tensor y;  // (M, n)
     if (rounded_output) {
@@ -421,7 +419,7 @@ struct Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction>
       if (bias_grad && gy.scalar_type() == at::kFloat)
         std::tie(gyb, gb) = as_bf16_with_column_sums(gy);
       else
-        gyb = as_bf16(gy);
+        gyb = to_bf16(gy);
       if (ctx->needs_input_grad(0)) {
         // gy W, written in x's type: a bf16 x (an activation only products
         // read) gets its gradient rounded as the product writes it.
@@ -633,7 +631,7 @@ at::Tensor linear_bias_gelu(const at::Tensor& x, const at::Tensor& weight, const
   check_shapes(x, weight, bias, {});
   count_host_kernel();
   const int64_t k = x.size(-1), n = weight.size(0);
-  const auto xb = as_bf16(x.reshape({-1, k}));                                 // (M, k)
+  const auto xb = to_bf16(x.reshape({-1, k}));                                 // (M, k)
   auto y = at::empty({xb.size(0), n}, weight.options().dtype(at::kBFloat16));  // (M, n)
   if (xb.size(0) > 0) bf16_product(xb, weight, /*w_transposed=*/true, y, 0.f, bias, /*gelu=*/true);
   return y.view(with_last(x.sizes(), n));

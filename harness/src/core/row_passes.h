@@ -16,8 +16,11 @@ namespace chiar {
 // Whether t is an fp32 tensor on the CPU, the fused passes' fast path.
 inline bool fp32_cpu(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
 
-// Rows of n elements per at::parallel_for task: at least 16 K elements each.
-inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+// The fewest elements an at::parallel_for task of these passes takes.
+constexpr int64_t kElementsPerTask = 16384;
+
+// Rows of n elements per at::parallel_for task: at least kElementsPerTask.
+inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(n, 1)); }
 
 // row(r) for r in [0, rows), spread over the cores.
 template <class Row>
@@ -40,7 +43,7 @@ inline at::Tensor to_bf16(const at::Tensor& t) {
   auto out = at::empty(t.sizes(), t.options().dtype(at::kBFloat16));
   const float* src = t.data_ptr<float>();
   auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
-  at::parallel_for(0, t.numel(), 16384,
+  at::parallel_for(0, t.numel(), kElementsPerTask,
                    [&](int64_t begin, int64_t end) { round_to_bf16(src + begin, dst + begin, end - begin); });
   return out;
 }
