@@ -910,4 +910,22 @@ TEST_CASE("provenance guard: a row whose runs come from several code states gets
   const auto json = test::run_chiar({"export", db, "--json"});
   CHECK_THAT(json.output, Catch::Matchers::Contains("\"commit\": \"aaaaaaaaaaaaaaaa\", \"clean_tree\": true, "
                                                     "\"products\": \"blas: OpenBLAS 0.3.21\"}"));
+  // To a file: the same bytes; where it cannot go, the path and the cause.
+  REQUIRE(test::run_chiar({"export", db, "--csv", "--out", d.path() + "/e.csv"}).status == 0);
+  CHECK(test::read_text(d.path() + "/e.csv") == csv.output);
+  const std::string plain = d.write("plain", "a regular file, not a folder\n");
+  const auto under_file = test::run_chiar({"export", db, "--csv", "--out", plain + "/e.csv"});
+  CHECK(under_file.status == 3);
+  CHECK(under_file.output == "chiar: " + plain + "/e.csv: cannot write the file: Not a directory\n");
+  const auto folder = test::run_chiar({"export", db, "--json", "--out", d.path()});
+  CHECK(folder.status == 2);
+  CHECK(folder.output == "chiar: " + d.path() + ": is a folder; give the path of a file\n");
+  const auto full = test::run_chiar({"export", db, "--csv", "--out", "/dev/full"});
+  CHECK(full.status == 3);
+  CHECK(full.output == "chiar: /dev/full: cannot write the file: No space left on device\n");
+  // A folder as the store a command writes (one it reads may be a folder of
+  // shard stores).
+  const auto store_folder = test::run_chiar({"merge", d.path(), db});
+  CHECK(store_folder.status == 2);
+  CHECK(store_folder.output == "chiar: " + d.path() + ": is a folder; a store is a file (results/NAME.db)\n");
 }

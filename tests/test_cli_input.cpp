@@ -229,6 +229,11 @@ TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's optio
   CHECK_FALSE(boost::filesystem::exists(d.path() + "/shards"));
   // --set replaces the table: the run is then fine.
   CHECK(dry_run({"--only", "base/*", "--set", "model.operators={}"}).status == 0);
+  // Options for an operator no plugin provides would apply to nothing.
+  const auto nosuch = dry_run({"--only", "base/*", "--set", "model.operators={ nosuch = { x = 1 } }"});
+  CHECK(nosuch.status == 2);
+  CHECK_THAT(nosuch.output,
+             Catch::Matchers::StartsWith("chiar: --set model.operators: unknown operator 'nosuch' (known: attention"));
 
   // A router's option from --set, unknown or refused by the router.
   const auto colour = dry_run({"--only", "routed/*", "--set", "router.colour=1"});

@@ -341,6 +341,33 @@ TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][
   o.set = {"train.stepz=4"};
   CHECK_THROWS_WITH(engine::load_matrix(m, o), "--set train.stepz: 'train.stepz': unknown key (did you mean 'steps'?)");
   CHECK_THROWS_WITH(engine::load_matrix(d.path() + "/none.toml"), d.path() + "/none.toml: cannot open the file");
+  // An include that cannot be read, named at the entry that includes it.
+  const std::string inc = d.write("inc.toml", "include = [\"m.toml\", \"nope.toml\"]\n");
+  CHECK_THROWS_WITH(engine::load_matrix(inc), inc + ":1:22: key 'include': cannot open '" + d.path() + "/nope.toml'");
+  const std::string self = d.write("self.toml", "include = [\"self.toml\"]\n");
+  CHECK_THROWS_WITH(engine::load_matrix(self),
+                    self + ":1:12: key 'include': '" + self + "' includes this file again (an include cycle)");
+  // The default store is results/NAME.db.
+  const std::string named = d.write("named.toml", "include = [\"m.toml\"]\n[matrix]\nname = \"../../escape\"\n");
+  CHECK_THROWS_WITH(engine::load_matrix(named),
+                    named +
+                        ":3:8: key 'matrix.name': a matrix name takes letters, digits, '_', '-' and '.', not "
+                        "first, found '../../escape'");
+  // Seeds feed unsigned generators; no list is a matrix of nothing.
+  CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\nseeds = [0, -1]\n")),
+                    d.path() + "/bad.toml:3:9: key 'matrix.seeds': a seed must not be negative");
+  CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\nvariants = []\n")),
+                    d.path() + "/bad.toml:3:12: key 'matrix.variants': expected at least one name");
+  engine::MatrixOptions none;
+  none.only = "bsae/*";
+  CHECK_THROWS_WITH(engine::load_matrix(m, none), "--only 'bsae/*': no run of " + m +
+                                                      " has a matching name (VARIANT/TASK/seed=N; `chiar run " + m +
+                                                      " --dry-run` lists them)");
+  // A glob that names runs of other shards only is not a mistake.
+  none.only = "base/lm/seed=0";
+  none.shard_index = 2;
+  none.shard_count = 8;
+  CHECK(engine::load_matrix(m, none).runs.empty());
 }
 
 // A value of the right kind that its option refuses is reported where the
@@ -377,6 +404,23 @@ TEST_CASE("matrix: a refused value is reported at the key that set it", "[engine
   CHECK_THROWS_WITH(load("", {"model.execution=fast"}),
                     "--set model.execution: unknown execution 'fast' (known: auto, dense, sparse)");
   CHECK_THROWS_WITH(load("[sweep]\ntrain.lr = [0.001, -0.5]\n"), bad + ":3:12: key 'sweep.train.lr': must be positive");
+  // nan and inf pass no option: `lr > 0` alone would let inf reach the optimiser.
+  CHECK_THROWS_WITH(load("[train]\nlr = inf\n"), bad + ":3:6: key 'train.lr': expected a finite number, found inf");
+  CHECK_THROWS_WITH(load("[train]\nweight_decay = nan\n"),
+                    bad + ":3:16: key 'train.weight_decay': expected a finite number, found nan");
+  CHECK_THROWS_WITH(load("", {"train.lr=inf"}), "--set train.lr: 'train.lr': expected a number");
+  CHECK_THROWS_WITH(load("", {"task.seq_len=[1, nan]"}),
+                    "--set task.seq_len: 'task.seq_len': expected finite numbers, found nan");
+  // Ranges every option states.
+  CHECK_THROWS_WITH(load("[model]\ndropout = 1.5\n"), bad + ":3:11: key 'model.dropout': must lie in [0, 1)");
+  CHECK_THROWS_WITH(load("", {"model.ffn_mult=0"}), "--set model.ffn_mult: must be at least 1");
+  CHECK_THROWS_WITH(load("", {"train.min_lr_ratio=-1"}), "--set train.min_lr_ratio: must lie in [0, 1]");
+  CHECK_THROWS_WITH(load("", {"train.warmup=-1"}), "--set train.warmup: must be at least 0");
+  CHECK_THROWS_WITH(load("", {"train.weight_decay=-0.1"}), "--set train.weight_decay: must not be negative");
+  CHECK_THROWS_WITH(load("", {"train.clip=-1"}), "--set train.clip: must not be negative");
+  CHECK_THROWS_WITH(load("", {"train.threads=-2"}), "--set train.threads: must be at least 0");
+  CHECK_THROWS_WITH(load("", {"train.calibration_batches=0"}), "--set train.calibration_batches: must be at least 1");
+  CHECK(load("", {"train.clip=0", "train.warmup=0", "train.min_lr_ratio=1"}).runs.size() == 8);
   // Checked at load, as a run checks it, so that --dry-run refuses it too.
   CHECK_THROWS_WITH(load("", {}, "gpu"), "--device: \"gpu\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
   CHECK_THROWS_WITH(load("[model]\nn_heads = 3\n"),

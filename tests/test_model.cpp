@@ -225,6 +225,15 @@ TEST_CASE("model options are checked with clear messages", "[model][errors]") {
   for (const double bad : {0.0, -0.02, std::nan("")})
     CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"attn"}).embed_std(bad)),
                       "model: embed_std must be positive");
+  for (const double bad : {-0.1, 1.0, std::nan("")})
+    CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"attn"}).dropout(bad)),
+                      "model: dropout must lie in [0, 1)");
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"attn"}).ffn_mult(0)),
+                    "model: ffn_mult must be positive");
+  model::OperatorParams nosuch;
+  nosuch["atn"] = Params();
+  CHECK_THROWS_WITH(model::ChiarModel(test::plugins(), small({"attn"}).operator_params(nosuch)),
+                    "model.operators: unknown operator 'atn' (known: attention (attn), dct, fourier, rbf)");
   CHECK_THROWS_WITH(model::meta_router_from_string("global"),
                     "unknown meta_router 'global' (known: none, causal, batch_mean)");
 }

@@ -1,5 +1,4 @@
 #include <cstdio>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <set>
@@ -12,6 +11,7 @@
 #include "engine/runtime/runtime.h"
 #include "chiar/error.h"
 #include "commands.h"
+#include "output_file.h"
 
 namespace chiar::cli {
 
@@ -220,8 +220,7 @@ std::string json_array(const std::vector<double>& values) {
 
 void write_json(const std::string& path, const std::vector<bench::TrainBenchResult>& results,
                 const std::string& device) {
-  std::ofstream json(path);
-  if (!json) throw UserError(path + ": cannot write the file");
+  std::ostringstream json;
   json << "{\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
@@ -240,6 +239,7 @@ void write_json(const std::string& path, const std::vector<bench::TrainBenchResu
          << "\n";
   }
   json << "}\n";
+  write_output_file(path, json.str());
 }
 
 }  // namespace
@@ -247,6 +247,7 @@ void write_json(const std::string& path, const std::vector<bench::TrainBenchResu
 int run_bench_train(const Global& g, const BenchTrainArgs& a) {
   // Refused before anything runs when this build or machine cannot give it.
   const std::string device = engine::resolve_device(a.device, "--device");
+  if (!a.json.empty()) check_output_file(a.json);  // before the minutes the benchmark takes
   PluginRegistry registry;
   registry.load_default(g.plugin_dirs);
   const bench::TrainBenchOptions o = options_from(g, a, device);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -14,6 +13,7 @@
 #include "chiar/error.h"
 #include "chiar/text_io.h"
 #include "commands.h"
+#include "output_file.h"
 
 namespace chiar::cli {
 namespace {
@@ -112,8 +112,7 @@ void print_routes_table(const report::Inspector& inspector, const report::Inspec
 // The routes as an HTML page: every token on its route's colour, per layer.
 void write_routes_html(const std::string& path, const report::Inspector& inspector, const report::Inspection& ins,
                        OperatorLooks& looks) {
-  std::ofstream html(path);
-  if (!html) throw UserError(path + ": cannot write the file");
+  std::ostringstream html;
   html << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Routes: "
        << report::html_escape(inspector.spec().name())
        << "</title><style>body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em "
@@ -142,6 +141,7 @@ void write_routes_html(const std::string& path, const report::Inspector& inspect
     html << "</p>\n";
   }
   html << "</body></html>\n";
+  write_output_file(path, html.str());
   std::cerr << "wrote " << path << "\n";
 }
 
@@ -172,6 +172,7 @@ int run_inspect(const Global& g, const InspectArgs& a) {
   o.checkpoint = a.checkpoint;
   o.data_root = a.data_root;
   o.cache_dir = a.cache_dir;
+  if (!a.html.empty()) check_output_file(a.html);
   report::Inspector inspector(registry, o);
   OperatorLooks looks(registry);
   if (const std::string text = text_to_route(a); !text.empty()) {

@@ -1,12 +1,12 @@
 // chiar plan: seeds chosen before the main run, from a pilot store.
 #include <algorithm>
-#include <fstream>
 #include <iostream>
 #include <map>
 
 #include "chiar/error.h"
 #include "chiar/registry.h"
 #include "commands.h"
+#include "output_file.h"
 #include "engine/config/matrix.h"
 #include "engine/store/merge.h"
 #include "report/claims.h"
@@ -50,8 +50,7 @@ int run_plan(const Global& g, const PlanArgs& a) {
     std::cout << "\n" << toml;
     return 0;
   }
-  std::ofstream file(a.out);
-  if (!(file << toml) || !file.flush()) throw EnvironmentError(a.out + ": cannot write the plan");
+  write_output_file(a.out, toml);
   std::cout << "wrote " << a.out << "\n";
   return 0;
 }

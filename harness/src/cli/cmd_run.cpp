@@ -1,8 +1,8 @@
 #include <algorithm>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include <boost/filesystem.hpp>
@@ -26,6 +26,7 @@
 #include "cmd_decide.h"
 #include "commands.h"
 #include "matrix_checks.h"
+#include "output_file.h"
 
 namespace chiar::cli {
 namespace {
@@ -205,12 +206,8 @@ int run_export(const Global& g, const ShowArgs& a) {
   const engine::StoreView view(a.dbs);
   const auto columns = engine::result_columns();
   const auto rows = engine::read_results(view.db(), attention_operators(g));
-  std::ofstream file;
-  if (!a.out.empty()) {
-    file.open(a.out);
-    if (!file) throw UserError(a.out + ": cannot write the file");
-  }
-  std::ostream& out = a.out.empty() ? std::cout : file;
+  if (!a.out.empty()) check_output_file(a.out);
+  std::ostringstream out;
   if (a.csv) {
     for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c].name;
     out << "\n";
@@ -233,6 +230,10 @@ int run_export(const Global& g, const ShowArgs& a) {
     }
     out << "\n]\n";
   }
+  if (a.out.empty())
+    std::cout << out.str();
+  else
+    write_output_file(a.out, out.str());
   return 0;
 }
 

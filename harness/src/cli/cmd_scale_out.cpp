@@ -48,10 +48,13 @@ std::string submit(const std::string& script) {
   if (code == 127)
     throw EnvironmentError("sbatch: not found on PATH (is this a Slurm submit host?); the script is " + script);
   if (code != 0) {
-    // Slurm unreachable is the environment; anything else sbatch refused is the request.
+    // Slurm unreachable or unconfigured (no slurm.conf and no DNS SRV record
+    // naming a controller) is the environment; anything else sbatch refused
+    // is the request.
     const bool unreachable = output.find("Unable to contact") != std::string::npos ||
                              output.find("Socket timed out") != std::string::npos ||
-                             output.find("Connection refused") != std::string::npos;
+                             output.find("Connection refused") != std::string::npos ||
+                             output.find("Could not establish a configuration source") != std::string::npos;
     const std::string message = script + ": sbatch refused the job: " + output;
     if (unreachable) throw EnvironmentError(message);
     throw UserError(message);

@@ -1,7 +1,12 @@
 // chiar: the harness command line. Parsing lives here; commands.h has the bodies.
 #include <CLI/CLI.hpp>
+#include <boost/filesystem/exception.hpp>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -358,6 +363,18 @@ void print_error(const std::string& message) {
   std::cerr.flush();
 }
 
+// "<path>: cannot create directory: File exists" from Boost's
+// "boost::filesystem::create_directory: File exists: \"<path>\"".
+std::string filesystem_message(const boost::filesystem::filesystem_error& e) {
+  std::string operation = e.what();
+  const std::string lead = "boost::filesystem::";
+  if (operation.rfind(lead, 0) == 0) operation = operation.substr(lead.size());
+  operation = operation.substr(0, operation.find(':'));
+  std::replace(operation.begin(), operation.end(), '_', ' ');
+  const std::string path = e.path1().empty() ? std::string("a folder") : e.path1().string();
+  return path + ": cannot " + operation + ": " + e.code().message();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,12 +415,23 @@ int main(int argc, char** argv) {
   // environment 3, anything else 1 with its message alone, never a libtorch
   // backtrace or "terminate called".
   try {
-    return dispatch(a, c);
+    const int status = dispatch(a, c);
+    // A full disk or closed pipe behind standard output shows only here.
+    if (std::fflush(stdout) != 0 || !std::cout.flush()) {
+      print_error(std::string("standard output: cannot write: ") + std::strerror(errno));
+      return 3;
+    }
+    return status;
   } catch (const chiar::UserError& e) {
     print_error(e.what());
     return 2;
   } catch (const chiar::EnvironmentError& e) {
     print_error(e.what());
+    return 3;
+  } catch (const boost::filesystem::filesystem_error& e) {
+    // A folder the command had to make or use: its path and the cause,
+    // not Boost's "boost::filesystem::create_directory: ...".
+    print_error(filesystem_message(e));
     return 3;
   } catch (const std::exception& e) {
     // Memory running out is the machine failing under a correct request.

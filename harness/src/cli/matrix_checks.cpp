@@ -93,11 +93,21 @@ void check_declared_layer_options_of(const engine::Matrix& matrix, const PluginR
       if (at.empty()) at = matrix.origin_of(r, "model.router_params." + key);
       return at.empty() ? origin_or(matrix, r, "model.router_params", at_variant) : at;
     });
-    for (const auto& [name, params] : o.operator_params())
+    for (const auto& [name, params] : o.operator_params()) {
+      // Options for an operator no plugin provides would apply to nothing,
+      // yet change the run's hash.
+      try {
+        registry.canonical("operator", name);
+      } catch (const UserError& e) {
+        std::string at = matrix.origin_of(r, "model.operators." + name);
+        if (at.empty()) at = origin_or(matrix, r, "model.operators", at_variant);
+        throw UserError(at + ": " + e.what());
+      }
       check_declared(registry, "operator", name, params, [&, &name = name](const std::string& key) {
         const std::string at = matrix.origin_of(r, "model.operators." + name + "." + key);
         return at.empty() ? origin_or(matrix, r, "model.operators", at_variant) : at;
       });
+    }
   }
 }
 

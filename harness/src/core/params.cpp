@@ -30,7 +30,9 @@ bool parse_number(const std::string& s, double& out) {
   errno = 0;
   char* end = nullptr;
   out = std::strtod(s.c_str(), &end);
-  return errno == 0 && end == s.c_str() + s.size();
+  // strtod reads "nan" and "inf"; an option given them stays text, and its
+  // kind check refuses it.
+  return errno == 0 && end == s.c_str() + s.size() && std::isfinite(out);
 }
 
 bool parse_integer(const std::string& s, int64_t& out) {

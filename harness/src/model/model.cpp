@@ -166,6 +166,16 @@ ChiarModel::ChiarModel(const PluginRegistry& registry, ModelOptions options) : o
   if (!(o.embed_std() > 0)) throw UserError("model: embed_std must be positive");
   if (o.head() == TaskHead::Classifier && o.n_classes() < 2)
     throw UserError("model: a classifier needs n_classes >= 2");
+  if (o.ffn_mult() < 1) throw UserError("model: ffn_mult must be positive");
+  if (!(o.dropout() >= 0 && o.dropout() < 1)) throw UserError("model: dropout must lie in [0, 1)");
+  // Options for an operator no plugin provides would apply to nothing.
+  for (const auto& [name, params] : o.operator_params()) {
+    try {
+      registry.canonical("operator", name);
+    } catch (const UserError& e) {
+      throw UserError("model.operators: " + std::string(e.what()));
+    }
+  }
   torch::manual_seed(o.seed());
 
   const bool causal = o.head() == TaskHead::LanguageModel;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -37,7 +39,8 @@ void run_gnuplot(const std::string& script_path) {
   char buf[256];
   while (p && fgets(buf, sizeof buf, p)) out += buf;
   const int rc = p ? pclose(p) : -1;
-  if (rc != 0) throw UserError("gnuplot failed on " + script_path + ": " + out);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  if (rc != 0) throw EnvironmentError("gnuplot failed on " + script_path + ": " + out);
 }
 
 std::vector<double> numbers_after(const std::string& json, const std::string& key) {
@@ -138,10 +141,12 @@ struct ChartSite {
   // Writes NAME.gp (the shared header, the output file, then `script`), runs
   // gnuplot on it and records the chart. The data file must be closed.
   void render(const std::string& name, const std::string& script, Chart chart) const {
-    std::ofstream g(path(name + ".gp"));
+    const std::string gp = path(name + ".gp");
+    std::ofstream g(gp);
     g << kHeader << "set output " << quote(path(name)) << script;
     g.close();
-    run_gnuplot(path(name + ".gp"));
+    if (!g) throw EnvironmentError(gp + ": cannot write the file: " + std::strerror(errno));
+    run_gnuplot(gp);
     charts.push_back(std::move(chart));
   }
 };

@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -487,7 +489,11 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   const boost::filesystem::path base(out);
   const std::string dir = base.parent_path().empty() ? "." : base.parent_path().string();
   const std::string prefix = base.filename().string();
-  boost::filesystem::create_directories(dir);
+  // Boost's create_directories refuses "." itself; the folder exists anyway.
+  if (dir != ".") boost::filesystem::create_directories(dir);
+  // Refused before the charts, whose scripts gnuplot would fail to read.
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw EnvironmentError(dir + ": cannot write the report there: " + std::strerror(errno));
   const auto charts = draw_charts(s, dir, prefix, baseline);
   const auto tables = task_tables(s, baseline);
   const auto sequential = read_sequential_looks(db);

@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <boost/filesystem.hpp>
 #include <cstdio>
 #include <functional>
@@ -108,7 +109,12 @@ toml::table load_with_includes(const std::string& file, std::vector<std::string>
     const auto dir = boost::filesystem::path(file).parent_path();
     for (const auto& item : *inc->as_array()) {
       const boost::filesystem::path name = item.as_string()->get();  // absolute, or relative to this file
-      merge_into(merged, load_with_includes((name.is_absolute() ? name : dir / name).string(), chain, sources));
+      const std::string included = (name.is_absolute() ? name : dir / name).string();
+      // Named at the entry that includes it: the file alone says not where.
+      if (!boost::filesystem::is_regular_file(included, ec)) fail_at(item, "include", "cannot open '" + included + "'");
+      if (std::find(chain.begin(), chain.end(), boost::filesystem::weakly_canonical(included).string()) != chain.end())
+        fail_at(item, "include", "'" + included + "' includes this file again (an include cycle)");
+      merge_into(merged, load_with_includes(included, chain, sources));
     }
     root.erase("include");
   }
@@ -176,12 +182,29 @@ std::string value_text(const toml::node& v, size_t place) {
   return s.str();
 }
 
+// nan, inf or -inf where `value` (or a list or table in it) holds one, else "".
+std::string non_finite_in(const toml::node& value) {
+  if (const auto* f = value.as_floating_point())
+    return std::isfinite(f->get()) ? "" : std::isnan(f->get()) ? "nan" : f->get() > 0 ? "inf" : "-inf";
+  if (const auto* a = value.as_array())
+    for (const auto& item : *a)
+      if (std::string found = non_finite_in(item); !found.empty()) return found;
+  if (const auto* t = value.as_table())
+    for (const auto& [k, item] : *t)
+      if (std::string found = non_finite_in(item); !found.empty()) return found;
+  return "";
+}
+
 // A --set or sweep assignment into the resolved run.
 void apply(toml::table& run, const std::string& path, const toml::node& value, const std::string& origin) {
   const auto dot = path.find('.');
   const std::string section = path.substr(0, dot), key = dot == std::string::npos ? "" : path.substr(dot + 1);
   if (key.empty() || (section != "model" && section != "train" && section != "task" && section != "router"))
     throw UserError(origin + ": '" + path + "': expected model.KEY, train.KEY, task.KEY or router.KEY");
+  // No option means anything by nan or inf, and range checks such as v > 0
+  // would let inf through.
+  if (const std::string found = non_finite_in(value); !found.empty())
+    throw UserError(origin + ": '" + path + "': expected finite numbers, found " + found);
   if (section == "task" || section == "router") {
     // Plugin options hold what Params holds; a list of strings or a table
     // (which a --set written as TOML may give) is refused here, at its origin.
@@ -208,7 +231,7 @@ void apply(toml::table& run, const std::string& path, const toml::node& value, c
 // A --set value written as TOML, as the table { v = VALUE }.
 toml::table toml_assignment(const std::string& path, const std::string& text) {
   try {
-    return toml::parse("v = " + text);
+    return toml::parse("v = " + text, "--set " + path);
   } catch (const toml::parse_error& e) {
     throw UserError("--set " + path + ": " + text + " is not a TOML value (" + std::string(e.description()) +
                     "); quote the strings of a list: model.layers=[\"dct\", \"dct|attn\"]");
@@ -299,7 +322,11 @@ std::vector<int64_t> seeds_of(const toml::table& mt) {
   const toml::node* s = mt.get("seeds");
   if (!s) return {0};
   std::vector<int64_t> seeds;
-  for (const auto& item : *s->as_array()) seeds.push_back(item.as_integer()->get());
+  for (const auto& item : *s->as_array()) {
+    // Seeds feed unsigned generators: -1 would run as 2^64 - 1.
+    if (item.as_integer()->get() < 0) fail_at(item, "matrix.seeds", "a seed must not be negative");
+    seeds.push_back(item.as_integer()->get());
+  }
   if (seeds.empty()) fail_at(*s, "matrix.seeds", "expected at least one seed");
   return seeds;
 }
@@ -443,9 +470,12 @@ RunSpec spec_of(const toml::table& run, const std::string& vwhere, const ValueOr
 struct RunFilter {
   const MatrixOptions& options;
   int64_t index = 0;
+  bool only_matched = false;  // whether --only named any run, in whichever shard
   bool keep(const RunSpec& spec) {
     const bool in_shard = index++ % options.shard_count == options.shard_index - 1;
-    return in_shard && (options.only.empty() || fnmatch(options.only.c_str(), spec.name().c_str(), 0) == 0);
+    const bool named = options.only.empty() || fnmatch(options.only.c_str(), spec.name().c_str(), 0) == 0;
+    only_matched = only_matched || named;
+    return in_shard && named;
   }
 };
 
@@ -550,11 +580,21 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
   Matrix out;
   out.file = file;
   out.name = mt.get("name")->as_string()->get();
+  // The default store is results/NAME.db, and the name heads reports: a '/'
+  // or a leading '.' would put the store elsewhere.
+  if (out.name.empty() || out.name.front() == '.' ||
+      out.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") !=
+          std::string::npos)
+    fail_at(*mt.get("name"), "matrix.name",
+            "a matrix name takes letters, digits, '_', '-' and '.', not first, found '" + out.name + "'");
   const std::vector<int64_t> seeds = seeds_of(mt);
   const std::vector<SweepAxis> axes = sweep_axes(root);
   const auto sets = set_assignments(options);
   for (const auto& set : sets) sources->set_paths.push_back(set.first);
 
+  for (const char* list : {"variants", "tasks"})
+    if (mt.get(list)->as_array()->empty())
+      fail_at(*mt.get(list), std::string("matrix.") + list, "expected at least one name");
   RunFilter filter{options};
   for (const auto& vnode : *mt.get("variants")->as_array()) {
     const std::string variant = vnode.as_string()->get();
@@ -572,6 +612,10 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
       for (size_t i = first; i < out.runs.size(); ++i) out.runs[i].task_family = family;
     }
   }
+  // A glob that names no run is a mistyped name, not a finished matrix.
+  if (!options.only.empty() && !filter.only_matched)
+    throw UserError("--only '" + options.only + "': no run of " + file +
+                    " has a matching name (VARIANT/TASK/seed=N; `chiar run " + file + " --dry-run` lists them)");
   out.sources = std::move(sources);
   return out;
 }

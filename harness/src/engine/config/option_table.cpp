@@ -1,5 +1,6 @@
 #include "engine/config/option_table.h"
 
+#include <cmath>
 #include <sstream>
 
 #include "engine/config/matrix.h"
@@ -7,6 +8,9 @@
 
 namespace chiar::engine {
 namespace {
+
+// nan, inf or -inf as TOML writes them.
+std::string number_text(double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
 
 // How one member type travels between TOML and the options struct.
 template <class T>
@@ -29,8 +33,12 @@ struct Codec<bool> {
 template <>
 struct Codec<double> {
   static constexpr OptionKind kind = OptionKind::Number;
-  static double read(const toml::node& n, const std::string&, const Locate&) {
-    return n.is_integer() ? static_cast<double>(n.as_integer()->get()) : n.as_floating_point()->get();
+  static double read(const toml::node& n, const std::string& path, const Locate&) {
+    const double v = n.is_integer() ? static_cast<double>(n.as_integer()->get()) : n.as_floating_point()->get();
+    // TOML writes nan and inf; no option means anything by them, and a check
+    // like `v > 0` would let inf through to the optimiser.
+    if (!std::isfinite(v)) throw RefusedValue(path, "expected a finite number, found " + number_text(v));
+    return v;
   }
   static void write(toml::table& t, const std::string& key, double v) { t.insert_or_assign(key, v); }
 };
@@ -179,7 +187,11 @@ std::function<std::string(const int64_t&)> at_least(int64_t low) {
 
 std::string positive(const double& v) { return v > 0 ? "" : "must be positive"; }
 
+std::string not_negative(const double& v) { return v >= 0 ? "" : "must not be negative"; }
+
 std::string unit_interval(const double& v) { return v >= 0 && v < 1 ? "" : "must lie in [0, 1)"; }
+
+std::string closed_unit_interval(const double& v) { return v >= 0 && v <= 1 ? "" : "must lie in [0, 1]"; }
 
 std::string precision_name(const std::string& v) {
   return v == "auto" || v == "fp32" || v == "bf16" ? "" : "must be \"auto\", \"fp32\" or \"bf16\"";
@@ -238,10 +250,10 @@ void put_value(toml::table& t, const std::string& key, const Params::Value& v) {
 const std::vector<OptionField<model::ModelOptions>>& model_option_fields() {
   using M = model::ModelOptions;
   static const std::vector<OptionField<M>> fields = {
-      field("d_model", &M::d_model_, "width of the residual stream"),
-      field("n_heads", &M::n_heads_, "attention heads (d_model must be a multiple)"),
-      field("ffn_mult", &M::ffn_mult_, "FFN hidden width as a multiple of d_model"),
-      field("dropout", &M::dropout_, "dropout after the embedding and inside each FFN"),
+      field("d_model", &M::d_model_, "width of the residual stream", at_least(1)),
+      field("n_heads", &M::n_heads_, "attention heads (d_model must be a multiple)", at_least(1)),
+      field("ffn_mult", &M::ffn_mult_, "FFN hidden width as a multiple of d_model", at_least(1)),
+      field("dropout", &M::dropout_, "dropout after the embedding and inside each FFN", {unit_interval}),
       field("layers", &M::layers_,
             "required: one entry per block, an operator or operators joined by '|' for a routed layer, cheapest first"),
       field("router", &M::router_, "required when a layer is routed: the router plugin of every routed layer"),
@@ -268,21 +280,23 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
       field("batch_size", &T::batch_size, "sequences per micro-batch", at_least(1)),
       field("grad_accum", &T::grad_accum, "micro-batches per optimizer step", at_least(1)),
       field("lr", &T::lr, "peak learning rate", {positive}),
-      field("min_lr_ratio", &T::min_lr_ratio, "the cosine schedule decays to lr * min_lr_ratio"),
-      field("warmup", &T::warmup, "linear warm-up steps"),
-      field("weight_decay", &T::weight_decay, "AdamW weight decay, on matrices only"),
+      field("min_lr_ratio", &T::min_lr_ratio, "the cosine schedule decays to lr * min_lr_ratio",
+            {closed_unit_interval}),
+      field("warmup", &T::warmup, "linear warm-up steps", at_least(0)),
+      field("weight_decay", &T::weight_decay, "AdamW weight decay, on matrices only", {not_negative}),
       field_unhashed_at("decay_embeddings", &T::decay_embeddings, true,
                         "whether weight decay applies to the token embedding (tied with the LM head) as to the "
                         "other matrices"),
       field("beta1", &T::beta1, "AdamW beta1", {unit_interval}),
       field("beta2", &T::beta2, "AdamW beta2", {unit_interval}),
-      field("clip", &T::clip, "global gradient-norm clip; 0 = off"),
+      field("clip", &T::clip, "global gradient-norm clip; 0 = off", {not_negative}),
       field("eval_every", &T::eval_every, "steps between validation evaluations (and one at the end)", at_least(1)),
-      field("eval_batches", &T::eval_batches, "batches per intermediate evaluation; 0 = the whole split"),
+      field("eval_batches", &T::eval_batches, "batches per intermediate evaluation; 0 = the whole split", at_least(0)),
       field("eval_batch_size", &T::eval_batch_size, "sequences per evaluation batch", at_least(1)),
       field("checkpoint_every", &T::checkpoint_every, "steps between checkpoints", at_least(1)),
-      field("calibration_batches", &T::calibration_batches, "training batches whose entropies calibrate the routers"),
-      field("threads", &T::threads, "intra-op threads; 0 = all cores"),
+      field("calibration_batches", &T::calibration_batches, "training batches whose entropies calibrate the routers",
+            at_least(1)),
+      field("threads", &T::threads, "intra-op threads; 0 = all cores", at_least(0)),
       field("log_every", &T::log_every, "steps between training-loss records", at_least(1)),
       field("precision", &T::precision,
             "auto (bf16 on a GPU, fp32 on the CPU; resolved before the run is hashed), fp32, or bf16 (autocast, fp32 "
@@ -292,7 +306,8 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
                          "auto (the first GPU in a build with -DCHIAR_CUDA_TRAINING=ON and a CUDA libtorch, else the "
                          "CPU), cpu, cuda or cuda:N",
                          {device_name_problem})),
-      field("fail_loss_above", &T::fail_loss_above, "testing aid: a loss above this counts as divergence; 0 = off"),
+      field("fail_loss_above", &T::fail_loss_above, "testing aid: a loss above this counts as divergence; 0 = off",
+            {not_negative}),
   };
   return fields;
 }

@@ -3,6 +3,7 @@
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 #include "chiar/error.h"
 #include "chiar/registry.h"
@@ -17,10 +18,26 @@ std::string toml_where(const toml::node& node) {
          std::to_string(r.begin.column);
 }
 
+namespace {
+
+// A TOML number as a plugin option's value: nan and inf mean nothing to any
+// plugin, and range checks such as `v > 0` would let inf through.
+double finite_number(const toml::value<double>& f, const std::string& key) {
+  const double v = f.get();
+  if (!std::isfinite(v))
+    throw UserError(toml_where(f) + ": key '" + key + "': expected a finite number, found " +
+                    (std::isnan(v) ? "nan"
+                     : v > 0       ? "inf"
+                                   : "-inf"));
+  return v;
+}
+
+}  // namespace
+
 Params::Value toml_to_value(const toml::node& node, const std::string& key) {
   if (auto b = node.as_boolean()) return b->get();
   if (auto i = node.as_integer()) return i->get();
-  if (auto f = node.as_floating_point()) return f->get();
+  if (auto f = node.as_floating_point()) return finite_number(*f, key);
   if (auto s = node.as_string()) return s->get();
   if (auto a = node.as_array()) {
     std::vector<double> list;
@@ -28,7 +45,7 @@ Params::Value toml_to_value(const toml::node& node, const std::string& key) {
       if (auto i = item.as_integer())
         list.push_back(static_cast<double>(i->get()));
       else if (auto f = item.as_floating_point())
-        list.push_back(f->get());
+        list.push_back(finite_number(*f, key));
       else
         throw UserError(toml_where(item) + ": key '" + key + "': expected a list of numbers");
     }

@@ -157,6 +157,10 @@ int Statement::columns() const { return sqlite3_column_count(stmt_); }
 std::string Statement::column_name(int col) const { return sqlite3_column_name(stmt_, col); }
 
 Database::Database(const std::string& file, OpenMode mode) : file_(file), mode_(mode) {
+  // SQLite reports a folder as a disk I/O error.
+  struct stat st {};
+  if (::stat(file_.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw UserError(file_ + ": is a folder; a store is a file (results/NAME.db)");
   if (mode == OpenMode::ReadOnly)
     open_read_only();
   else
