@@ -247,6 +247,11 @@ TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's optio
   CHECK(tau.status == 2);
   CHECK(tau.output == "chiar: --set router.tau: router 'threshold' (" + plugins +
                           "libchiar_threshold.so): threshold: 2 operators need 1 thresholds, found 3\n");
+  // Target shares as calibration would refuse them, before any run.
+  const auto shares = dry_run({"--only", "routed/*", "--set", "router.shares=[0.5, 0.6]"});
+  CHECK(shares.status == 2);
+  CHECK(shares.output == "chiar: --set router.shares: router 'threshold' (" + plugins +
+                             "libchiar_threshold.so): threshold: shares must sum to 1, found 1.100000\n");
   CHECK_FALSE(boost::filesystem::exists(db));
 }
 

@@ -554,7 +554,8 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   const auto bad_task = test::run_chiar({"run", d.path() + "/bad.toml", "--dry-run", "--data-root", d.path()});
   CHECK(bad_task.status == 2);
   CHECK(bad_task.output == "chiar: " + d.path() +
-                               "/bad.toml:2:1: task 'flat': unknown task 'listops_flatt' (known: imdb, listops, "
+                               "/bad.toml:3:10: key 'tasks.flat.plugin': task 'flat': unknown task 'listops_flatt' "
+                               "(known: imdb, listops, "
                                "listops_flat, wikitext)\n");
   // The harness has no layer plan of its own: a variant without one is refused.
   d.write("bad.toml", "include = [\"m.toml\"]\n[variants.routed]\nlayers = []\n");

@@ -46,7 +46,8 @@ void check_plugin_names_of(const engine::Matrix& matrix, const PluginRegistry& r
     try {
       registry.canonical("task", r.task_config.plugin);
     } catch (const UserError& e) {
-      throw UserError(matrix.where.at("tasks." + r.task) + ": task '" + r.task + "': " + e.what());
+      throw UserError(origin_or(matrix, r, "task.plugin", matrix.where.at("tasks." + r.task)) + ": task '" + r.task +
+                      "': " + e.what());
     }
     const std::string at_variant = matrix.where.at("variants." + r.variant) + ": variant '" + r.variant + "'";
     bool routed = false;
