@@ -341,6 +341,16 @@ TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][
   o.set = {"train.stepz=4"};
   CHECK_THROWS_WITH(engine::load_matrix(m, o), "--set train.stepz: 'train.stepz': unknown key (did you mean 'steps'?)");
   CHECK_THROWS_WITH(engine::load_matrix(d.path() + "/none.toml"), d.path() + "/none.toml: cannot open the file");
+  // Plugin options of a kind no plugin takes, at their own key: the run
+  // tables they are read from keep no positions, the matrix's files do.
+  CHECK_THROWS_WITH(
+      engine::load_matrix(with("[variants.base]\noperators = { attn = { chunk_mib = [1, \"a\"] } }\n")),
+      d.path() + "/bad.toml:3:36: key 'variants.base.operators.attn.chunk_mib': expected a list of numbers");
+  CHECK_THROWS_WITH(engine::load_matrix(with("[tasks.flat]\nn_train = [1, \"a\"]\n")),
+                    d.path() + "/bad.toml:3:11: key 'tasks.flat.n_train': expected a list of numbers");
+  engine::MatrixOptions table_set;
+  table_set.set = {"model.operators={ attn = { chunk_mib = [1, \"a\"] } }"};
+  CHECK_THROWS_WITH(engine::load_matrix(m, table_set), "--set model.operators: expected a list of numbers");
   // An include that cannot be read, named at the entry that includes it.
   const std::string inc = d.write("inc.toml", "include = [\"m.toml\", \"nope.toml\"]\n");
   CHECK_THROWS_WITH(engine::load_matrix(inc), inc + ":1:22: key 'include': cannot open '" + d.path() + "/nope.toml'");

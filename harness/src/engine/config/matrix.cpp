@@ -147,7 +147,11 @@ RunSpec read_run_table(const toml::table& run, const std::string& task_path) {
   spec.task = string(task, "name");
   spec.task_config.name = spec.task;
   spec.task_config.plugin = string(task, "plugin");
-  spec.task_config.params = toml_params(*task.get("params")->as_table(), task_path);
+  try {
+    spec.task_config.params = toml_params(*task.get("params")->as_table(), task_path);
+  } catch (const RefusedOptionValue& e) {
+    throw RefusedValue("task." + e.key().substr(task_path.size() + 1), e.problem());
+  }
   spec.model = read_options(*run.get("model")->as_table(), model_option_fields(), "model", kLocate);
   spec.model.seed(static_cast<uint64_t>(spec.seed));
   spec.train = read_options(*run.get("train")->as_table(), train_option_fields(), "train", kLocate);
@@ -401,8 +405,15 @@ toml::table resolve_run(const toml::table& root, const Matrix& out, const std::s
   merge_into(train, table_at(vt, "train"));
   merge_into(model, table_at(tt, "model"));
   merge_into(train, table_at(tt, "train"));
-  const TaskTable task_table = read_task_table(
-      tt, task, "tasks." + task, [&](const toml::node& n) { return where(n, "tasks." + task + ".plugin"); });
+  TaskTable task_table;
+  try {
+    task_table = read_task_table(tt, task, "tasks." + task,
+                                 [&](const toml::node& n) { return where(n, "tasks." + task + ".plugin"); });
+  } catch (const RefusedOptionValue& e) {
+    // The merged table's nodes have lost their positions; the file's have not.
+    const toml::node* at = t_sources ? node_in(*t_sources, e.key()) : nullptr;
+    throw UserError((at ? toml_where(*at) : where(tt, "tasks." + task)) + ": key '" + e.key() + "': " + e.problem());
+  }
   return toml::table{
       {"matrix", out.name},
       {"variant", variant},
@@ -511,8 +522,9 @@ namespace {
 // `swept`.
 std::string value_origin(const MatrixSources& sources, const std::string& variant, const std::string& task,
                          const std::vector<std::string>& swept, const std::string& path) {
-  const auto& set = sources.set_paths;
-  if (std::find(set.begin(), set.end(), path) != set.end()) return "--set " + path;
+  // A --set of a table (model.operators={...}) sets every key in it.
+  for (const auto& set : sources.set_paths)
+    if (path == set || path.rfind(set + ".", 0) == 0) return "--set " + set;
   if (std::find(swept.begin(), swept.end(), path) != swept.end()) return located_key(sources.files, "sweep." + path);
   const auto dot = path.find('.');
   const std::string section = path.substr(0, dot), key = path.substr(dot + 1);

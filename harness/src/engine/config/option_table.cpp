@@ -69,7 +69,11 @@ template <>
 struct Codec<Params> {
   static constexpr OptionKind kind = OptionKind::Table;
   static Params read(const toml::node& n, const std::string& path, const Locate&) {
-    return toml_params(*n.as_table(), path.substr(path.find('.') + 1));
+    try {
+      return toml_params(*n.as_table(), path.substr(path.find('.') + 1));
+    } catch (const RefusedOptionValue& e) {
+      throw RefusedValue(path.substr(0, path.find('.') + 1) + e.key(), e.problem());
+    }
   }
   static void write(toml::table& t, const std::string& key, const Params& p) {
     toml::table values;
@@ -88,7 +92,11 @@ struct Codec<model::OperatorParams> {
     for (const auto& [name, table] : *n.as_table()) {
       const std::string key = prefix + std::string(name.str());
       if (!table.is_table()) throw UserError(where(table, key) + ": key '" + key + "': expected a table of options");
-      out[std::string(name.str())] = toml_params(*table.as_table(), key);
+      try {
+        out[std::string(name.str())] = toml_params(*table.as_table(), key);
+      } catch (const RefusedOptionValue& e) {
+        throw RefusedValue(path.substr(0, path.find('.') + 1) + e.key(), e.problem());
+      }
     }
     return out;
   }

@@ -25,10 +25,10 @@ namespace {
 double finite_number(const toml::value<double>& f, const std::string& key) {
   const double v = f.get();
   if (!std::isfinite(v))
-    throw UserError(toml_where(f) + ": key '" + key + "': expected a finite number, found " +
-                    (std::isnan(v) ? "nan"
-                     : v > 0       ? "inf"
-                                   : "-inf"));
+    throw RefusedOptionValue(toml_where(f), key,
+                             std::string("expected a finite number, found ") + (std::isnan(v) ? "nan"
+                                                                                : v > 0       ? "inf"
+                                                                                              : "-inf"));
   return v;
 }
 
@@ -47,11 +47,11 @@ Params::Value toml_to_value(const toml::node& node, const std::string& key) {
       else if (auto f = item.as_floating_point())
         list.push_back(finite_number(*f, key));
       else
-        throw UserError(toml_where(item) + ": key '" + key + "': expected a list of numbers");
+        throw RefusedOptionValue(toml_where(item), key, "expected a list of numbers");
     }
     return list;
   }
-  throw UserError(toml_where(node) + ": key '" + key + "': expected a boolean, number, string or list of numbers");
+  throw RefusedOptionValue(toml_where(node), key, "expected a boolean, number, string or list of numbers");
 }
 
 toml::table toml_parse_file(const std::string& file) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "chiar/error.h"
 #include "chiar/params.h"
 
 namespace chiar::engine {
@@ -13,7 +14,24 @@ namespace chiar::engine {
 // "file:line:column" of a node (the file as toml++ recorded it).
 std::string toml_where(const toml::node& node);
 
+// A value toml_to_value refuses. what() is "file:line:column: key 'KEY':
+// PROBLEM"; a node copied into a resolved run table has lost its position,
+// so readers of those rethrow key() and problem() where the matrix locates
+// the key (RefusedValue).
+class RefusedOptionValue : public UserError {
+ public:
+  RefusedOptionValue(const std::string& where, std::string key, std::string problem)
+      : UserError(where + ": key '" + key + "': " + problem), key_(std::move(key)), problem_(std::move(problem)) {}
+  const std::string& key() const { return key_; }
+  const std::string& problem() const { return problem_; }
+
+ private:
+  std::string key_, problem_;
+};
+
 // A plugin option: boolean, integer, float, string, or list of numbers.
+// Throws RefusedOptionValue for any other value, or a number that is not
+// finite.
 Params::Value toml_to_value(const toml::node& node, const std::string& key);
 
 // Parses a file; a syntax error becomes a UserError at file:line:column.
