@@ -2,6 +2,9 @@
 // level for every interval, the paper's effect and equivalence, degenerate
 // inputs, and the claims export. Expected intervals are computed here from
 // Student's t written from its density, not from Boost.Math.
+#include <sys/stat.h>
+
+#include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -913,6 +916,16 @@ TEST_CASE("provenance guard: a row whose runs come from several code states gets
   // To a file: the same bytes; where it cannot go, the path and the cause.
   REQUIRE(test::run_chiar({"export", db, "--csv", "--out", d.path() + "/e.csv"}).status == 0);
   CHECK(test::read_text(d.path() + "/e.csv") == csv.output);
+  // In place, as any file a user names: a link's target, the file's mode kept.
+  const std::string target = d.write("target.csv", "");
+  ::chmod(target.c_str(), 0600);
+  boost::filesystem::create_symlink(target, d.path() + "/link.csv");
+  REQUIRE(test::run_chiar({"export", db, "--csv", "--out", d.path() + "/link.csv"}).status == 0);
+  CHECK(boost::filesystem::is_symlink(d.path() + "/link.csv"));
+  CHECK(test::read_text(target) == csv.output);
+  struct stat st {};
+  REQUIRE(::stat(target.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
   const std::string plain = d.write("plain", "a regular file, not a folder\n");
   const auto under_file = test::run_chiar({"export", db, "--csv", "--out", plain + "/e.csv"});
   CHECK(under_file.status == 3);

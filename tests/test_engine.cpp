@@ -361,8 +361,11 @@ TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][
   const std::string named = d.write("named.toml", "include = [\"m.toml\"]\n[matrix]\nname = \"../../escape\"\n");
   CHECK_THROWS_WITH(engine::load_matrix(named),
                     named +
-                        ":3:8: key 'matrix.name': a matrix name takes letters, digits, '_', '-' and '.', not "
-                        "first, found '../../escape'");
+                        ":3:8: key 'matrix.name': a matrix name may not contain '/' or begin with '.' (the "
+                        "default store is results/NAME.db), found '../../escape'");
+  // Any other name stays: it is part of every run's hash.
+  d.write("named.toml", "include = [\"m.toml\"]\n[matrix]\nname = \"slurm tiny+lr v2\"\n");
+  CHECK(engine::load_matrix(named).name == "slurm tiny+lr v2");
   // Seeds feed unsigned generators; no list is a matrix of nothing.
   CHECK_THROWS_WITH(engine::load_matrix(with("[matrix]\nseeds = [0, -1]\n")),
                     d.path() + "/bad.toml:3:9: key 'matrix.seeds': a seed must not be negative");
@@ -429,8 +432,10 @@ TEST_CASE("matrix: a refused value is reported at the key that set it", "[engine
   CHECK_THROWS_WITH(load("", {"train.weight_decay=-0.1"}), "--set train.weight_decay: must not be negative");
   CHECK_THROWS_WITH(load("", {"train.clip=-1"}), "--set train.clip: must not be negative");
   CHECK_THROWS_WITH(load("", {"train.threads=-2"}), "--set train.threads: must be at least 0");
-  CHECK_THROWS_WITH(load("", {"train.calibration_batches=0"}), "--set train.calibration_batches: must be at least 1");
-  CHECK(load("", {"train.clip=0", "train.warmup=0", "train.min_lr_ratio=1"}).runs.size() == 8);
+  CHECK_THROWS_WITH(load("", {"train.calibration_batches=-1"}), "--set train.calibration_batches: must be at least 0");
+  CHECK(
+      load("", {"train.clip=0", "train.warmup=0", "train.min_lr_ratio=1", "train.calibration_batches=0"}).runs.size() ==
+      8);
   // Checked at load, as a run checks it, so that --dry-run refuses it too.
   CHECK_THROWS_WITH(load("", {}, "gpu"), "--device: \"gpu\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
   CHECK_THROWS_WITH(load("[model]\nn_heads = 3\n"),

@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "chiar/error.h"
-#include "engine/training/durable_file.h"
 
 namespace chiar::cli {
 namespace {
@@ -26,48 +25,49 @@ std::string folder_of(const std::string& path) {
   return (slash == 0 ? std::string("/") : path.substr(0, slash)) + "/.";
 }
 
-// stat()'s answer for the path: true when it exists.
+// Whether the path exists (following links), with stat()'s answer in `st`.
 bool existing(const std::string& path, struct stat& st) {
   if (::stat(path.c_str(), &st) == 0) return true;
   if (errno != ENOENT) fail(path, errno);
   return false;
 }
 
-void write_in_place(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
-  if (fd < 0) fail(path, errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      fail(path, e);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) fail(path, errno);
-}
-
 }  // namespace
 
 void check_output_file(const std::string& path) {
   struct stat st {};
-  if (existing(path, st)) {
-    if (S_ISDIR(st.st_mode)) throw UserError(path + ": is a folder; give the path of a file");
-    if (::access(path.c_str(), W_OK) != 0) fail(path, errno);
-    if (!S_ISREG(st.st_mode)) return;  // a device or pipe: written in place
+  if (!existing(path, st)) {
+    if (::access(folder_of(path).c_str(), W_OK | X_OK) != 0) fail(path, errno);
+    return;
   }
-  // A regular or new file is renamed into place from a temporary beside it.
-  if (::access(folder_of(path).c_str(), W_OK | X_OK) != 0) fail(path, errno);
+  if (S_ISDIR(st.st_mode)) throw UserError(path + ": is a folder; give the path of a file");
+  if (::access(path.c_str(), W_OK) != 0) fail(path, errno);
 }
 
 void write_output_file(const std::string& path, const std::string& text) {
   check_output_file(path);
   struct stat st {};
-  if (existing(path, st) && !S_ISREG(st.st_mode)) return write_in_place(path, text);
-  engine::write_file_durably(path, text);
+  const bool was_there = existing(path, st);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) fail(path, errno);
+  // A file this call made goes again when it cannot be finished.
+  const auto give_up = [&](int error) {
+    ::close(fd);
+    if (!was_there) ::unlink(path.c_str());
+    fail(path, error);
+  };
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) give_up(errno);
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) {
+    const int error = errno;
+    if (!was_there) ::unlink(path.c_str());
+    fail(path, error);
+  }
 }
 
 }  // namespace chiar::cli

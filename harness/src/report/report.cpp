@@ -489,8 +489,9 @@ ReportFiles write_report(const std::string& db, const std::string& out, const st
   const boost::filesystem::path base(out);
   const std::string dir = base.parent_path().empty() ? "." : base.parent_path().string();
   const std::string prefix = base.filename().string();
-  // Boost's create_directories refuses "." itself; the folder exists anyway.
-  if (dir != ".") boost::filesystem::create_directories(dir);
+  // Only a missing folder is made: Boost 1.74's create_directories refuses
+  // "." and "..".
+  if (!boost::filesystem::is_directory(dir)) boost::filesystem::create_directories(dir);
   // Refused before the charts, whose scripts gnuplot would fail to read.
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw EnvironmentError(dir + ": cannot write the report there: " + std::strerror(errno));

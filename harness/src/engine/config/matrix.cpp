@@ -592,13 +592,13 @@ Matrix load_matrix(const std::string& file, const MatrixOptions& options) {
   Matrix out;
   out.file = file;
   out.name = mt.get("name")->as_string()->get();
-  // The default store is results/NAME.db, and the name heads reports: a '/'
-  // or a leading '.' would put the store elsewhere.
-  if (out.name.empty() || out.name.front() == '.' ||
-      out.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") !=
-          std::string::npos)
+  // The default store is results/NAME.db: a '/' or a leading '.' would put
+  // it elsewhere. Nothing else is refused: the name is part of every run's
+  // hash, so a store made under any other name must stay resumable.
+  if (out.name.empty() || out.name.front() == '.' || out.name.find('/') != std::string::npos)
     fail_at(*mt.get("name"), "matrix.name",
-            "a matrix name takes letters, digits, '_', '-' and '.', not first, found '" + out.name + "'");
+            "a matrix name may not contain '/' or begin with '.' (the default store is results/NAME.db), found '" +
+                out.name + "'");
   const std::vector<int64_t> seeds = seeds_of(mt);
   const std::vector<SweepAxis> axes = sweep_axes(root);
   const auto sets = set_assignments(options);

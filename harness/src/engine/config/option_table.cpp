@@ -303,7 +303,7 @@ const std::vector<OptionField<TrainOptions>>& train_option_fields() {
       field("eval_batch_size", &T::eval_batch_size, "sequences per evaluation batch", at_least(1)),
       field("checkpoint_every", &T::checkpoint_every, "steps between checkpoints", at_least(1)),
       field("calibration_batches", &T::calibration_batches, "training batches whose entropies calibrate the routers",
-            at_least(1)),
+            at_least(0)),
       field("threads", &T::threads, "intra-op threads; 0 = all cores", at_least(0)),
       field("log_every", &T::log_every, "steps between training-loss records", at_least(1)),
       field("precision", &T::precision,
