@@ -251,7 +251,7 @@ TEST_CASE("CLI: a dry run and chiar slurm refuse an operator's or router's optio
   const auto shares = dry_run({"--only", "routed/*", "--set", "router.shares=[0.5, 0.6]"});
   CHECK(shares.status == 2);
   CHECK(shares.output == "chiar: --set router.shares: router 'threshold' (" + plugins +
-                             "libchiar_threshold.so): threshold: shares must sum to 1, found 1.100000\n");
+                             "libchiar_threshold.so): threshold: 'shares' must sum to 1, found 1.100000\n");
   CHECK_FALSE(boost::filesystem::exists(db));
 }
 

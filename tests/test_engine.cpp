@@ -348,6 +348,8 @@ TEST_CASE("matrix: bad configs give one message at file:line:column", "[engine][
       d.path() + "/bad.toml:3:36: key 'variants.base.operators.attn.chunk_mib': expected a list of numbers");
   CHECK_THROWS_WITH(engine::load_matrix(with("[tasks.flat]\nn_train = [1, \"a\"]\n")),
                     d.path() + "/bad.toml:3:11: key 'tasks.flat.n_train': expected a list of numbers");
+  CHECK_THROWS_WITH(engine::load_matrix(with("[sweep]\nmodel.operators = [{ attn = { chunk_mib = [1, \"a\"] } }]\n")),
+                    d.path() + "/bad.toml:3:19: key 'sweep.model.operators': expected a list of numbers");
   engine::MatrixOptions table_set;
   table_set.set = {"model.operators={ attn = { chunk_mib = [1, \"a\"] } }"};
   CHECK_THROWS_WITH(engine::load_matrix(m, table_set), "--set model.operators: expected a list of numbers");
@@ -565,6 +567,13 @@ TEST_CASE("run: bad configuration exits 2 and leaves no database", "[engine][err
   CHECK(bad_operator.status == 2);
   CHECK(bad_operator.output ==
         "chiar: --set model.layers: unknown operator 'atn' (known: attention (attn), dct, fourier, rbf)\n");
+  // A router's refusal that quotes its key is named where that key was set,
+  // here over the variant's own router_params.
+  const auto bad_shares = test::run_chiar({"run", d.path() + "/m.toml", "--dry-run", "--data-root", d.path(), "--only",
+                                           "routed/*", "--set", "router.shares=[0.5, 0.6]"});
+  CHECK(bad_shares.status == 2);
+  CHECK_THAT(bad_shares.output, Catch::Matchers::StartsWith("chiar: --set router.shares: router 'threshold' (") &&
+                                    Catch::Matchers::EndsWith("threshold: 'shares' must sum to 1, found 1.100000\n"));
   d.write("bad.toml", "include = [\"m.toml\"]\n[tasks.flat]\nplugin = \"listops_flatt\"\n");
   const auto bad_task = test::run_chiar({"run", d.path() + "/bad.toml", "--dry-run", "--data-root", d.path()});
   CHECK(bad_task.status == 2);

@@ -38,17 +38,19 @@ class ThresholdRouter final : public Router {
     } else {
       shares_ = spec.params.get_doubles("shares", std::vector<double>(k_, 1.0 / k_));
       if (static_cast<int64_t>(shares_.size()) != k_)
-        throw UserError("threshold: shares needs " + std::to_string(k_) + " values, found " +
+        throw UserError("threshold: 'shares' needs " + std::to_string(k_) + " values, found " +
                         std::to_string(shares_.size()));
       // Checked here as calibration checks them, so that a dry run refuses
-      // them before a run is recorded.
+      // them before a run is recorded; the key quoted, so that the refusal is
+      // named where it was set.
       double sum = 0;
       for (double s : shares_) {
         if (!(s >= 0.0 && s <= 1.0))
-          throw UserError("threshold: every share must lie in [0, 1], found " + std::to_string(s));
+          throw UserError("threshold: every value of 'shares' must lie in [0, 1], found " + std::to_string(s));
         sum += s;
       }
-      if (std::abs(sum - 1.0) > 1e-6) throw UserError("threshold: shares must sum to 1, found " + std::to_string(sum));
+      if (std::abs(sum - 1.0) > 1e-6)
+        throw UserError("threshold: 'shares' must sum to 1, found " + std::to_string(sum));
       double cumulative = 0;
       for (int64_t j = 0; j + 1 < k_; ++j) tau.push_back(cumulative += shares_[j]);
     }

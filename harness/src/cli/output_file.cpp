@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 
 #include "chiar/error.h"
 
@@ -32,9 +33,15 @@ bool existing(const std::string& path, struct stat& st) {
   return false;
 }
 
+// Standard output, where a user names it as the file: written through the
+// stream the command's other output goes to, at its position (a file
+// reopened by name would be written from its start).
+bool is_standard_output(const std::string& path) { return path == "-" || path == "/dev/stdout"; }
+
 }  // namespace
 
 void check_output_file(const std::string& path) {
+  if (is_standard_output(path)) return;
   struct stat st {};
   if (!existing(path, st)) {
     if (::access(folder_of(path).c_str(), W_OK | X_OK) != 0) fail(path, errno);
@@ -45,9 +52,14 @@ void check_output_file(const std::string& path) {
 }
 
 void write_output_file(const std::string& path, const std::string& text) {
+  if (is_standard_output(path)) {
+    if (!(std::cout << text).flush()) fail("standard output", errno);
+    return;
+  }
   check_output_file(path);
+  // lstat: a dangling link is there too, and is not to be removed.
   struct stat st {};
-  const bool was_there = existing(path, st);
+  const bool was_there = ::lstat(path.c_str(), &st) == 0;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) fail(path, errno);
   // A file this call made goes again when it cannot be finished.

@@ -1,11 +1,14 @@
 #pragma once
 // Files a command writes whole once its work is done: an export, a
 // benchmark's JSON, an inspection page, a plan. Written in place, as any
-// file a user names (a symbolic link's target, a bind-mounted file,
-// /dev/stdout), keeping an existing file's mode. Failures throw
-// chiar::EnvironmentError "<path>: cannot write the file: <strerror>" (exit 3)
-// and leave no file where there was none; a folder given as the file throws
-// chiar::UserError (exit 2).
+// file a user names (a symbolic link's target, a bind-mounted file), keeping
+// an existing file's mode; "/dev/stdout" and "-" are standard output itself,
+// at its position. An existing file is emptied first, so a write that fails
+// leaves it empty or part-written; a file the write made at the path itself
+// (not a dangling link's target) is removed.
+// Failures throw chiar::EnvironmentError "<path>: cannot write the file:
+// <strerror>" (exit 3); a folder given as the file throws chiar::UserError
+// (exit 2).
 #include <string>
 
 namespace chiar::cli {

@@ -275,7 +275,7 @@ RunSpec run_spec_from_toml(const std::string& text) {
   try {
     spec = read_run_table(run, "task");
   } catch (const RefusedValue& e) {
-    throw UserError(std::string("stored run spec: ") + e.what());
+    throw UserError("stored run spec: key '" + e.path() + "': " + e.what());
   }
   spec.resolved_toml = text;
   return spec;
@@ -525,7 +525,9 @@ std::string value_origin(const MatrixSources& sources, const std::string& varian
   // A --set of a table (model.operators={...}) sets every key in it.
   for (const auto& set : sources.set_paths)
     if (path == set || path.rfind(set + ".", 0) == 0) return "--set " + set;
-  if (std::find(swept.begin(), swept.end(), path) != swept.end()) return located_key(sources.files, "sweep." + path);
+  // So does a swept table (model.router_params = [{...}, {...}]).
+  for (const auto& axis : swept)
+    if (path == axis || path.rfind(axis + ".", 0) == 0) return located_key(sources.files, "sweep." + axis);
   const auto dot = path.find('.');
   const std::string section = path.substr(0, dot), key = path.substr(dot + 1);
   std::vector<std::string> tables;
