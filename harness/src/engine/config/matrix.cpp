@@ -3,7 +3,6 @@
 #include <fnmatch.h>
 
 #include <algorithm>
-#include <cmath>
 #include <boost/filesystem.hpp>
 #include <cstdio>
 #include <functional>
@@ -188,8 +187,7 @@ std::string value_text(const toml::node& v, size_t place) {
 
 // nan, inf or -inf where `value` (or a list or table in it) holds one, else "".
 std::string non_finite_in(const toml::node& value) {
-  if (const auto* f = value.as_floating_point())
-    return std::isfinite(f->get()) ? "" : std::isnan(f->get()) ? "nan" : f->get() > 0 ? "inf" : "-inf";
+  if (const auto* f = value.as_floating_point()) return non_finite_name(f->get());
   if (const auto* a = value.as_array())
     for (const auto& item : *a)
       if (std::string found = non_finite_in(item); !found.empty()) return found;

@@ -1,6 +1,5 @@
 #include "engine/config/option_table.h"
 
-#include <cmath>
 #include <sstream>
 
 #include "engine/config/matrix.h"
@@ -9,8 +8,17 @@
 namespace chiar::engine {
 namespace {
 
-// nan, inf or -inf as TOML writes them.
-std::string number_text(double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
+// A table of plugin options under the option at `path` ("model.operators"),
+// `key` its path in errors ("operators.attn"). A value of a kind no plugin
+// takes is refused as the option's (RefusedValue), so that the matrix names
+// it where it was set: the resolved run's tables keep no positions.
+Params plugin_params(const toml::table& t, const std::string& key, const std::string& path) {
+  try {
+    return toml_params(t, key);
+  } catch (const RefusedOptionValue& e) {
+    throw RefusedValue(path.substr(0, path.find('.') + 1) + e.key(), e.problem());
+  }
+}
 
 // How one member type travels between TOML and the options struct.
 template <class T>
@@ -37,7 +45,8 @@ struct Codec<double> {
     const double v = n.is_integer() ? static_cast<double>(n.as_integer()->get()) : n.as_floating_point()->get();
     // TOML writes nan and inf; no option means anything by them, and a check
     // like `v > 0` would let inf through to the optimiser.
-    if (!std::isfinite(v)) throw RefusedValue(path, "expected a finite number, found " + number_text(v));
+    if (const std::string found = non_finite_name(v); !found.empty())
+      throw RefusedValue(path, "expected a finite number, found " + found);
     return v;
   }
   static void write(toml::table& t, const std::string& key, double v) { t.insert_or_assign(key, v); }
@@ -69,11 +78,7 @@ template <>
 struct Codec<Params> {
   static constexpr OptionKind kind = OptionKind::Table;
   static Params read(const toml::node& n, const std::string& path, const Locate&) {
-    try {
-      return toml_params(*n.as_table(), path.substr(path.find('.') + 1));
-    } catch (const RefusedOptionValue& e) {
-      throw RefusedValue(path.substr(0, path.find('.') + 1) + e.key(), e.problem());
-    }
+    return plugin_params(*n.as_table(), path.substr(path.find('.') + 1), path);
   }
   static void write(toml::table& t, const std::string& key, const Params& p) {
     toml::table values;
@@ -92,11 +97,7 @@ struct Codec<model::OperatorParams> {
     for (const auto& [name, table] : *n.as_table()) {
       const std::string key = prefix + std::string(name.str());
       if (!table.is_table()) throw UserError(where(table, key) + ": key '" + key + "': expected a table of options");
-      try {
-        out[std::string(name.str())] = toml_params(*table.as_table(), key);
-      } catch (const RefusedOptionValue& e) {
-        throw RefusedValue(path.substr(0, path.find('.') + 1) + e.key(), e.problem());
-      }
+      out[std::string(name.str())] = plugin_params(*table.as_table(), key, path);
     }
     return out;
   }

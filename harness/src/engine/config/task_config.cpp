@@ -18,17 +18,19 @@ std::string toml_where(const toml::node& node) {
          std::to_string(r.begin.column);
 }
 
+std::string non_finite_name(double v) {
+  if (std::isfinite(v)) return "";
+  return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+}
+
 namespace {
 
 // A TOML number as a plugin option's value: nan and inf mean nothing to any
 // plugin, and range checks such as `v > 0` would let inf through.
 double finite_number(const toml::value<double>& f, const std::string& key) {
   const double v = f.get();
-  if (!std::isfinite(v))
-    throw RefusedOptionValue(toml_where(f), key,
-                             std::string("expected a finite number, found ") + (std::isnan(v) ? "nan"
-                                                                                : v > 0       ? "inf"
-                                                                                              : "-inf"));
+  if (const std::string found = non_finite_name(v); !found.empty())
+    throw RefusedOptionValue(toml_where(f), key, "expected a finite number, found " + found);
   return v;
 }
 

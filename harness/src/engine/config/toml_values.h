@@ -29,6 +29,10 @@ class RefusedOptionValue : public UserError {
   std::string key_, problem_;
 };
 
+// "nan", "inf" or "-inf" for a number that is not finite, "" for one that
+// is: how refusals of non-finite option values name what they found.
+std::string non_finite_name(double v);
+
 // A plugin option: boolean, integer, float, string, or list of numbers.
 // Throws RefusedOptionValue for any other value, or a number that is not
 // finite.
