@@ -51,6 +51,15 @@ void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const s
                         extra);
 }
 
+void write_e2e_matrix(const TempDir& d, const std::string& train_extra, const std::string& extra) {
+  write_tiny_matrix(d, R"(name = "e2e"
+variants = ["base", "routed"]
+tasks = ["lm", "flat"]
+seeds = [0, 1]
+)",
+                    tiny_train_body() + train_extra, extra);
+}
+
 void write_one_run_matrix(const TempDir& d, const std::string& name, const std::string& train_body) {
   write_tiny_matrix(d, "name = \"" + name + "\"\nvariants = [\"base\"]\ntasks = [\"flat\"]\nseeds = [0]\n", train_body);
 }

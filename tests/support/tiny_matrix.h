@@ -39,6 +39,11 @@ void write_tiny_corpus(const TempDir& d);
 void write_tiny_matrix(const TempDir& d, const std::string& matrix_body, const std::string& train_body,
                        const std::string& extra = "");
 
+// write_tiny_matrix of the engine and matrix tests: matrix "e2e", 2 variants
+// x 2 tasks x 2 seeds of six-step runs; `train_extra` goes into [train],
+// `extra` (more tables) at the end.
+void write_e2e_matrix(const TempDir& d, const std::string& train_extra = "", const std::string& extra = "");
+
 // write_tiny_matrix with one run: the attention baseline on flat ListOps,
 // seed 0, in a matrix called `name`.
 void write_one_run_matrix(const TempDir& d, const std::string& name, const std::string& train_body);
